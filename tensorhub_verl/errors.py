@@ -1,0 +1,54 @@
+"""Typed errors of TensorHub. Every failure a caller can act on has its own class.
+
+Each message names the problem and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+
+class TensorHubError(Exception):
+    """Base class of every error raised by tensorhub_verl."""
+
+
+class VersionNotFound(TensorHubError):
+    """The model, version or layout asked for is not held by any worker."""
+
+
+class ManifestMismatch(TensorHubError):
+    """Buffers or bytes do not match a version's manifest; the message names the first tensor that differs."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor
+
+
+class Unauthorized(TensorHubError):
+    """The hub refused the request: token missing or wrong."""
+
+
+class TransferFailed(TensorHubError):
+    """No holder could serve a chunk (all sources failed, or the fetch timed out)."""
+
+
+class HubUnavailable(TensorHubError):
+    """The hub did not answer within the client's retry budget."""
+
+
+class InvalidRequest(TensorHubError):
+    """The hub rejected a malformed, oversized or contradictory request; nothing was changed."""
+
+
+class ConfigError(TensorHubError, ValueError):
+    """A configuration value is invalid; the message names the field and the accepted values."""
+
+
+__all__ = [
+    "TensorHubError",
+    "VersionNotFound",
+    "ManifestMismatch",
+    "Unauthorized",
+    "TransferFailed",
+    "HubUnavailable",
+    "InvalidRequest",
+    "ConfigError",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from tensorhub_verl.netlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,442 @@
+"""A worker's handle on ROS: publish what it holds, fetch what it needs, and serve what it fetched.
+
+Identity (worker id, location) is passed in. One Client per process and worker; it is thread-safe
+for calls on different versions. A background thread sends heartbeats, re-registers everything after
+a hub restart, and drops holdings that fell out of the hub's retention window.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from tensorhub_verl import errors
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
+from tensorhub_verl.ros.hub_client import HubClient
+from tensorhub_verl.ros.hub_state import UnknownWorker, manifest_to_msg
+from tensorhub_verl.ros.manifest import (
+    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_name, _DTYPES,
+)
+from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.transport import Region, Transport
+
+logger = logging.getLogger("tensorhub_verl.ros.client")
+
+_NAME = re.compile(r"^[A-Za-z0-9._:/@~+=-]{1,256}$")
+ARCHIVE_SUFFIX = "~cpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """Transfer unit for versions this client publishes; small tensors are packed together."""
+    window: int = 8
+    """Reads one fetch keeps in flight."""
+    read_timeout_s: float = 30.0
+    """A chunk read with no answer for this long is abandoned and re-planned on another source."""
+    fetch_timeout_s: float = 600.0
+    """Default limit of a whole fetch."""
+    unpublish_timeout_s: float = 120.0
+    """Limit of unpublish's wait for in-flight reads (leases expire before this by default)."""
+    request_timeout_s: float = 15.0
+    """Limit of one HTTP call to the hub."""
+    hub_retry_s: float = 30.0
+    """How long calls retry with backoff while the hub is unreachable, then HubUnavailable."""
+    fingerprint: str = "sample"
+    """Content check of published bytes: 'sample', 'full' or 'none' (see manifest.content_fingerprint)."""
+    spot: bool = False
+    """A spot worker may vanish any time; its copies never count as reliable for retention."""
+    preserve_on_unpublish: bool = True
+    """Copy a retained version to CPU memory before its last reliable copy is unpublished."""
+    poll_interval_s: float = 0.0005
+
+    def __post_init__(self) -> None:
+        if not 4096 <= self.chunk_bytes <= 1 << 31:
+            raise errors.ConfigError(f"chunk_bytes must be in [4096, 2**31], got {self.chunk_bytes}")
+        if self.window < 1:
+            raise errors.ConfigError(f"window must be >= 1, got {self.window}")
+        if self.fingerprint not in ("sample", "full", "none"):
+            raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
+        for name in ("read_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "request_timeout_s", "hub_retry_s"):
+            if getattr(self, name) <= 0:
+                raise errors.ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class _Held:
+    holder: str
+    manifest: Manifest
+    tensors: dict[str, torch.Tensor]
+    """Strong references: registered memory must outlive every read of it."""
+
+    def regions(self) -> list[msg.RegionMsg]:
+        return _regions(self.tensors, self.manifest)
+
+
+@dataclass(slots=True)
+class _InFlightFetch:
+    manifest: Manifest
+    tensors: dict[str, torch.Tensor]
+    fetcher: ChunkFetcher | None = None
+    have: set[int] = field(default_factory=set)
+
+
+class Client:
+    def __init__(self, hub_url: str, worker: str, location: Location | Mapping[str, str] | str | None = None,
+                 token: str | None = None, config: ClientConfig | None = None,
+                 transport: Transport | None = None):
+        _check_name("worker", worker)
+        if worker.endswith(ARCHIVE_SUFFIX):
+            raise errors.ConfigError(f"worker ids may not end in {ARCHIVE_SUFFIX!r} (reserved for CPU archives)")
+        self.worker = worker
+        self.location = Location.parse(location)
+        self.config = config or ClientConfig()
+        self._lock = threading.RLock()
+        self._held: dict[tuple[str, str, int, str], _Held] = {}
+        self._fetches: dict[tuple[str, int, str], _InFlightFetch] = {}
+        self._closed = False
+        if transport is None:
+            from tensorhub_verl.ros.nixl_transport import NixlTransport
+
+            transport = NixlTransport(f"{worker}-{uuid.uuid4().hex[:8]}")
+        self._transport = transport
+        self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
+                              on_new_instance=self._reregister)
+        self.hub_url = self._hub.url
+        ack = self._register_worker()
+        self._heartbeat_s = ack.heartbeat_s
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tensorhub-hb-{worker}", daemon=True)
+        self._heartbeat.start()
+
+    # --------------------------------------------------------------------------------- publish
+    def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
+                chunk_bytes: int | None = None) -> Manifest:
+        """Registers live tensors as a holder of (model, version, layout). No copy is made: the caller
+        must not change these bytes until ``unpublish`` returns."""
+        self._check_open()
+        _check_key(model, version, layout)
+        tensors = _check_tensors(tensors)
+        manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
+                                  self.config.fingerprint)
+        self._publish(self.worker, manifest, tensors)
+        return manifest
+
+    def _publish(self, holder: str, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> None:
+        if self._transport.register(tensors.values()):
+            self._register_worker()
+        held = _Held(holder, manifest, tensors)
+        self._hub.post("/v1/publish", msg.Publish(worker=self.worker, holder=holder,
+                                                  manifest=manifest_to_msg(manifest), regions=held.regions()))
+        with self._lock:
+            self._held[(holder, manifest.model, manifest.version, manifest.layout)] = held
+        logger.info("%s holds %s v%d (%s, %d bytes)", holder, manifest.model, manifest.version, manifest.layout,
+                    manifest.nbytes)
+
+    def unpublish(self, model: str, version: int, layout: str | None = None, timeout: float | None = None) -> None:
+        """Stops new reads of this worker's copy and returns once no read of those bytes is in flight.
+
+        If this is the last reliable copy of a version the hub retains, it is first copied to CPU
+        memory (held by this process as ``<worker>~cpu``) so the version stays fetchable.
+        """
+        self._check_open()
+        with self._lock:
+            keys = [k for k in self._held if k[0] == self.worker and k[1] == model and k[2] == version
+                    and (layout is None or k[3] == layout)]
+        if not keys:
+            raise errors.VersionNotFound(f"{self.worker} holds no version {version} of {model!r}"
+                                         f"{'' if layout is None else f' in layout {layout!r}'}")
+        for key in keys:
+            held = self._held[key]
+            if self.config.preserve_on_unpublish:
+                self._preserve(held)
+            self._drain(held, timeout)
+
+    def _preserve(self, held: _Held) -> None:
+        m = held.manifest
+        answer = self._hub.post("/v1/preserve", msg.PreserveQuery(holder=held.holder, model=m.model,
+                                                                  version=m.version, layout=m.layout),
+                                msg.PreserveAnswer)
+        if not answer.must_preserve:
+            return
+        copy = {name: t.detach().to("cpu", copy=True) for name, t in held.tensors.items()}
+        logger.info("%s held the last reliable copy of %s v%d; keeping a CPU copy (%d bytes)",
+                    held.holder, m.model, m.version, m.nbytes)
+        self._publish(self.worker + ARCHIVE_SUFFIX, m, copy)
+
+    def _drain(self, held: _Held, timeout: float | None) -> None:
+        m = held.manifest
+        deadline = time.monotonic() + (timeout or self.config.unpublish_timeout_s)
+        while True:
+            try:
+                ack = self._hub.post("/v1/unpublish", msg.Unpublish(
+                    worker=self.worker, holder=held.holder, model=m.model, version=m.version, layout=m.layout,
+                    wait_s=min(5.0, max(0.0, deadline - time.monotonic()))), msg.UnpublishAck)
+            except errors.VersionNotFound:
+                break  # the hub no longer lists it (e.g. restarted): nobody can start a read of it
+            if ack.drained:
+                break
+            if time.monotonic() >= deadline:
+                raise errors.TransferFailed(f"unpublish of {m.model} v{m.version} timed out with {ack.inflight} "
+                                            f"reads in flight; the bytes must stay unchanged until it returns")
+        with self._lock:
+            self._held.pop((held.holder, m.model, m.version, m.layout), None)
+
+    # ----------------------------------------------------------------------------------- fetch
+    def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:
+        self._check_open()
+        _check_key(model, version, layout)
+        reply = self._hub.get("/v1/manifest", msg.ManifestMsg,
+                              params={"model": model, "version": str(version), "layout": layout})
+        return _manifest_of(reply)
+
+    def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
+              layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
+        """Fills ``into`` in place with (model, version, layout); "latest" is resolved once.
+
+        The buffers are checked against the manifest before any byte moves (ManifestMismatch).
+        With ``hold`` the client then holds the version in ``into`` (peers read from it; leave the
+        bytes unchanged until ``unpublish``). On failure ``into`` is unusable, and no peer reads it
+        any more when this raises. ``into=None`` allocates CPU buffers (``stats.buffers``).
+        """
+        self._check_open()
+        started = time.monotonic()
+        manifest = self.manifest(model, version, layout)
+        if into is None:
+            into = manifest.allocate("cpu")
+        check_buffers(manifest, into)
+        tensors = {spec.name: into[spec.name] for spec in manifest.tensors}
+        key = (model, manifest.version, layout)
+        with self._lock:
+            if (self.worker, *key) in self._held:
+                raise errors.InvalidRequest(f"{self.worker} already holds {model} v{manifest.version} ({layout}); "
+                                            f"unpublish it before fetching it again")
+            if key in self._fetches:
+                raise errors.InvalidRequest(f"a fetch of {model} v{manifest.version} ({layout}) is in progress")
+            self._fetches[key] = fetch = _InFlightFetch(manifest, tensors)
+        stats = FetchStats(model, manifest.version, layout, chunks=len(manifest.chunks()))
+        ok = False
+        try:
+            if self._transport.register(tensors.values()):
+                self._register_worker()
+            self._begin_fetch(fetch)
+            settings = FetchSettings(self.config.window, self.config.read_timeout_s,
+                                     started + (timeout or self.config.fetch_timeout_s), self.config.poll_interval_s)
+            fetch.fetcher = ChunkFetcher(self._transport, manifest.chunks(), list(tensors.values()),
+                                         lambda **kw: self._exchange(key, **kw), settings, stats)
+            fetch.have = fetch.fetcher.landed
+            try:
+                fetch.fetcher.run()
+            finally:
+                fetch.fetcher.abandon()
+            ok = True
+        finally:
+            stats.seconds = time.monotonic() - started
+            self._end_fetch(key, ok, hold, stats.seconds)
+        if hold:
+            with self._lock:
+                self._held[(self.worker, *key)] = _Held(self.worker, manifest, tensors)
+        stats.buffers = dict(into)
+        return stats
+
+    def _begin_fetch(self, fetch: _InFlightFetch) -> None:
+        m = fetch.manifest
+        self._hub.post("/v1/fetch/begin", msg.BeginFetch(
+            worker=self.worker, holder=self.worker, model=m.model, version=m.version, layout=m.layout,
+            digest=m.digest, regions=_regions(fetch.tensors, m), have=sorted(fetch.have)), msg.ManifestMsg)
+
+    def _exchange(self, key, *, completed, failed, want, wait_s, known_sources) -> msg.ExchangeReply:
+        model, version, layout = key
+        return self._hub.post("/v1/fetch/exchange", msg.Exchange(
+            worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
+            completed=completed, failed=failed, want=want, wait_s=wait_s, known_sources=known_sources),
+            msg.ExchangeReply, timeout=self.config.request_timeout_s + wait_s)
+
+    def _end_fetch(self, key, ok: bool, hold: bool, seconds: float) -> None:
+        model, version, layout = key
+        try:
+            deadline = time.monotonic() + self.config.unpublish_timeout_s
+            while True:
+                ack = self._hub.post("/v1/fetch/end", msg.EndFetch(
+                    worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
+                    ok=ok, hold=hold, seconds=seconds, wait_s=5.0), msg.UnpublishAck)
+                if ack.drained or time.monotonic() > deadline:
+                    break
+        except errors.TensorHubError as e:
+            if ok:
+                raise
+            logger.warning("could not close the failed fetch of %s at the hub: %s", key, e)
+        finally:
+            with self._lock:
+                self._fetches.pop(key, None)
+
+    # --------------------------------------------------------------------------------- queries
+    def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
+        self._check_open()
+        params = {"model": model} | ({"layout": layout} if layout else {})
+        reply = self._hub.get("/v1/versions", msg.VersionsReply, params=params)
+        return {int(v): holders for v, holders in reply.versions.items()}
+
+    def latest(self, model: str, layout: str = "hf") -> int | None:
+        return max(self.versions(model, layout), default=None)
+
+    def wait_for_version(self, model: str, newer_than: int | None = None, layout: str = "hf",
+                         timeout: float = 30.0) -> int:
+        """Blocks until a version newer than ``newer_than`` (any, if None) is published; returns it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no version of {model!r} newer than {newer_than} within {timeout} s")
+            reply = self._hub.get("/v1/wait", params={
+                "model": model, "newer_than": -1 if newer_than is None else newer_than, "layout": layout,
+                "timeout": min(remaining, 10.0)}, timeout=min(remaining, 10.0) + self.config.request_timeout_s)
+            if reply["version"] is not None:
+                return int(reply["version"])
+
+    def status(self) -> dict:
+        return self._hub.get("/v1/status")
+
+    def holdings(self) -> list[tuple[str, int, str]]:
+        with self._lock:
+            return [(m, v, lay) for (h, m, v, lay) in self._held if h == self.worker]
+
+    # ------------------------------------------------------------------------- worker lifecycle
+    def _register_worker(self) -> msg.WorkerAck:
+        metadata = base64.b64encode(self._transport.metadata()).decode()
+        return self._hub.post("/v1/workers/register", msg.RegisterWorker(
+            worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
+            agent_name=self._transport.agent_name, agent_metadata_b64=metadata), msg.WorkerAck)
+
+    def _reregister(self) -> None:
+        """After a hub restart: the worker, then every holding, then every fetch in progress."""
+        self._register_worker()
+        with self._lock:
+            held = list(self._held.values())
+            fetches = list(self._fetches.values())
+        for h in held:
+            self._hub.post("/v1/publish", msg.Publish(worker=self.worker, holder=h.holder,
+                                                      manifest=manifest_to_msg(h.manifest), regions=h.regions()))
+        for f in fetches:
+            self._begin_fetch(f)
+        logger.info("%s re-registered %d holdings and %d fetches", self.worker, len(held), len(fetches))
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            try:
+                ack = self._hub.post("/v1/workers/heartbeat", params={"worker": self.worker}, reply=msg.WorkerAck)
+            except UnknownWorker:
+                continue  # _reregister failed part-way; try again next beat
+            except errors.TensorHubError as e:
+                logger.warning("heartbeat to %s failed: %s", self.hub_url, e)
+                continue
+            except Exception:  # the heartbeat thread must survive anything
+                logger.exception("heartbeat failed")
+                continue
+            for key in ack.release:
+                self._release(key)
+
+    def _release(self, key: msg.HoldingKey) -> None:
+        with self._lock:
+            held = [h for (holder, m, v, lay), h in self._held.items()
+                    if (m, v, lay) == (key.model, key.version, key.layout)]
+        for h in held:
+            logger.info("%s drops %s v%d (%s): outside the retention window", h.holder, key.model, key.version,
+                        key.layout)
+            try:
+                self._drain(h, None)
+            except errors.TensorHubError as e:
+                logger.warning("dropping %s failed: %s", key, e)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Unpublishes everything this client holds (waiting for in-flight reads), then stops."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._heartbeat.join(timeout)
+        with self._lock:
+            held = list(self._held.values())
+        for h in held:
+            try:
+                self._drain(h, timeout)
+            except errors.TensorHubError as e:
+                logger.warning("%s could not unpublish %s v%d on close: %s", self.worker, h.manifest.model,
+                               h.manifest.version, e)
+        self._hub.close()
+        self._transport.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.InvalidRequest(f"client {self.worker} is closed; connect again")
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | str | None = None,
+            token: str | None = None, config: ClientConfig | None = None, **config_fields) -> Client:
+    """Connects a worker to the hub. Extra keyword arguments are ClientConfig fields."""
+    if config_fields:
+        if config is not None:
+            raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
+        config = ClientConfig(**config_fields)
+    return Client(hub_url, worker, location, token, config)
+
+
+def _check_name(what: str, value: object) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise errors.ConfigError(f"{what} {value!r} must be 1-256 characters of letters, digits and ._:/@~+=-")
+
+
+def _check_key(model: str, version: object, layout: str) -> None:
+    _check_name("model", model)
+    _check_name("layout", layout)
+    if version == "latest":
+        return
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise errors.InvalidRequest(f"version must be a non-negative int or 'latest', got {version!r}")
+
+
+def _check_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise errors.InvalidRequest("publish needs a non-empty dict of name -> torch.Tensor")
+    for name, t in tensors.items():
+        if not isinstance(name, str) or not name or len(name) > 1024:
+            raise errors.InvalidRequest(f"tensor name {name!r} must be a non-empty string of at most 1024 chars")
+        if not isinstance(t, torch.Tensor):
+            raise errors.InvalidRequest(f"{name!r} is a {type(t).__name__}, not a torch.Tensor")
+        if not t.is_contiguous():
+            raise errors.InvalidRequest(f"tensor {name!r} is not contiguous; publish a contiguous tensor "
+                                        f"(and keep it alive: it is held, not copied)")
+        if dtype_name(t.dtype) not in _DTYPES:
+            raise errors.InvalidRequest(f"tensor {name!r} has unsupported dtype {t.dtype}")
+        if t.device.type not in ("cpu", "cuda"):
+            raise errors.InvalidRequest(f"tensor {name!r} is on {t.device}; only CPU and CUDA memory can be held")
+    return dict(tensors)
+
+
+def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest) -> list[msg.RegionMsg]:
+    out = []
+    for spec in manifest.tensors:
+        region = Region.of_tensor(tensors[spec.name])
+        out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem))
+    return out
+
+
+def _manifest_of(m: msg.ManifestMsg) -> Manifest:
+    return Manifest(m.model, m.version, m.layout,
+                    tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors),
+                    m.chunk_bytes, m.fingerprint)

@@ -1,0 +1,228 @@
+"""The hub's HTTP face: FastAPI routes over HubState, bearer-token auth, size limits, /metrics.
+
+Every request body is a pydantic model (``messages.py``); a request that fails validation, is too
+large, or lacks the token is answered with an error and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from tensorhub_verl import errors
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub_state import HubState, UnknownWorker, manifest_to_msg
+
+logger = logging.getLogger("tensorhub_verl.ros.hub")
+
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+INSTANCE_HEADER = "X-TensorHub-Instance"
+_FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+_STATUS_OF = [
+    (UnknownWorker, 404),
+    (errors.VersionNotFound, 404),
+    (errors.ManifestMismatch, 409),
+    (errors.InvalidRequest, 400),
+    (errors.Unauthorized, 401),
+]
+
+
+class _BodyLimit:
+    """Refuses bodies over ``limit`` bytes with 413 before the route sees them (also for chunked uploads)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and int(declared) > self.limit:
+            return await _send_error(send, 413, "InvalidRequest",
+                                     f"request body of {int(declared)} bytes exceeds the hub's limit of {self.limit}")
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await _send_error(send, 413, "InvalidRequest", f"request body exceeds the hub's limit of {self.limit}")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_error(send, status: int, error: str, detail: str) -> None:
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _HubCollector:
+    def __init__(self, state: HubState):
+        self.state = state
+
+    def collect(self):
+        snap = self.state.metrics_snapshot()
+        served = CounterMetricFamily("tensorhub_bytes_served", "Bytes served by each worker as a source",
+                                     labels=["worker"])
+        for worker, n in sorted(snap["bytes_served"].items()):
+            served.add_metric([worker], n)
+        yield served
+        holders = GaugeMetricFamily("tensorhub_version_holders", "Active holders of each version",
+                                    labels=["model", "version", "layout"])
+        for (model, version, layout), n in sorted(snap["holders"].items()):
+            holders.add_metric([model, str(version), layout], n)
+        yield holders
+        by_model: dict[str, list[float]] = {}
+        for model, seconds in snap["fetch_seconds"]:
+            by_model.setdefault(model, []).append(seconds)
+        latency = HistogramMetricFamily("tensorhub_fetch_seconds", "Fetch latency", labels=["model"])
+        for model, samples in sorted(by_model.items()):
+            buckets = [(str(b), sum(1 for s in samples if s <= b)) for b in _FETCH_BUCKETS]
+            buckets.append(("+Inf", len(samples)))
+            latency.add_metric([model], buckets, sum(samples))
+        yield latency
+        failures = CounterMetricFamily("tensorhub_read_failures", "Failed reads by source", labels=["worker"])
+        for worker, n in sorted(snap["read_failures"].items()):
+            failures.add_metric([worker], n)
+        yield failures
+        yield CounterMetricFamily("tensorhub_leases_revoked", "Leases revoked past their deadline",
+                                  value=snap["leases_revoked"])
+        yield GaugeMetricFamily("tensorhub_leases_in_flight", "Reads in flight", value=snap["leases_in_flight"])
+        yield GaugeMetricFamily("tensorhub_workers", "Registered workers", value=snap["workers"])
+
+
+def create_app(state: HubState, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    def authorize(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), token.encode()):
+            raise errors.Unauthorized("missing or wrong bearer token; pass the hub's token (TENSORHUB_TOKEN)")
+
+    app = FastAPI(title="TensorHub hub", version="1", dependencies=[Depends(authorize)])
+    registry = CollectorRegistry()
+    registry.register(_HubCollector(state))
+
+    @app.middleware("http")
+    async def stamp_instance(request: Request, call_next):
+        response = await call_next(request)
+        response.headers[INSTANCE_HEADER] = state.instance
+        return response
+
+    @app.exception_handler(errors.TensorHubError)
+    async def typed_error(_request: Request, exc: errors.TensorHubError):
+        status = next((code for cls, code in _STATUS_OF if isinstance(exc, cls)), 400)
+        name = "UnknownWorker" if isinstance(exc, UnknownWorker) else type(exc).__name__
+        body = {"error": name, "detail": str(exc)}
+        if isinstance(exc, errors.ManifestMismatch) and exc.tensor:
+            body["tensor"] = exc.tensor
+        return JSONResponse(body, status_code=status, headers={INSTANCE_HEADER: state.instance})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        return JSONResponse({"error": "InvalidRequest", "detail": f"malformed request: {problems}"},
+                            status_code=422, headers={INSTANCE_HEADER: state.instance})
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"ok": True, "hub_instance": state.instance}
+
+    @app.post("/v1/workers/register")
+    def register(req: msg.RegisterWorker) -> msg.WorkerAck:
+        return state.register_worker(req)
+
+    @app.post("/v1/workers/heartbeat")
+    def heartbeat(worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
+        return state.heartbeat(worker)
+
+    @app.post("/v1/publish")
+    def publish(req: msg.Publish) -> dict:
+        state.publish(req)
+        return {"ok": True}
+
+    @app.post("/v1/unpublish")
+    def unpublish(req: msg.Unpublish) -> msg.UnpublishAck:
+        return state.unpublish(req)
+
+    @app.post("/v1/preserve")
+    def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
+        return state.must_preserve(req)
+
+    @app.post("/v1/fetch/begin")
+    def begin(req: msg.BeginFetch) -> msg.ManifestMsg:
+        return manifest_to_msg(state.begin_fetch(req))
+
+    @app.post("/v1/fetch/exchange")
+    def exchange(req: msg.Exchange) -> msg.ExchangeReply:
+        return state.exchange(req)
+
+    @app.post("/v1/fetch/end")
+    def end(req: msg.EndFetch) -> msg.UnpublishAck:
+        return state.end_fetch(req)
+
+    @app.get("/v1/manifest")
+    def manifest(model: str = Query(min_length=1, max_length=256), version: str = "latest",
+                 layout: str = Query("hf", min_length=1, max_length=256)) -> msg.ManifestMsg:
+        return manifest_to_msg(state.manifest(model, _version_arg(version), layout))
+
+    @app.get("/v1/versions")
+    def versions(model: str = Query(min_length=1, max_length=256),
+                 layout: str | None = Query(None, max_length=256)) -> msg.VersionsReply:
+        return msg.VersionsReply(model=model, versions=state.versions(model, layout))
+
+    @app.get("/v1/wait")
+    def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = -1,
+             layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            newest = max((v for v in state.versions(model, layout)), default=None)
+            if newest is not None and newest > newer_than:
+                return {"version": newest}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"version": None}
+            state.wait_for_change(min(remaining, 0.5))
+
+    @app.get("/v1/status")
+    def status() -> dict:
+        return state.status()
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+
+    return _BodyLimit(app, max_body_bytes)
+
+
+def _version_arg(version: str) -> int | str:
+    if version == "latest":
+        return version
+    try:
+        value = int(version)
+    except ValueError:
+        raise errors.InvalidRequest(f"version must be an integer or 'latest', got {version!r}") from None
+    if value < 0:
+        raise errors.InvalidRequest(f"version must be >= 0, got {value}")
+    return value

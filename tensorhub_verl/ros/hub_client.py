@@ -1,0 +1,127 @@
+"""HTTP calls to the hub: typed requests and replies, retries with backoff, typed errors.
+
+Notices when the hub it talks to is a new instance (a restart) and lets the owner re-register its
+soft state before the call is repeated.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Callable, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from tensorhub_verl import errors
+from tensorhub_verl.ros.hub_app import INSTANCE_HEADER
+from tensorhub_verl.ros.hub_state import UnknownWorker
+
+logger = logging.getLogger("tensorhub_verl.ros.client")
+
+R = TypeVar("R", bound=BaseModel)
+
+_ERRORS: dict[str, type[errors.TensorHubError]] = {
+    "VersionNotFound": errors.VersionNotFound,
+    "ManifestMismatch": errors.ManifestMismatch,
+    "Unauthorized": errors.Unauthorized,
+    "InvalidRequest": errors.InvalidRequest,
+    "UnknownWorker": UnknownWorker,
+}
+
+
+class HubClient:
+    def __init__(self, url: str, token: str | None = None, request_timeout_s: float = 15.0,
+                 retry_s: float = 30.0, on_new_instance: Callable[[], None] | None = None):
+        if not url.startswith(("http://", "https://")):
+            raise errors.ConfigError(f"hub URL {url!r} must start with http:// or https://")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=request_timeout_s,
+                                  limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
+        self._retry_s = retry_s
+        self._on_new_instance = on_new_instance
+        self._instance: str | None = None
+        self._recovering = threading.Lock()
+
+    def post(self, path: str, body: BaseModel | None = None, reply: type[R] | None = None,
+             params: dict | None = None, timeout: float | None = None):
+        return self._call("POST", path, body, reply, params, timeout)
+
+    def get(self, path: str, reply: type[R] | None = None, params: dict | None = None,
+            timeout: float | None = None):
+        return self._call("GET", path, None, reply, params, timeout)
+
+    def _call(self, method: str, path: str, body, reply, params, timeout):
+        for attempt in range(2):
+            try:
+                data = self._send(method, path, body, params, timeout)
+                break
+            except UnknownWorker:
+                if attempt == 1 or not self._recover():
+                    raise
+        return reply.model_validate(data) if reply is not None else data
+
+    def _send(self, method: str, path: str, body, params, timeout):
+        deadline = time.monotonic() + self._retry_s
+        delay = 0.05
+        content = body.model_dump_json().encode() if body is not None else None
+        while True:
+            try:
+                response = self._http.request(
+                    method, path, content=content, params=params,
+                    headers={"content-type": "application/json"} if content is not None else None,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+            except (httpx.TransportError, httpx.TimeoutException) as e:
+                if time.monotonic() + delay > deadline:
+                    raise errors.HubUnavailable(f"hub {self.url} unreachable for {self._retry_s:.0f} s "
+                                                f"({type(e).__name__}: {e}); is `tensorhub hub` running?") from e
+                time.sleep(delay * (1 + random.random() * 0.25))
+                delay = min(delay * 2, 1.0)
+                continue
+            if response.status_code in (502, 503, 504) and time.monotonic() + delay <= deadline:
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self._check_instance(response.headers.get(INSTANCE_HEADER))
+            if response.status_code >= 400:
+                raise _error_of(response)
+            return response.json()
+
+    def _check_instance(self, instance: str | None) -> None:
+        if instance is None or instance == self._instance:
+            return
+        first = self._instance is None
+        self._instance = instance
+        if not first:
+            logger.warning("hub %s restarted (instance %s); re-registering", self.url, instance)
+            self._recover()
+
+    def _recover(self) -> bool:
+        """Re-registers soft state at most once at a time; returns False when nothing could be done."""
+        if self._on_new_instance is None or not self._recovering.acquire(blocking=False):
+            return False
+        try:
+            self._on_new_instance()
+            return True
+        finally:
+            self._recovering.release()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _error_of(response: httpx.Response) -> errors.TensorHubError:
+    try:
+        body = response.json()
+        name, detail = body.get("error", ""), body.get("detail", response.text)
+    except ValueError:
+        name, detail, body = "", response.text[:500], {}
+    if response.status_code == 401:
+        return errors.Unauthorized(detail)
+    cls = _ERRORS.get(name, errors.InvalidRequest)
+    if cls is errors.ManifestMismatch:
+        return errors.ManifestMismatch(detail, tensor=body.get("tensor"))
+    return cls(f"{detail} (HTTP {response.status_code})" if cls is errors.InvalidRequest else detail)

@@ -1,0 +1,112 @@
+"""Runs the hub: embedded in a thread (``start_hub``), or in the foreground (``tensorhub hub``).
+
+The same ``HubServer`` object is what a Ray actor wraps to run the hub inside a verl job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from tensorhub_verl.errors import ConfigError, HubUnavailable
+from tensorhub_verl.ros.hub_app import DEFAULT_MAX_BODY_BYTES, create_app
+from tensorhub_verl.ros.hub_state import HubConfig, HubState
+
+logger = logging.getLogger("tensorhub_verl.ros.hub")
+
+_SWEEP_INTERVAL_S = 0.25
+
+
+def resolve_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str | None:
+    """An explicit token wins; else the file; else None. (Environment defaults belong to the CLI.)"""
+    if token is not None and token_file is not None:
+        raise ConfigError("give either a token or a token file, not both")
+    if token_file is not None:
+        path = Path(token_file)
+        try:
+            token = path.read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"cannot read token file {path}: {e}") from e
+        if not token:
+            raise ConfigError(f"token file {path} is empty; write the token into it")
+    if token is not None and (not token or any(c.isspace() for c in token)):
+        raise ConfigError("a token must be non-empty and contain no whitespace")
+    return token
+
+
+class HubServer:
+    """A hub listening on ``host:port`` (port 0 picks a free one). ``url`` is valid once started."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 config: HubConfig | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.state = HubState(config)
+        self._socket = socket.create_server((host, port), reuse_port=False)
+        self.host, self.port = self._socket.getsockname()[:2]
+        app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                                     timeout_keep_alive=30, lifespan="off"))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> "HubServer":
+        serve = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                 name="tensorhub-hub", daemon=True)
+        sweep = threading.Thread(target=self._sweep, name="tensorhub-hub-sweep", daemon=True)
+        self._threads = [serve, sweep]
+        for t in self._threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not serve.is_alive():
+                raise HubUnavailable(f"hub did not start on {self.url} within {timeout} s")
+            time.sleep(0.01)
+        logger.info("hub %s listening on %s", self.state.instance, self.url)
+        return self
+
+    def serve_forever(self) -> None:
+        self.start()
+        try:
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(_SWEEP_INTERVAL_S):
+            try:
+                self.state.sweep()
+            except Exception:  # the sweeper must outlive a bug in one pass
+                logger.exception("hub sweep failed")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._server.should_exit = True
+        for t in self._threads:
+            t.join(timeout)
+        try:
+            self._socket.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "HubServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_hub(host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+              config: HubConfig | None = None) -> HubServer:
+    """Starts an embedded hub in background threads; ``hub.url`` to connect, ``hub.stop()`` to end it."""
+    return HubServer(host, port, token, config).start()

@@ -1,0 +1,534 @@
+"""The hub's soft state: workers, holdings, leases. No I/O here; the HTTP layer wraps it.
+
+Everything in this module can be rebuilt from the workers: after a hub restart each client
+re-registers itself, its holdings and its fetches in progress, and nothing is lost.
+
+Invariants:
+  - A holding in state ``active`` holds every chunk; ``filling`` holdings serve the chunks they have.
+  - A lease is one read of one chunk from one holding. While a lease is live its source's bytes must
+    not change, so ``unpublish`` waits for the holding's leases to end. A lease past its deadline is
+    revoked: its reader is told to read that chunk again, and it no longer holds up ``unpublish``.
+  - A version becomes visible (``versions``/``latest``) only when one holding of it is ``active``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, VersionNotFound
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, check_same_tensors, dtype_from_name
+from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
+from tensorhub_verl.ros.topology import Distance, Location
+
+logger = logging.getLogger("tensorhub_verl.ros.hub")
+
+Key = tuple[str, int, str]  # (model, version, layout)
+
+
+class UnknownWorker(InvalidRequest):
+    """The worker is not registered (the hub restarted, or the worker expired): re-register."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HubConfig:
+    worker_timeout_s: float = 10.0
+    """A worker that sends no heartbeat for this long is dropped with its holdings."""
+    heartbeat_s: float = 1.0
+    """How often clients are asked to send heartbeats."""
+    lease_ttl_s: float = 30.0
+    """A read of one chunk that takes longer than this is revoked and must be redone."""
+    suspect_s: float = 3.0
+    """After a failed read, its source gets no new reads for this long (unless it proves alive)."""
+    keep_versions: int = 2
+    """Retention: the newest N versions of each model are kept; holders are asked to drop older ones."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    worker: str
+    location: Location
+    spot: bool
+    agent_name: str
+    agent_metadata_b64: str
+    last_seen: float
+    bytes_served: int = 0
+
+
+@dataclass(slots=True)
+class Holding:
+    holder: str
+    worker: str
+    regions: list[msg.RegionMsg]
+    chunks: set[int] | None
+    state: str  # "filling" | "active" | "draining"
+    generation: int
+    served_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Lease:
+    id: int
+    key: Key
+    reader: str
+    reader_location: Location
+    source: str
+    chunk: int
+    nbytes: int
+    distance: Distance
+    deadline: float
+
+
+@dataclass(slots=True)
+class VersionRecord:
+    manifest: Manifest
+    chunks: tuple[Chunk, ...]
+    holdings: dict[str, Holding] = field(default_factory=dict)
+    seeds: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+
+class HubState:
+    def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic):
+        self.config = config or HubConfig()
+        self.instance = uuid.uuid4().hex[:12]
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._workers: dict[str, WorkerRecord] = {}
+        self._versions: dict[Key, VersionRecord] = {}
+        self._leases: dict[int, Lease] = {}
+        self._revoked: dict[str, set[int]] = defaultdict(set)
+        self._suspect_until: dict[str, float] = {}
+        self._ids = itertools.count(1)
+        # Counters read by /metrics.
+        self.leases_revoked = 0
+        self.read_failures: dict[str, int] = defaultdict(int)
+        self.fetch_seconds: list[tuple[str, float]] = []
+
+    # ----------------------------------------------------------------------------------- workers
+    def register_worker(self, req: msg.RegisterWorker) -> msg.WorkerAck:
+        with self._lock:
+            now = self._clock()
+            location = Location(**req.location.model_dump())
+            old = self._workers.get(req.worker)
+            if old is not None and old.agent_name != req.agent_name:
+                # A new process took over this worker id: the old one's memory is gone.
+                logger.info("worker %s restarted (agent %s -> %s); dropping its holdings",
+                            req.worker, old.agent_name, req.agent_name)
+                self._drop_worker(req.worker)
+                old = None
+            record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
+                                  old.bytes_served if old else 0)
+            self._workers[req.worker] = record
+            for holding in self._holdings_of(req.worker):
+                holding.generation = next(self._ids)  # readers must reload the agent metadata
+            self._changed.notify_all()
+            return self._ack(req.worker)
+
+    def heartbeat(self, worker: str) -> msg.WorkerAck:
+        with self._lock:
+            record = self._require_worker(worker)
+            record.last_seen = self._clock()
+            self._suspect_until.pop(worker, None)
+            return self._ack(worker)
+
+    def _ack(self, worker: str) -> msg.WorkerAck:
+        return msg.WorkerAck(worker=worker, hub_instance=self.instance, heartbeat_s=self.config.heartbeat_s,
+                             release=self._retention_release(worker))
+
+    def _retention_release(self, worker: str) -> list[msg.HoldingKey]:
+        keep = self.config.keep_versions
+        release = []
+        for model in {k[0] for k in self._versions}:
+            visible = sorted({k[1] for k, r in self._versions.items() if k[0] == model and self._active(r)},
+                             reverse=True)
+            retained = set(visible[:keep])
+            newest = visible[0] if visible else -1
+            for key, record in self._versions.items():
+                if key[0] != model or key[1] in retained or key[1] > newest:
+                    continue
+                for holding in record.holdings.values():
+                    if holding.worker == worker and holding.state == "active":
+                        release.append(msg.HoldingKey(model=key[0], version=key[1], layout=key[2]))
+        return release
+
+    def _require_worker(self, worker: str) -> WorkerRecord:
+        record = self._workers.get(worker)
+        if record is None:
+            raise UnknownWorker(f"worker {worker!r} is not registered with hub {self.instance}; register first")
+        return record
+
+    # ---------------------------------------------------------------------------------- holdings
+    def publish(self, req: msg.Publish) -> None:
+        with self._lock:
+            self._require_worker(req.worker)
+            manifest = _manifest_from(req.manifest)
+            if len(req.regions) != len(manifest.tensors):
+                raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
+                                     f"tensors; send one region per tensor")
+            key = (manifest.model, manifest.version, manifest.layout)
+            record = self._versions.get(key)
+            if record is None:
+                record = VersionRecord(manifest, manifest.chunks())
+                self._versions[key] = record
+            else:
+                check_same_tensors(record.manifest, manifest)
+            existing = record.holdings.get(req.holder)
+            if existing is not None and existing.state != "active":
+                raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
+                                     f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
+            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, "active",
+                                                  next(self._ids))
+            self._changed.notify_all()
+
+    def unpublish(self, req: msg.Unpublish) -> msg.UnpublishAck:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            record = self._versions.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            if holding is None:
+                raise VersionNotFound(f"{req.holder} holds no version {req.version} of {req.model!r} "
+                                      f"({req.layout}); nothing to unpublish")
+            holding.state = "draining"
+            return self._drain(key, req.holder, req.wait_s)
+
+    def _drain(self, key: Key, holder: str, wait_s: float) -> msg.UnpublishAck:
+        deadline = self._clock() + wait_s
+        while True:
+            self._expire_leases()
+            inflight = sum(1 for lease in self._leases.values() if lease.key == key and lease.source == holder)
+            if inflight == 0:
+                record = self._versions.get(key)
+                if record is not None:
+                    record.holdings.pop(holder, None)
+                    self._forget_if_empty(key)
+                self._changed.notify_all()
+                return msg.UnpublishAck(drained=True, inflight=0)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return msg.UnpublishAck(drained=False, inflight=inflight)
+            self._changed.wait(min(remaining, 0.05))
+
+    def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
+        """True when ``holder`` holds the last reliable copy of a version inside the retention window."""
+        with self._lock:
+            visible = sorted({k[1] for k, r in self._versions.items() if k[0] == req.model and self._active(r)},
+                             reverse=True)
+            if req.version not in visible[: self.config.keep_versions]:
+                return msg.PreserveAnswer(must_preserve=False, reason="outside the retention window")
+            holding = self._versions[(req.model, req.version, req.layout)].holdings.get(req.holder)
+            if holding is None or self._workers.get(holding.worker) is None:
+                return msg.PreserveAnswer(must_preserve=False, reason="not a holder")
+            if self._workers[holding.worker].spot:
+                return msg.PreserveAnswer(must_preserve=False, reason="spot workers are not reliable copies")
+            for key, record in self._versions.items():
+                if key[:2] != (req.model, req.version):
+                    continue
+                for other in record.holdings.values():
+                    worker = self._workers.get(other.worker)
+                    if other.holder != req.holder and other.state == "active" and worker and not worker.spot:
+                        return msg.PreserveAnswer(must_preserve=False, reason=f"{other.holder} holds a copy")
+            return msg.PreserveAnswer(must_preserve=True, reason="last reliable copy of a retained version")
+
+    # ----------------------------------------------------------------------------------- fetches
+    def begin_fetch(self, req: msg.BeginFetch) -> Manifest:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            self._require_worker(req.worker)
+            record = self._versions.get(key)
+            if record is None or not record.holdings:
+                raise VersionNotFound(f"no worker holds version {req.version} of {req.model!r} in layout "
+                                      f"{req.layout!r}; see `tensorhub status` for what is published")
+            if req.digest != record.manifest.digest:
+                raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
+                                       f"{record.manifest.digest}; the buffers do not describe this layout")
+            if len(req.regions) != len(record.manifest.tensors):
+                raise InvalidRequest(f"{len(req.regions)} regions for {len(record.manifest.tensors)} tensors")
+            existing = record.holdings.get(req.holder)
+            if existing is not None and existing.state != "filling":
+                raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
+                                     f"({existing.state}); unpublish it before fetching it again")
+            chunks = {c for c in req.have if c < len(record.chunks)}
+            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, "filling",
+                                                  next(self._ids))
+            self._revoked.pop(req.holder, None)
+            return record.manifest
+
+    def exchange(self, req: msg.Exchange) -> msg.ExchangeReply:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            reader = self._require_worker(req.worker)
+            reader.last_seen = self._clock()
+            record = self._versions.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            if holding is None or holding.state != "filling":
+                raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
+            revoked = self._settle(req, record, holding)
+            deadline = self._clock() + req.wait_s
+            while True:
+                assignments, view, needed = self._plan(key, record, holding, reader.location, req.want)
+                mine = any(lease.reader == req.holder and lease.key == key for lease in self._leases.values())
+                if assignments or mine or self._clock() >= deadline or len(holding.chunks) == len(record.chunks):
+                    break
+                self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
+                self._expire_leases()
+            now = self._clock()
+            replies, sources = [], {}
+            for a in assignments:
+                lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
+                              record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
+                self._leases[lease.id] = lease
+                replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
+                                                 distance=int(a.distance)))
+                source = record.holdings[a.source]
+                if req.known_sources.get(a.source) != source.generation and a.source not in sources:
+                    worker = self._workers[source.worker]
+                    sources[a.source] = msg.SourceInfo(
+                        holder=a.source, worker=source.worker, generation=source.generation,
+                        agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64,
+                        regions=source.regions, partial=source.state == "filling")
+            return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
+                                     have=len(holding.chunks), total=len(record.chunks),
+                                     unservable=[] if assignments else unservable(needed, view, req.holder))
+
+    def _settle(self, req: msg.Exchange, record: VersionRecord, holding: Holding) -> set[int]:
+        """Books the reader's finished and failed reads; returns the leases it must redo."""
+        revoked = set()
+        past = self._revoked.get(req.holder, set())
+        for lease_id in req.completed:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.reader != req.holder:
+                revoked.add(lease_id)  # revoked, or issued by a hub that has since restarted: read again
+                past.discard(lease_id)
+                continue
+            del self._leases[lease_id]
+            holding.chunks.add(lease.chunk)
+            source = record.holdings.get(lease.source)
+            if source is not None:
+                source.served_bytes += lease.nbytes
+                worker = self._workers.get(source.worker)
+                if worker is not None:
+                    worker.bytes_served += lease.nbytes
+        for failure in req.failed:
+            lease = self._leases.pop(failure.lease, None)
+            if lease is None or lease.reader != req.holder:
+                continue
+            source = record.holdings.get(lease.source)
+            if source is not None:
+                self._suspect_until[source.worker] = self._clock() + self.config.suspect_s
+                self.read_failures[source.worker] += 1
+                logger.warning("read of chunk %d from %s failed (%s); re-planning", lease.chunk, lease.source,
+                               failure.reason[:200])
+        if req.completed or req.failed:
+            self._changed.notify_all()
+        return revoked
+
+    def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int):
+        now = self._clock()
+        self._expire_leases()
+        inflight: dict[str, int] = defaultdict(int)
+        pulling: dict[int, list[Location]] = defaultdict(list)
+        wan_pulling: dict[str, set[int]] = defaultdict(set)
+        mine = set()
+        for lease in self._leases.values():
+            if lease.key != key:
+                continue
+            inflight[lease.source] += 1
+            if lease.reader == holding.holder:
+                mine.add(lease.chunk)
+                continue
+            pulling[lease.chunk].append(lease.reader_location)
+            if lease.distance == Distance.WAN:
+                wan_pulling[lease.reader_location.dc].add(lease.chunk)
+        holders = []
+        for h in record.holdings.values():
+            worker = self._workers.get(h.worker)
+            if worker is None or h.state == "draining" or self._suspect_until.get(h.worker, 0) > now:
+                continue
+            chunks = None if h.state == "active" else frozenset(h.chunks)
+            holders.append(HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes))
+        view = SwarmView(holders, pulling, {dc: frozenset(c) for dc, c in wan_pulling.items()})
+        needed = [c for c in range(len(record.chunks)) if c not in holding.chunks and c not in mine]
+        seeds = record.seeds[location.dc]
+        seeds[:] = [s for s in seeds if s in record.holdings]
+        if holding.holder not in seeds and len(seeds) < self.config.planner.seeds_per_dc:
+            seeds.append(holding.holder)
+        request = PlanRequest(holding.holder, location, needed, want, may_cross_wan=holding.holder in seeds)
+        return plan_chunks(request, view, self.config.planner), view, needed
+
+    def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            record = self._versions.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            if holding is None:
+                raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
+            for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
+                del self._leases[lease_id]
+            self._revoked.pop(req.holder, None)
+            if req.ok:
+                self.fetch_seconds.append((req.model, req.seconds))
+                del self.fetch_seconds[:-10_000]
+            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
+                raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
+                                     f"{len(record.chunks)} chunks")
+            if req.ok and req.hold:
+                holding.state, holding.chunks = "active", None
+                self._changed.notify_all()
+                return msg.UnpublishAck(drained=True, inflight=0)
+            holding.state = "draining"
+            return self._drain(key, req.holder, req.wait_s)
+
+    # ------------------------------------------------------------------------------------ upkeep
+    def sweep(self) -> None:
+        """Expires silent workers and overdue leases. The server calls it a few times a second."""
+        with self._lock:
+            now = self._clock()
+            for worker in [w for w, r in self._workers.items() if now - r.last_seen > self.config.worker_timeout_s]:
+                logger.warning("worker %s sent no heartbeat for %.1f s; dropping it and its holdings",
+                               worker, now - self._workers[worker].last_seen)
+                self._drop_worker(worker)
+            self._expire_leases()
+
+    def _expire_leases(self) -> None:
+        now = self._clock()
+        overdue = [lease for lease in self._leases.values() if lease.deadline < now]
+        for lease in overdue:
+            del self._leases[lease.id]
+            self._revoked[lease.reader].add(lease.id)
+            self.leases_revoked += 1
+            logger.warning("lease %d (chunk %d from %s to %s) outlived its deadline; revoked",
+                           lease.id, lease.chunk, lease.source, lease.reader)
+        if overdue:
+            self._changed.notify_all()
+
+    def _drop_worker(self, worker: str) -> None:
+        self._workers.pop(worker, None)
+        self._suspect_until.pop(worker, None)
+        dropped = set()
+        for key, record in list(self._versions.items()):
+            for holder in [h for h, holding in record.holdings.items() if holding.worker == worker]:
+                del record.holdings[holder]
+                dropped.add(holder)
+            self._forget_if_empty(key)
+        for lease_id in [i for i, lease in self._leases.items() if lease.reader in dropped]:
+            del self._leases[lease_id]
+        self._changed.notify_all()
+
+    def _forget_if_empty(self, key: Key) -> None:
+        record = self._versions.get(key)
+        if record is not None and not record.holdings:
+            del self._versions[key]
+
+    def _holdings_of(self, worker: str) -> list[Holding]:
+        return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
+
+    @staticmethod
+    def _active(record: VersionRecord) -> bool:
+        return any(h.state == "active" for h in record.holdings.values())
+
+    # ------------------------------------------------------------------------------------ queries
+    def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
+        with self._lock:
+            resolved = self.resolve(model, version, layout)
+            return self._versions[(model, resolved, layout)].manifest
+
+    def resolve(self, model: str, version: int | str, layout: str) -> int:
+        """Resolves "latest" once; a version counts only when a holder of it in ``layout`` is active."""
+        with self._lock:
+            if version == "latest":
+                active = [k[1] for k, r in self._versions.items()
+                          if k[0] == model and k[2] == layout and self._active(r)]
+                if not active:
+                    raise VersionNotFound(f"model {model!r} has no published version in layout {layout!r}")
+                return max(active)
+            record = self._versions.get((model, int(version), layout))
+            if record is None or not self._active(record):
+                known = sorted({k[1] for k, r in self._versions.items() if k[0] == model and self._active(r)})
+                raise VersionNotFound(f"version {version} of {model!r} in layout {layout!r} is not published; "
+                                      f"published versions: {known or 'none'}")
+            return int(version)
+
+    def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
+        with self._lock:
+            result: dict[int, list[str]] = defaultdict(list)
+            for (m, v, lay), record in self._versions.items():
+                if m != model or (layout is not None and lay != layout):
+                    continue
+                holders = [h.worker for h in record.holdings.values() if h.state == "active"]
+                if holders:
+                    result[v].extend(w for w in holders if w not in result[v])
+            return {v: sorted(ws) for v, ws in sorted(result.items())}
+
+    def wait_for_change(self, timeout: float) -> None:
+        with self._lock:
+            self._changed.wait(timeout)
+
+    def status(self) -> dict:
+        with self._lock:
+            now = self._clock()
+            workers = {w: {"location": r.location.as_dict(), "spot": r.spot, "bytes_served": r.bytes_served,
+                           "last_seen_s": round(now - r.last_seen, 3)} for w, r in self._workers.items()}
+            models: dict[str, list[dict]] = defaultdict(list)
+            for (model, version, layout), record in sorted(self._versions.items()):
+                models[model].append({
+                    "version": version, "layout": layout, "bytes": record.manifest.nbytes,
+                    "chunks": len(record.chunks),
+                    "holders": [{"holder": h.holder, "worker": h.worker, "state": h.state,
+                                 "chunks": len(record.chunks) if h.chunks is None else len(h.chunks),
+                                 "served_bytes": h.served_bytes} for h in record.holdings.values()],
+                })
+            return {"hub_instance": self.instance, "workers": workers, "models": dict(models),
+                    "leases_in_flight": len(self._leases), "leases_revoked": self.leases_revoked}
+
+    def metrics_snapshot(self) -> dict:
+        with self._lock:
+            holders = {k: sum(1 for h in r.holdings.values() if h.state == "active") for k, r in self._versions.items()}
+            return {"bytes_served": {w: r.bytes_served for w, r in self._workers.items()},
+                    "holders": holders, "fetch_seconds": list(self.fetch_seconds),
+                    "leases_revoked": self.leases_revoked, "read_failures": dict(self.read_failures),
+                    "leases_in_flight": len(self._leases), "workers": len(self._workers)}
+
+
+def _manifest_from(m: msg.ManifestMsg) -> Manifest:
+    specs = tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors)
+    for spec in specs:
+        expected = _numel(spec.shape) * _itemsize(spec.dtype)
+        if spec.nbytes != expected:
+            raise InvalidRequest(f"tensor {spec.name!r}: nbytes {spec.nbytes} does not match shape "
+                                 f"{list(spec.shape)} of {spec.dtype} ({expected} bytes)")
+    if len({s.name for s in specs}) != len(specs):
+        raise InvalidRequest("tensor names in a manifest must be unique")
+    return Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint)
+
+
+def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
+    return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
+                           fingerprint=m.fingerprint,
+                           tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
+                                                      nbytes=t.nbytes) for t in m.tensors])
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return torch.empty((), dtype=dtype_from_name(dtype)).element_size()
+    except ManifestMismatch as e:
+        raise InvalidRequest(str(e)) from None
+

@@ -1,0 +1,217 @@
+"""A version's manifest: the tensors of one layout, and how their bytes are cut into chunks.
+
+The chunk map is a pure function of (tensor specs, chunk size), so every holder and reader of a
+layout derives the same chunks without shipping them. Tiny tensors share a chunk; large ones span many.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import torch
+
+from tensorhub_verl.errors import ManifestMismatch
+
+DEFAULT_CHUNK_BYTES = 8 << 20
+_SAMPLE_WINDOW = 4096
+_SAMPLE_COUNT = 16
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+        torch.int16, torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+    )
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ManifestMismatch(f"unsupported dtype {name!r}; supported: {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+    @classmethod
+    def of(cls, name: str, tensor: torch.Tensor) -> "TensorSpec":
+        return cls(name, tuple(tensor.shape), dtype_name(tensor.dtype), tensor.numel() * tensor.element_size())
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """``length`` bytes of tensor number ``tensor`` starting at byte ``offset`` of that tensor."""
+
+    tensor: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    index: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.length for s in self.segments)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a version looks like in one layout. Holder-independent: addresses live with each holder."""
+
+    model: str
+    version: int
+    layout: str
+    tensors: tuple[TensorSpec, ...]
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    fingerprint: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def digest(self) -> str:
+        """Identifies the layout's shape: equal digests mean raw bytes can be copied between holders."""
+        return layout_digest(self.layout, self.tensors, self.chunk_bytes)
+
+    def chunks(self) -> tuple[Chunk, ...]:
+        return split_into_chunks(self.tensors, self.chunk_bytes)
+
+    def allocate(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """Empty buffers matching this manifest, ready to pass as ``fetch(into=...)``."""
+        return {t.name: torch.empty(t.shape, dtype=dtype_from_name(t.dtype), device=device) for t in self.tensors}
+
+
+def layout_digest(layout: str, tensors: Iterable[TensorSpec], chunk_bytes: int) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{layout}|{chunk_bytes}".encode())
+    for t in tensors:
+        h.update(f"|{t.name}:{t.dtype}:{'x'.join(map(str, t.shape))}:{t.nbytes}".encode())
+    return h.hexdigest()
+
+
+def split_into_chunks(tensors: tuple[TensorSpec, ...], chunk_bytes: int) -> tuple[Chunk, ...]:
+    """Packs tensors in manifest order into chunks of at most ``chunk_bytes`` (the last may be smaller)."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+    chunks: list[Chunk] = []
+    current: list[Segment] = []
+    room = chunk_bytes
+    for index, spec in enumerate(tensors):
+        offset = 0
+        while offset < spec.nbytes:
+            length = min(room, spec.nbytes - offset)
+            current.append(Segment(index, offset, length))
+            offset += length
+            room -= length
+            if room == 0:
+                chunks.append(Chunk(len(chunks), tuple(current)))
+                current, room = [], chunk_bytes
+    if current:
+        chunks.append(Chunk(len(chunks), tuple(current)))
+    return tuple(chunks)
+
+
+def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
+    return math.ceil(total_bytes / chunk_bytes) if total_bytes else 0
+
+
+def content_fingerprint(tensors: Mapping[str, torch.Tensor], mode: str = "sample") -> str:
+    """A digest of the bytes, used to refuse a second publish of a version with different bytes.
+
+    ``sample`` hashes a few 4 KiB windows of each tensor (cheap even for GPU tensors and large models;
+    catches a wrong checkpoint, not a single flipped bit); ``full`` hashes every byte; ``none`` skips.
+    """
+    if mode == "none":
+        return ""
+    if mode not in ("sample", "full"):
+        raise ValueError(f"fingerprint mode must be 'sample', 'full' or 'none', got {mode!r}")
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in tensors.items():
+        raw = _as_bytes(tensor)
+        h.update(name.encode())
+        if mode == "full" or raw.numel() <= _SAMPLE_WINDOW * _SAMPLE_COUNT:
+            h.update(raw.cpu().numpy().tobytes())
+            continue
+        stride = (raw.numel() - _SAMPLE_WINDOW) // (_SAMPLE_COUNT - 1)
+        starts = torch.arange(_SAMPLE_COUNT, device=raw.device) * stride
+        windows = raw[(starts[:, None] + torch.arange(_SAMPLE_WINDOW, device=raw.device)).flatten()]
+        h.update(windows.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.detach().reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def build_manifest(
+    model: str,
+    version: int,
+    layout: str,
+    tensors: Mapping[str, torch.Tensor],
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    fingerprint_mode: str = "sample",
+) -> Manifest:
+    specs = tuple(TensorSpec.of(name, t) for name, t in tensors.items())
+    return Manifest(model, version, layout, specs, chunk_bytes, content_fingerprint(tensors, fingerprint_mode))
+
+
+def check_buffers(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> None:
+    """Raises ManifestMismatch naming the first tensor that differs, before any byte moves."""
+    for spec in manifest.tensors:
+        if spec.name not in into:
+            raise ManifestMismatch(
+                f"buffer for tensor {spec.name!r} is missing (expected shape {list(spec.shape)} {spec.dtype}); "
+                f"allocate buffers with client.manifest(...).allocate()", tensor=spec.name)
+        buf = into[spec.name]
+        if tuple(buf.shape) != spec.shape or dtype_name(buf.dtype) != spec.dtype:
+            raise ManifestMismatch(
+                f"tensor {spec.name!r}: buffer is {list(buf.shape)} {dtype_name(buf.dtype)}, "
+                f"version {manifest.version} ({manifest.layout}) has {list(spec.shape)} {spec.dtype}",
+                tensor=spec.name)
+        if not buf.is_contiguous():
+            raise ManifestMismatch(f"tensor {spec.name!r}: buffer is not contiguous; pass a contiguous tensor",
+                                   tensor=spec.name)
+    extra = [name for name in into if name not in {s.name for s in manifest.tensors}]
+    if extra:
+        raise ManifestMismatch(
+            f"tensor {extra[0]!r} is not in version {manifest.version} ({manifest.layout}); "
+            f"remove it from the buffers or fetch a layout that has it", tensor=extra[0])
+
+
+def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
+    """Two publishes of one (model, version, layout) must agree tensor by tensor and byte for byte."""
+    for old, new in zip(existing.tensors, incoming.tensors):
+        if old != new:
+            raise ManifestMismatch(
+                f"tensor {new.name!r} differs from the published version {existing.version} ({existing.layout}): "
+                f"published {old.name} {list(old.shape)} {old.dtype}, got {list(new.shape)} {new.dtype}",
+                tensor=new.name)
+    if len(existing.tensors) != len(incoming.tensors):
+        longer = existing.tensors if len(existing.tensors) > len(incoming.tensors) else incoming.tensors
+        name = longer[min(len(existing.tensors), len(incoming.tensors))].name
+        raise ManifestMismatch(f"tensor {name!r} is in only one of the two publishes of version "
+                               f"{existing.version} ({existing.layout})", tensor=name)
+    if existing.chunk_bytes != incoming.chunk_bytes:
+        raise ManifestMismatch(f"chunk size {incoming.chunk_bytes} differs from the published {existing.chunk_bytes}")
+    if existing.fingerprint and incoming.fingerprint and existing.fingerprint != incoming.fingerprint:
+        raise ManifestMismatch(
+            f"version {existing.version} of {existing.model!r} ({existing.layout}) is already published with "
+            f"different bytes; versions are immutable: publish these bytes as a new version number")

@@ -1,0 +1,182 @@
+"""One pydantic model per hub request and response. Every field is validated; unknown fields are refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@~+=-]+$")]
+Version = Annotated[int, Field(ge=0, le=2**62)]
+MAX_TENSORS = 200_000
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocationMsg(Strict):
+    dc: Name = "dc0"
+    rack: Name = "r0"
+    node: Name = "n0"
+    gpu: Name | None = None
+
+
+class TensorSpecMsg(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=1024)]
+    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=16)
+    dtype: Annotated[str, Field(min_length=1, max_length=32)]
+    nbytes: Annotated[int, Field(ge=0)]
+
+
+class ManifestMsg(Strict):
+    model: Name
+    version: Version
+    layout: Name
+    tensors: list[TensorSpecMsg] = Field(max_length=MAX_TENSORS)
+    chunk_bytes: Annotated[int, Field(ge=4096, le=1 << 31)]
+    fingerprint: Annotated[str, Field(max_length=128)] = ""
+
+
+class RegionMsg(Strict):
+    """Where one tensor lives in its holder's memory, as the data plane needs it."""
+
+    addr: Annotated[int, Field(ge=0)]
+    device: Annotated[int, Field(ge=0)] = 0
+    mem: Literal["DRAM", "VRAM"] = "DRAM"
+
+
+class RegisterWorker(Strict):
+    worker: Name
+    location: LocationMsg
+    spot: bool = False
+    agent_name: Annotated[str, Field(min_length=1, max_length=512)]
+    agent_metadata_b64: Annotated[str, Field(max_length=64 << 20)]
+
+
+class WorkerAck(Strict):
+    worker: Name
+    hub_instance: str
+    heartbeat_s: float
+    release: list["HoldingKey"] = []
+    """Holdings the hub asks this worker to drop (older than the retention window)."""
+
+
+class HoldingKey(Strict):
+    model: Name
+    version: Version
+    layout: Name
+
+
+class Publish(Strict):
+    worker: Name
+    holder: Name
+    manifest: ManifestMsg
+    regions: list[RegionMsg] = Field(max_length=MAX_TENSORS)
+
+
+class Unpublish(Strict):
+    worker: Name
+    holder: Name
+    model: Name
+    version: Version
+    layout: Name
+    wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
+
+
+class UnpublishAck(Strict):
+    drained: bool
+    inflight: int
+    revoked: int = 0
+
+
+class PreserveQuery(Strict):
+    holder: Name
+    model: Name
+    version: Version
+    layout: Name
+
+
+class PreserveAnswer(Strict):
+    must_preserve: bool
+    reason: str = ""
+
+
+class BeginFetch(Strict):
+    worker: Name
+    holder: Name
+    model: Name
+    version: Version
+    layout: Name
+    digest: Annotated[str, Field(max_length=64)]
+    regions: list[RegionMsg] = Field(max_length=MAX_TENSORS)
+    have: list[Annotated[int, Field(ge=0)]] = Field(default=[], max_length=10_000_000)
+    """Chunks already landed: a fetch re-registered after a hub restart keeps its progress."""
+
+
+class FailedRead(Strict):
+    lease: Annotated[int, Field(ge=0)]
+    reason: Annotated[str, Field(max_length=2000)] = ""
+
+
+class Exchange(Strict):
+    worker: Name
+    holder: Name
+    model: Name
+    version: Version
+    layout: Name
+    completed: list[Annotated[int, Field(ge=0)]] = Field(default=[], max_length=100_000)
+    failed: list[FailedRead] = Field(default=[], max_length=100_000)
+    want: Annotated[int, Field(ge=0, le=1024)] = 4
+    wait_s: Annotated[float, Field(ge=0, le=10)] = 0.0
+    known_sources: dict[str, int] = Field(default={}, max_length=100_000)
+    """holder -> generation of its region/agent info the reader already has cached."""
+
+
+class SourceInfo(Strict):
+    holder: Name
+    worker: Name
+    generation: int
+    agent_name: str
+    agent_metadata_b64: str
+    regions: list[RegionMsg]
+    partial: bool
+
+
+class AssignmentMsg(Strict):
+    lease: int
+    chunk: int
+    source: Name
+    distance: int
+
+
+class ExchangeReply(Strict):
+    assignments: list[AssignmentMsg]
+    sources: list[SourceInfo]
+    revoked: list[int]
+    """Leases whose reads must not be trusted (they outlived their deadline); their chunks are needed again."""
+    have: int
+    total: int
+    unservable: list[int] = []
+
+
+class EndFetch(Strict):
+    worker: Name
+    holder: Name
+    model: Name
+    version: Version
+    layout: Name
+    ok: bool
+    hold: bool
+    seconds: Annotated[float, Field(ge=0)] = 0.0
+    wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
+
+
+class VersionsReply(Strict):
+    model: str
+    versions: dict[int, list[str]]
+
+
+class ErrorReply(Strict):
+    error: str
+    detail: str

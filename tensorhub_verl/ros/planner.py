@@ -1,0 +1,129 @@
+"""Which holder serves which chunk of a read: a pure function of the swarm's state.
+
+For every chunk the reader still needs, the planner looks at the holders that have it (complete
+holders and readers that are still filling), and:
+
+  1. prefers the nearest ones (node < rack < datacenter < WAN);
+  2. waits instead of reaching farther when a reader nearer than every current holder is already
+     pulling that chunk (it will be a nearer source in a moment: pipelined replication);
+  3. waits when as many readers at that distance are pulling the chunk as there are holders of it
+     there, so a chunk spreads through peers instead of everyone hitting its first holder;
+  4. crosses the WAN only as one of its datacenter's seeds, and only for a chunk that is not already
+     crossing into that datacenter: one WAN copy per chunk per datacenter;
+  5. among the eligible holders picks the one with the fewest reads in flight, then the fewest bytes
+     served for this version, capped at ``max_inflight_per_source`` reads in flight per source, so
+     that no source's link sets the pace of the rest.
+
+Chunks are visited starting at a reader-specific offset so that readers started together ask for
+different chunks first and have something to trade.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.topology import Distance, Location
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerConfig:
+    max_inflight_per_source: int = 4
+    """Reads in flight that one source serves at once; more wait for a slot or go to another source."""
+    seeds_per_dc: int = 1
+    """Readers per datacenter that may pull across the WAN for one version."""
+
+    def __post_init__(self) -> None:
+        if self.max_inflight_per_source < 1:
+            raise ConfigError(f"max_inflight_per_source must be >= 1, got {self.max_inflight_per_source}")
+        if self.seeds_per_dc < 1:
+            raise ConfigError(f"seeds_per_dc must be >= 1, got {self.seeds_per_dc}")
+
+
+@dataclass(frozen=True, slots=True)
+class HolderView:
+    holder: str
+    location: Location
+    chunks: frozenset[int] | None
+    """Chunks it holds; None means all of them (a complete holder)."""
+    inflight: int = 0
+    served_bytes: int = 0
+
+    def has(self, chunk: int) -> bool:
+        return self.chunks is None or chunk in self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class SwarmView:
+    holders: Sequence[HolderView]
+    pulling: Mapping[int, Sequence[Location]] = field(default_factory=dict)
+    """chunk -> locations of the readers pulling it right now (the requesting reader excluded)."""
+    wan_pulling: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    """datacenter -> chunks crossing the WAN into it right now."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    reader: str
+    location: Location
+    needed: Sequence[int]
+    """Chunks the reader lacks and is not pulling, in ascending order."""
+    max_assignments: int
+    may_cross_wan: bool = False
+    """True for a seed of its datacenter."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    chunk: int
+    source: str
+    distance: Distance
+
+
+def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
+    inflight = {h.holder: h.inflight for h in view.holders}
+    served = {h.holder: h.served_bytes for h in view.holders}
+    holders = [h for h in view.holders if h.holder != request.reader]
+    wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
+    assignments: list[Assignment] = []
+    for chunk in _rotated(request.needed, request.reader):
+        if len(assignments) >= request.max_assignments:
+            break
+        having = [h for h in holders if h.has(chunk)]
+        if not having:
+            continue
+        distance_of = {h.holder: request.location.distance(h.location) for h in having}
+        nearest = min(distance_of.values())
+        pull_distances = Counter(request.location.distance(loc) for loc in view.pulling.get(chunk, ()))
+        if any(d < nearest for d in pull_distances):
+            continue  # rule 2
+        nearest_holders = [h for h in having if distance_of[h.holder] == nearest]
+        if pull_distances[nearest] >= len(nearest_holders):
+            continue  # rule 3
+        if nearest == Distance.WAN and (not request.may_cross_wan or chunk in wan_busy):
+            continue  # rule 4
+        free = [h for h in nearest_holders if inflight[h.holder] < config.max_inflight_per_source]
+        if not free:
+            continue
+        best = min(free, key=lambda h: (inflight[h.holder], served[h.holder], h.holder))
+        inflight[best.holder] += 1
+        if nearest == Distance.WAN:
+            wan_busy.add(chunk)
+        assignments.append(Assignment(chunk, best.holder, nearest))
+    return assignments
+
+
+def unservable(needed: Sequence[int], view: SwarmView, reader: str) -> list[int]:
+    """Chunks no holder has and no reader is pulling: the read cannot complete."""
+    return [c for c in needed
+            if not view.pulling.get(c) and not any(h.holder != reader and h.has(c) for h in view.holders)]
+
+
+def _rotated(needed: Sequence[int], reader: str) -> list[int]:
+    if not needed:
+        return []
+    start = zlib.crc32(reader.encode()) % len(needed)
+    return list(needed[start:]) + list(needed[:start])

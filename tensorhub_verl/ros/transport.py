@@ -1,0 +1,70 @@
+"""The data-plane seam: register memory once, read remote memory one-sided. NIXL implements it.
+
+Kept narrow so the fetch loop can be tested against any implementation of the same Protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A contiguous span of memory: DRAM (device 0) or VRAM on CUDA device ``device``."""
+
+    addr: int
+    nbytes: int
+    device: int
+    mem: str  # "DRAM" | "VRAM"
+
+    @classmethod
+    def of_tensor(cls, tensor: torch.Tensor) -> "Region":
+        cuda = tensor.device.type == "cuda"
+        return cls(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                   tensor.device.index or 0 if cuda else 0, "VRAM" if cuda else "DRAM")
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """``length`` bytes from ``remote_addr`` on the peer into ``local_addr`` here."""
+
+    local_addr: int
+    local_device: int
+    local_mem: str
+    remote_addr: int
+    remote_device: int
+    remote_mem: str
+    length: int
+
+
+@runtime_checkable
+class Transport(Protocol):
+    agent_name: str
+
+    def register(self, tensors: Iterable[torch.Tensor]) -> bool:
+        """Makes the tensors' memory readable by peers. Returns True when new memory was registered
+        (the agent metadata changed and must be re-sent to the hub). Each buffer is registered once."""
+
+    def metadata(self) -> bytes:
+        """What a peer needs to read this agent's registered memory."""
+
+    def load_peer(self, agent_name: str, metadata: bytes) -> None:
+        """Learns (or refreshes) a peer's metadata."""
+
+    def start_read(self, peer: str, copies: list[Copy]) -> object:
+        """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError."""
+
+    def poll(self, handle: object) -> str:
+        """'DONE', 'PROC' (in progress) or 'ERR'."""
+
+    def release(self, handle: object) -> None:
+        """Frees the handle; cancels the read if it is still in progress."""
+
+    def close(self) -> None: ...
+
+
+class ReadError(Exception):
+    """A read could not be posted or failed (peer gone, memory not registered)."""
