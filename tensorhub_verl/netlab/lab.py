@@ -34,6 +34,7 @@ log = logging.getLogger("tensorhub_verl.netlab")
 PREFIX_ROOT = "thl-"
 HOST_IFACE = "eth0"
 _TERM_GRACE_S = 5.0
+_PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "ftp_proxy"}
 
 
 def new_prefix() -> str:
@@ -71,7 +72,8 @@ class Host:
         return {"dc": self.plan.dc, "rack": self.plan.rack, "node": self.plan.name}
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+        # Proxy settings point outside the lab, which is unreachable from inside: drop them.
+        env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARS}
         env.update(ucx_env())
         if extra:
             env.update(extra)

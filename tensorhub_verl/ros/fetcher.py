@@ -113,12 +113,14 @@ class ChunkFetcher:
                     failed.append(msg.FailedRead(lease=lease, reason=f"{read.source.holder}: {reason}"))
                     self.stats.failed_reads += 1
             room = self._settings.window - len(self._inflight)
-            if not done and not failed:
-                if len(self.landed) == total and not self._inflight:
+            # Talk to the hub only when it is worth a round trip: half the window is free, a read
+            # failed, or nothing is in flight. Reports of finished reads wait for that batch.
+            worth_it = failed or not self._inflight or room * 2 >= self._settings.window
+            if not worth_it or (not done and (room <= 0 or now < starved_until)):
+                if not done and not failed and len(self.landed) == total and not self._inflight:
                     return
-                if room <= 0 or now < starved_until:
-                    time.sleep(self._settings.poll_interval_s)
-                    continue
+                time.sleep(self._settings.poll_interval_s)
+                continue
             idle = not self._inflight and not done and not failed
             reply = self._exchange(completed=done, failed=failed, want=max(room, 0),
                                    wait_s=0.2 if idle else 0.0, known_sources=self._known())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import threading
 import time
 from typing import Callable, TypeVar
@@ -39,8 +40,10 @@ class HubClient:
             raise errors.ConfigError(f"hub URL {url!r} must start with http:// or https://")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=request_timeout_s,
-                                  limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
+        # TCP_NODELAY: without it, a request's header and body writes meet delayed ACKs (~40 ms per call).
+        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+                                        limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=request_timeout_s, transport=transport)
         self._retry_s = retry_s
         self._on_new_instance = on_new_instance
         self._instance: str | None = None

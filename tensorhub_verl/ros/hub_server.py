@@ -47,6 +47,9 @@ class HubServer:
                  config: HubConfig | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
         self.state = HubState(config)
         self._socket = socket.create_server((host, port), reuse_port=False)
+        # Accepted connections inherit this. uvicorn sets it only on sockets it creates itself; without
+        # it every response waits for a delayed ACK (~40 ms per request).
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._socket.getsockname()[:2]
         app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,

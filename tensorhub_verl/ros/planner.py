@@ -31,10 +31,13 @@ from tensorhub_verl.ros.topology import Distance, Location
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerConfig:
-    max_inflight_per_source: int = 4
+    max_inflight_per_source: int = 8
     """Reads in flight that one source serves at once; more wait for a slot or go to another source."""
     seeds_per_dc: int = 1
     """Readers per datacenter that may pull across the WAN for one version."""
+    cooperative: bool = True
+    """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
+    nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""
 
     def __post_init__(self) -> None:
         if self.max_inflight_per_source < 1:
@@ -92,11 +95,18 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     for chunk in _rotated(request.needed, request.reader):
         if len(assignments) >= request.max_assignments:
             break
-        having = [h for h in holders if h.has(chunk)]
+        having = [h for h in holders if h.has(chunk) and (config.cooperative or h.chunks is None)]
         if not having:
             continue
         distance_of = {h.holder: request.location.distance(h.location) for h in having}
         nearest = min(distance_of.values())
+        if not config.cooperative:
+            best = min((h for h in having if distance_of[h.holder] == nearest),
+                       key=lambda h: (inflight[h.holder], h.holder))
+            if inflight[best.holder] < config.max_inflight_per_source:
+                inflight[best.holder] += 1
+                assignments.append(Assignment(chunk, best.holder, nearest))
+            continue
         pull_distances = Counter(request.location.distance(loc) for loc in view.pulling.get(chunk, ()))
         if any(d < nearest for d in pull_distances):
             continue  # rule 2

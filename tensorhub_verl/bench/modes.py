@@ -1,0 +1,371 @@
+"""`tensorhub bench modes --json`: the paper's three rollout modes on real processes in the network lab.
+
+Every process (hub, trainer, readers) runs in its own lab host (network namespace, shaped veth, UCX over
+TCP), and each mode runs TensorHub and its baseline side by side in one lab:
+
+- standalone: R readers fetch `policy` v1 at once (TensorHub) vs each fetches its own `pull-<i>` v1, a
+  model only the trainer holds (every reader pulls everything from the trainer, same transport and client).
+- elastic: H readers hold v1; J joiners start one by one while the trainer's NIC carries `busy_flows`
+  endless TCP flows (training traffic); TensorHub joiners read from peers, baseline joiners from the trainer.
+- cross_dc: trainer in dc0, R readers in dc1 behind the WAN; stall and WAN bytes per version.
+
+Needs root and iproute2 (`tensorhub_verl.netlab`); prints one JSON object as the last line.
+
+    orchestrator (root namespace: no lab address; talks to roles via stdout lines and files)
+      |-- hub + trainer      [lab host "trainer"]
+      |-- reader processes   [one lab host each]
+      `-- busy TCP flows     [trainer -> "sink"] (elastic only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import selectors
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tensorhub_verl.errors import ConfigError, TensorHubError
+from tensorhub_verl.netlab import DatacenterSpec, Lab, LabSpec, NetlabError, RackSpec
+
+log = logging.getLogger("tensorhub_verl.bench")
+
+_ROLES = [sys.executable, "-m", "tensorhub_verl.bench.modes_roles"]
+_PROBE = [sys.executable, "-m", "tensorhub_verl.netlab.probe"]
+HUB_PORT = 47900
+PAPER = {"standalone": 6.7, "elastic": 4.8, "cross_dc": 19.0}
+
+
+class BenchError(TensorHubError):
+    """A role of the benchmark failed or did not answer in time."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LabBenchParams:
+    size_mb: float = 32.0
+    """Size of the version (MiB of float32 weights)."""
+    chunk_mb: float = 1.0
+    rollouts: int = 4
+    """standalone / cross_dc readers."""
+    holders: int = 2
+    """elastic: readers already holding the version."""
+    joiners: int = 2
+    """elastic: readers joining one by one."""
+    join_interval_s: float = 2.0
+    busy_flows: int = 4
+    nic_mbit: float = 200.0
+    wan_mbit: float = 100.0
+    window: int = 8
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if min(self.rollouts, self.joiners) < 1 or self.holders < 1:
+            raise ConfigError("rollouts, holders and joiners must be >= 1")
+        if self.size_mb <= 0 or self.chunk_mb <= 0:
+            raise ConfigError("size_mb and chunk_mb must be > 0")
+
+
+class Role:
+    """A role process in a lab host; reads its JSON event lines with deadlines."""
+
+    def __init__(self, lab: Lab, host: str, argv: list[str], name: str):
+        self.name = name
+        self.proc = lab.host(host).popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def expect(self, event: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                raise BenchError(f"{self.name}: no {event!r} within {timeout:.0f}s")
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read()[-1500:] if self.proc.poll() is not None else ""
+                raise BenchError(f"{self.name} exited (rc={self.proc.poll()}) before {event!r}: {err}")
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # a library printed something; only our JSON lines count
+            if msg.get("event") == "error":
+                raise BenchError(f"{self.name}: {msg.get('error')}")
+            if msg.get("event") == event:
+                log.debug("%s: %s", self.name, event)
+                return msg
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not exit within %.0fs after stop; terminating it", self.name, timeout)
+            Lab._stop(self.proc)
+
+
+class Phase:
+    """One group of readers with its own go/stop files."""
+
+    def __init__(self, lab: Lab, workdir: Path, name: str, hub_url: str, p: LabBenchParams):
+        self.lab, self.name, self.hub_url, self.p = lab, name, hub_url, p
+        self.dir = workdir / name
+        self.dir.mkdir()
+        self.stop_file = self.dir / "stop"
+        self.readers: list[Role] = []
+
+    def add_reader(self, host: str, model: str, hold: bool = True) -> Path:
+        i = len(self.readers)
+        go = self.dir / f"go-{i}"
+        h = self.lab.host(host)
+        loc = ",".join(f"{k}={v}" for k, v in h.location.items())
+        argv = [*_ROLES, "reader", "--hub", self.hub_url, "--worker", f"{self.name}-{i}", "--location", loc,
+                "--model", model, "--window", str(self.p.window), "--go", str(go), "--stop", str(self.stop_file),
+                "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else [])]
+        self.readers.append(Role(self.lab, host, argv, f"{self.name}-{i}@{host}"))
+        return go
+
+    def ready(self) -> None:
+        for r in self.readers:
+            r.expect("ready", self.p.timeout_s)
+
+    def collect(self, roles: list[Role] | None = None) -> list[dict]:
+        return [r.expect("fetched", self.p.timeout_s) for r in (roles or self.readers)]
+
+    def stop(self) -> None:
+        self.stop_file.touch()
+        for r in self.readers:
+            r.wait(60)
+
+
+def _summary(fetched: list[dict]) -> dict:
+    secs = [f["seconds"] for f in fetched]
+    sources: dict[str, int] = {}
+    for f in fetched:
+        for w, b in f["sources"].items():
+            sources[w] = sources.get(w, 0) + b
+    return {"max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
+            "bytes_from": dict(sorted(sources.items())),
+            "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched)}
+
+
+def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[Role]]:
+    host = lab.host("trainer")
+    stop = workdir / "control-stop"
+    hub = Role(lab, "trainer", [*_ROLES, "hub", "--host", host.ip, "--port", str(HUB_PORT), "--stop", str(stop),
+                                "--timeout", str(p.timeout_s * 4)], "hub")
+    url = hub.expect("ready", 120)["url"]
+    loc = ",".join(f"{k}={v}" for k, v in host.location.items())
+    trainer = Role(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
+                                    "--chunk-mb", str(p.chunk_mb), "--private-copies", str(copies),
+                                    "--stop", str(stop), "--timeout", str(p.timeout_s * 4)], "trainer")
+    trainer.expect("ready", 180)
+    return url, [trainer, hub]
+
+
+def _stop_control(workdir: Path, roles: list[Role]) -> None:
+    (workdir / "control-stop").touch()
+    for r in roles:
+        r.wait(60)
+
+
+def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
+    """TensorHub phase then pull-from-trainer phase, R readers starting together; WAN bytes of each."""
+    out = {}
+    for variant in ("tensorhub", "pull_from_trainer"):
+        ph = Phase(lab, workdir, f"{mode}-{variant}", url, p)
+        gos = [ph.add_reader(h, "policy" if variant == "tensorhub" else f"pull-{i}") for i, h in enumerate(hosts)]
+        ph.ready()
+        wan0 = lab.wan_tx_bytes()
+        for go in gos:
+            go.touch()
+        try:
+            out[variant] = _summary(ph.collect())
+        finally:
+            ph.stop()
+        out[variant]["wan_bytes"] = lab.wan_tx_bytes() - wan0
+    return out
+
+
+def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, ...]) -> dict:
+    n = max(p.rollouts, p.holders + p.joiners)
+    half = (n + 1) // 2
+    spec = LabSpec(datacenters=(DatacenterSpec(name="dc0", racks=(
+        RackSpec(name="r0", hosts=("trainer", "sink")),
+        RackSpec(name="r1", hosts=tuple(f"a{i}" for i in range(half))),
+        RackSpec(name="r2", hosts=tuple(f"b{i}" for i in range(n - half))))),), nic_mbit=p.nic_mbit)
+    with Lab(spec) as lab:
+        racks = spec.datacenters[0].racks
+        rollout_hosts = _interleave(racks[1].hosts, racks[2].hosts)
+        url, control = _start_control(lab, workdir, p, copies=max(p.rollouts, p.joiners))
+        out = {}
+        try:
+            if "standalone" in modes:
+                t0 = time.monotonic()
+                out["standalone"] = _ratio(_ab(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone"),
+                                           "max_s", "standalone")
+                log.info("standalone done in %.0fs", time.monotonic() - t0)
+            if "elastic" in modes:
+                t0 = time.monotonic()
+                out["elastic"] = _ratio(_elastic(lab, workdir, url, p, rollout_hosts), "mean_s", "elastic")
+                log.info("elastic done in %.0fs", time.monotonic() - t0)
+        finally:
+            _stop_control(workdir, control)
+    return out
+
+
+def _interleave(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
+    """a0, b0, a1, b1, ...: consecutive readers sit in different racks, so every rack gets holders and joiners."""
+    out = [h for pair in zip(a, b) for h in pair]
+    return out + list(a[len(b):]) + list(b[len(a):])
+
+
+def _elastic(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str]) -> dict:
+    holder_hosts, joiner_hosts = hosts[: p.holders], hosts[p.holders: p.holders + p.joiners]
+    holders = Phase(lab, workdir, "elastic-holders", url, p)
+    gos = [holders.add_reader(h, "policy") for h in holder_hosts]
+    holders.ready()
+    for go in gos:
+        go.touch()
+    holders.collect()
+    busy = _busy_flows(lab, p)
+    out = {}
+    try:
+        for variant in ("tensorhub", "pull_from_trainer"):
+            ph = Phase(lab, workdir, f"elastic-{variant}", url, p)
+            gos = [ph.add_reader(h, "policy" if variant == "tensorhub" else f"pull-{i}")
+                   for i, h in enumerate(joiner_hosts)]
+            ph.ready()
+            for i, go in enumerate(gos):  # one by one, as replicas added to a running job
+                if i:
+                    time.sleep(p.join_interval_s)
+                go.touch()
+            try:
+                out[variant] = _summary(ph.collect())
+            finally:
+                ph.stop()
+    finally:
+        for proc in busy:
+            Lab._stop(proc)
+        holders.stop()
+    out["busy_flows"] = p.busy_flows
+    return out
+
+
+def _busy_flows(lab: Lab, p: LabBenchParams) -> list[subprocess.Popen]:
+    """Endless TCP flows trainer -> sink: the trainer's NIC is busy with training traffic."""
+    procs = []
+    sink = lab.host("sink")
+    for i in range(p.busy_flows):
+        port = HUB_PORT + 10 + i
+        srv = sink.popen([*_PROBE, "serve", "--host", sink.ip, "--port", str(port), "--timeout", str(p.timeout_s * 4)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        snd = lab.host("trainer").popen([*_PROBE, "send", "--host", sink.ip, "--port", str(port), "--bytes",
+                                         str(10 ** 13), "--timeout", str(p.timeout_s)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs += [snd, srv]
+    return procs
+
+
+def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
+    spec = LabSpec(datacenters=(
+        DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=("trainer",)),)),
+        DatacenterSpec(name="dc1", racks=(RackSpec(name="r0", hosts=tuple(f"c{i}" for i in range(p.rollouts))),))),
+        nic_mbit=p.nic_mbit, wan_mbit=p.wan_mbit)
+    with Lab(spec) as lab:
+        url, control = _start_control(lab, workdir, p, copies=p.rollouts)
+        try:
+            res = _ab(lab, workdir, url, p, [f"c{i}" for i in range(p.rollouts)], "cross_dc")
+        finally:
+            _stop_control(workdir, control)
+    version = p.size_mb * (1 << 20)
+    res["wan_copies_per_version"] = {v: round(res[v]["wan_bytes"] / version, 2)
+                                     for v in ("tensorhub", "pull_from_trainer")}
+    return _ratio(res, "max_s", "cross_dc")
+
+
+def _ratio(res: dict, metric: str, mode: str) -> dict:
+    res["metric"] = metric
+    res["ratio"] = res["pull_from_trainer"][metric] / res["tensorhub"][metric]
+    res["paper_ratio"] = PAPER[mode]
+    return res
+
+
+def plot(result: dict, out_dir: Path) -> list[str]:
+    """One PNG per mode: per-reader fetch seconds, TensorHub beside the baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for mode, r in result["modes"].items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for k, (variant, color) in enumerate((("tensorhub", "tab:blue"), ("pull_from_trainer", "tab:gray"))):
+            secs = r[variant]["seconds"]
+            ax.bar([i + 0.4 * k for i in range(len(secs))], secs, width=0.4, color=color, label=variant)
+        ax.set_xlabel("reader")
+        ax.set_ylabel("fetch seconds")
+        ax.set_title(f"{mode}: {r['metric']} ratio {r['ratio']:.1f}x (paper {r['paper_ratio']}x)")
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"modes_{mode}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
+
+
+def run(p: LabBenchParams, modes: tuple[str, ...], plots: Path | None) -> dict:
+    result: dict = {"bench": "modes", "params": asdict(p), "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="thl-bench-") as d:
+        workdir = Path(d)
+        if {"standalone", "elastic"} & set(modes):
+            result["modes"].update(standalone_and_elastic(p, workdir, modes))
+        if "cross_dc" in modes:
+            result["modes"]["cross_dc"] = cross_dc(p, workdir)
+    if plots is not None:
+        plots.mkdir(parents=True, exist_ok=True)
+        result["plots"] = plot(result, plots)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tensorhub bench modes", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="standalone,elastic,cross_dc")
+    ap.add_argument("--plots", type=Path, help="write one PNG per mode here")
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    for name, default in asdict(LabBenchParams()).items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    a = ap.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    modes = tuple(m for m in a.modes.split(",") if m)
+    unknown = set(modes) - set(PAPER)
+    try:
+        if unknown:
+            raise ConfigError(f"unknown mode(s) {sorted(unknown)}; choose from {sorted(PAPER)}")
+        params = LabBenchParams(**{k: getattr(a, k) for k in asdict(LabBenchParams())})
+        result = run(params, modes, a.plots)
+    except (NetlabError, TensorHubError) as e:
+        print(json.dumps({"bench": "modes", "error": type(e).__name__, "message": str(e)}))
+        return 2
+    if not a.json:
+        for mode, r in result["modes"].items():
+            print(f"{mode:<11} tensorhub {r['tensorhub'][r['metric']]:7.2f}s  pull_from_trainer "
+                  f"{r['pull_from_trainer'][r['metric']]:7.2f}s  ratio {r['ratio']:5.2f}x (paper {r['paper_ratio']}x)")
+    text = json.dumps(result)
+    if a.out:
+        a.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Helpers to run benchmark and demo roles in separate processes (spawned: NIXL and vLLM dislike fork)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+from typing import Any, Callable
+
+import torch
+
+_CTX = mp.get_context("spawn")
+
+
+class Role:
+    """A function running in its own process; ``result()`` waits for what it put on its queue."""
+
+    def __init__(self, target: Callable[..., Any], *args: Any):
+        self.queue: mp.Queue = _CTX.Queue()
+        self.control: mp.Queue = _CTX.Queue()
+        self.process = _CTX.Process(target=_run, args=(target, self.queue, self.control, args), daemon=True)
+        self.process.start()
+
+    def result(self, timeout: float = 300.0) -> Any:
+        try:
+            kind, value = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"{self.process.name} gave no result within {timeout} s") from None
+        if kind == "error":
+            raise RuntimeError(f"{self.process.name} failed: {value}")
+        return value
+
+    def send(self, value: Any) -> None:
+        self.control.put(value)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+
+
+def _run(target, results, control, args) -> None:
+    import logging
+    import traceback
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        target(results, control, *args)
+    except BaseException as e:  # report, don't hang the parent
+        results.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def random_weights(size_mb: float, seed: int = 0, tensors: int = 8) -> dict[str, torch.Tensor]:
+    """``tensors`` float32 tensors of about size_mb MiB in total, plus a few tiny ones (biases, norms)."""
+    generator = torch.Generator().manual_seed(seed)
+    per = max(1, int(size_mb * (1 << 20) / 4 / tensors))
+    weights = {f"layers.{i}.weight": torch.randn(per, generator=generator) for i in range(tensors)}
+    weights.update({f"layers.{i}.norm": torch.randn(64, generator=generator) for i in range(4)})
+    return weights
+
+
+def checksum(tensors: dict[str, torch.Tensor]) -> float:
+    return float(sum(t.double().sum() for t in tensors.values()))

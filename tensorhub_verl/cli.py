@@ -1,0 +1,150 @@
+"""The `tensorhub` command: hub, status, demo, attach-vllm, bench.
+
+Logging is configured here, and only here: the library logs under `tensorhub_verl.*` and leaves the
+root logger to whoever imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+
+from tensorhub_verl.errors import TensorHubError
+
+# Subcommands that live in optional parts of the package, imported only when used.
+_DELEGATED = {
+    "attach-vllm": "tensorhub_verl.vllm.attach",
+    "demo": "tensorhub_verl.demo",
+}
+_BENCHES = {
+    "transport": "tensorhub_verl.bench.transport",
+    "fanout": "tensorhub_verl.bench.fanout",
+    "modes": "tensorhub_verl.bench.modes",
+    "vllm": "tensorhub_verl.bench.vllm_bench",
+}
+
+
+def _hub_command(argv: list[str]) -> int:
+    from tensorhub_verl.ros.hub_server import HubServer, resolve_token
+    from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.planner import PlannerConfig
+
+    parser = argparse.ArgumentParser(prog="tensorhub hub", description="Run the TensorHub metadata hub.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    parser.add_argument("--port", type=int, default=7777)
+    parser.add_argument("--token", default=None, help="bearer token (default: $TENSORHUB_TOKEN)")
+    parser.add_argument("--token-file", default=None, help="file holding the bearer token")
+    parser.add_argument("--keep-versions", type=int, default=2, help="retention: newest N versions per model")
+    parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds without heartbeat")
+    parser.add_argument("--lease-ttl", type=float, default=30.0, help="seconds one chunk read may take")
+    parser.add_argument("--seeds-per-dc", type=int, default=1)
+    parser.add_argument("--max-inflight-per-source", type=int, default=8)
+    parser.add_argument("--url-file", default=None, help="write the hub URL here once listening")
+    args = parser.parse_args(argv)
+    token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
+    config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
+                       lease_ttl_s=args.lease_ttl,
+                       planner=PlannerConfig(seeds_per_dc=args.seeds_per_dc,
+                                             max_inflight_per_source=args.max_inflight_per_source))
+    server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config)
+    print(f"tensorhub hub listening on {server.url} (auth {'on' if token or args.token_file else 'off'})",
+          flush=True)
+    if args.url_file:
+        with open(args.url_file, "w") as f:
+            f.write(server.url)
+    server.serve_forever()
+    return 0
+
+
+def _status_command(argv: list[str]) -> int:
+    from tensorhub_verl.ros.hub_client import HubClient
+
+    parser = argparse.ArgumentParser(prog="tensorhub status", description="Show models, versions, holders.")
+    parser.add_argument("--hub", default=os.environ.get("TENSORHUB_HUB"), help="hub URL ($TENSORHUB_HUB)")
+    parser.add_argument("--token", default=os.environ.get("TENSORHUB_TOKEN"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.hub:
+        parser.error("no hub given: pass --hub URL or set TENSORHUB_HUB")
+    client = HubClient(args.hub, args.token, retry_s=5.0)
+    try:
+        status = client.get("/v1/status")
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(status))
+    else:
+        print(format_status(status))
+    return 0
+
+
+def format_status(status: dict) -> str:
+    lines = [f"hub {status['hub_instance']}: {len(status['workers'])} workers, "
+             f"{status['leases_in_flight']} reads in flight, {status['leases_revoked']} revoked", ""]
+    header = (f"{'model':<16} {'version':>7} {'layout':<24} {'MB':>9}  {'holder':<24} {'state':<8} "
+              f"{'chunks':>9} {'served MB':>10}")
+    lines += [header, "-" * len(header)]
+    for model, versions in sorted(status["models"].items()):
+        for v in versions:
+            for i, h in enumerate(v["holders"]):
+                key = (model, str(v["version"]), v["layout"], f"{v['bytes'] / 1e6:.1f}") if i == 0 else ("",) * 4
+                lines.append(f"{key[0]:<16} {key[1]:>7} {key[2]:<24} {key[3]:>9}  {h['holder']:<24} "
+                             f"{h['state']:<8} {h['chunks']:>4}/{v['chunks']:<4} {h['served_bytes'] / 1e6:>10.1f}")
+    lines += ["", f"{'worker':<24} {'location':<32} {'spot':<5} {'served MB':>10} {'last seen':>10}"]
+    for worker, w in sorted(status["workers"].items()):
+        location = ",".join(f"{k}={v}" for k, v in w["location"].items())
+        lines.append(f"{worker:<24} {location:<32} {str(w['spot']):<5} {w['bytes_served'] / 1e6:>10.1f} "
+                     f"{w['last_seen_s']:>9.1f}s")
+    return "\n".join(lines)
+
+
+def _bench_command(argv: list[str]) -> int:
+    if not argv or argv[0] not in _BENCHES:
+        print(f"usage: tensorhub bench {{{'|'.join(_BENCHES)}}} [--json] ...", file=sys.stderr)
+        return 2
+    return _delegate(_BENCHES[argv[0]], argv[1:])
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    try:
+        entry = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            print(f"{module} is not available in this install", file=sys.stderr)
+            return 2
+        raise
+    return int(entry.main(argv) or 0)
+
+
+_COMMANDS = {"hub": _hub_command, "status": _status_command, "bench": _bench_command}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    choices = sorted([*_COMMANDS, *_DELEGATED])
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: tensorhub {{{','.join(choices)}}} ...\n\n{__doc__}")
+        return 0 if argv else 2
+    level = os.environ.get("TENSORHUB_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    command, rest = argv[0], argv[1:]
+    try:
+        if command in _COMMANDS:
+            return _COMMANDS[command](rest)
+        if command in _DELEGATED:
+            return _delegate(_DELEGATED[command], rest)
+    except TensorHubError as e:
+        print(f"tensorhub {command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(f"unknown command {command!r}; choose one of {choices}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""Flow-level simulator for clusters larger than one machine.
+
+Max-min fair link sharing (`maxmin`), an event-driven flow engine (`engine`), a cluster of NICs, rack
+uplinks and a WAN (`topology`), chunked distribution strategies (`swarm`, and `tensorhub`, which runs the
+real ROS planner), and the paper's three rollout modes (`modes`). Entry point: `tensorhub_verl.sim.cli`.
+"""

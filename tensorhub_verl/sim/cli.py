@@ -1,0 +1,73 @@
+"""`python -m tensorhub_verl.sim.cli [--modes ...] [--rollouts 64 ...] [--out FILE]`: simulate the three modes.
+
+Prints a short table to stderr and one JSON object as the last line of stdout (also written to --out).
+Every ModeParams field is a flag (`--weights-gb`, `--chunks`, `--window`, `--nic-gbps`, `--wan-gbps`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.sim.modes import PAPER, ModeParams, run_all
+
+log = logging.getLogger("tensorhub_verl.sim")
+
+
+def summary(result: dict) -> list[dict]:
+    """One row per mode: TensorHub's time, each baseline's time, ratio, and the paper's ratio."""
+    rows = []
+    for mode, r in result["modes"].items():
+        ratios = r.get("stall_ratio_vs") or r.get("update_ratio_vs")
+        metric = "mean_s" if mode == "elastic" else "max_s"
+        for base, ratio in ratios.items():
+            rows.append({"mode": mode, "baseline": base, "metric": metric,
+                         "tensorhub_s": round(r["runs"]["tensorhub"][metric], 3),
+                         "baseline_s": round(r["runs"][base][metric], 3), "ratio": round(ratio, 2),
+                         "paper_ratio": PAPER[{"standalone": "standalone_stall_ratio", "elastic": "elastic_update_ratio",
+                                               "cross_dc": "cross_dc_stall_ratio"}[mode]]})
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tensorhub-sim", description=__doc__)
+    ap.add_argument("--modes", default="standalone,elastic,cross_dc")
+    ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--json", action="store_true", help="accepted for symmetry with `bench`; JSON is always printed")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    for f in dataclasses.fields(ModeParams):
+        kind = float if f.type in ("float", "float | None") else int
+        ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None, help=f"default {f.default}")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    overrides = {f.name: getattr(a, f.name) for f in dataclasses.fields(ModeParams) if getattr(a, f.name) is not None}
+    try:
+        params = ModeParams(**overrides)
+        result = run_all(params, modes=tuple(m for m in a.modes.split(",") if m))
+    except ConfigError as e:
+        print(json.dumps({"error": "ConfigError", "message": str(e)}))
+        return 2
+    result["summary"] = summary(result)
+    for row in result["summary"]:
+        print(f"{row['mode']:<11} vs {row['baseline']:<18} tensorhub {row['tensorhub_s']:>8.2f}s  "
+              f"baseline {row['baseline_s']:>8.2f}s  ratio {row['ratio']:>6.2f}x  (paper {row['paper_ratio']}x)",
+              file=sys.stderr)
+    text = json.dumps(result)
+    if a.out:
+        with open(a.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

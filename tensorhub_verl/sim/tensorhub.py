@@ -1,0 +1,101 @@
+"""TensorHub in the simulator: the REAL planner (`tensorhub_verl.ros.planner.plan_chunks`) picks sources.
+
+This mirrors `HubState._plan`: holders are the complete members plus the readers still filling (with the
+chunks they have), `inflight` counts every lease of the version per source, `pulling` lists the other
+readers' in-flight chunks by location, `wan_pulling` the chunks crossing into each datacenter, and the
+first `seeds_per_dc` readers of a datacenter to ask become its seeds (the only ones that may cross the WAN).
+
+Readers keep `window` reads in flight (the client's FetchSettings.window). A reader whose plan came back
+short re-plans after every event, as a hub waiter wakes on every change: plan passes run once per event,
+after all of that event's completions are booked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+
+from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks
+from tensorhub_verl.ros.topology import Distance
+from tensorhub_verl.sim.swarm import Member, Swarm
+
+log = logging.getLogger("tensorhub_verl.sim")
+
+
+class TensorHub:
+    def __init__(self, swarm: Swarm, config: PlannerConfig | None = None, window: int = 8):
+        self.swarm = swarm
+        self.config = config or PlannerConfig()
+        self.window = window
+        self.seeds: dict[str, list[str]] = defaultdict(list)
+        self.inflight_src: Counter[str] = Counter()
+        self.pulling: dict[int, dict[str, object]] = defaultdict(dict)  # chunk -> reader -> location
+        self.wan_pulling: dict[str, Counter[int]] = defaultdict(Counter)
+        self._wan_leases: set[tuple[str, int]] = set()
+        self._frozen: dict[str, frozenset[int]] = {}
+        self._pending = False
+        self.plan_calls = 0
+        swarm.on_landed.append(self._landed)
+
+    def join(self, name: str, node: str) -> None:
+        self.swarm.add_reader(name, node)
+        self._schedule()
+
+    # ---- bookkeeping of leases, as the hub keeps them -----------------------------------------
+    def _landed(self, reader: Member, chunk: int, source: str) -> None:
+        self.inflight_src[source] -= 1
+        del self.pulling[chunk][reader.name]
+        if (reader.name, chunk) in self._wan_leases:
+            self._wan_leases.discard((reader.name, chunk))
+            self.wan_pulling[reader.location.dc][chunk] -= 1
+        self._frozen.pop(reader.name, None)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        # One plan pass per event: every completion of this instant is booked before anyone re-plans.
+        if not self._pending:
+            self._pending = True
+            self.swarm.sim.at(self.swarm.sim.now, self._plan_pass)
+
+    def _plan_pass(self) -> None:
+        self._pending = False
+        for reader in self.swarm.readers():
+            if reader.done_at is None and len(reader.inflight) < self.window:
+                self._plan_one(reader)
+
+    def _holder_views(self) -> list[HolderView]:
+        views = []
+        for m in self.swarm.members.values():
+            if m.done_at is not None:
+                chunks = None
+            else:
+                chunks = self._frozen.get(m.name)
+                if chunks is None:
+                    chunks = self._frozen[m.name] = frozenset(m.have)
+                if not chunks:
+                    continue
+            views.append(HolderView(m.name, m.location, chunks, self.inflight_src[m.name],
+                                    int(self.swarm.served[m.name])))
+        return views
+
+    def _plan_one(self, reader: Member) -> None:
+        dc = reader.location.dc
+        seeds = self.seeds[dc]
+        if reader.name not in seeds and len(seeds) < self.config.seeds_per_dc:
+            seeds.append(reader.name)
+        needed = [c for c in range(self.swarm.nchunks) if c not in reader.have and c not in reader.inflight]
+        if not needed:
+            return
+        pulling = {c: [loc for r, loc in by.items() if r != reader.name] for c, by in self.pulling.items() if by}
+        wan = {d: frozenset(c for c, n in cnt.items() if n > 0) for d, cnt in self.wan_pulling.items()}
+        view = SwarmView(self._holder_views(), pulling, wan)
+        request = PlanRequest(reader.name, reader.location, needed, self.window - len(reader.inflight),
+                              may_cross_wan=reader.name in seeds)
+        self.plan_calls += 1
+        for a in plan_chunks(request, view, self.config):
+            self.inflight_src[a.source] += 1
+            self.pulling[a.chunk][reader.name] = reader.location
+            if a.distance == Distance.WAN:
+                self._wan_leases.add((reader.name, a.chunk))
+                self.wan_pulling[dc][a.chunk] += 1
+            self.swarm.read(reader, a.chunk, a.source)

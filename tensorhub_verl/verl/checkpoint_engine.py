@@ -1,0 +1,226 @@
+"""verl checkpoint-engine backend ``tensorhub`` (verl 0.9.1 ``CheckpointEngineRegistry``).
+
+Importing this module registers the backend and applies the verl patches (``tensorhub_verl.verl.patches``).
+verl imports it on every process that builds a checkpoint engine, either
+
+- through the ``verl.plugins`` entry point (loaded by ``import verl``), or
+- through ``actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=tensorhub_verl.verl.checkpoint_engine``
+  (imported by ``CheckpointEngineWorker``, the actor worker and ``CheckpointEngineManager``).
+
+Unlike verl's nccl/nixl engines there is no per-step group: ``prepare``/``init_process_group``/
+``finalize`` do nothing, and held versions outlive the step because peers read from them.
+
+- Trainer ranks (verl passes ``is_master``): the master publishes each version; every rank consumes the
+  generator, because FSDP's full-tensor gathers are collectives.
+- Rollout workers (no ``is_master``): ``pull`` (called by the updater through
+  ``execute_checkpoint_engine``, while the engine keeps generating) fetches the version and holds it;
+  ``receive_weights`` then yields the held buffers to the server adapter. Without the updater
+  (verl's default manager) ``receive_weights`` pulls inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, AsyncGenerator
+
+from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+from verl.workers.rollout.utils import ensure_async_iterator
+
+from tensorhub_verl.errors import InvalidRequest
+from tensorhub_verl.verl import BACKEND_NAME
+from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.hub_actor import ensure_hub
+from tensorhub_verl.verl.identity import (
+    ACTOR_ROLE,
+    ROLLOUT_ROLE,
+    WorkerIdentity,
+    make_identity,
+    ray_boundary_facts,
+    with_default_node,
+)
+from tensorhub_verl.verl.publisher import Publisher
+from tensorhub_verl.verl.puller import Puller, PullResult
+
+logger = logging.getLogger("tensorhub_verl.verl.checkpoint_engine")
+
+
+@CheckpointEngineRegistry.register(BACKEND_NAME)
+class TensorHubCheckpointEngine(CheckpointEngine):
+    """Publishes trainer versions to ROS and pulls them on rollout workers.
+
+    Args:
+        bucket_size: verl's bucket size; unused (ROS moves chunks of ``tensorhub.chunk_mb``).
+        is_master: set by verl on trainer ranks only: True on the rank that publishes.
+        job: tag that makes worker ids unique at a shared hub; default: the Ray job id.
+        node: the ``node`` location label when the config has none; default: the Ray node's IP.
+        **tensorhub: the fields of ``TensorHubVerlConfig`` (verl's ``engine_kwargs['tensorhub']``).
+    """
+
+    wire_format = "named_tensors"
+
+    def __init__(self, bucket_size: int = 0, is_master: bool | None = None, *, job: str | None = None,
+                 node: str | None = None, **tensorhub: Any) -> None:
+        self.config = TensorHubVerlConfig.from_mapping(tensorhub)
+        self.is_master = is_master
+        self.role = ROLLOUT_ROLE if is_master is None else ACTOR_ROLE
+        ray_job, ray_node = ray_boundary_facts()
+        self._job = job or ray_job
+        self._location = with_default_node(self.config.location, node or ray_node)
+        self._client = None
+        self._identity: WorkerIdentity | None = None
+        self._publisher: Publisher | None = None
+        self._puller: Puller | None = None
+        self._last_version = -1
+
+    # ------------------------------------------------------------------ verl's per-step group hooks
+    def prepare(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]):
+        # The hub plans every read; there is no group to build. verl checks each value's length, so none.
+        return {}, {}
+
+    def init_process_group(self, **kwargs) -> None:
+        return None
+
+    def finalize(self) -> None:
+        # Held versions stay: rollouts that pull later read them from here and from each other.
+        return None
+
+    # -------------------------------------------------------------------------------- trainer side
+    async def send_weights(self, weights, global_steps: int | None = None) -> dict[str, float]:
+        """Publishes ``weights`` as version ``global_steps`` (the master rank only) and returns metrics."""
+        version = self._version(global_steps)
+        if not self.is_master:
+            async for _ in ensure_async_iterator(weights):
+                pass  # FSDP's full_tensor() gathers are collectives: every rank must drive the generator
+            return {}
+        publisher = await asyncio.to_thread(self._ensure_publisher)
+        if version in publisher.held_versions:
+            logger.info("version %d of %r is already published; consuming the generator only", version,
+                        self.config.model)
+            async for _ in ensure_async_iterator(weights):
+                pass
+            return {}
+        await asyncio.to_thread(publisher.begin, version)
+        try:
+            async for name, tensor in ensure_async_iterator(weights):
+                publisher.add(name, tensor)
+        except BaseException:
+            publisher.abort()
+            raise
+        stats = await asyncio.to_thread(publisher.finish)
+        return stats.as_metrics()
+
+    # -------------------------------------------------------------------------------- rollout side
+    def pull(self, version: int | str = "latest", *, replica: int, rank: int) -> PullResult:
+        """Fetches ``version`` into this worker's buffers and holds it; identity given by the caller."""
+        identity = make_identity(role=ROLLOUT_ROLE, rank=rank, replica=replica, job=self._job,
+                                 location=self._location)
+        return self._ensure_puller(identity).pull(version)
+
+    async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator:
+        """Yields the held buffers of ``global_steps`` (pulled first if the updater did not already)."""
+        puller = self._puller
+        version = global_steps if global_steps is not None else "latest"
+        if puller is None or not isinstance(version, int) or version not in puller.held_versions:
+            if puller is None:
+                # verl's default manager calls us without the updater's identity: derive one from the actor.
+                identity = make_identity(role=ROLLOUT_ROLE, rank=0, replica=_actor_tag(), job=self._job,
+                                         location=self._location)
+                puller = self._ensure_puller(identity)
+            result = await asyncio.to_thread(puller.pull, version)
+            version = result.version
+        for item in puller.weights(version):
+            yield item
+
+    def held_versions(self) -> list[int]:
+        """Versions this worker holds (for the updater and tests)."""
+        owner = self._publisher or self._puller
+        return owner.held_versions if owner is not None else []
+
+    def close(self) -> None:
+        """Unpublishes everything held here (waiting for in-flight reads) and disconnects."""
+        if self._client is not None:
+            self._client.close()  # drains every holding; no CPU preservation at shutdown
+        self._client = self._publisher = self._puller = None
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _version(self, global_steps: int | None) -> int:
+        if global_steps is None:
+            version = self._last_version + 1
+        elif isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
+            raise InvalidRequest(f"global_steps must be a non-negative int or None, got {global_steps!r}")
+        else:
+            version = global_steps
+        self._last_version = max(self._last_version, version)
+        return version
+
+    def _connect(self, identity: WorkerIdentity):
+        if self._client is not None and self._identity == identity:
+            return self._client
+        if self._client is not None:
+            logger.info("identity changed from %s to %s: reconnecting", self._identity.worker, identity.worker)
+            self.close()
+        import tensorhub_verl as th
+
+        url = ensure_hub(self.config)
+        # The trainer unpublishes its oldest version to reuse that buffer just before publishing the next
+        # one; preserving it to CPU then would copy a whole model per step for a version that leaves the
+        # retention window a moment later. Rollouts keep the core's default.
+        preserve = identity.role != ACTOR_ROLE
+        self._client = th.connect(url, worker=identity.worker, location=identity.location, token=self.config.token,
+                                  chunk_bytes=self.config.chunk_bytes, fetch_timeout_s=self.config.fetch_timeout_s,
+                                  unpublish_timeout_s=self.config.unpublish_timeout_s,
+                                  preserve_on_unpublish=preserve)
+        self._identity = identity
+        logger.info("%s connected to hub %s at %s", identity.worker, url, identity.location)
+        return self._client
+
+    def _ensure_publisher(self) -> Publisher:
+        if self._publisher is None:
+            identity = make_identity(role=ACTOR_ROLE, rank=0, job=self._job, location=self._location)
+            client = self._connect(identity)
+            self._publisher = Publisher(client, model=self.config.model, keep=self.config.keep_versions,
+                                        staging=self.config.staging, chunk_bytes=self.config.chunk_bytes,
+                                        unpublish_timeout_s=self.config.unpublish_timeout_s)
+        return self._publisher
+
+    def _ensure_puller(self, identity: WorkerIdentity) -> Puller:
+        if self._puller is None or self._identity != identity:
+            client = self._connect(identity)
+            device = "cuda" if self.config.staging == "gpu" and _cuda_available() else "cpu"
+            self._puller = Puller(client, model=self.config.model, keep=self.config.keep_versions, device=device,
+                                  fetch_timeout_s=self.config.fetch_timeout_s,
+                                  unpublish_timeout_s=self.config.unpublish_timeout_s)
+        return self._puller
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _actor_tag() -> int:
+    """A number unique to this process, for an identity when no caller supplied one."""
+    try:
+        import ray
+
+        return int(ray.get_runtime_context().get_actor_id()[-8:], 16)
+    except Exception:  # not in a Ray actor: the pid is unique on this node
+        return os.getpid()
+
+
+def _apply_patches() -> None:
+    from tensorhub_verl.verl.patches import apply_all
+
+    apply_all()
+
+
+_apply_patches()
+
+__all__ = ["TensorHubCheckpointEngine"]

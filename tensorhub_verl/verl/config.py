@@ -1,0 +1,136 @@
+"""The ``tensorhub`` block of a verl job's config, as one validated dataclass.
+
+It reaches the workers as ``actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.tensorhub``
+(verl passes ``engine_kwargs[backend]`` to the engine's constructor), composed by the Hydra group
+``conf/tensorhub/*.yaml``. Every field is checked here, once, so that a typo fails at startup with
+the field's name instead of mid-run on a rollout node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from tensorhub_verl.errors import ConfigError
+
+STAGING_MODES = ("none", "cpu", "gpu")
+_LOCATION_KEYS = ("dc", "rack", "node", "gpu")
+_LINK_KEYS = ("nic_gbps", "rack_uplink_gbps", "wan_gbps")
+
+
+@dataclass(kw_only=True, slots=True)
+class TensorHubVerlConfig:
+    """How a verl job publishes and pulls weights through TensorHub."""
+
+    hub_address: str | None = None
+    """URL of a running hub (``http://host:port``). None: the job starts its own hub as a named,
+    detached Ray actor on the driver's node and every worker finds it by name."""
+    token: str | None = None
+    """Shared secret of the hub; None for an open hub (only on a trusted network)."""
+    model: str = "policy"
+    """Model name under which the policy's versions are published."""
+    keep_versions: int = 2
+    """Versions each worker holds at once (and the hub retains). 2 lets rollouts still pulling v-1
+    finish while v is published; each kept version costs one model's worth of staging memory."""
+    staging: str = "cpu"
+    """Where the trainer's published bytes live: 'none' holds the tensors verl's per-tensor generator
+    yields (no extra copy; only safe when the engine yields fresh tensors, e.g. FSDP full_tensor
+    gathers), 'cpu' copies into pinned CPU buffers allocated once, 'gpu' into GPU buffers allocated once.
+    The rollout side always pulls into 'cpu' or 'gpu' buffers (gpu when staging='gpu')."""
+    chunk_mb: int = 8
+    """Transfer unit in MiB; many small tensors are packed into one chunk."""
+    location: dict[str, str] = field(default_factory=dict)
+    """This job's location labels (dc, rack, node, gpu). 'node' defaults to the Ray node's IP,
+    so that workers on one node read from each other first."""
+    link_capacities: dict[str, float] = field(default_factory=dict)
+    """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps); used by the hub's planner."""
+    seeds_per_dc: int = 1
+    """Readers per datacenter that may pull a version across the WAN; the rest read locally."""
+    hub_actor_name: str = "tensorhub_hub"
+    """Name of the hub's Ray actor (when hub_address is None)."""
+    hub_namespace: str = "tensorhub"
+    """Ray namespace of the hub actor, so that jobs outside this one can find it."""
+    hub_host: str | None = None
+    """Address the hub actor binds to and advertises. None: the Ray node's IP (reachable from other nodes)."""
+    hub_port: int = 0
+    """Port of the hub actor's HTTP server; 0 picks a free one."""
+    hub_url_file: str | None = None
+    """If set, the hub actor writes its URL to this file (for rollout nodes outside the Ray job)."""
+    hub_start_timeout_s: float = 60.0
+    """Limit for creating the hub actor and reading its URL."""
+    fetch_timeout_s: float = 600.0
+    """Limit of one rollout worker's pull of one version."""
+    unpublish_timeout_s: float = 120.0
+    """Limit of the wait for in-flight reads before a staging buffer is reused."""
+    apply_timeout_s: float = 600.0
+    """Limit of one replica's pause-apply-resume."""
+    min_replica_fraction: float = 1.0
+    """Fraction of replicas that must apply a version for update_weights to succeed. Below 1.0, a replica
+    whose pull fails keeps serving its previous version (reported as tensorhub/version_lag)."""
+
+    def __post_init__(self) -> None:
+        if self.hub_address is not None and not self.hub_address.startswith(("http://", "https://")):
+            raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL or null, got {self.hub_address!r}")
+        if not self.model or not isinstance(self.model, str):
+            raise ConfigError(f"tensorhub.model must be a non-empty string, got {self.model!r}")
+        if self.keep_versions < 1:
+            raise ConfigError(f"tensorhub.keep_versions must be >= 1, got {self.keep_versions}")
+        if self.staging not in STAGING_MODES:
+            raise ConfigError(f"tensorhub.staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if not 1 <= self.chunk_mb <= 2048:
+            raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
+        unknown = set(self.location) - set(_LOCATION_KEYS)
+        if unknown:
+            raise ConfigError(f"tensorhub.location has unknown label(s) {sorted(unknown)}; accepted: {_LOCATION_KEYS}")
+        unknown = set(self.link_capacities) - set(_LINK_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"tensorhub.link_capacities has unknown key(s) {sorted(unknown)}; accepted: {_LINK_KEYS}"
+            )
+        for key, rate in self.link_capacities.items():
+            if not isinstance(rate, (int, float)) or rate <= 0:
+                raise ConfigError(f"tensorhub.link_capacities.{key} must be > 0 Gbit/s, got {rate!r}")
+        if self.seeds_per_dc < 1:
+            raise ConfigError(f"tensorhub.seeds_per_dc must be >= 1, got {self.seeds_per_dc}")
+        if not 0 <= self.hub_port <= 65535:
+            raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
+        for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"tensorhub.{name} must be > 0, got {getattr(self, name)}")
+        if not 0.0 < self.min_replica_fraction <= 1.0:
+            raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_mb << 20
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "TensorHubVerlConfig":
+        """Builds the config from a plain mapping (verl's ``engine_kwargs['tensorhub']``, a DictConfig, ...)."""
+        if values is None:
+            return cls()
+        if hasattr(values, "items") and not isinstance(values, dict):
+            values = _to_plain(values)
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"unknown tensorhub config key(s) {sorted(unknown)}; accepted: {sorted(known)}")
+        plain = {k: _to_plain(v) for k, v in values.items()}
+        try:
+            return cls(**plain)
+        except TypeError as e:  # a wrong type for a field: name it instead of a bare TypeError
+            raise ConfigError(f"invalid tensorhub config: {e}") from e
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _to_plain(value: Any) -> Any:
+    """OmegaConf containers to dict/list, so that validation sees plain values (no OmegaConf import here)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # omegaconf absent: nothing to convert
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value

@@ -1,0 +1,142 @@
+"""The hub's lifecycle in a verl job: a named, detached Ray actor wrapping the embedded hub.
+
+When the config gives no ``hub_address``, the first party that needs the hub (the updater on the
+driver side, or an actor rank) creates the actor ``tensorhub.hub_actor_name`` in namespace
+``tensorhub.hub_namespace`` with ``get_if_exists=True``, so concurrent creators get one hub. It is
+pinned (softly) to the head node, where ``python -m verl.trainer.main_ppo`` runs its driver, and is
+detached so that rollout nodes attaching from outside the job (``tensorhub attach-vllm``) can find it:
+
+    ray.get(ray.get_actor("tensorhub_hub", namespace="tensorhub").url.remote())
+
+or read the URL from ``hub_url_file`` / Ray's internal KV (key ``tensorhub/hub_url/<name>``).
+Being detached, it outlives the job; ``stop_hub`` ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+import ray
+
+from tensorhub_verl.errors import ConfigError, HubUnavailable
+from tensorhub_verl.verl.config import TensorHubVerlConfig
+
+logger = logging.getLogger("tensorhub_verl.verl.hub_actor")
+
+KV_NAMESPACE = "tensorhub"
+
+
+def kv_key(actor_name: str) -> str:
+    return f"tensorhub/hub_url/{actor_name}"
+
+
+class TensorHubHubActor:
+    """Runs ``th.start_hub`` in the actor's process; the hub's HTTP server lives in its threads."""
+
+    def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
+                 seeds_per_dc: int, url_file: str | None, actor_name: str) -> None:
+        import tensorhub_verl as th
+
+        bind = host or ray.util.get_node_ip_address()
+        self._hub = th.start_hub(host=bind, port=port, token=token,
+                                 config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc))
+        self._url = self._hub.url
+        if url_file:
+            _write_atomically(url_file, self._url + "\n")
+        try:  # best effort: the named actor is the primary way to find the hub
+            from ray.experimental import internal_kv
+
+            internal_kv._internal_kv_put(kv_key(actor_name), self._url.encode(), overwrite=True,
+                                         namespace=KV_NAMESPACE)
+        except Exception as e:
+            logger.warning("could not record the hub URL in Ray's KV store: %s", e)
+        logger.info("TensorHub hub actor %r serving on %s", actor_name, self._url)
+
+    def url(self) -> str:
+        return self._url
+
+    def ping(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        self._hub.stop()
+
+
+def _hub_config(*, keep_versions: int, seeds_per_dc: int):
+    """The core's HubConfig for this job's retention and WAN seeding."""
+    import tensorhub_verl as th
+
+    return th.HubConfig(keep_versions=keep_versions, planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Readers polling the file never see a half-written URL."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tensorhub-url-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def head_node_id() -> str | None:
+    """The Ray head node's id (where the verl driver runs), or None if Ray does not say."""
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+            return node["NodeID"]
+    return None
+
+
+def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
+    """Returns the hub URL: ``cfg.hub_address`` if set, else the URL of the job's hub actor,
+    creating it (once, cluster-wide) on ``node_id`` (default: the head node) if it does not exist."""
+    if cfg.hub_address:
+        return cfg.hub_address
+    if not ray.is_initialized():
+        raise ConfigError("tensorhub.hub_address is null and Ray is not initialized: "
+                          "set tensorhub.hub_address or run inside the verl job")
+    options = dict(name=cfg.hub_actor_name, namespace=cfg.hub_namespace, lifetime="detached",
+                   get_if_exists=True, num_cpus=0, max_concurrency=8)
+    target = node_id or head_node_id()
+    if target is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
+    actor = ray.remote(TensorHubHubActor).options(**options).remote(
+        host=cfg.hub_host, port=cfg.hub_port, token=cfg.token, keep_versions=cfg.keep_versions,
+        seeds_per_dc=cfg.seeds_per_dc, url_file=cfg.hub_url_file, actor_name=cfg.hub_actor_name)
+    try:
+        return ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise HubUnavailable(f"hub actor {cfg.hub_namespace}/{cfg.hub_actor_name} gave no URL within "
+                             f"{cfg.hub_start_timeout_s} s") from e
+    except ray.exceptions.RayActorError as e:
+        raise HubUnavailable(f"hub actor {cfg.hub_namespace}/{cfg.hub_actor_name} failed to start: {e}") from e
+
+
+def find_hub(name: str = "tensorhub_hub", namespace: str = "tensorhub", timeout: float = 30.0) -> str:
+    """URL of a running hub actor, for processes attaching from outside the job (after ``ray.init``)."""
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError as e:
+        raise HubUnavailable(f"no hub actor {namespace}/{name} in this Ray cluster") from e
+    try:
+        return ray.get(actor.url.remote(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError as e:
+        raise HubUnavailable(f"hub actor {namespace}/{name} did not answer within {timeout} s") from e
+
+
+def stop_hub(name: str = "tensorhub_hub", namespace: str = "tensorhub", timeout: float = 30.0) -> bool:
+    """Stops and removes the hub actor; False if there was none."""
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    try:
+        ray.get(actor.stop.remote(), timeout=timeout)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
+        logger.warning("hub actor %s/%s did not stop cleanly: %s", namespace, name, e)
+    ray.kill(actor, no_restart=True)
+    return True

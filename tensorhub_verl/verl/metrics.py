@@ -1,0 +1,51 @@
+"""The numbers TensorHub adds to verl's step metrics, computed from per-worker results.
+
+Keys (all floats, one value per weight update):
+
+- ``tensorhub/stall_s``: the longest time any rollout engine was paused for this update (its apply only).
+- ``tensorhub/stall_s_mean``: the mean pause over replicas that applied.
+- ``tensorhub/pull_s``: the longest pull of one rollout worker (engines kept generating meanwhile).
+- ``tensorhub/bytes``: bytes pulled by all rollout workers for this version.
+- ``tensorhub/sources_peer_fraction``: share of those bytes read from peer rollouts rather than from
+  the trainer (the trainer's NIC is not the bottleneck when this is high).
+- ``tensorhub/version_lag``: newest published version minus the oldest version still served by a replica
+  (0 when every replica applied this update).
+- ``tensorhub/replicas_updated``: replicas that applied this version.
+plus the trainer's ``tensorhub/publish_*`` from ``PublishStats``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from tensorhub_verl.verl.identity import is_trainer_worker
+from tensorhub_verl.verl.puller import PullResult
+
+
+def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], pulls: Iterable[PullResult],
+                   stalls: Mapping[int, float], served: Mapping[int, int | None]) -> dict[str, float]:
+    """Aggregates one update.
+
+    Args:
+        version: the version just published.
+        publish: the trainer ranks' ``send_weights`` results (only the publishing rank has numbers).
+        pulls: every rollout worker's pull result for this version.
+        stalls: replica rank -> seconds its engine was paused.
+        served: replica rank -> the version it serves after this update (None: never got one).
+    """
+    out: dict[str, float] = {}
+    for result in publish:
+        out.update({k: float(v) for k, v in result.items()})
+    pulls = list(pulls)
+    total = sum(p.bytes for p in pulls)
+    peer = sum(n for p in pulls for source, n in p.sources.items() if not is_trainer_worker(source))
+    out["tensorhub/bytes"] = float(total)
+    out["tensorhub/pull_s"] = max((p.seconds for p in pulls), default=0.0)
+    out["tensorhub/sources_peer_fraction"] = peer / total if total else 0.0
+    out["tensorhub/stall_s"] = max(stalls.values(), default=0.0)
+    out["tensorhub/stall_s_mean"] = sum(stalls.values()) / len(stalls) if stalls else 0.0
+    oldest = min((v if v is not None else -1 for v in served.values()), default=version)
+    # A replica that never got a version counts as lagging by the whole history (version + 1).
+    out["tensorhub/version_lag"] = float(version - oldest)
+    out["tensorhub/replicas_updated"] = float(sum(1 for v in served.values() if v == version))
+    return out

@@ -1,0 +1,162 @@
+"""Trainer side: turn verl's per-tensor generator into a published, held version.
+
+verl's training engines export weights as a generator of ``(hf_name, full_tensor)``; for FSDP each
+full tensor is gathered on the fly and freed when the generator moves on. What is published must stay
+unchanged until unpublished, so each version lives in one slot of a ``BufferRing``:
+
+- ``staging='none'``: the slot keeps the yielded tensors themselves. No extra copy; valid only when the
+  engine yields fresh tensors (a tensor that aliases a live parameter would change under readers at the
+  next optimizer step: detected, see ``_check_no_alias``).
+- ``staging='cpu'`` / ``'gpu'``: each tensor is copied into the slot's buffer, allocated at the first
+  version and reused (so the transport registers it once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tensorhub_verl.errors import ConfigError, InvalidRequest
+from tensorhub_verl.verl.staging import BufferRing, Slot
+
+logger = logging.getLogger("tensorhub_verl.verl.publisher")
+
+
+@dataclass(slots=True)
+class PublishStats:
+    version: int
+    bytes: int = 0
+    tensors: int = 0
+    stage_s: float = 0.0
+    """Time spent consuming the generator and copying into staging buffers."""
+    publish_s: float = 0.0
+    """Time of the hub registration (and of the unpublish of the version the slot held before)."""
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"tensorhub/publish_bytes": float(self.bytes), "tensorhub/publish_stage_s": self.stage_s,
+                "tensorhub/publish_s": self.publish_s}
+
+
+@dataclass(slots=True)
+class _Fill:
+    slot: Slot
+    version: int
+    seen: dict[str, torch.Tensor] = field(default_factory=dict)
+    started: float = 0.0
+
+
+class Publisher:
+    """Publishes versions through ``client`` (a ``tensorhub_verl`` Client), holding ``keep`` at once."""
+
+    def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
+                 unpublish_timeout_s: float) -> None:
+        if staging not in ("none", "cpu", "gpu"):
+            raise ConfigError(f"staging must be 'none', 'cpu' or 'gpu', got {staging!r}")
+        if staging == "gpu" and not torch.cuda.is_available():
+            raise ConfigError("tensorhub.staging='gpu' needs a CUDA device on the trainer; use 'cpu' or 'none'")
+        self._client = client
+        self._model = model
+        self._staging = staging
+        self._chunk_bytes = chunk_bytes
+        self._unpublish_timeout_s = unpublish_timeout_s
+        self._ring = BufferRing(keep, self._unpublish)
+        self._fill: _Fill | None = None
+        self._pin = staging == "cpu" and torch.cuda.is_available()
+
+    @property
+    def held_versions(self) -> list[int]:
+        return sorted(self._ring.held())
+
+    def _unpublish(self, version: int) -> None:
+        self._client.unpublish(self._model, version, layout="hf", timeout=self._unpublish_timeout_s)
+
+    def begin(self, version: int) -> None:
+        """Starts a version. May block while the oldest held version drains (bounded by unpublish_timeout_s)."""
+        if self._fill is not None:
+            raise InvalidRequest(f"version {self._fill.version} is still being published; finish or abort it first")
+        if version in self._ring.held():
+            raise InvalidRequest(f"version {version} of {self._model!r} is already published by this trainer")
+        started = time.monotonic()
+        slot = self._ring.acquire()
+        self._fill = _Fill(slot=slot, version=version, started=started)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Stages one tensor of the version being published."""
+        fill = self._require_fill()
+        if name in fill.seen:
+            raise InvalidRequest(f"tensor {name!r} was yielded twice for version {fill.version}")
+        if self._staging == "none" and isinstance(tensor, torch.nn.Parameter):
+            raise ConfigError(f"tensorhub.staging='none' but {name!r} is a live nn.Parameter: the optimizer would "
+                              f"change it under readers. Use tensorhub.staging=cpu or gpu.")
+        tensor = tensor.detach()
+        if self._staging == "none":
+            fill.seen[name] = tensor if tensor.is_contiguous() else tensor.contiguous()
+            return
+        buf = fill.slot.buffers.get(name)
+        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+            device = tensor.device if self._staging == "gpu" else "cpu"
+            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device=device, pin_memory=self._pin)
+        # non_blocking: device->pinned-host copies overlap with the next gather; finish() synchronizes.
+        buf.copy_(tensor, non_blocking=tensor.is_cuda)
+        fill.seen[name] = buf
+
+    def finish(self) -> PublishStats:
+        """Publishes the staged version and holds it. Returns what it cost."""
+        fill = self._require_fill()
+        try:
+            if not fill.seen:
+                raise InvalidRequest(f"version {fill.version}: the weight generator yielded no tensors")
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # every staged copy has landed before anyone may read it
+            if self._staging == "none":
+                self._check_no_alias(fill)
+            staged = time.monotonic()
+            fill.slot.buffers = fill.seen  # drops buffers of tensors that no longer exist
+            self._client.publish(self._model, fill.version, fill.slot.buffers, layout="hf",
+                                 chunk_bytes=self._chunk_bytes)
+            self._ring.commit(fill.slot, fill.version)
+        except BaseException:
+            self.abort()
+            raise
+        self._fill = None
+        stats = PublishStats(version=fill.version, tensors=len(fill.seen),
+                             bytes=sum(t.numel() * t.element_size() for t in fill.seen.values()),
+                             stage_s=staged - fill.started, publish_s=time.monotonic() - staged)
+        logger.info("published %s v%d: %d tensors, %d bytes (staging=%s, stage %.3fs, publish %.3fs)",
+                    self._model, stats.version, stats.tensors, stats.bytes, self._staging, stats.stage_s,
+                    stats.publish_s)
+        return stats
+
+    def abort(self) -> None:
+        """Drops a version whose generator failed; nothing of it was published."""
+        if self._fill is not None:
+            if self._staging == "none":
+                self._fill.slot.buffers = {}
+            self._ring.abandon(self._fill.slot)
+            self._fill = None
+
+    def close(self) -> None:
+        self.abort()
+        self._ring.release_all()
+
+    def _require_fill(self) -> _Fill:
+        if self._fill is None:
+            raise InvalidRequest("no version is being published; call begin(version) first")
+        return self._fill
+
+    def _check_no_alias(self, fill: _Fill) -> None:
+        """With staging='none', a yielded tensor sharing storage with a still-held version means the
+        engine yields live parameters: their bytes change under readers. Refuse instead of serving
+        torn weights."""
+        held_ptrs = {t.untyped_storage().data_ptr(): (v, name)
+                     for v, slot in self._ring.held().items() for name, t in slot.buffers.items()}
+        for name, t in fill.seen.items():
+            hit = held_ptrs.get(t.untyped_storage().data_ptr())
+            if hit is not None:
+                raise ConfigError(
+                    f"tensorhub.staging='none' but tensor {name!r} of version {fill.version} shares memory with "
+                    f"{hit[1]!r} of held version {hit[0]}: this engine yields live parameters. "
+                    f"Use tensorhub.staging=cpu or gpu.")

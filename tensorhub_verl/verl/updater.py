@@ -1,0 +1,172 @@
+"""The rollout updater for the ``tensorhub`` backend: replaces verl's per-step weight-sync sequence.
+
+verl 0.9.1's ``CheckpointEngineManager.update_weights`` aborts generation on every replica, drops the
+KV cache, builds a process group over trainer + all rollout workers, transfers, and only then resumes
+everyone. With ROS none of that is needed:
+
+```
+ trainer (master rank)            hub               replica 0          replica 1   ...
+   publish v ─────────────────────>│                    │                  │
+   (returns once held)             │<── pull v ─────────┤ (generating)     │
+                                   │<── pull v ─────────┼──────────────────┤ (generating)
+                                   │   chunks from trainer AND from peers that already have them
+                                   │                 pause ─ apply ─ resume│
+                                   │                    │     pause ─ apply ─ resume
+```
+
+Each replica is paused only for its own apply (abort_all_requests keeps partial rollouts, as verl's
+partial-rollout path does; resume_generation continues them), and replicas do not wait for each other.
+The replica list is read at every update, so replicas added or removed between steps (elastic
+rollouts) need no group rebuild: a new replica simply pulls, mostly from its peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from tensorhub_verl.errors import ConfigError, TransferFailed
+from tensorhub_verl.verl import BACKEND_NAME
+from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.metrics import update_metrics
+from tensorhub_verl.verl.puller import PullResult
+
+logger = logging.getLogger("tensorhub_verl.verl.updater")
+
+
+@dataclass(slots=True)
+class ReplicaOutcome:
+    replica: int
+    pulls: list[PullResult]
+    stall_s: float = 0.0
+    error: BaseException | None = None
+
+
+def config_from_engine_config(engine_config: Any) -> TensorHubVerlConfig:
+    """The ``tensorhub`` block out of verl's ``CheckpointEngineConfig`` (``engine_kwargs['tensorhub']``)."""
+    backend = getattr(engine_config, "backend", None)
+    if backend != BACKEND_NAME:
+        raise ConfigError(f"checkpoint_engine.backend is {backend!r}; the TensorHub updater needs {BACKEND_NAME!r}")
+    kwargs = getattr(engine_config, "engine_kwargs", None) or {}
+    return TensorHubVerlConfig.from_mapping(kwargs.get(BACKEND_NAME))
+
+
+def _default_rollout_group(workers: list) -> Any:
+    """verl's way to drive a replica's CheckpointEngineWorker actors as one group."""
+    from verl.checkpoint_engine.base import _worker_cls
+    from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+
+    return RayWorkerGroup(worker_handles=workers, ray_cls_with_init=RayClassWithInitArgs(cls=_worker_cls))
+
+
+class TensorHubUpdater:
+    """Publishes a version from the trainer and rolls it out replica by replica, without a global pause.
+
+    Args:
+        config: the job's TensorHub config.
+        actor_wg: verl's trainer worker group (its ``update_weights(mode='tensorhub')`` publishes).
+        replicas: a callable returning the current replica list (read at every update: elastic).
+        rollout_group: builds a worker group over one replica's workers (verl's RayWorkerGroup by default).
+        hub_url: resolves the hub URL once, before the first publish (starts the hub actor if needed).
+    """
+
+    def __init__(self, *, config: TensorHubVerlConfig, actor_wg: Any, replicas: Callable[[], Sequence[Any]],
+                 rollout_group: Callable[[list], Any] = _default_rollout_group,
+                 hub_url: Callable[[TensorHubVerlConfig], str] | None = None) -> None:
+        self.config = config
+        self.actor_wg = actor_wg
+        self._replicas = replicas
+        self._rollout_group = rollout_group
+        self._hub_url = hub_url
+        self.hub: str | None = None
+        self.served: dict[int, int | None] = {}
+        """replica rank -> the version it serves (None until its first apply)."""
+        self.last_metrics: dict[str, float] = {}
+
+    async def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
+        if self.hub is None:
+            if self._hub_url is None:
+                from tensorhub_verl.verl.hub_actor import ensure_hub
+
+                self._hub_url = ensure_hub
+            # Resolve (and maybe create) the hub here, once, so that trainer and rollouts find the same one.
+            self.hub = await asyncio.to_thread(self._hub_url, self.config)
+        version = global_steps if global_steps is not None else max(
+            (v for v in self.served.values() if v is not None), default=-1) + 1
+
+        started = time.monotonic()
+        publish = await self._await_all(self.actor_wg.update_weights(global_steps=version, mode=BACKEND_NAME),
+                                        self.config.fetch_timeout_s, "trainer publish")
+        published_s = time.monotonic() - started
+
+        replicas = list(self._replicas())
+        live = {r.replica_rank for r in replicas}
+        self.served = {k: v for k, v in self.served.items() if k in live}  # removed replicas are forgotten
+        for r in replicas:
+            self.served.setdefault(r.replica_rank, None)
+        outcomes = await asyncio.gather(*(self._update_replica(r, version) for r in replicas))
+
+        failed = [o for o in outcomes if o.error is not None]
+        for o in outcomes:
+            if o.error is None:
+                self.served[o.replica] = version
+        metrics = update_metrics(version=version, publish=[p for p in publish if isinstance(p, dict)],
+                                 pulls=[p for o in outcomes for p in o.pulls],
+                                 stalls={o.replica: o.stall_s for o in outcomes if o.error is None},
+                                 served=self.served)
+        metrics["tensorhub/update_s"] = time.monotonic() - started
+        metrics["tensorhub/trainer_publish_wait_s"] = published_s
+        self.last_metrics = metrics
+        if failed:
+            ok = len(outcomes) - len(failed)
+            for o in failed:
+                logger.error("replica %d did not apply v%d and keeps serving v%s: %s", o.replica, version,
+                             self.served.get(o.replica), o.error)
+            if ok < self.config.min_replica_fraction * len(outcomes):
+                raise TransferFailed(f"only {ok}/{len(outcomes)} replicas applied version {version} "
+                                     f"(min_replica_fraction={self.config.min_replica_fraction}); "
+                                     f"first error: {failed[0].error!r}") from failed[0].error
+        logger.info("v%d applied on %d/%d replicas in %.2fs (max stall %.3fs, peer fraction %.2f)", version,
+                    len(outcomes) - len(failed), len(outcomes), metrics["tensorhub/update_s"],
+                    metrics["tensorhub/stall_s"], metrics["tensorhub/sources_peer_fraction"])
+        return metrics
+
+    async def _update_replica(self, replica: Any, version: int) -> ReplicaOutcome:
+        outcome = ReplicaOutcome(replica=replica.replica_rank, pulls=[])
+        try:
+            group = self._rollout_group(list(replica.workers))
+            n = len(replica.workers)
+            # 1. Pull while the engine keeps generating.
+            pulls = await self._await_all(
+                group.execute_checkpoint_engine(["pull"] * n, version=[version] * n,
+                                                replica=[replica.replica_rank] * n, rank=list(range(n))),
+                self.config.fetch_timeout_s, f"replica {replica.replica_rank} pull")
+            outcome.pulls = [p for p in pulls if isinstance(p, PullResult)]
+            # 2. Pause only for the apply; resume even if the apply fails, so the replica keeps serving.
+            paused = time.monotonic()
+            try:
+                await asyncio.wait_for(replica.abort_all_requests(), self.config.apply_timeout_s)
+                await self._await_all(group.update_weights(global_steps=version), self.config.apply_timeout_s,
+                                      f"replica {replica.replica_rank} apply")
+            finally:
+                await asyncio.wait_for(replica.resume_generation(), self.config.apply_timeout_s)
+                outcome.stall_s = time.monotonic() - paused
+        except Exception as e:  # one replica's failure (Ray, hub, timeout) is reported; the caller decides
+            outcome.error = e
+        return outcome
+
+    @staticmethod
+    async def _await_all(refs: Any, timeout: float, what: str) -> list:
+        """Awaits a worker group's results (ObjectRefs, or plain values from in-process fakes)."""
+        refs = refs if isinstance(refs, list) else [refs]
+
+        async def one(ref):
+            return await ref if hasattr(ref, "__await__") else ref
+
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(r) for r in refs)), timeout)
+        except asyncio.TimeoutError as e:
+            raise TransferFailed(f"{what} did not finish within {timeout} s") from e

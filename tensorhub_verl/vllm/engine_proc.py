@@ -1,0 +1,216 @@
+"""A vLLM engine (``vllm.LLM`` + the TensorHub worker extension) in its own process, driven over a pipe.
+
+Tests and benchmarks need several engines at once; vLLM keeps per-process global state, so each engine gets
+a spawned process. The child runs vLLM in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` at TP=1), so its
+worker -- and its ROS client -- live in that child. Every request waits at most its timeout; the pipe only
+connects this process to a child it spawned (never a network peer).
+
+    parent ──(cmd, kwargs)──► child: LLM(load_format="dummy", worker_extension_cls=...) + EngineUpdater
+           ◄──(ok, value)───
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tensorhub_verl import errors
+
+logger = logging.getLogger("tensorhub_verl.vllm.engine_proc")
+
+ENGINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_LOOPBACK_IP": "127.0.0.1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@dataclass(slots=True, kw_only=True)
+class EngineSpec:
+    """How to build the engine and connect it to the hub."""
+
+    model_dir: str
+    hub_url: str
+    worker: str
+    model: str = "policy"
+    location: dict[str, str] | None = None
+    token: str | None = None
+    staging: str = "cpu"
+    tp_size: int = 1
+    load_format: str = "dummy"
+    max_model_len: int = 256
+    client_config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the child (e.g. UCX_TLS)."""
+
+
+def engine_kwargs(model_dir: str, *, tp_size: int = 1, load_format: str = "dummy",
+                  max_model_len: int = 256) -> dict[str, Any]:
+    """``vllm.LLM`` / ``AsyncEngineArgs`` arguments for an engine that TensorHub updates."""
+    from tensorhub_verl.vllm.extension import EXTENSION_QUALNAME
+
+    kw: dict[str, Any] = dict(model=model_dir, tokenizer=model_dir, load_format=load_format,
+                              worker_extension_cls=EXTENSION_QUALNAME, enforce_eager=True,
+                              max_model_len=max_model_len, tensor_parallel_size=tp_size, seed=0)
+    from tensorhub_verl.vllm import compat
+
+    if compat.is_cpu_platform():
+        kw["dtype"] = "float32"  # bf16 dies in vLLM's CPU attention
+    return kw
+
+
+def _child(conn, spec_dict: dict) -> None:
+    spec = EngineSpec(**spec_dict)
+    os.environ.update(ENGINE_ENV)
+    os.environ.update(spec.env)
+    if spec.tp_size > 1:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    logging.basicConfig(level=os.environ.get("TENSORHUB_LOG_LEVEL", "WARNING"))
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        import tensorhub_verl.vllm.extension  # noqa: F401  (prepares this process before the model loads)
+        from tensorhub_verl.vllm.updater import EngineUpdater, llm_rpc
+
+        t0 = time.monotonic()
+        kw = engine_kwargs(spec.model_dir, tp_size=spec.tp_size, load_format=spec.load_format,
+                           max_model_len=spec.max_model_len)
+        if spec.tp_size > 1:
+            kw["distributed_executor_backend"] = "mp"
+        llm = LLM(**kw)
+        updater = EngineUpdater(llm_rpc(llm))
+        updater.setup(spec.hub_url, spec.model, spec.worker, location=spec.location, token=spec.token,
+                      staging=spec.staging, client_config=spec.client_config)
+        conn.send((True, {"startup_s": time.monotonic() - t0}))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send((False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return
+
+    def generate(prompt_ids: list[int], max_tokens: int) -> list[int]:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
+        return list(out[0].outputs[0].token_ids)
+
+    def update_while_generating(version, prompt_ids, max_tokens, timeout=300.0) -> dict:
+        """Starts the pull, keeps generating until every rank pulled, then applies (the only stall)."""
+        t0 = time.monotonic()
+        v = updater.begin(version)
+        steps = 0
+        while True:
+            st = updater.status()
+            if not any(s["pull"] is not None and s["pull"]["state"] == "pulling" for s in st):
+                break
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"pull of v{v} still running after {timeout} s")
+            generate(prompt_ids, max_tokens)
+            steps += 1
+        res = updater.finish(timeout).as_dict()
+        res["generate_calls_during_pull"] = steps
+        return res
+
+    handlers = {
+        "generate": generate,
+        "update": lambda version="latest", timeout=300.0: updater.update(version, timeout).as_dict(),
+        "begin": lambda version="latest": updater.begin(version),
+        "finish": lambda timeout=300.0: updater.finish(timeout).as_dict(),
+        "update_while_generating": update_while_generating,
+        "status": updater.status,
+        "served_version": updater.served_version,
+        "rpc": lambda method, **kw: updater.call(method, **kw),
+    }
+    while True:
+        cmd, kwargs = conn.recv()
+        if cmd == "close":
+            try:
+                updater.shutdown()
+            finally:
+                conn.send((True, None))
+            return
+        try:
+            conn.send((True, handlers[cmd](**kwargs)))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent with its type name
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+class EngineError(errors.TensorHubError):
+    """The engine process reported an error; the message starts with the remote exception's type name."""
+
+
+class EngineProcess:
+    """Parent-side handle of one engine process. Use as a context manager."""
+
+    def __init__(self, spec: EngineSpec, start_timeout_s: float = 300.0):
+        ctx = mp.get_context("spawn")
+        self.spec = spec
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child, args=(child, asdict(spec)), daemon=False,
+                                 name=f"vllm-engine-{spec.worker}")
+        self._proc.start()
+        child.close()
+        self.startup = self._wait(start_timeout_s, "start")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def _wait(self, timeout: float, what: str):
+        if not self._conn.poll(timeout):
+            self.kill()
+            raise TimeoutError(f"engine {self.spec.worker}: no answer to {what!r} within {timeout} s")
+        try:
+            ok, value = self._conn.recv()
+        except EOFError:
+            raise EngineError(f"engine {self.spec.worker} exited during {what!r} "
+                              f"(exit code {self._proc.exitcode})") from None
+        if not ok:
+            raise EngineError(value)
+        return value
+
+    def request(self, cmd: str, wait_s: float = 300.0, **kwargs):
+        """Sends ``cmd(**kwargs)`` to the child and waits at most ``wait_s`` for its answer."""
+        self._conn.send((cmd, kwargs))
+        return self._wait(wait_s, cmd)
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, timeout: float = 120.0) -> list[int]:
+        return self.request("generate", timeout, prompt_ids=prompt_ids, max_tokens=max_tokens)
+
+    def update(self, version: int | str = "latest", timeout: float = 300.0) -> dict:
+        return self.request("update", timeout + 30, version=version, timeout=timeout)
+
+    def rpc(self, method: str, timeout: float = 60.0, **kwargs):
+        return self.request("rpc", timeout, method=method, **kwargs)
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self._proc.is_alive():
+            try:
+                self.request("close", timeout)
+            except (EngineError, TimeoutError, OSError, EOFError) as e:
+                logger.warning("engine %s did not close cleanly: %s", self.spec.worker, e)
+            self._proc.join(timeout)
+        if self._proc.is_alive():
+            self.kill()
+
+    def kill(self) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["ENGINE_ENV", "EngineError", "EngineProcess", "EngineSpec", "engine_kwargs"]

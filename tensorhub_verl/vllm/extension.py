@@ -1,0 +1,136 @@
+"""vLLM worker extension: makes each TP rank's live parameters a ROS holder and applies new versions.
+
+Use: ``LLM(..., worker_extension_cls=EXTENSION_QUALNAME)`` then drive it with ``updater.EngineUpdater``
+(every method is reached through ``collective_rpc`` and runs inside the worker process, on every rank).
+
+Importing this module prepares the process (``compat.prepare_worker_process``: CPU linear weights stay live)
+and registers the ``tensorhub`` weight-transfer backend. vLLM imports it in each worker process before the
+model loads, which is the only per-engine hook that early.
+
+Identity is passed in (``th_setup``'s worker id and location), never read from globals; the TP rank comes from
+the engine itself. A rank's worker id is ``<worker>`` at TP=1 and ``<worker>/rank<r>`` otherwise.
+Every method takes and returns plain JSON-like values (they cross vLLM's msgpack RPC).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tensorhub_verl import errors
+from tensorhub_verl.vllm import compat
+from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
+from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, layout_name, vllm_param_shapes
+
+logger = logging.getLogger("tensorhub_verl.vllm.extension")
+
+EXTENSION_QUALNAME = "tensorhub_verl.vllm.extension.TensorHubWorkerExtension"
+
+compat.prepare_worker_process()
+compat.register_weight_transfer_backend("tensorhub", "tensorhub_verl.vllm.weight_transfer",
+                                        "TensorHubWeightTransferEngine")
+
+
+def rank_worker_id(worker: str, rank: int, tp_size: int) -> str:
+    return worker if tp_size == 1 else f"{worker}/rank{rank}"
+
+
+def engine_layout(hf_cfg, tp_size: int, rank: int, params: dict) -> str:
+    """This rank's layout name; for architectures ``layout.py`` knows, checks the live shapes against it."""
+    arch = hf_cfg.model_type
+    if arch in SUPPORTED_ARCHES:
+        expected = vllm_param_shapes(DecoderShape.from_hf_config(hf_cfg), tp_size, rank)
+        live = {n: tuple(t.shape) for n, t in params.items()}
+        if live != expected:
+            diff = sorted(set(live.items()) ^ set(expected.items()))[:4]
+            raise errors.ConfigError(f"vLLM's {arch} parameters differ from tensorhub_verl.vllm.layout "
+                                     f"(first differences: {diff}); update layout.py for this vLLM version")
+    return layout_name(arch, tp_size, rank)
+
+
+def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, location: Any = None,
+                 token: str | None = None, staging: str = "cpu", client_config: dict | None = None,
+                 fetch_timeout_s: float = 300.0) -> EngineHolder:
+    """Connects this rank to the hub and wraps its live parameters in an ``EngineHolder``."""
+    import tensorhub_verl as th
+
+    rank, tp = compat.tp_rank_and_size()
+    params = compat.live_parameters(compat.worker_model(worker_obj))
+    layout = engine_layout(compat.hf_config(worker_obj), tp, rank, params)
+    cfg = th.ClientConfig(**(client_config or {}))
+    client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
+                        config=cfg)
+    try:
+        return EngineHolder(client, HolderConfig(model=model, layout=layout, staging=staging,
+                                                 fetch_timeout_s=fetch_timeout_s),
+                            params, lambda weights: compat.load_hf_weights(worker_obj, weights))
+    except BaseException:
+        client.close()
+        raise
+
+
+class TensorHubWorkerExtension:
+    """Mixed into vLLM's worker class. Names start with ``th_`` so they never collide with the worker's."""
+
+    def _th(self) -> EngineHolder:
+        holder = getattr(self, "_tensorhub_holder", None)
+        if holder is None:
+            raise errors.InvalidRequest("tensorhub is not set up on this worker: call th_setup first")
+        return holder
+
+    def th_setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
+                 staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0) -> dict:
+        """Connects this rank (idempotent for the same identity); returns ``th_status``."""
+        old = getattr(self, "_tensorhub_holder", None)
+        if old is not None:
+            old.close()
+            old.client.close()
+        self._tensorhub_holder = build_holder(self, hub_url=hub_url, model=model, worker=worker,
+                                              location=location, token=token, staging=staging,
+                                              client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+        return self._tensorhub_holder.status()
+
+    def th_status(self) -> dict:
+        return self._th().status()
+
+    def th_newest_version(self) -> int | None:
+        return self._th().newest_version()
+
+    def th_begin_pull(self, version: int | str = "latest") -> dict:
+        return self._th().begin_pull(version)
+
+    def th_apply(self, timeout: float = 300.0) -> dict:
+        return self._th().apply(timeout)
+
+    def th_abort(self) -> None:
+        self._th().abort()
+
+    def th_update(self, version: int | str = "latest", timeout: float = 300.0) -> dict:
+        return self._th().update(version, timeout)
+
+    def th_publish_served(self, version: int) -> dict:
+        """Declares the currently loaded weights to be ``version`` and holds them."""
+        self._th().publish_served(version)
+        return self._th().status()
+
+    def th_layout(self) -> dict:
+        """This rank's layout name and ``{name: [shape, dtype]}`` (for tests and tooling)."""
+        h = self._th()
+        return {"layout": h.config.layout,
+                "params": {n: [list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in h.params.items()}}
+
+    def th_param_checksum(self) -> dict:
+        """Float64 sum of each parameter: a cheap fingerprint of what the engine serves (for tests)."""
+        return {n: float(t.double().sum()) for n, t in self._th().params.items()}
+
+    def th_shutdown(self) -> None:
+        holder = getattr(self, "_tensorhub_holder", None)
+        if holder is not None:
+            self._tensorhub_holder = None
+            try:
+                holder.close()
+            finally:
+                holder.client.close()
+
+
+__all__ = ["EXTENSION_QUALNAME", "TensorHubWorkerExtension", "build_holder", "engine_layout", "rank_worker_id"]

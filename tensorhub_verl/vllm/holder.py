@@ -1,0 +1,396 @@
+"""The state machine that makes one engine shard (one TP rank) a holder and applies new versions.
+
+Framework-neutral: it sees the shard's live parameters (a dict of tensors in the engine's own layout), a
+function that loads HF-named tensors through the engine's loader, and a ROS client. ``extension.py`` wires it
+into a vLLM worker; the unit tests drive it with plain tensors.
+
+    begin_pull(v) ──► [pull thread] fetch v into staging ──► READY ─┐       (engine keeps generating)
+                                                                    ▼
+    apply() ─────► unpublish(old) ─► copy staging -> params ─► publish(params, v)   (the only stall)
+
+Invariants:
+- The parameters always hold exactly one version: ``served`` (or the engine's initial weights when None).
+  A failed or aborted pull with staging leaves them untouched; the engine keeps serving ``served``.
+- The parameters are registered as the holder of ``served`` in ``layout`` and are never written while they
+  are registered: ``apply`` unpublishes (waiting for in-flight reads) before the first byte changes.
+- With staging ``none`` the raw pull writes straight into the parameters inside ``apply``; if it fails midway
+  the shard restores ``served`` from the holders that still have it (peers or the trainer). If that fails too,
+  the shard is ``broken`` and refuses to report a served version (``EngineStateLost``) rather than serve a mix.
+- Source layout: the engine's own layout when some other worker holds that version in it (raw one-sided
+  reads), else the trainer's ``hf`` layout through the engine's loader. Which holders serve a read is the
+  ROS planner's choice.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from tensorhub_verl import errors
+
+logger = logging.getLogger("tensorhub_verl.vllm.holder")
+
+HF_LAYOUT = "hf"
+STAGING_MODES = ("cpu", "gpu", "none")
+
+LoadHF = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
+
+
+class EngineStateLost(errors.TransferFailed):
+    """A pull without staging failed midway and the served version could not be restored."""
+
+
+class PullState(str, enum.Enum):
+    IDLE = "idle"
+    PULLING = "pulling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HolderConfig:
+    """How one shard pulls and applies versions."""
+
+    model: str
+    """The ROS model name, e.g. ``policy``."""
+    layout: str
+    """This shard's layout, e.g. ``vllm/qwen2/tp1/rank0``."""
+    staging: str = "cpu"
+    """``cpu``/``gpu``: pull into a staging buffer while the engine generates, stall only for the copy.
+    ``none``: pull straight into the parameters inside ``apply`` (no extra memory, longer stall)."""
+    fetch_timeout_s: float = 300.0
+    """Limit of one pull."""
+    unpublish_timeout_s: float = 120.0
+    """Limit of the wait for in-flight reads of the old version before its bytes are overwritten."""
+
+    def __post_init__(self) -> None:
+        if self.staging not in STAGING_MODES:
+            raise errors.ConfigError(f"staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if self.fetch_timeout_s <= 0 or self.unpublish_timeout_s <= 0:
+            raise errors.ConfigError("fetch_timeout_s and unpublish_timeout_s must be > 0")
+        if self.layout == HF_LAYOUT:
+            raise errors.ConfigError("an engine shard's layout cannot be 'hf' (that is the trainer's layout)")
+
+
+@dataclass(slots=True)
+class _Pull:
+    version: int
+    source_layout: str
+    thread: threading.Thread | None = None
+    state: PullState = PullState.PULLING
+    error: BaseException | None = None
+    stats: object | None = None
+    buffers: dict[str, torch.Tensor] | None = None
+    held: bool = False
+    started: float = field(default_factory=time.monotonic)
+    seconds: float = 0.0
+
+
+class EngineHolder:
+    """Holder and updater of one engine shard. Thread-safe: one pull at a time, ``apply`` serialized."""
+
+    def __init__(self, client, config: HolderConfig, params: Mapping[str, torch.Tensor], load_hf: LoadHF,
+                 staging_device: str | torch.device | None = None):
+        bad = [n for n, t in params.items() if t.numel() == 0 or not t.is_contiguous()]
+        if bad:
+            raise errors.ConfigError(f"parameters {bad[:3]} are empty or not contiguous: the engine repacked its "
+                                     f"weights (on CPU import tensorhub_verl.vllm.compat before loading the model)")
+        self.client = client
+        self.config = config
+        self.params = dict(params)
+        self._load_hf = load_hf
+        device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
+        if config.staging == "gpu":
+            self._staging_device = torch.device(staging_device or device)
+        else:
+            self._staging_device = torch.device("cpu")
+        self._staging: dict[str, torch.Tensor] | None = None
+        self._hf_staging: dict[str, dict[str, torch.Tensor]] = {}
+        self._lock = threading.RLock()
+        self._pull: _Pull | None = None
+        self.served: int | None = None
+        self.broken = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def worker(self) -> str:
+        return self.client.worker
+
+    def status(self) -> dict:
+        """Plain-typed summary (it crosses vLLM's RPC boundary)."""
+        with self._lock:
+            p = self._pull
+            return {"worker": self.worker, "layout": self.config.layout, "served": self.served,
+                    "broken": self.broken, "staging": self.config.staging,
+                    "pull": None if p is None else {"version": p.version, "state": p.state.value,
+                                                    "source_layout": p.source_layout,
+                                                    "error": None if p.error is None else repr(p.error)}}
+
+    def newest_version(self) -> int | None:
+        """Newest version of the model in any layout."""
+        return max(self.client.versions(self.config.model), default=None)
+
+    def plan_source_layout(self, version: int) -> str:
+        """The engine's layout when another worker holds ``version`` in it, else ``hf``."""
+        raw = self.client.versions(self.config.model, layout=self.config.layout).get(version, [])
+        if any(h != self.worker for h in raw):
+            return self.config.layout
+        if version in self.client.versions(self.config.model, layout=HF_LAYOUT):
+            return HF_LAYOUT
+        raise errors.VersionNotFound(f"no worker holds {self.config.model} v{version} in {self.config.layout!r} "
+                                     f"or 'hf'")
+
+    # ------------------------------------------------------------------ publish
+    def publish_served(self, version: int) -> None:
+        """Declares that the parameters now hold ``version`` (e.g. loaded from disk) and registers them."""
+        with self._lock:
+            if self._pull is not None and self._pull.state is PullState.PULLING:
+                raise errors.InvalidRequest("a pull is running; wait for it or abort it first")
+            self._unpublish_served()
+            self.client.publish(self.config.model, version, self.params, layout=self.config.layout)
+            self.served = version
+            self.broken = False
+
+    def _unpublish_served(self) -> None:
+        if self.served is None:
+            return
+        try:
+            self.client.unpublish(self.config.model, self.served, layout=self.config.layout,
+                                  timeout=self.config.unpublish_timeout_s)
+        except errors.VersionNotFound:
+            pass  # the hub or a retention policy dropped it already: nobody reads it
+        self.served = None
+
+    # ------------------------------------------------------------------ pull
+    def begin_pull(self, version: int | str = "latest") -> dict:
+        """Resolves the version and, with staging, starts pulling it in a background thread.
+
+        Returns ``{"version", "source_layout", "started"}``; ``started`` is False when the shard already
+        serves that version (nothing to do). With staging ``none`` the pull itself happens in ``apply``.
+        """
+        with self._lock:
+            if self._pull is not None and self._pull.state is PullState.PULLING:
+                raise errors.InvalidRequest(f"a pull of v{self._pull.version} is already running")
+            self._release_pull()
+            if version == "latest":
+                v = self.newest_version()
+                if v is None:
+                    raise errors.VersionNotFound(f"no version of {self.config.model!r} is published")
+            elif isinstance(version, int) and not isinstance(version, bool):
+                v = version
+            else:
+                raise errors.InvalidRequest(f"version must be an int or 'latest', got {version!r}")
+            if v == self.served and not self.broken:
+                return {"version": v, "source_layout": self.config.layout, "started": False}
+            pull = _Pull(version=v, source_layout=self.plan_source_layout(v))
+            self._pull = pull
+            if self.config.staging == "none" and pull.source_layout != HF_LAYOUT:
+                pull.state = PullState.READY  # the raw pull runs inside apply, straight into the params
+                return {"version": v, "source_layout": pull.source_layout, "started": True}
+            pull.thread = threading.Thread(target=self._run_pull, args=(pull,), daemon=True,
+                                           name=f"tensorhub-pull-{self.config.model}-v{v}")
+            pull.thread.start()
+            return {"version": v, "source_layout": pull.source_layout, "started": True}
+
+    def _buffers_for(self, layout: str, version: int) -> dict[str, torch.Tensor]:
+        if layout != HF_LAYOUT:
+            if self._staging is None:
+                self._staging = {n: torch.empty_like(t, device=self._staging_device) for n, t in self.params.items()}
+            return self._staging
+        manifest = self.client.manifest(self.config.model, version, layout=HF_LAYOUT)
+        key = manifest.digest
+        if key not in self._hf_staging:
+            self._hf_staging.clear()  # one HF staging set at a time
+            self._hf_staging[key] = manifest.allocate(self._staging_device)
+        return self._hf_staging[key]
+
+    def _run_pull(self, pull: _Pull) -> None:
+        layouts = [pull.source_layout] + ([HF_LAYOUT] if pull.source_layout != HF_LAYOUT else [])
+        for i, layout in enumerate(layouts):
+            try:
+                bufs = self._buffers_for(layout, pull.version)
+                stats = self.client.fetch(self.config.model, pull.version, into=bufs, layout=layout, hold=True,
+                                          timeout=self.config.fetch_timeout_s)
+            except (errors.TransferFailed, errors.VersionNotFound, errors.ManifestMismatch) as e:
+                pull.error = e
+                if i + 1 < len(layouts):
+                    logger.warning("%s: raw pull of v%d failed (%s); falling back to the 'hf' layout",
+                                   self.worker, pull.version, e)
+                    continue
+            except BaseException as e:  # noqa: BLE001 - reported through status/apply, never swallowed
+                pull.error = e
+            else:
+                with self._lock:
+                    pull.source_layout, pull.stats, pull.buffers, pull.held = layout, stats, bufs, True
+                    pull.error = None
+                    pull.seconds = time.monotonic() - pull.started
+                    pull.state = PullState.READY
+                return
+            break
+        with self._lock:
+            pull.seconds = time.monotonic() - pull.started
+            pull.state = PullState.FAILED
+        logger.warning("%s: pull of %s v%d failed: %s", self.worker, self.config.model, pull.version, pull.error)
+
+    def wait_ready(self, timeout: float) -> dict:
+        """Waits for the running pull to finish; returns ``status()``. Raises TimeoutError after ``timeout``."""
+        pull = self._pull
+        if pull is None:
+            raise errors.InvalidRequest("no pull was started")
+        if pull.thread is not None:
+            pull.thread.join(timeout)
+            if pull.thread.is_alive():
+                raise TimeoutError(f"pull of v{pull.version} still running after {timeout} s")
+        return self.status()
+
+    def abort(self) -> None:
+        """Drops a finished pull (its staging hold is released); the served version is unchanged."""
+        with self._lock:
+            if self._pull is not None and self._pull.state is PullState.PULLING:
+                raise errors.InvalidRequest("cannot abort a pull while its reads are in flight; wait_ready first")
+            self._release_pull()
+
+    def _release_pull(self) -> None:
+        pull, self._pull = self._pull, None
+        if pull is not None and pull.held:
+            try:
+                self.client.unpublish(self.config.model, pull.version, layout=pull.source_layout,
+                                      timeout=self.config.unpublish_timeout_s)
+            except errors.VersionNotFound:
+                pass
+            pull.held = False
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, timeout: float | None = None) -> dict:
+        """Makes the pulled version the served one, all-or-nothing. The engine must not run a forward pass
+        meanwhile (the vLLM extension runs this inside a collective RPC, between engine steps).
+
+        Returns ``{"version", "source_layout", "stall_s", "pull_s", "bytes", "sources"}``. On a failed pull
+        raises it (TransferFailed, ...) with the parameters untouched.
+        """
+        timeout = self.config.fetch_timeout_s if timeout is None else timeout
+        self.wait_ready(timeout)
+        t0 = time.monotonic()
+        with self._lock:
+            pull = self._pull
+            if pull is None:
+                raise errors.InvalidRequest("no pull to apply")
+            if pull.state is PullState.FAILED:
+                self._release_pull()
+                raise pull.error if pull.error is not None else errors.TransferFailed("pull failed")
+            if self.config.staging == "none" and pull.source_layout != HF_LAYOUT:
+                self._apply_direct(pull)
+            else:
+                self._apply_staged(pull)
+            stats = pull.stats
+            self._pull = None
+            stall = time.monotonic() - t0
+        result = {"version": pull.version, "source_layout": pull.source_layout, "stall_s": stall,
+                  "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
+                  "sources": dict(getattr(stats, "sources", {}) or {})}
+        logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
+                    self.config.model, pull.version, sorted(result["sources"]), pull.source_layout, stall,
+                    pull.seconds)
+        return result
+
+    def _apply_staged(self, pull: _Pull) -> None:
+        bufs = pull.buffers
+        if bufs is None:
+            raise errors.InvalidRequest("pull has no buffers")
+        self._unpublish_served()  # waits for in-flight reads of the params before they change
+        try:
+            with torch.no_grad():
+                if pull.source_layout == HF_LAYOUT:
+                    self._load_hf(iter(bufs.items()))
+                else:
+                    for name, p in self.params.items():
+                        p.copy_(bufs[name], non_blocking=True)
+                    if any(p.is_cuda for p in self.params.values()):
+                        torch.cuda.synchronize()
+        except BaseException as e:
+            self.broken = True
+            raise EngineStateLost(f"{self.worker}: applying v{pull.version} failed midway ({e!r}); "
+                                  f"the shard serves no version until the next successful update") from e
+        self._release_pull_hold(pull)
+        self.client.publish(self.config.model, pull.version, self.params, layout=self.config.layout)
+        self.served = pull.version
+        self.broken = False
+
+    def _release_pull_hold(self, pull: _Pull) -> None:
+        if pull.held:
+            try:
+                self.client.unpublish(self.config.model, pull.version, layout=pull.source_layout,
+                                      timeout=self.config.unpublish_timeout_s)
+            except errors.VersionNotFound:
+                pass
+            pull.held = False
+
+    def _apply_direct(self, pull: _Pull) -> None:
+        old = self.served
+        self._unpublish_served()
+        started = time.monotonic()
+        try:
+            pull.stats = self.client.fetch(self.config.model, pull.version, into=self.params,
+                                           layout=self.config.layout, hold=True, timeout=self.config.fetch_timeout_s)
+        except errors.TensorHubError as e:
+            pull.seconds = time.monotonic() - started
+            self._restore(old, e)
+            raise
+        pull.seconds = time.monotonic() - started
+        self.served = pull.version  # fetch(hold=True) registered the params as the holder
+        self.broken = False
+
+    def _restore(self, old: int | None, cause: BaseException) -> None:
+        """After a direct pull failed midway: put ``old`` back into the params, or mark the shard broken."""
+        self.broken = True
+        if old is None:
+            raise EngineStateLost(f"{self.worker}: direct pull failed midway and no earlier version to restore") \
+                from cause
+        try:
+            layout = self.plan_source_layout(old)
+            if layout == HF_LAYOUT:
+                bufs = self._buffers_for(HF_LAYOUT, old)
+                self.client.fetch(self.config.model, old, into=bufs, layout=HF_LAYOUT, hold=False,
+                                  timeout=self.config.fetch_timeout_s)
+                with torch.no_grad():
+                    self._load_hf(iter(bufs.items()))
+                self.client.publish(self.config.model, old, self.params, layout=self.config.layout)
+            else:
+                self.client.fetch(self.config.model, old, into=self.params, layout=layout, hold=True,
+                                  timeout=self.config.fetch_timeout_s)
+        except errors.TensorHubError as e:
+            raise EngineStateLost(f"{self.worker}: direct pull failed midway ({cause!r}) and restoring v{old} "
+                                  f"failed too ({e!r})") from cause
+        self.served = old
+        self.broken = False
+        logger.warning("%s: direct pull failed midway; restored v%d", self.worker, old)
+
+    # ------------------------------------------------------------------ one-shot + teardown
+    def update(self, version: int | str = "latest", timeout: float | None = None) -> dict:
+        """``begin_pull`` then ``apply`` (the whole pull is a stall: use the two halves to overlap)."""
+        started = self.begin_pull(version)
+        if not started["started"]:
+            return {"version": started["version"], "source_layout": None, "stall_s": 0.0, "pull_s": 0.0,
+                    "bytes": 0, "sources": {}}
+        return self.apply(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops holding anything; the parameters may change freely afterwards."""
+        with self._lock:
+            pull = self._pull
+        if pull is not None and pull.thread is not None:
+            pull.thread.join(timeout)
+        with self._lock:
+            if self._pull is not None and self._pull.state is not PullState.PULLING:
+                self._release_pull()
+            if not self.broken:
+                self._unpublish_served()
+
+
+__all__ = ["EngineHolder", "EngineStateLost", "HF_LAYOUT", "HolderConfig", "PullState", "STAGING_MODES"]

@@ -1,0 +1,241 @@
+"""vLLM's parameter layout for dense decoders (Llama, Qwen2): names, shapes, and the HF -> vLLM mapping.
+
+Pure functions of the HF config and (tp_size, rank); no vLLM import. vLLM arranges a TP rank's parameters as:
+
+    HF (full, per projection)                   vLLM rank r of tp (fused, sharded)
+    q_proj [H*d, D]  k_proj [K*d, D]  v_proj    qkv_proj  = cat(q rows of heads r*H/tp.., k rows, v rows)
+    gate_proj [I, D] up_proj [I, D]             gate_up_proj = cat(gate rows r*I/tp.., up rows r*I/tp..)
+    o_proj [D, H*d]  down_proj [D, I]           columns r*(H*d)/tp.. / r*I/tp..   (row-parallel: input split)
+    embed_tokens / lm_head [V, D]               rows r*Vp/tp.. of V zero-padded to Vp (multiple of 64)
+    norms                                       replicated
+
+When tp > K (fewer KV heads than ranks), each KV head is replicated on tp/K consecutive ranks: rank r holds KV
+head r // (tp/K), as vLLM's QKVParallelLinear does. With tied embeddings (Qwen2 small models) vLLM has no
+separate ``lm_head.weight`` parameter.
+
+Invariant (tested against a live vLLM engine at TP=1): ``hf_to_vllm(hf, shape, tp, r)`` equals, byte for byte,
+the parameters of rank r of a vLLM engine that loaded ``hf`` through its own ``load_weights``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from tensorhub_verl.errors import ConfigError, ManifestMismatch
+
+VOCAB_PADDING = 64
+"""vLLM pads embedding/lm_head rows to a multiple of this (DEFAULT_VOCAB_PADDING_SIZE)."""
+SUPPORTED_ARCHES = ("llama", "qwen2")
+_LAYOUT_RE = re.compile(r"^vllm/(?P<arch>[a-z0-9_]+)/tp(?P<tp>[0-9]+)/rank(?P<rank>[0-9]+)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecoderShape:
+    """What the layout depends on, read from an HF config."""
+
+    arch: str
+    """HF ``model_type`` (``llama``, ``qwen2``)."""
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    """Qwen2 has biases on q/k/v; Llama has none (unless ``attention_bias``)."""
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED_ARCHES:
+            raise ConfigError(f"architecture {self.arch!r} has no vLLM layout mapping here; "
+                              f"supported: {SUPPORTED_ARCHES} (others still work through the 'hf' layout)")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "DecoderShape":
+        """From a transformers config object (or anything with the same attributes)."""
+        arch = cfg.model_type
+        heads = cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        bias = arch == "qwen2" or bool(getattr(cfg, "attention_bias", False))
+        return cls(arch=arch, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+                   intermediate_size=cfg.intermediate_size, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+                   vocab_size=cfg.vocab_size, tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+                   qkv_bias=bias)
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def layout_name(arch: str, tp_size: int, rank: int) -> str:
+    """``vllm/<arch>/tp<k>/rank<r>``: equal names mean byte-compatible shards (raw copies allowed)."""
+    if not 0 <= rank < tp_size:
+        raise ConfigError(f"rank must be in [0, tp_size), got rank={rank} tp_size={tp_size}")
+    return f"vllm/{arch}/tp{tp_size}/rank{rank}"
+
+
+def parse_layout_name(name: str) -> tuple[str, int, int]:
+    """Inverse of ``layout_name``: (arch, tp_size, rank)."""
+    m = _LAYOUT_RE.match(name)
+    if m is None:
+        raise ConfigError(f"not a vLLM layout name: {name!r} (expected vllm/<arch>/tp<k>/rank<r>)")
+    return m["arch"], int(m["tp"]), int(m["rank"])
+
+
+def _check_tp(shape: DecoderShape, tp_size: int, rank: int) -> None:
+    layout_name(shape.arch, tp_size, rank)
+    problems = []
+    if shape.num_heads % tp_size:
+        problems.append(f"num_heads={shape.num_heads}")
+    if shape.intermediate_size % tp_size:
+        problems.append(f"intermediate_size={shape.intermediate_size}")
+    if shape.num_kv_heads % tp_size and tp_size % shape.num_kv_heads:
+        problems.append(f"num_kv_heads={shape.num_kv_heads}")
+    if shape.padded_vocab % tp_size:
+        problems.append(f"padded vocab={shape.padded_vocab}")
+    if problems:
+        raise ConfigError(f"tp_size={tp_size} does not divide {', '.join(problems)}")
+
+
+def _kv_slot(shape: DecoderShape, tp_size: int, rank: int) -> tuple[int, int]:
+    """(first KV head, KV heads) that rank holds; replicated when tp_size > num_kv_heads."""
+    if tp_size >= shape.num_kv_heads:
+        return rank // (tp_size // shape.num_kv_heads), 1
+    per = shape.num_kv_heads // tp_size
+    return rank * per, per
+
+
+def vllm_param_shapes(shape: DecoderShape, tp_size: int = 1, rank: int = 0) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of rank ``rank``'s parameters, in vLLM's ``named_parameters()`` order."""
+    _check_tp(shape, tp_size, rank)
+    d, hd = shape.hidden_size, shape.head_dim
+    q_rows = shape.num_heads // tp_size * hd
+    kv_rows = _kv_slot(shape, tp_size, rank)[1] * hd
+    inter = shape.intermediate_size // tp_size
+    vocab = shape.padded_vocab // tp_size
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d)}
+    for i in range(shape.num_layers):
+        p = f"model.layers.{i}."
+        out[p + "self_attn.qkv_proj.weight"] = (q_rows + 2 * kv_rows, d)
+        if shape.qkv_bias:
+            out[p + "self_attn.qkv_proj.bias"] = (q_rows + 2 * kv_rows,)
+        out[p + "self_attn.o_proj.weight"] = (d, q_rows)
+        out[p + "mlp.gate_up_proj.weight"] = (2 * inter, d)
+        out[p + "mlp.down_proj.weight"] = (d, inter)
+        out[p + "input_layernorm.weight"] = (d,)
+        out[p + "post_attention_layernorm.weight"] = (d,)
+    out["model.norm.weight"] = (d,)
+    if not shape.tie_word_embeddings:
+        out["lm_head.weight"] = (vocab, d)
+    return out
+
+
+def _get(hf: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    try:
+        return hf[name]
+    except KeyError:
+        raise ManifestMismatch(f"HF weights lack {name!r}", tensor=name) from None
+
+
+def _rows(t: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    return t.narrow(0, start, count)
+
+
+def _vocab_shard(t: torch.Tensor, shape: DecoderShape, tp_size: int, rank: int) -> torch.Tensor:
+    per = shape.padded_vocab // tp_size
+    out = t.new_zeros((per, t.shape[1]))
+    start = rank * per
+    n = max(0, min(per, shape.vocab_size - start))
+    if n:
+        out[:n] = _rows(t, start, n)
+    return out
+
+
+def hf_to_vllm(hf: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int = 1,
+               rank: int = 0) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s vLLM parameters built from full HF tensors (new contiguous tensors)."""
+    specs = vllm_param_shapes(shape, tp_size, rank)
+    hd = shape.head_dim
+    q_per = shape.num_heads // tp_size * hd
+    kv_first, kv_count = _kv_slot(shape, tp_size, rank)
+    inter = shape.intermediate_size // tp_size
+    out: dict[str, torch.Tensor] = {}
+    for name in specs:
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            t = _vocab_shard(_get(hf, name), shape, tp_size, rank)
+        elif name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+            kind = name.rsplit(".", 1)[1]
+            pre = name.replace("qkv_proj." + kind, "")
+            q = _rows(_get(hf, f"{pre}q_proj.{kind}"), rank * q_per, q_per)
+            k = _rows(_get(hf, f"{pre}k_proj.{kind}"), kv_first * hd, kv_count * hd)
+            v = _rows(_get(hf, f"{pre}v_proj.{kind}"), kv_first * hd, kv_count * hd)
+            t = torch.cat([q, k, v], 0)
+        elif name.endswith("o_proj.weight"):
+            t = _get(hf, name).narrow(1, rank * q_per, q_per)
+        elif name.endswith("gate_up_proj.weight"):
+            pre = name.replace("gate_up_proj.weight", "")
+            t = torch.cat([_rows(_get(hf, pre + "gate_proj.weight"), rank * inter, inter),
+                           _rows(_get(hf, pre + "up_proj.weight"), rank * inter, inter)], 0)
+        elif name.endswith("down_proj.weight"):
+            t = _get(hf, name).narrow(1, rank * inter, inter)
+        else:
+            t = _get(hf, name)
+        if tuple(t.shape) != specs[name]:
+            raise ManifestMismatch(f"{name}: built shape {tuple(t.shape)} != vLLM shape {specs[name]}; "
+                                   f"the HF tensors do not match the config", tensor=name)
+        out[name] = t.clone(memory_format=torch.contiguous_format)
+    return out
+
+
+def vllm_to_hf(shards: list[Mapping[str, torch.Tensor]], shape: DecoderShape) -> dict[str, torch.Tensor]:
+    """Inverse of ``hf_to_vllm`` over all ``len(shards)`` ranks: full HF tensors (tied lm_head omitted)."""
+    tp = len(shards)
+    if tp == 0:
+        raise ConfigError("vllm_to_hf needs at least one shard")
+    for r, shard in enumerate(shards):
+        expected = vllm_param_shapes(shape, tp, r)
+        for name, shp in expected.items():
+            if name not in shard or tuple(shard[name].shape) != shp:
+                raise ManifestMismatch(f"rank {r}: {name} missing or not of shape {shp}", tensor=name)
+    hd, d = shape.head_dim, shape.hidden_size
+    q_per = shape.num_heads // tp * hd
+    inter = shape.intermediate_size // tp
+    out: dict[str, torch.Tensor] = {}
+    for name in vllm_param_shapes(shape, tp, 0):
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            out[name] = torch.cat([s[name] for s in shards], 0)[: shape.vocab_size].contiguous()
+        elif name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+            kind = name.rsplit(".", 1)[1]
+            pre = name.replace("qkv_proj." + kind, "")
+            tail = (d,) if kind == "weight" else ()
+            q = torch.empty((shape.num_heads * hd, *tail), dtype=shards[0][name].dtype)
+            k = torch.empty((shape.num_kv_heads * hd, *tail), dtype=q.dtype)
+            v = torch.empty_like(k)
+            for r, s in enumerate(shards):
+                first, count = _kv_slot(shape, tp, r)
+                t = s[name]
+                q[r * q_per:(r + 1) * q_per] = t[:q_per]
+                k[first * hd:(first + count) * hd] = t[q_per:q_per + count * hd]
+                v[first * hd:(first + count) * hd] = t[q_per + count * hd:]
+            out[pre + "q_proj." + kind], out[pre + "k_proj." + kind], out[pre + "v_proj." + kind] = q, k, v
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            out[name] = torch.cat([s[name] for s in shards], 1).contiguous()
+        elif name.endswith("gate_up_proj.weight"):
+            pre = name.replace("gate_up_proj.weight", "")
+            out[pre + "gate_proj.weight"] = torch.cat([s[name][:inter] for s in shards], 0)
+            out[pre + "up_proj.weight"] = torch.cat([s[name][inter:] for s in shards], 0)
+        else:
+            out[name] = shards[0][name].clone()
+    return out
+
+
+__all__ = ["DecoderShape", "SUPPORTED_ARCHES", "VOCAB_PADDING", "hf_to_vllm", "layout_name", "parse_layout_name",
+           "vllm_param_shapes", "vllm_to_hf"]

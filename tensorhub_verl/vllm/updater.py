@@ -1,0 +1,150 @@
+"""Driver side: moves every TP rank of one vLLM engine to a new version together, all-or-nothing.
+
+    driver                                   rank 0 .. k-1 (worker extension)
+    th_newest_version ───────────────────►   (rank 0's answer fixes the version for all ranks)
+    th_begin_pull(v) ────────────────────►   pull threads start; the engine keeps generating
+    th_status (polled, cheap) ───────────►   until no rank is "pulling"
+    any rank failed?  th_abort ──────────►   every rank drops its pull; the engine keeps serving the old v
+    else              th_apply ──────────►   the stall: unpublish old, copy in, publish v
+
+The engine is a holder of v only once every rank applied it; each rank pulls its own layout
+(``vllm/<arch>/tp<k>/rank<r>``), so a k-shard reader always gets every shard at the same version.
+``rpc(method, kwargs, timeout)`` is the engine's collective RPC (``LLM.collective_rpc`` or a wrapper around
+``AsyncLLM.collective_rpc``); it returns one result per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorhub_verl import errors
+
+logger = logging.getLogger("tensorhub_verl.vllm.updater")
+
+Rpc = Callable[[str, dict, float], list]
+
+
+@dataclass(slots=True)
+class UpdateResult:
+    """What one engine-wide update did. ``stall_s`` is the longest rank's apply (generation paused)."""
+
+    version: int
+    applied: bool
+    stall_s: float = 0.0
+    pull_s: float = 0.0
+    seconds: float = 0.0
+    bytes: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+    source_layouts: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
+                "seconds": self.seconds, "bytes": self.bytes, "sources": dict(self.sources),
+                "source_layouts": list(self.source_layouts)}
+
+
+def llm_rpc(llm) -> Rpc:
+    """An ``Rpc`` over a synchronous ``vllm.LLM``."""
+    def rpc(method: str, kwargs: dict, timeout: float) -> list:
+        return llm.collective_rpc(method, timeout=timeout, kwargs=kwargs)
+    return rpc
+
+
+class EngineUpdater:
+    """Drives ``TensorHubWorkerExtension`` on all ranks of one engine."""
+
+    def __init__(self, rpc: Rpc, *, rpc_timeout_s: float = 60.0, poll_s: float = 0.02):
+        if rpc_timeout_s <= 0 or poll_s <= 0:
+            raise errors.ConfigError("rpc_timeout_s and poll_s must be > 0")
+        self._rpc = rpc
+        self.rpc_timeout_s = rpc_timeout_s
+        self.poll_s = poll_s
+
+    def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> list:
+        return self._rpc(method, kwargs, timeout or self.rpc_timeout_s)
+
+    def setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
+              staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0) -> list[dict]:
+        """Connects every rank (see ``TensorHubWorkerExtension.th_setup``)."""
+        return self.call("th_setup", hub_url=hub_url, model=model, worker=worker, location=location, token=token,
+                         staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+
+    def status(self) -> list[dict]:
+        return self.call("th_status")
+
+    def served_version(self) -> int | None:
+        """The version every rank serves, or None if they differ or one is broken or empty."""
+        st = self.status()
+        versions = {s["served"] for s in st}
+        if len(versions) != 1 or any(s["broken"] for s in st):
+            return None
+        return versions.pop()
+
+    def resolve(self, version: int | str) -> int:
+        if version != "latest":
+            return int(version)
+        newest = self.call("th_newest_version")[0]
+        if newest is None:
+            raise errors.VersionNotFound("no version is published")
+        return int(newest)
+
+    def begin(self, version: int | str = "latest") -> int:
+        """Starts the pull on every rank; returns the version (same for all ranks)."""
+        v = self.resolve(version)
+        self.call("th_begin_pull", version=v)
+        return v
+
+    def wait_pulled(self, timeout: float) -> list[dict]:
+        """Polls until no rank is pulling; raises TimeoutError after ``timeout``. Never blocks the engine."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if not any(s["pull"] is not None and s["pull"]["state"] == "pulling" for s in st):
+                return st
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"pull still running after {timeout} s")
+            time.sleep(self.poll_s)
+
+    def finish(self, timeout: float = 300.0) -> UpdateResult:
+        """Waits for the pulls, then applies on every rank, or aborts on every rank if any pull failed."""
+        t0 = time.monotonic()
+        st = self.wait_pulled(timeout)
+        pulls = [s["pull"] for s in st]
+        if all(p is None for p in pulls):
+            v = st[0]["served"]
+            return UpdateResult(version=-1 if v is None else v, applied=False)
+        failed = [(i, p) for i, p in enumerate(pulls) if p is None or p["state"] == "failed"]
+        if failed:
+            self.call("th_abort")
+            rank, p = failed[0]
+            raise errors.TransferFailed(f"rank {rank} could not pull v{None if p is None else p['version']}: "
+                                        f"{None if p is None else p['error']}; every rank keeps its old version")
+        results = self.call("th_apply", timeout=timeout + self.rpc_timeout_s)
+        res = UpdateResult(version=results[0]["version"], applied=True,
+                           stall_s=max(r["stall_s"] for r in results), pull_s=max(r["pull_s"] for r in results),
+                           seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
+                           source_layouts=[r["source_layout"] for r in results])
+        for r in results:
+            for w, n in r["sources"].items():
+                res.sources[w] = res.sources.get(w, 0) + n
+        return res
+
+    def update(self, version: int | str = "latest", timeout: float = 300.0) -> UpdateResult:
+        """``begin`` + ``finish``. Returns ``applied=False`` when every rank already serves the version."""
+        t0 = time.monotonic()
+        v = self.begin(version)
+        res = self.finish(timeout)
+        if not res.applied:
+            res.version = v
+        res.seconds = time.monotonic() - t0
+        return res
+
+    def shutdown(self) -> None:
+        self.call("th_shutdown")
+
+
+__all__ = ["EngineUpdater", "Rpc", "UpdateResult", "llm_rpc"]

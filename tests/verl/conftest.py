@@ -1,0 +1,54 @@
+"""Shared fixtures of the verl integration tests (marker ``verl``; they need verl 0.9.1 installed).
+
+Everything runs on CPU: real processes, a real hub and real ROS transfers (NIXL over UCX tcp/sm).
+Ray is pinned to 127.0.0.1 (these machines' eth0 address is not routable between test processes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+pytest.importorskip("verl", reason="the verl integration tests need verl installed (pip install '.[verl]')")
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("UCX_TLS", "tcp,sm,self")
+
+
+def pytest_collection_modifyitems(items):
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.verl)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                 namespace="tensorhub-tests",
+                 # Workers import fakes.py by name, as the test process does.
+                 runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "UCX_TLS": "tcp,sm,self",
+                                           "PYTHONPATH": os.pathsep.join(filter(None, [
+                                               os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def hub():
+    import tensorhub_verl as th
+
+    server = th.start_hub(host="127.0.0.1", port=0)
+    yield server
+    server.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,177 @@
+"""The TensorHub updater's sequence, driven through verl's own classes on CPU.
+
+verl's real ``CheckpointEngineWorker`` actors host our real ``tensorhub`` engine and pull real bytes
+through a real hub; ``CheckpointEngineManager.update_weights`` (patched) routes to the updater.
+The inference engines and the FSDP trainer are fakes (see ``fakes.py``): real verl training and real
+vLLM need GPUs. What is checked is the sequence: each replica pauses only around its own apply, after
+its pull; no KV-cache release or process-group build; the bytes applied are the bytes published;
+replicas added between steps just pull.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from conftest import free_port
+from fakes import FakeReplica, Recorder, RecordingServerAdapter, StubActorGroup, TrainerStub, digest, weights_for
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _th(hub_url, **extra):
+    return {"hub_address": hub_url, "keep_versions": 2, "staging": "cpu", "chunk_mb": 1,
+            "fetch_timeout_s": 60.0, "unpublish_timeout_s": 30.0, "apply_timeout_s": 60.0, **extra}
+
+
+def _rollout_workers(n, replica_rank, th_cfg, recorder):
+    from verl.checkpoint_engine.base import CheckpointEngineWorker
+    from verl.workers.config import CheckpointEngineConfig, RolloutConfig
+
+    cfg = RolloutConfig(name="vllm", checkpoint_engine=CheckpointEngineConfig(
+        backend="tensorhub", engine_kwargs={"tensorhub": th_cfg},
+        custom_backend_module="tensorhub_verl.verl.checkpoint_engine"))
+    cls = ray.remote(CheckpointEngineWorker)
+    workers = []
+    for _ in range(n):
+        env = {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        workers.append(cls.options(num_cpus=0, runtime_env={"env_vars": env}).remote(
+            rollout_config=cfg, model_config=None, server_adapter=RecordingServerAdapter(replica_rank, recorder)))
+    return workers
+
+
+def _manager(th_cfg, actor_group, replicas):
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+    from verl.workers.config import CheckpointEngineConfig
+
+    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the backend, applies the patch
+
+    config = CheckpointEngineConfig(backend="tensorhub", engine_kwargs={"tensorhub": th_cfg},
+                                    custom_backend_module="tensorhub_verl.verl.checkpoint_engine")
+    return CheckpointEngineManager(config=config, actor_wg=actor_group, replicas=replicas)
+
+
+@pytest.fixture(scope="module")
+def rig(ray_local):
+    """One hub, one trainer and three rollout worker processes for the module: starting a process that
+    imports verl costs ~5 s of CPU here, so tests reuse them and use disjoint version numbers."""
+    import tensorhub_verl as th
+
+    hub = th.start_hub(host="127.0.0.1", port=0)
+    recorder = Recorder.remote()
+    th_cfg = _th(hub.url)
+    trainer = TrainerStub.remote(th_cfg, job="upd")
+    workers = {0: _rollout_workers(2, 0, th_cfg, recorder), 1: _rollout_workers(1, 1, th_cfg, recorder)}
+    yield {"hub": hub, "recorder": recorder, "th": th_cfg, "trainer": trainer, "workers": workers}
+    ray.get(trainer.close.remote())
+    hub.stop()
+
+
+def _by_replica(events):
+    out = {}
+    for t, who, what, detail in events:
+        out.setdefault(who, []).append((t, what, detail))
+    return out
+
+
+def test_each_replica_pauses_only_for_its_own_apply_and_gets_the_published_bytes(rig):
+    replicas = [FakeReplica(r, rig["workers"][r], rig["recorder"]) for r in (0, 1)]
+    manager = _manager(rig["th"], StubActorGroup([rig["trainer"]]), replicas)
+
+    metrics = {version: manager.update_weights(global_steps=version) for version in (1, 2, 3)}
+
+    events = _by_replica(ray.get(rig["recorder"].get.remote()))
+    for r, replica in enumerate(replicas):
+        # verl's default sequence would have released the KV cache and built a group; ours never does.
+        assert replica.calls == ["abort", "resume"] * 3, replica.calls
+        seq = [what for _, what, _ in events[r]]
+        assert _is_interleaved_apply(seq, len(replica.workers)), seq
+        applied = [d for _, what, d in events[r] if what == "apply_end"]
+        n = len(replica.workers)
+        assert [v for v, _ in applied] == [1] * n + [2] * n + [3] * n
+        for v, got in applied:
+            assert got == digest(weights_for(v).items()), f"replica {r} applied wrong bytes for v{v}"
+
+    nbytes = sum(t.numel() * t.element_size() for t in weights_for(1).values())
+    for version, m in metrics.items():
+        assert m["tensorhub/bytes"] == 3 * nbytes  # three rollout workers pulled the whole version
+        assert m["tensorhub/version_lag"] == 0.0
+        assert m["tensorhub/replicas_updated"] == 2.0
+        assert 0.0 <= m["tensorhub/sources_peer_fraction"] <= 1.0
+        assert m["tensorhub/stall_s"] >= 0.05  # at least the fake apply
+        assert m["tensorhub/pull_s"] > 0.0
+        assert m["tensorhub/publish_bytes"] == nbytes
+    # The trainer keeps exactly keep_versions versions.
+    assert ray.get(rig["trainer"].held_versions.remote()) == [2, 3]
+
+
+def _is_interleaved_apply(seq, n_workers):
+    """Workers of one replica apply concurrently: begin/end may interleave, but all inside abort..resume."""
+    size = 2 + 2 * n_workers
+    steps = [seq[i:i + size] for i in range(0, len(seq), size)]
+    return bool(steps) and all(s[0] == "abort" and s[-1] == "resume" and sorted(s[1:-1]) ==
+                               sorted(["apply_begin"] * n_workers + ["apply_end"] * n_workers) for s in steps)
+
+
+def test_replica_added_between_steps_pulls_without_a_group_rebuild(rig):
+    first = FakeReplica(1, rig["workers"][1], rig["recorder"])
+    manager = _manager(rig["th"], StubActorGroup([rig["trainer"]]), [first])
+    manager.update_weights(global_steps=11)
+
+    late = FakeReplica(0, rig["workers"][0], rig["recorder"])
+    manager.add_replicas([late])
+    m2 = manager.update_weights(global_steps=12)
+    assert m2["tensorhub/replicas_updated"] == 2.0
+    assert late.calls == ["abort", "resume"]
+
+    manager.remove_replicas([first])
+    m3 = manager.update_weights(global_steps=13)
+    assert m3["tensorhub/replicas_updated"] == 1.0 and first.calls == ["abort", "resume"] * 2
+    applied = [d for _, who, what, d in ray.get(rig["recorder"].get.remote())
+               if who == 0 and what == "apply_end" and d[0] > 10]
+    assert [v for v, _ in applied] == [12, 12, 13, 13]
+    assert applied[-1][1] == digest(weights_for(13).items())
+
+
+def test_a_failing_replica_keeps_its_version_and_is_reported_as_lag(rig):
+    from tensorhub_verl.errors import TransferFailed
+
+    th_cfg = dict(rig["th"], min_replica_fraction=0.5)
+    good = FakeReplica(0, rig["workers"][0], rig["recorder"])
+    flaky = FakeReplica(1, rig["workers"][1], rig["recorder"])
+    manager = _manager(th_cfg, StubActorGroup([rig["trainer"]]), [good, flaky])
+    manager.update_weights(global_steps=21)
+
+    flaky.fail_abort = True
+    m2 = manager.update_weights(global_steps=22)
+    assert m2["tensorhub/version_lag"] == 1.0 and m2["tensorhub/replicas_updated"] == 1.0
+    assert flaky.calls[-2:] == ["abort", "resume"]  # resumed even though its pause failed
+
+    # With every replica required, the same failure fails the step (after resuming everyone).
+    manager._tensorhub_updater.config.min_replica_fraction = 1.0
+    with pytest.raises(TransferFailed, match="1/2 replicas applied version 23"):
+        manager.update_weights(global_steps=23)
+    assert good.calls[-2:] == ["abort", "resume"]
+
+
+def test_other_backends_keep_verls_sequence(monkeypatch):
+    """The patch routes only backend == 'tensorhub'; verl's own path still runs for the others."""
+    from verl.checkpoint_engine import base
+    from verl.utils.ray_utils import auto_await
+
+    from tensorhub_verl.verl.patches import verl_0_9_1_manager_update_weights as patch
+
+    called = []
+
+    async def verls_own(self, global_steps=None):
+        called.append((self.backend, global_steps))
+        return {"verl": 1.0}
+
+    # A fresh, unpatched method whose body we control; monkeypatch restores the real one afterwards.
+    monkeypatch.setattr(base.CheckpointEngineManager, "update_weights", auto_await(verls_own))
+    assert patch.apply() is True
+    assert patch.apply() is False  # idempotent: a second import does not wrap twice
+    manager = base.CheckpointEngineManager.__new__(base.CheckpointEngineManager)
+    manager.backend = "nccl"
+    assert manager.update_weights(global_steps=5) == {"verl": 1.0}
+    assert called == [("nccl", 5)]
