@@ -22,7 +22,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.hub_state import UnknownWorker, manifest_to_msg
+from tensorhub_verl.ros.hub_state import UnknownFetch, UnknownWorker, manifest_to_msg
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_name, _DTYPES,
 )
@@ -256,10 +256,26 @@ class Client:
 
     def _exchange(self, key, *, completed, failed, want, wait_s, known_sources) -> msg.ExchangeReply:
         model, version, layout = key
-        return self._hub.post("/v1/fetch/exchange", msg.Exchange(
-            worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
-            completed=completed, failed=failed, want=want, wait_s=wait_s, known_sources=known_sources),
-            msg.ExchangeReply, timeout=self.config.request_timeout_s + wait_s)
+        request = msg.Exchange(worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
+                               completed=completed, failed=failed, want=want, wait_s=wait_s,
+                               known_sources=known_sources)
+        delay = 0.05
+        while True:
+            try:
+                return self._hub.post("/v1/fetch/exchange", request, msg.ExchangeReply,
+                                      timeout=self.config.request_timeout_s + wait_s)
+            except (UnknownFetch, errors.VersionNotFound):
+                # The hub restarted and lost this fetch. Begin it again with what has landed; if the
+                # holders have not re-registered yet, wait for them (the fetch deadline still applies).
+                with self._lock:
+                    fetch = self._fetches.get(key)
+                if fetch is None or fetch.fetcher is None or time.monotonic() > fetch.fetcher.deadline:
+                    raise
+                try:
+                    self._begin_fetch(fetch)
+                except errors.VersionNotFound:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
 
     def _end_fetch(self, key, ok: bool, hold: bool, seconds: float) -> None:
         model, version, layout = key
@@ -327,7 +343,10 @@ class Client:
             self._hub.post("/v1/publish", msg.Publish(worker=self.worker, holder=h.holder,
                                                       manifest=manifest_to_msg(h.manifest), regions=h.regions()))
         for f in fetches:
-            self._begin_fetch(f)
+            try:
+                self._begin_fetch(f)
+            except errors.VersionNotFound:
+                pass  # its holders have not re-registered yet; the fetch loop begins it again
         logger.info("%s re-registered %d holdings and %d fetches", self.worker, len(held), len(fetches))
 
     def _heartbeat_loop(self) -> None:

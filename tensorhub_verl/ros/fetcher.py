@@ -171,6 +171,10 @@ class ChunkFetcher:
             return
         self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic())
 
+    @property
+    def deadline(self) -> float:
+        return self._settings.deadline
+
     def _known(self) -> dict[str, int]:
         return {holder: info.generation for holder, info in self._sources.items()}
 

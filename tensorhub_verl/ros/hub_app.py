@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_state import HubState, UnknownWorker, manifest_to_msg
+from tensorhub_verl.ros.hub_state import HubState, UnknownFetch, UnknownWorker, manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
@@ -29,6 +29,7 @@ _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
     (UnknownWorker, 404),
+    (UnknownFetch, 404),
     (errors.VersionNotFound, 404),
     (errors.ManifestMismatch, 409),
     (errors.InvalidRequest, 400),
@@ -133,7 +134,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     @app.exception_handler(errors.TensorHubError)
     async def typed_error(_request: Request, exc: errors.TensorHubError):
         status = next((code for cls, code in _STATUS_OF if isinstance(exc, cls)), 400)
-        name = "UnknownWorker" if isinstance(exc, UnknownWorker) else type(exc).__name__
+        name = type(exc).__name__
         body = {"error": name, "detail": str(exc)}
         if isinstance(exc, errors.ManifestMismatch) and exc.tensor:
             body["tensor"] = exc.tensor

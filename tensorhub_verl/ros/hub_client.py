@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.hub_app import INSTANCE_HEADER
-from tensorhub_verl.ros.hub_state import UnknownWorker
+from tensorhub_verl.ros.hub_state import UnknownFetch, UnknownWorker
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -30,6 +30,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "Unauthorized": errors.Unauthorized,
     "InvalidRequest": errors.InvalidRequest,
     "UnknownWorker": UnknownWorker,
+    "UnknownFetch": UnknownFetch,
 }
 
 

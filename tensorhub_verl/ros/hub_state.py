@@ -39,6 +39,10 @@ class UnknownWorker(InvalidRequest):
     """The worker is not registered (the hub restarted, or the worker expired): re-register."""
 
 
+class UnknownFetch(InvalidRequest):
+    """The hub has no record of this fetch (it restarted): begin it again with the chunks already landed."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HubConfig:
     worker_timeout_s: float = 10.0
@@ -272,7 +276,7 @@ class HubState:
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
             if holding is None or holding.state != "filling":
-                raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
+                raise UnknownFetch(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
             revoked = self._settle(req, record, holding)
             deadline = self._clock() + req.wait_s
             while True:

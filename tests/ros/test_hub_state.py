@@ -1,0 +1,230 @@
+"""HubState without HTTP or processes: leases, pipelined replication, draining, retention, expiry."""
+
+import pytest
+
+from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, VersionNotFound
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub_state import HubConfig, HubState, UnknownFetch, UnknownWorker, manifest_to_msg
+from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.planner import PlannerConfig
+
+CHUNK = 4096
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def manifest(version=1, chunks=4, fingerprint="f1"):
+    return Manifest("policy", version, "hf", (TensorSpec("w", (chunks * CHUNK,), "uint8", chunks * CHUNK),),
+                    CHUNK, fingerprint)
+
+
+def make_state(**config):
+    clock = Clock()
+    return HubState(HubConfig(**config), clock=clock), clock
+
+
+def register(state, worker, dc="dc0", node="n0", spot=False):
+    state.register_worker(msg.RegisterWorker(worker=worker, location=msg.LocationMsg(dc=dc, node=node), spot=spot,
+                                             agent_name=f"{worker}-agent", agent_metadata_b64="bWV0YQ=="))
+
+
+def publish(state, worker, m, holder=None):
+    state.publish(msg.Publish(worker=worker, holder=holder or worker, manifest=manifest_to_msg(m),
+                              regions=[msg.RegionMsg(addr=1000)]))
+
+
+def begin(state, worker, m, have=()):
+    state.begin_fetch(msg.BeginFetch(worker=worker, holder=worker, model=m.model, version=m.version,
+                                     layout=m.layout, digest=m.digest, regions=[msg.RegionMsg(addr=2000)],
+                                     have=list(have)))
+
+
+def exchange(state, worker, m, completed=(), failed=(), want=8):
+    return state.exchange(msg.Exchange(worker=worker, holder=worker, model=m.model, version=m.version,
+                                       layout=m.layout, completed=list(completed), failed=list(failed), want=want))
+
+
+def test_a_late_reader_reads_chunks_from_a_reader_still_filling():
+    state, _ = make_state()
+    m = manifest(chunks=8)
+    for w in ("trainer", "early", "late"):
+        register(state, w)
+    publish(state, "trainer", m)
+    begin(state, "early", m)
+    first = exchange(state, "early", m, want=3)
+    assert {a.source for a in first.assignments} == {"trainer"}
+    exchange(state, "early", m, completed=[a.lease for a in first.assignments], want=0)
+    landed = {a.chunk for a in first.assignments}
+    begin(state, "late", m)
+    reply = exchange(state, "late", m, want=8)
+    from_early = {a.chunk for a in reply.assignments if a.source == "early"}
+    assert from_early == landed  # pipelined replication: served before "early" finished
+    assert any(s.holder == "early" and s.partial for s in reply.sources)
+
+
+def test_unpublish_waits_for_leases_and_a_late_lease_is_revoked():
+    state, clock = make_state(lease_ttl_s=5.0)
+    m = manifest()
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    begin(state, "reader", m)
+    reply = exchange(state, "reader", m, want=2)
+    ack = state.unpublish(msg.Unpublish(worker="trainer", holder="trainer", model="policy", version=1,
+                                        layout="hf", wait_s=0.0))
+    assert not ack.drained and ack.inflight == 2
+    # Draining: no new reads are planned from the trainer.
+    assert exchange(state, "reader", m, want=2).assignments == []
+    clock.now += 6.0  # past the lease deadline
+    ack = state.unpublish(msg.Unpublish(worker="trainer", holder="trainer", model="policy", version=1,
+                                        layout="hf", wait_s=0.0))
+    assert ack.drained
+    late = exchange(state, "reader", m, completed=[a.lease for a in reply.assignments], want=0)
+    assert sorted(late.revoked) == sorted(a.lease for a in reply.assignments)
+
+
+def test_finished_reads_release_the_holder():
+    state, _ = make_state()
+    m = manifest(chunks=2)
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    begin(state, "reader", m)
+    reply = exchange(state, "reader", m)
+    exchange(state, "reader", m, completed=[a.lease for a in reply.assignments], want=0)
+    ack = state.unpublish(msg.Unpublish(worker="trainer", holder="trainer", model="policy", version=1,
+                                        layout="hf", wait_s=0.0))
+    assert ack.drained
+    assert state.versions("policy") == {}
+
+
+def test_a_failed_read_re_plans_on_another_holder():
+    state, _ = make_state()
+    m = manifest(chunks=1)
+    for w in ("a", "b", "reader"):
+        register(state, w)
+    publish(state, "a", m)
+    publish(state, "b", m)
+    begin(state, "reader", m)
+    first = exchange(state, "reader", m).assignments[0]
+    second = exchange(state, "reader", m, failed=[msg.FailedRead(lease=first.lease, reason="peer gone")])
+    assert [a.source for a in second.assignments] == [{"a": "b", "b": "a"}[first.source]]
+
+
+def test_a_fetch_with_no_holder_left_is_unservable():
+    state, clock = make_state(worker_timeout_s=3.0)
+    m = manifest(chunks=2)
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    begin(state, "reader", m)
+    clock.now += 4.0
+    state.heartbeat("reader")
+    state.sweep()  # the trainer went silent
+    assert exchange(state, "reader", m).unservable == [0, 1]
+
+
+def test_silent_workers_expire_with_their_holdings():
+    state, clock = make_state(worker_timeout_s=3.0)
+    m = manifest()
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    clock.now += 2.0
+    state.heartbeat("reader")
+    clock.now += 2.0
+    state.sweep()
+    assert state.versions("policy") == {}
+    with pytest.raises(UnknownWorker):
+        state.heartbeat("trainer")
+    state.heartbeat("reader")
+
+
+def test_retention_asks_holders_to_drop_old_versions():
+    state, _ = make_state(keep_versions=2)
+    register(state, "trainer")
+    for v in (1, 2, 3):
+        publish(state, "trainer", manifest(version=v))
+    release = state.heartbeat("trainer").release
+    assert [(k.model, k.version) for k in release] == [("policy", 1)]
+
+
+def test_last_reliable_copy_of_a_retained_version_must_be_preserved():
+    state, _ = make_state(keep_versions=2)
+    register(state, "trainer")
+    register(state, "spot", spot=True)
+    publish(state, "trainer", manifest(version=1))
+    publish(state, "spot", manifest(version=1))
+    query = msg.PreserveQuery(holder="trainer", model="policy", version=1, layout="hf")
+    assert state.must_preserve(query).must_preserve  # a spot copy does not count
+    register(state, "reliable")
+    publish(state, "reliable", manifest(version=1))
+    assert not state.must_preserve(query).must_preserve
+    assert not state.must_preserve(msg.PreserveQuery(holder="spot", model="policy", version=1,
+                                                     layout="hf")).must_preserve
+
+
+def test_exactly_seeds_per_dc_readers_cross_the_wan():
+    state, _ = make_state(planner=PlannerConfig(seeds_per_dc=1))
+    m = manifest(chunks=4)
+    register(state, "trainer", dc="dc0")
+    for r in ("x", "y", "z"):
+        register(state, r, dc="dc1", node=r)
+    publish(state, "trainer", m)
+    crossing = {}
+    for r in ("x", "y", "z"):
+        begin(state, r, m)
+        crossing[r] = [a for a in exchange(state, r, m).assignments if a.source == "trainer"]
+    assert len(crossing["x"]) == 4 and crossing["y"] == [] and crossing["z"] == []
+
+
+def test_republishing_other_bytes_under_a_published_version_is_refused():
+    state, _ = make_state()
+    register(state, "a")
+    register(state, "b")
+    publish(state, "a", manifest(fingerprint="one"))
+    with pytest.raises(ManifestMismatch, match="different bytes"):
+        publish(state, "b", manifest(fingerprint="two"))
+    assert state.versions("policy") == {1: ["a"]}
+
+
+def test_unknown_versions_and_fetches_are_typed_errors():
+    state, _ = make_state()
+    register(state, "r")
+    with pytest.raises(VersionNotFound, match="no published version"):
+        state.resolve("policy", "latest", "hf")
+    with pytest.raises(VersionNotFound):
+        begin(state, "r", manifest())
+    with pytest.raises(UnknownFetch):
+        exchange(state, "r", manifest())
+
+
+def test_a_restarted_hub_rebuilds_from_re_registration():
+    old, _ = make_state()
+    m = manifest(chunks=4)
+    register(old, "trainer")
+    register(old, "reader")
+    publish(old, "trainer", m)
+    begin(old, "reader", m)
+    new, _ = make_state()  # the restart: nothing carried over
+    register(new, "trainer")
+    publish(new, "trainer", m)
+    register(new, "reader")
+    begin(new, "reader", m, have=[0, 1])
+    reply = exchange(new, "reader", m)
+    assert sorted(a.chunk for a in reply.assignments) == [2, 3] and reply.have == 2
+
+
+def test_malformed_manifests_are_refused_and_change_nothing():
+    state, _ = make_state()
+    register(state, "a")
+    bad = Manifest("policy", 1, "hf", (TensorSpec("w", (10,), "float32", 10),), CHUNK)
+    with pytest.raises(InvalidRequest, match="nbytes"):
+        publish(state, "a", bad)
+    assert state.versions("policy") == {}

@@ -1,0 +1,104 @@
+"""The planner is a pure function: exact plans on small swarms, no processes."""
+
+import pytest
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
+from tensorhub_verl.ros.topology import Distance, Location
+
+N0 = Location("dc0", "r0", "n0")
+N1 = Location("dc0", "r0", "n1")
+RACK1 = Location("dc0", "r1", "n5")
+DC1_A = Location("dc1", "r0", "a")
+DC1_B = Location("dc1", "r0", "b")
+
+
+def plan(reader, location, needed, holders, pulling=None, wan=None, want=16, seed=False, **config):
+    request = PlanRequest(reader, location, list(needed), want, may_cross_wan=seed)
+    view = SwarmView(holders, pulling or {}, wan or {})
+    return {a.chunk: a.source for a in plan_chunks(request, view, PlannerConfig(**config))}
+
+
+def test_prefers_the_nearest_holder():
+    holders = [HolderView("far", RACK1, None), HolderView("near", N1, None)]
+    assert set(plan("r", N0, range(4), holders).values()) == {"near"}
+
+
+def test_spreads_chunks_over_equal_sources_by_load():
+    holders = [HolderView("a", N1, None), HolderView("b", N1, None)]
+    result = plan("r", N0, range(4), holders)
+    assert sorted(result.values()) == ["a", "a", "b", "b"]
+
+
+def test_caps_reads_in_flight_per_source():
+    holders = [HolderView("a", N1, None, inflight=2)]
+    assert len(plan("r", N0, range(10), holders, max_inflight_per_source=3)) == 1
+
+
+def test_prefers_sources_that_served_less():
+    holders = [HolderView("trainer", N1, None, served_bytes=10 << 20), HolderView("peer", N1, None)]
+    assert plan("r", N0, [0], holders) == {0: "peer"}
+
+
+def test_a_partial_holder_serves_only_what_it_has():
+    holders = [HolderView("trainer", N1, None, inflight=5), HolderView("peer", N1, frozenset({1, 2}))]
+    result = plan("r", N0, [0, 1, 2], holders, max_inflight_per_source=8)
+    assert result[1] == "peer" and result[2] == "peer" and result[0] == "trainer"
+
+
+def test_waits_for_a_chunk_already_being_pulled_from_its_only_holder():
+    # Rule 3: one holder and one reader pulling chunk 0 -> the next reader takes another chunk.
+    holders = [HolderView("trainer", N1, None)]
+    result = plan("r2", N0, [0, 1], holders, pulling={0: [N0]})
+    assert result == {1: "trainer"}
+
+
+def test_waits_for_a_nearer_copy_in_flight_instead_of_reaching_far():
+    # Rule 2: the only holder is in another rack, but a reader on my node is pulling the chunk.
+    holders = [HolderView("trainer", RACK1, None)]
+    assert plan("r", N0, [0], holders, pulling={0: [N1]}) == {}
+
+
+def test_only_seeds_cross_the_wan_and_only_once_per_chunk():
+    holders = [HolderView("trainer", N0, None)]
+    assert plan("nonseed", DC1_A, [0, 1], holders, seed=False) == {}
+    assert plan("seed", DC1_A, [0, 1], holders, seed=True) == {0: "trainer", 1: "trainer"}
+    # Chunk 0 is already crossing into dc1 (another seed pulls it): the seed takes only chunk 1.
+    assert plan("seed2", DC1_B, [0, 1], holders, wan={"dc1": frozenset({0})}, seed=True) == {1: "trainer"}
+
+
+def test_readers_behind_the_wan_read_locally_from_a_filling_seed():
+    holders = [HolderView("trainer", N0, None), HolderView("seed", DC1_A, frozenset({0, 1}))]
+    assert plan("r", DC1_B, [0, 1, 2], holders) == {0: "seed", 1: "seed"}
+
+
+def test_naive_mode_reads_every_chunk_from_complete_holders_without_waiting():
+    holders = [HolderView("trainer", N1, None), HolderView("peer", N0, frozenset({0}))]
+    result = plan("r", N0, [0, 1], holders, pulling={0: [N0], 1: [N0]}, cooperative=False,
+                  max_inflight_per_source=64)
+    assert result == {0: "trainer", 1: "trainer"}
+
+
+def test_readers_start_on_different_chunks():
+    holders = [HolderView("trainer", N1, None)]
+    firsts = {next(iter(plan(f"reader-{i}", N0, range(64), holders, want=1))) for i in range(8)}
+    assert len(firsts) > 4
+
+
+def test_unservable_lists_chunks_nobody_has_or_pulls():
+    holders = [HolderView("peer", N1, frozenset({0}))]
+    view = SwarmView(holders, {1: [N1]}, {})
+    assert unservable([0, 1, 2], view, "r") == [2]
+
+
+def test_distance_order():
+    assert N0.distance(N0) == Distance.SAME_NODE
+    assert N0.distance(N1) == Distance.SAME_RACK
+    assert N0.distance(RACK1) == Distance.SAME_DC
+    assert N0.distance(DC1_A) == Distance.WAN
+
+
+@pytest.mark.parametrize("field", ["max_inflight_per_source", "seeds_per_dc"])
+def test_config_rejects_nonsense(field):
+    with pytest.raises(ConfigError, match=field):
+        PlannerConfig(**{field: 0})
