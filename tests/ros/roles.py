@@ -1,0 +1,107 @@
+"""Worker roles that tests run in separate processes, and a gated transport for in-process readers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import torch
+
+import tensorhub_verl as th
+from tensorhub_verl.ros.nixl_transport import NixlTransport
+
+
+def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]:
+    """Mixed dtypes and sizes: big matrices span chunks, tiny ones share a chunk."""
+    g = torch.Generator().manual_seed(seed)
+    n = max(1024, int(size_mb * (1 << 20) / 4 / 3))
+    return {
+        "embed.weight": torch.randn(n, generator=g),
+        "layers.0.mlp.weight": torch.randn(n, generator=g).to(torch.bfloat16),
+        "layers.0.attn.weight": torch.randn(n // 2, 2, generator=g).to(torch.float16),
+        "layers.0.norm.weight": torch.randn(7, generator=g),
+        "step": torch.tensor([seed], dtype=torch.int64),
+        "lm_head.weight": torch.randn(n, generator=g),
+    }
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1, token=None):
+    client = th.connect(hub_url, worker, token=token, chunk_bytes=chunk_bytes, hub_retry_s=60.0)
+    weights = make_weights(seed, size_mb)
+    client.publish("policy", version, weights)
+    results.put(("ok", {"pid": os.getpid(), "digest": digest(weights)}))
+    while True:
+        command = control.get(timeout=600)
+        if command == "stop":
+            client.close()
+            return
+        if command == "unpublish":
+            client.unpublish("policy", version)
+            results.put(("ok", "unpublished"))
+
+
+def reader(results, control, hub_url, worker, version="latest", hold=True, window=8):
+    client = th.connect(hub_url, worker, window=window, hub_retry_s=60.0)
+    buffers = client.manifest("policy", version).allocate()
+    results.put(("ok", "ready"))
+    control.get(timeout=600)
+    stats = client.fetch("policy", version, into=buffers, hold=hold)
+    results.put(("ok", {"digest": digest(buffers), "sources": stats.sources, "bytes": stats.bytes,
+                        "partial_source_bytes": stats.partial_source_bytes}))
+    control.get(timeout=600)
+    client.close()
+
+
+class GatedTransport:
+    """Real NIXL transfers, but the test decides when reads may start or finish.
+
+    ``start_gate`` blocks every read after the first ``hold_after``; ``finish_gate`` makes polls report
+    "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted.
+    """
+
+    def __init__(self, name: str, hold_after: int | None = None, on_read=None):
+        self.inner = NixlTransport(name)
+        self.agent_name = self.inner.agent_name
+        self.hold_after = hold_after
+        self.on_read = on_read
+        self.reads = 0
+        self.start_gate = threading.Event()
+        self.finish_gate = threading.Event()
+        self.finish_gate.set()
+        self.holding = threading.Event()
+
+    def register(self, tensors):
+        return self.inner.register(tensors)
+
+    def metadata(self):
+        return self.inner.metadata()
+
+    def load_peer(self, agent_name, metadata):
+        self.inner.load_peer(agent_name, metadata)
+
+    def start_read(self, peer, copies):
+        self.reads += 1
+        if self.on_read is not None:
+            self.on_read(self.reads)
+        if self.hold_after is not None and self.reads > self.hold_after:
+            self.holding.set()
+            self.start_gate.wait(120)
+        return self.inner.start_read(peer, copies)
+
+    def poll(self, handle):
+        return self.inner.poll(handle) if self.finish_gate.is_set() else "PROC"
+
+    def release(self, handle):
+        self.inner.release(handle)
+
+    def close(self):
+        self.inner.close()

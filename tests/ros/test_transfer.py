@@ -1,0 +1,128 @@
+"""Publish and fetch across real processes with real NIXL/UCX transfers; bytes compared exactly."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+import tensorhub_verl as th
+from tensorhub_verl.errors import TransferFailed
+from tensorhub_verl.ros.client import Client, ClientConfig
+
+from tests.ros.roles import GatedTransport, digest, holder, make_weights, reader
+
+CHUNK = 256 << 10
+
+
+def test_fetch_returns_the_publishers_bytes(hub, roles):
+    published = roles(holder, hub.url, "trainer", 3, 4.0, CHUNK).result(120)
+    with th.connect(hub.url, "reader") as client:
+        buffers = client.manifest("policy", "latest").allocate()
+        stats = client.fetch("policy", "latest", into=buffers)
+        expected = make_weights(3, 4.0)
+        for name, tensor in expected.items():
+            assert torch.equal(buffers[name], tensor), name
+        assert digest(buffers) == published["digest"]
+        assert stats.version == 1 and stats.bytes == sum(t.nbytes for t in expected.values())
+        assert stats.sources == {"trainer": stats.bytes}
+        assert client.versions("policy") == {1: ["reader", "trainer"]}  # the reader holds it now
+
+
+def test_concurrent_readers_get_the_bytes_and_serve_each_other(hub, roles):
+    published = roles(holder, hub.url, "trainer", 5, 8.0, CHUNK).result(120)
+    readers = [roles(reader, hub.url, f"reader-{i}") for i in range(4)]
+    for r in readers:
+        r.result(120)
+    for r in readers:
+        r.send("go")
+    outcomes = [r.result(300) for r in readers]
+    assert all(o["digest"] == published["digest"] for o in outcomes)
+    from_peers = sum(b for o in outcomes for w, b in o["sources"].items() if w != "trainer")
+    assert from_peers > 0
+    assert sum(o["sources"].get("trainer", 0) for o in outcomes) < 4 * outcomes[0]["bytes"]
+
+
+def test_a_late_reader_reads_from_a_reader_still_filling(hub, roles):
+    roles(holder, hub.url, "trainer", 1, 4.0, CHUNK).result(120)
+    gated = GatedTransport("early-agent", hold_after=3)
+    early = Client(hub.url, "early", config=ClientConfig(window=1), transport=gated)
+    fetch = threading.Thread(target=early.fetch, args=("policy", 1), daemon=True)
+    fetch.start()
+    assert gated.holding.wait(60), "the early reader never reached its 4th read"
+    late = roles(reader, hub.url, "late")
+    late.result(120)
+    late.send("go")
+    deadline = time.monotonic() + 60
+    while _served(early, "early") == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gated.start_gate.set()
+    outcome = late.result(120)
+    fetch.join(60)
+    assert outcome["partial_source_bytes"] > 0
+    assert outcome["sources"].get("early", 0) >= 3 * CHUNK
+    early.close()
+
+
+def _served(client, worker):
+    return client.status()["workers"].get(worker, {}).get("bytes_served", 0)
+
+
+def test_unpublish_waits_for_reads_in_flight(hub):
+    weights = make_weights(2, 1.0)  # fewer chunks than the window: every chunk is in flight at once
+    trainer = th.connect(hub.url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False)
+    trainer.publish("policy", 1, weights)
+    gated = GatedTransport("reader-agent")
+    gated.finish_gate.clear()
+    reader_client = Client(hub.url, "reader", config=ClientConfig(window=16), transport=gated)
+    buffers = reader_client.manifest("policy", 1).allocate()
+    fetch = threading.Thread(target=reader_client.fetch, args=("policy", 1, buffers), daemon=True)
+    fetch.start()
+    while trainer.status()["leases_in_flight"] == 0:
+        time.sleep(0.05)
+    unpublish = threading.Thread(target=trainer.unpublish, args=("policy", 1), daemon=True)
+    unpublish.start()
+    unpublish.join(1.5)
+    assert unpublish.is_alive(), "unpublish returned while reads of its bytes were in flight"
+    gated.finish_gate.set()
+    unpublish.join(30)
+    fetch.join(30)
+    assert not unpublish.is_alive() and not fetch.is_alive()
+    assert digest(buffers) == digest(weights)
+    reader_client.close()
+    trainer.close()
+
+
+def test_a_lease_past_its_deadline_is_revoked():
+    hub = th.start_hub(config=th.HubConfig(lease_ttl_s=1.5))
+    try:
+        trainer = th.connect(hub.url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False)
+        trainer.publish("policy", 1, make_weights(2, 1.0))
+        gated = GatedTransport("reader-agent")
+        gated.finish_gate.clear()
+        reader_client = Client(hub.url, "reader", config=ClientConfig(fetch_timeout_s=30), transport=gated)
+        errors = []
+
+        def run():
+            try:
+                reader_client.fetch("policy", 1)
+            except TransferFailed as e:
+                errors.append(e)
+
+        fetch = threading.Thread(target=run, daemon=True)
+        fetch.start()
+        while trainer.status()["leases_in_flight"] == 0:
+            time.sleep(0.05)
+        started = time.monotonic()
+        trainer.unpublish("policy", 1)  # returns once the overdue leases are revoked
+        assert time.monotonic() - started >= 1.0
+        gated.finish_gate.set()
+        fetch.join(30)
+        # Its reads were revoked, so they do not count; with no holder left the fetch fails cleanly.
+        assert errors and "no holder" in str(errors[0])
+        assert trainer.status()["leases_revoked"] >= 1
+        assert reader_client.versions("policy") == {}
+        reader_client.close()
+        trainer.close()
+    finally:
+        hub.stop()
