@@ -354,21 +354,25 @@ class HubState:
             pulling[lease.chunk].append(lease.reader_location)
             if lease.distance == Distance.WAN:
                 wan_pulling[lease.reader_location.dc].add(lease.chunk)
-        holders = []
+        holders, suspects = [], []
         for h in record.holdings.values():
             worker = self._workers.get(h.worker)
-            if worker is None or h.state == "draining" or self._suspect_until.get(h.worker, 0) > now:
+            if worker is None or h.state == "draining":
                 continue
             chunks = None if h.state == "active" else frozenset(h.chunks)
-            holders.append(HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes))
-        view = SwarmView(holders, pulling, {dc: frozenset(c) for dc, c in wan_pulling.items()})
+            view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes)
+            (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
+        wan = {dc: frozenset(c) for dc, c in wan_pulling.items()}
+        view = SwarmView(holders, pulling, wan)
+        # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
+        everyone = SwarmView(holders + suspects, pulling, wan)
         needed = [c for c in range(len(record.chunks)) if c not in holding.chunks and c not in mine]
         seeds = record.seeds[location.dc]
         seeds[:] = [s for s in seeds if s in record.holdings]
         if holding.holder not in seeds and len(seeds) < self.config.planner.seeds_per_dc:
             seeds.append(holding.holder)
         request = PlanRequest(holding.holder, location, needed, want, may_cross_wan=holding.holder in seeds)
-        return plan_chunks(request, view, self.config.planner), view, needed
+        return plan_chunks(request, view, self.config.planner), everyone, needed
 
     def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
