@@ -197,7 +197,10 @@ def check_buffers(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> None:
 
 
 def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
-    """Two publishes of one (model, version, layout) must agree tensor by tensor and byte for byte."""
+    """Two publishes of one (model, version, layout) must agree tensor by tensor and byte for byte.
+
+    Their chunk sizes may differ: a holder serves any byte range, and readers use the version's first one.
+    """
     for old, new in zip(existing.tensors, incoming.tensors):
         if old != new:
             raise ManifestMismatch(
@@ -209,8 +212,6 @@ def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
         name = longer[min(len(existing.tensors), len(incoming.tensors))].name
         raise ManifestMismatch(f"tensor {name!r} is in only one of the two publishes of version "
                                f"{existing.version} ({existing.layout})", tensor=name)
-    if existing.chunk_bytes != incoming.chunk_bytes:
-        raise ManifestMismatch(f"chunk size {incoming.chunk_bytes} differs from the published {existing.chunk_bytes}")
     if existing.fingerprint and incoming.fingerprint and existing.fingerprint != incoming.fingerprint:
         raise ManifestMismatch(
             f"version {existing.version} of {existing.model!r} ({existing.layout}) is already published with "

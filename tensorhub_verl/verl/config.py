@@ -69,6 +69,12 @@ class TensorHubVerlConfig:
     whose pull fails keeps serving its previous version (reported as tensorhub/version_lag)."""
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError(f"tensorhub.{f.name} must be a number, got {value!r}")
+            if f.type == "int" and not isinstance(value, int):
+                raise ConfigError(f"tensorhub.{f.name} must be an integer, got {value!r}")
         if self.hub_address is not None and not self.hub_address.startswith(("http://", "https://")):
             raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL or null, got {self.hub_address!r}")
         if not self.model or not isinstance(self.model, str):

@@ -130,3 +130,26 @@ class StubActorGroup:
 
     def update_weights(self, global_steps=None, mode="auto"):
         return [t.update_weights.remote(global_steps=global_steps, mode=mode) for t in self.trainers]
+
+
+@ray.remote(num_cpus=0)
+class RolloutStub:
+    """A rollout worker process running our real engine (no is_master: the rollout side)."""
+
+    def __init__(self, tensorhub: dict, job: str):
+        from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
+
+        self.engine = TensorHubCheckpointEngine(bucket_size=1 << 20, job=job, node="n0", **tensorhub)
+
+    async def receive_digest(self, version):
+        got = [(n, t.clone()) async for n, t in self.engine.receive_weights(global_steps=version)]
+        return digest(got)
+
+    def pull(self, version, replica, rank):
+        return self.engine.pull(version, replica=replica, rank=rank)
+
+    def held_versions(self):
+        return self.engine.held_versions()
+
+    def close(self):
+        self.engine.close()

@@ -46,6 +46,8 @@ def apply_all(verl_version: str | None = None) -> list[PatchResult]:
             continue
         fresh = patch.apply()
         if fresh:
-            logger.info("tensorhub_verl: applied verl patch %s (verl %s): %s", name, version, patch.describe())
+            # WARNING, not INFO: verl sets the root logger to WARNING, and a changed verl code path must be
+            # visible in every worker's log.
+            logger.warning("tensorhub_verl: applied verl patch %s (verl %s): %s", name, version, patch.describe())
         results.append(PatchResult(name, True, "applied" if fresh else "already applied"))
     return results

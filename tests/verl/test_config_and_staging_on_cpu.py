@@ -1,0 +1,76 @@
+"""Pure parts: config validation, the buffer ring, identities, metric aggregation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorhub_verl.errors import ConfigError, VersionNotFound
+from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.identity import is_trainer_worker, make_identity
+from tensorhub_verl.verl.metrics import update_metrics
+from tensorhub_verl.verl.puller import PullResult
+from tensorhub_verl.verl.staging import BufferRing
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"staging": "disk"}, "staging must be one of"),
+    ({"keep_versions": 0}, "keep_versions must be >= 1"),
+    ({"hub_address": "127.0.0.1:80"}, "http"),
+    ({"location": {"zone": "a"}}, "unknown label"),
+    ({"link_capacities": {"wan_gbps": 0}}, "wan_gbps must be > 0"),
+    ({"min_replica_fraction": 0.0}, "min_replica_fraction"),
+    ({"keep_version": 2}, "unknown tensorhub config key"),
+    ({"chunk_mb": "big"}, "chunk_mb must be a number"),
+    ({"keep_versions": 2.5}, "keep_versions must be an integer"),
+])
+def test_bad_config_names_the_field(values, message):
+    with pytest.raises(ConfigError, match=message):
+        TensorHubVerlConfig.from_mapping(values)
+
+
+def test_config_from_omegaconf():
+    from omegaconf import OmegaConf
+
+    cfg = TensorHubVerlConfig.from_mapping(OmegaConf.create({"location": {"dc": "dc1"}, "keep_versions": 3}))
+    assert cfg.location == {"dc": "dc1"} and isinstance(cfg.location, dict) and cfg.chunk_bytes == 8 << 20
+
+
+def test_ring_unpublishes_oldest_before_reuse_and_tolerates_retention_drops():
+    dropped = []
+
+    def unpublish(v):
+        dropped.append(v)
+        if v == 2:
+            raise VersionNotFound("already released by the hub")
+
+    ring = BufferRing(2, unpublish)
+    for v in (1, 2, 3, 4):
+        slot = ring.acquire()
+        slot.buffers = {"w": torch.full((2,), float(v))}
+        ring.commit(slot, v)
+    assert dropped == [1, 2] and sorted(ring.held()) == [3, 4]
+    assert ring.get(3).buffers["w"][0].item() == 3.0
+    with pytest.raises(ConfigError, match="already held"):
+        ring.commit(ring.acquire(), 4)
+
+
+def test_identities_and_trainer_sources():
+    a = make_identity(role="actor", rank=0, job="ray:01", location={"dc": "d"})
+    r = make_identity(role="rollout", rank=1, replica=3, job="ray:01")
+    assert (a.worker, r.worker) == ("ray-01-actor-0", "ray-01-rollout-3-1")
+    assert is_trainer_worker(a.worker) and is_trainer_worker(a.worker + "~cpu") and not is_trainer_worker(r.worker)
+    with pytest.raises(ConfigError):
+        make_identity(role="rollout", rank=0, job="j")
+
+
+def test_metrics_split_peer_bytes_and_lag():
+    pulls = [PullResult(worker="j-rollout-0-0", version=5, bytes=100, seconds=1.0, sources={"j-actor-0": 100}),
+             PullResult(worker="j-rollout-1-0", version=5, bytes=100, seconds=2.0,
+                        sources={"j-actor-0": 25, "j-rollout-0-0": 75})]
+    m = update_metrics(version=5, publish=[{"tensorhub/publish_s": 0.5}, {}], pulls=pulls,
+                       stalls={0: 0.1, 1: 0.3}, served={0: 5, 1: 5, 2: 3})
+    assert m["tensorhub/bytes"] == 200 and m["tensorhub/sources_peer_fraction"] == 0.375
+    assert m["tensorhub/pull_s"] == 2.0 and m["tensorhub/stall_s"] == 0.3
+    assert m["tensorhub/version_lag"] == 2 and m["tensorhub/replicas_updated"] == 2
+    assert m["tensorhub/publish_s"] == 0.5
