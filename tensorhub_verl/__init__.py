@@ -5,20 +5,48 @@
     c = th.connect(hub.url, worker="trainer-0", location={"dc": "dc0", "rack": "r0", "node": "n0"})
     c.publish("policy", 7, tensors)                        # held live, not copied
     stats = c.fetch("policy", "latest", into=buffers)      # from the nearest holders
+
+Names are imported on first use, so `tensorhub status` and verl's plugin loading stay light.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import Client, ClientConfig, connect
-from tensorhub_verl.ros.fetcher import FetchStats
-from tensorhub_verl.ros.hub_server import HubServer, start_hub
-from tensorhub_verl.ros.hub_state import HubConfig
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
-from tensorhub_verl.ros.planner import PlannerConfig
-from tensorhub_verl.ros.topology import LinkCapacities, Location
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Client", "ClientConfig", "FetchStats", "HubConfig", "HubServer", "LinkCapacities", "Location", "Manifest",
-    "PlannerConfig", "TensorSpec", "connect", "errors", "start_hub",
-]
+_EXPORTS = {
+    "Client": "tensorhub_verl.ros.client",
+    "ClientConfig": "tensorhub_verl.ros.client",
+    "connect": "tensorhub_verl.ros.client",
+    "FetchStats": "tensorhub_verl.ros.fetcher",
+    "HubServer": "tensorhub_verl.ros.hub_server",
+    "start_hub": "tensorhub_verl.ros.hub_server",
+    "HubConfig": "tensorhub_verl.ros.hub_state",
+    "Manifest": "tensorhub_verl.ros.manifest",
+    "TensorSpec": "tensorhub_verl.ros.manifest",
+    "PlannerConfig": "tensorhub_verl.ros.planner",
+    "LinkCapacities": "tensorhub_verl.ros.topology",
+    "Location": "tensorhub_verl.ros.topology",
+}
+
+__all__ = ["errors", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from tensorhub_verl.ros.client import Client, ClientConfig, connect
+    from tensorhub_verl.ros.fetcher import FetchStats
+    from tensorhub_verl.ros.hub_server import HubServer, start_hub
+    from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+    from tensorhub_verl.ros.planner import PlannerConfig
+    from tensorhub_verl.ros.topology import LinkCapacities, Location
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorhub_verl' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,91 @@
+"""The `tensorhub` console script: hub, status, demo, bench (small sizes; figures are not asserted)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import tensorhub_verl as th
+
+from tests.ros.roles import make_weights
+from tests.ros.test_faults import _free_port
+
+TENSORHUB = str(Path(sys.executable).parent / "tensorhub")
+
+
+def run_cli(*args, timeout=300, env=None):
+    return subprocess.run([TENSORHUB, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TENSORHUB_LOG_LEVEL": "WARNING", **(env or {})})
+
+
+def last_json(output: str) -> dict:
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def test_status_shows_models_versions_and_holders(hub):
+    with th.connect(hub.url, "trainer", chunk_bytes=64 << 10) as trainer:
+        trainer.publish("policy", 3, make_weights(0, 0.2))
+        table = run_cli("status", "--hub", hub.url)
+        assert table.returncode == 0, table.stderr
+        assert "policy" in table.stdout and "trainer" in table.stdout and "active" in table.stdout
+        as_json = json.loads(run_cli("status", "--json", env={"TENSORHUB_HUB": hub.url}).stdout)
+        assert as_json["models"]["policy"][0]["version"] == 3
+
+
+def test_status_without_a_hub_says_how_to_fix_it():
+    result = run_cli("status", env={"TENSORHUB_HUB": ""})
+    assert result.returncode == 2 and "--hub" in result.stderr
+
+
+def test_hub_command_reads_its_token_from_a_file(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    port = _free_port()
+    hub = subprocess.Popen([TENSORHUB, "hub", "--port", str(port), "--token-file", str(token_file)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/healthz"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.get(url, timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert response.status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer from-a-file"}).status_code == 200
+    finally:
+        hub.kill()
+        hub.wait(10)
+
+
+def test_bench_transport_prints_json_last():
+    result = run_cli("bench", "transport", "--size-mb", "4", "--repeats", "1", "--chunk-mb", "1", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = last_json(result.stdout)
+    assert figures["tensorhub_gbps"] > 0 and figures["raw_socket_gbps"] > 0 and figures["ratio"] > 0
+
+
+@pytest.mark.slow
+def test_bench_fanout_offloads_the_publisher():
+    result = run_cli("bench", "fanout", "--readers", "3", "--size-mb", "6", "--chunk-mb", "0.5", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = last_json(result.stdout)
+    version = figures["version_bytes"]
+    assert figures["publisher_bytes_naive"] == 3 * version  # naive: every reader pulls everything
+    assert figures["publisher_bytes_tensorhub"] < 3 * version
+
+
+@pytest.mark.slow
+def test_demo_runs_and_checks_its_bytes():
+    result = run_cli("demo", "--readers", "2", "--size-mb", "4", "--versions", "2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert last_json(result.stdout)["demo"] == "ok"
+    assert "version 2:" in result.stdout
