@@ -19,6 +19,8 @@ from tensorhub_verl.errors import TensorHubError
 _DELEGATED = {
     "attach-vllm": "tensorhub_verl.vllm.attach",
     "demo": "tensorhub_verl.demo",
+    "sim": "tensorhub_verl.sim.cli",
+    "netlab": "tensorhub_verl.netlab.cli",
 }
 _BENCHES = {
     "transport": "tensorhub_verl.bench.transport",

@@ -153,24 +153,31 @@ def _summary(fetched: list[dict]) -> dict:
             "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched)}
 
 
-def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[Role]]:
+def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[Role, Path]]]:
+    """Hub and trainer on the lab host "trainer". Returns the hub URL and (role, stop file) in stop order:
+    the trainer first (its close() unpublishes through the hub), the hub last."""
     host = lab.host("trainer")
-    stop = workdir / "control-stop"
-    hub = Role(lab, "trainer", [*_ROLES, "hub", "--host", host.ip, "--port", str(HUB_PORT), "--stop", str(stop),
-                                "--timeout", str(p.timeout_s * 4)], "hub")
+    ctl = Path(tempfile.mkdtemp(prefix="control-", dir=workdir))  # fresh stop files for every lab
+    hub = Role(lab, "trainer", [*_ROLES, "hub", "--host", host.ip, "--port", str(HUB_PORT),
+                                "--stop", str(ctl / "hub-stop"), "--timeout", str(p.timeout_s * 4)], "hub")
     url = hub.expect("ready", 120)["url"]
     loc = ",".join(f"{k}={v}" for k, v in host.location.items())
     trainer = Role(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
                                     "--chunk-mb", str(p.chunk_mb), "--private-copies", str(copies),
-                                    "--stop", str(stop), "--timeout", str(p.timeout_s * 4)], "trainer")
-    trainer.expect("ready", 180)
-    return url, [trainer, hub]
+                                    "--stop", str(ctl / "trainer-stop"), "--timeout", str(p.timeout_s * 4)], "trainer")
+    control = [(trainer, ctl / "trainer-stop"), (hub, ctl / "hub-stop")]
+    try:
+        trainer.expect("ready", 180)
+    except BaseException:
+        _stop_control(control)
+        raise
+    return url, control
 
 
-def _stop_control(workdir: Path, roles: list[Role]) -> None:
-    (workdir / "control-stop").touch()
-    for r in roles:
-        r.wait(60)
+def _stop_control(control: list[tuple[Role, Path]]) -> None:
+    for role, stop in control:
+        stop.touch()
+        role.wait(60)
 
 
 def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
@@ -214,7 +221,7 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
                 out["elastic"] = _ratio(_elastic(lab, workdir, url, p, rollout_hosts), "mean_s", "elastic")
                 log.info("elastic done in %.0fs", time.monotonic() - t0)
         finally:
-            _stop_control(workdir, control)
+            _stop_control(control)
     return out
 
 
@@ -281,7 +288,7 @@ def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
         try:
             res = _ab(lab, workdir, url, p, [f"c{i}" for i in range(p.rollouts)], "cross_dc")
         finally:
-            _stop_control(workdir, control)
+            _stop_control(control)
     version = p.size_mb * (1 << 20)
     res["wan_copies_per_version"] = {v: round(res[v]["wan_bytes"] / version, 2)
                                      for v in ("tensorhub", "pull_from_trainer")}
@@ -308,6 +315,8 @@ def plot(result: dict, out_dir: Path) -> list[str]:
         for k, (variant, color) in enumerate((("tensorhub", "tab:blue"), ("pull_from_trainer", "tab:gray"))):
             secs = r[variant]["seconds"]
             ax.bar([i + 0.4 * k for i in range(len(secs))], secs, width=0.4, color=color, label=variant)
+        n = len(r["tensorhub"]["seconds"])
+        ax.set_xticks([i + 0.2 for i in range(n)], [str(i) for i in range(n)])
         ax.set_xlabel("reader")
         ax.set_ylabel("fetch seconds")
         ax.set_title(f"{mode}: {r['metric']} ratio {r['ratio']:.1f}x (paper {r['paper_ratio']}x)")

@@ -31,7 +31,7 @@ def selftest(nic: float, uplink: float, wan: float, mb: float, nixl: bool) -> di
     spec = LabSpec.uniform(dcs=2, racks_per_dc=2, hosts_per_rack=2, nic_mbit=nic, rack_uplink_mbit=uplink,
                            wan_mbit=wan)
     cases = [
-        ("intra_rack", [("d0r0h0", "d0r0h1")], min(nic, nic)),
+        ("intra_rack", [("d0r0h0", "d0r0h1")], nic),
         ("cross_rack_x2_share_uplink", [("d0r0h0", "d0r1h0"), ("d0r0h1", "d0r1h1")], min(nic, uplink / 2)),
         ("incast_x2_share_dst_nic", [("d0r0h1", "d0r0h0"), ("d0r1h0", "d0r0h0")], nic / 2),
         ("cross_dc", [("d0r0h0", "d1r0h0")], min(nic, wan)),

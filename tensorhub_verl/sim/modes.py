@@ -99,7 +99,7 @@ def _rollout_nodes(cluster: Cluster, p: ModeParams, dc: int = 0) -> list[str]:
     if dc:
         return [n for n in cluster.nodes if n.startswith(f"d{dc}")]
     first = p.racks // 2
-    return [n for n in cluster.nodes if int(n.split("r")[1].split("n")[0]) >= first]
+    return [n for n, loc in cluster.nodes.items() if int(loc.rack[1:]) >= first]
 
 
 def _strategy(name: str, swarm: Swarm, p: ModeParams, readers: list[str]):

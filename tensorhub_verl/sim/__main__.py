@@ -1,0 +1,5 @@
+import sys
+
+from tensorhub_verl.sim.cli import main
+
+sys.exit(main())
