@@ -17,6 +17,7 @@ import base64
 import logging
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -87,58 +88,76 @@ class ChunkFetcher:
         self._by_source: Counter[str] = Counter()
 
     def run(self) -> None:
+        """Reads until every chunk has landed. Hub exchanges run on a helper thread, one at a time,
+        so that reads keep being polled and posted while the hub answers."""
+        with ThreadPoolExecutor(1, thread_name_prefix="tensorhub-exchange") as hub:
+            self._run(hub)
+
+    def _run(self, hub: ThreadPoolExecutor) -> None:
         done: list[int] = []
         failed: list[msg.FailedRead] = []
-        finished_leases: dict[int, _Read] = {}
+        finished: dict[int, _Read] = {}
+        pending: Future | None = None
+        reported: list[int] = []
+        asked_for = 0
         starved_until = 0.0
         total = len(self._chunks)
+        window = self._settings.window
         while True:
             now = time.monotonic()
             if now > self._settings.deadline:
                 raise TransferFailed(f"fetch timed out with {len(self.landed)} of {total} chunks landed")
-            for lease, read in list(self._inflight.items()):
-                state = self._transport.poll(read.handle)
-                if state == "PROC" and now - read.started > self._settings.read_timeout_s:
-                    state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
-                else:
-                    reason = "transfer error"
-                if state == "PROC":
-                    continue
-                self._transport.release(read.handle)
-                del self._inflight[lease]
-                if state == "DONE":
-                    done.append(lease)
-                    finished_leases[lease] = read
-                else:
-                    failed.append(msg.FailedRead(lease=lease, reason=f"{read.source.holder}: {reason}"))
-                    self.stats.failed_reads += 1
-            room = self._settings.window - len(self._inflight)
-            # Talk to the hub only when it is worth a round trip: half the window is free, a read
-            # failed, or nothing is in flight. Reports of finished reads wait for that batch.
-            worth_it = failed or not self._inflight or room * 2 >= self._settings.window
-            if not worth_it or (not done and (room <= 0 or now < starved_until)):
-                if not done and not failed and len(self.landed) == total and not self._inflight:
+            self._poll(now, done, failed, finished)
+            if pending is not None and pending.done():
+                reply = pending.result()
+                pending = None
+                self._book(reported, finished, set(reply.revoked))
+                if len(self.landed) == total and not self._inflight:
                     return
-                time.sleep(self._settings.poll_interval_s)
+                if reply.unservable and not reply.assignments and not self._inflight and not done:
+                    raise TransferFailed(f"no holder can serve chunk(s) {reply.unservable[:8]} of "
+                                         f"{self.stats.model} v{self.stats.version} ({self.stats.layout}); "
+                                         f"every source failed or left")
+                for info in reply.sources:
+                    self._transport.load_peer(info.agent_name, _b64(info.agent_metadata_b64))
+                    self._sources[info.holder] = info
+                for a in reply.assignments:
+                    self._post(a, failed)
+                if len(reply.assignments) < asked_for:
+                    starved_until = time.monotonic() + _STARVED_RETRY_S
                 continue
-            idle = not self._inflight and not done and not failed
-            reply = self._exchange(completed=done, failed=failed, want=max(room, 0),
-                                   wait_s=0.2 if idle else 0.0, known_sources=self._known())
-            self._book(done, finished_leases, set(reply.revoked))
-            done, failed = [], []
-            if len(self.landed) == total and not self._inflight:
-                return
-            if reply.unservable and not reply.assignments and not self._inflight:
-                raise TransferFailed(f"no holder can serve chunk(s) {reply.unservable[:8]} of "
-                                     f"{self.stats.model} v{self.stats.version} ({self.stats.layout}); "
-                                     f"every source failed or left")
-            for info in reply.sources:
-                self._transport.load_peer(info.agent_name, _b64(info.agent_metadata_b64))
-                self._sources[info.holder] = info
-            for a in reply.assignments:
-                self._post(a, failed)
-            if len(reply.assignments) < room:
-                starved_until = time.monotonic() + _STARVED_RETRY_S
+            if pending is None:
+                room = window - len(self._inflight)
+                # A round trip is worth it to report a failure, to report finished reads when half the
+                # window is free or nothing is in flight, or to ask for work when there is room for it.
+                report = bool(failed) or (bool(done) and (not self._inflight or room * 2 >= window))
+                ask = (room * 2 >= window or not self._inflight) and now >= starved_until
+                if report or ask:
+                    idle = not self._inflight and not done and not failed
+                    reported, asked_for = done, max(room, 0)
+                    pending = hub.submit(self._exchange, completed=done, failed=failed, want=asked_for,
+                                         wait_s=0.2 if idle else 0.0, known_sources=self._known())
+                    done, failed = [], []
+                    continue
+            time.sleep(self._settings.poll_interval_s)
+
+    def _poll(self, now: float, done: list[int], failed: list[msg.FailedRead], finished: dict[int, _Read]) -> None:
+        for lease, read in list(self._inflight.items()):
+            state = self._transport.poll(read.handle)
+            if state == "PROC" and now - read.started > self._settings.read_timeout_s:
+                state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
+            else:
+                reason = "transfer error"
+            if state == "PROC":
+                continue
+            self._transport.release(read.handle)
+            del self._inflight[lease]
+            if state == "DONE":
+                done.append(lease)
+                finished[lease] = read
+            else:
+                failed.append(msg.FailedRead(lease=lease, reason=f"{read.source.holder}: {reason}"))
+                self.stats.failed_reads += 1
 
     def _book(self, done: list[int], finished: dict[int, _Read], revoked: set[int]) -> None:
         for lease in done:

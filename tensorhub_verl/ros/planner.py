@@ -10,9 +10,11 @@ holders and readers that are still filling), and:
      there, so a chunk spreads through peers instead of everyone hitting its first holder;
   4. crosses the WAN only as one of its datacenter's seeds, and only for a chunk that is not already
      crossing into that datacenter: one WAN copy per chunk per datacenter;
-  5. among the eligible holders picks the one with the fewest reads in flight, then the fewest bytes
-     served for this version, capped at ``max_inflight_per_source`` reads in flight per source, so
-     that no source's link sets the pace of the rest.
+  5. among the eligible holders picks the one that served the fewest bytes of this version, then the
+     one with the fewest reads in flight, capped at ``max_inflight_per_source`` reads per source, so
+     that no source's link sets the pace of the rest and the first holder (the trainer) serves each
+     chunk about once. (Simulated, 8 readers of 32 chunks: trainer load 1.28x the version instead of
+     1.75x with reads-in-flight first, same completion time.)
 
 Chunks are visited starting at a reader-specific offset so that readers started together ask for
 different chunks first and have something to trade.
@@ -118,7 +120,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         free = [h for h in nearest_holders if inflight[h.holder] < config.max_inflight_per_source]
         if not free:
             continue
-        best = min(free, key=lambda h: (inflight[h.holder], served[h.holder], h.holder))
+        best = min(free, key=lambda h: (served[h.holder], inflight[h.holder], h.holder))
         inflight[best.holder] += 1
         if nearest == Distance.WAN:
             wan_busy.add(chunk)
