@@ -14,10 +14,10 @@ import time
 from tensorhub_verl.bench.procs import Role, checksum, random_weights
 
 
-def _publisher(results, control, hub_url: str, size_mb: float, chunk_mb: float) -> None:
+def _publisher(results, control, hub_url: str, size_mb: float, chunk_mb: float, progress: str) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, "publisher", chunk_bytes=int(chunk_mb * (1 << 20)))
+    client = th.connect(hub_url, "publisher", chunk_bytes=int(chunk_mb * (1 << 20)), progress=progress)
     weights = random_weights(size_mb, seed=7)
     client.publish("policy", 1, weights)
     results.put(("ok", checksum(weights)))
@@ -25,10 +25,10 @@ def _publisher(results, control, hub_url: str, size_mb: float, chunk_mb: float) 
     client.close()
 
 
-def _reader(results, control, hub_url: str, name: str, hold: bool) -> None:
+def _reader(results, control, hub_url: str, name: str, hold: bool, progress: str) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, name)
+    client = th.connect(hub_url, name, progress=progress)
     buffers = client.manifest("policy", 1).allocate()
     results.put(("ok", "ready"))
     control.get(timeout=300)  # start together
@@ -41,7 +41,7 @@ def _reader(results, control, hub_url: str, name: str, hold: bool) -> None:
     client.close()
 
 
-def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool) -> dict:
+def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool, progress: str = "pump") -> dict:
     import tensorhub_verl as th
 
     config = th.HubConfig(planner=th.PlannerConfig(cooperative=cooperative,
@@ -49,10 +49,10 @@ def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool) -
     hub = th.start_hub(config=config)
     roles: list[Role] = []
     try:
-        publisher = Role(_publisher, hub.url, size_mb, chunk_mb)
+        publisher = Role(_publisher, hub.url, size_mb, chunk_mb, progress)
         roles.append(publisher)
         expected = publisher.result(120)
-        group = [Role(_reader, hub.url, f"reader-{i}", cooperative) for i in range(readers)]
+        group = [Role(_reader, hub.url, f"reader-{i}", cooperative, progress) for i in range(readers)]
         roles += group
         for role in group:
             role.result(120)
@@ -78,11 +78,11 @@ def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool) -
             "revoked_reads": sum(o["revoked_reads"] for o in outcomes)}
 
 
-def run(readers: int, size_mb: float, chunk_mb: float) -> dict:
-    tensorhub = run_once(readers, size_mb, chunk_mb, cooperative=True)
-    naive = run_once(readers, size_mb, chunk_mb, cooperative=False)
+def run(readers: int, size_mb: float, chunk_mb: float, progress: str = "pump") -> dict:
+    tensorhub = run_once(readers, size_mb, chunk_mb, cooperative=True, progress=progress)
+    naive = run_once(readers, size_mb, chunk_mb, cooperative=False, progress=progress)
     return {
-        "bench": "fanout", "readers": readers, "size_mb": size_mb, "chunk_mb": chunk_mb,
+        "bench": "fanout", "readers": readers, "size_mb": size_mb, "chunk_mb": chunk_mb, "progress": progress,
         "version_bytes": tensorhub["version_bytes"],
         "publisher_bytes_tensorhub": tensorhub["publisher_bytes"],
         "publisher_bytes_naive": naive["publisher_bytes"],
@@ -100,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--size-mb", type=float, default=256)
     parser.add_argument("--chunk-mb", type=float, default=8)
+    parser.add_argument("--progress", choices=("pump", "thread"), default="pump")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
-    result = run(args.readers, args.size_mb, args.chunk_mb)
+    result = run(args.readers, args.size_mb, args.chunk_mb, args.progress)
     if not args.json:
         v = result["version_bytes"]
         print(f"{args.readers} readers, {v / 1e6:.0f} MB version")

@@ -16,20 +16,20 @@ import torch
 from tensorhub_verl.bench.procs import Role, random_weights
 
 
-def _holder(results, control, hub_url: str, size_mb: float, chunk_mb: float) -> None:
+def _holder(results, control, hub_url: str, size_mb: float, chunk_mb: float, progress: str) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, "bench-holder", chunk_bytes=int(chunk_mb * (1 << 20)))
+    client = th.connect(hub_url, "bench-holder", chunk_bytes=int(chunk_mb * (1 << 20)), progress=progress)
     client.publish("bench", 1, random_weights(size_mb))
     results.put(("ok", "ready"))
     control.get(timeout=600)
     client.close()
 
 
-def _reader(results, control, hub_url: str, repeats: int, window: int) -> None:
+def _reader(results, control, hub_url: str, repeats: int, window: int, progress: str) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, "bench-reader", window=window)
+    client = th.connect(hub_url, "bench-reader", window=window, progress=progress)
     buffers = client.manifest("bench", 1).allocate()
     client.fetch("bench", 1, into=buffers, hold=False)  # warm-up: connection set-up, registration
     seconds = []
@@ -72,14 +72,14 @@ def _socket_client(results, control, port: int, nbytes: int, repeats: int) -> No
     results.put(("ok", seconds))
 
 
-def run(size_mb: float, repeats: int, chunk_mb: float, window: int) -> dict:
+def run(size_mb: float, repeats: int, chunk_mb: float, window: int, progress: str = "pump") -> dict:
     import tensorhub_verl as th
 
     hub = th.start_hub()
     try:
-        holder = Role(_holder, hub.url, size_mb, chunk_mb)
+        holder = Role(_holder, hub.url, size_mb, chunk_mb, progress)
         holder.result(120)
-        reader = Role(_reader, hub.url, repeats, window)
+        reader = Role(_reader, hub.url, repeats, window, progress)
         th_result = reader.result(600)
         holder.send("stop")
         for role in (reader, holder):
@@ -97,7 +97,7 @@ def run(size_mb: float, repeats: int, chunk_mb: float, window: int) -> dict:
     th_gbps = nbytes / statistics.median(th_result["seconds"]) / 1e9
     raw_gbps = nbytes / statistics.median(raw_seconds) / 1e9
     return {"bench": "transport", "size_mb": size_mb, "bytes": nbytes, "repeats": repeats,
-            "chunk_mb": chunk_mb, "window": window,
+            "chunk_mb": chunk_mb, "window": window, "progress": progress,
             "tensorhub_gbps": round(th_gbps, 3), "raw_socket_gbps": round(raw_gbps, 3),
             "ratio": round(th_gbps / raw_gbps, 3), "unit": "GB/s (1e9 bytes/s), median of repeats"}
 
@@ -108,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mb", type=float, default=8)
     parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--progress", choices=("pump", "thread"), default="pump",
+                        help="who drives UCX in the holder (see NixlTransport)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
-    result = run(args.size_mb, args.repeats, args.chunk_mb, args.window)
+    result = run(args.size_mb, args.repeats, args.chunk_mb, args.window, args.progress)
     if not args.json:
         print(f"tensorhub {result['tensorhub_gbps']:.2f} GB/s   raw socket {result['raw_socket_gbps']:.2f} GB/s   "
               f"ratio {result['ratio']:.2f}  ({result['bytes'] / 1e6:.0f} MB, median of {args.repeats})")

@@ -58,12 +58,17 @@ class ClientConfig:
     preserve_on_unpublish: bool = True
     """Copy a retained version to CPU memory before its last reliable copy is unpublished."""
     poll_interval_s: float = 0.0005
+    """How often the fetch loop checks its reads."""
+    progress: str = "pump"
+    """Who drives UCX to serve peers' reads: 'pump' (a sleeping thread) or 'thread' (NIXL's, spins)."""
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_bytes <= 1 << 31:
             raise errors.ConfigError(f"chunk_bytes must be in [4096, 2**31], got {self.chunk_bytes}")
         if self.window < 1:
             raise errors.ConfigError(f"window must be >= 1, got {self.window}")
+        if self.progress not in ("pump", "thread"):
+            raise errors.ConfigError(f"progress must be 'pump' or 'thread', got {self.progress!r}")
         if self.fingerprint not in ("sample", "full", "none"):
             raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
         for name in ("read_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "request_timeout_s", "hub_retry_s"):
@@ -107,7 +112,7 @@ class Client:
         if transport is None:
             from tensorhub_verl.ros.nixl_transport import NixlTransport
 
-            transport = NixlTransport(f"{worker}-{uuid.uuid4().hex[:8]}")
+            transport = NixlTransport(f"{worker}-{uuid.uuid4().hex[:8]}", progress=self.config.progress)
         self._transport = transport
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
                               on_new_instance=self._reregister)
@@ -383,6 +388,7 @@ class Client:
         self._closed = True
         self._stop.set()
         self._heartbeat.join(timeout)
+        self._hub.shorten_retries(5.0)
         with self._lock:
             held = list(self._held.values())
         for h in held:
@@ -391,6 +397,10 @@ class Client:
             except errors.TensorHubError as e:
                 logger.warning("%s could not unpublish %s v%d on close: %s", self.worker, h.manifest.model,
                                h.manifest.version, e)
+        try:
+            self._hub.post("/v1/workers/leave", params={"worker": self.worker})
+        except errors.TensorHubError as e:  # the hub forgets us at our heartbeat timeout anyway
+            logger.debug("%s could not say goodbye to the hub: %s", self.worker, e)
         self._hub.close()
         self._transport.close()
 

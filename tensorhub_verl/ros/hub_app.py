@@ -158,6 +158,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def heartbeat(worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
         return state.heartbeat(worker)
 
+    @app.post("/v1/workers/leave")
+    def leave(worker: str = Query(min_length=1, max_length=256)) -> dict:
+        state.leave(worker)
+        return {"ok": True}
+
     @app.post("/v1/publish")
     def publish(req: msg.Publish) -> dict:
         state.publish(req)

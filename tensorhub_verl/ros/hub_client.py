@@ -50,6 +50,10 @@ class HubClient:
         self._instance: str | None = None
         self._recovering = threading.Lock()
 
+    def shorten_retries(self, seconds: float) -> None:
+        """For goodbyes: a client that is closing should not wait long for a hub that is gone."""
+        self._retry_s = min(self._retry_s, seconds)
+
     def post(self, path: str, body: BaseModel | None = None, reply: type[R] | None = None,
              params: dict | None = None, timeout: float | None = None):
         return self._call("POST", path, body, reply, params, timeout)

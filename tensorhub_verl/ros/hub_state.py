@@ -146,6 +146,12 @@ class HubState:
             self._suspect_until.pop(worker, None)
             return self._ack(worker)
 
+    def leave(self, worker: str) -> None:
+        """A worker that closes: it has drained its holdings; forget it now rather than at its timeout."""
+        with self._lock:
+            if worker in self._workers:
+                self._drop_worker(worker)
+
     def _ack(self, worker: str) -> msg.WorkerAck:
         return msg.WorkerAck(worker=worker, hub_instance=self.instance, heartbeat_s=self.config.heartbeat_s,
                              release=self._retention_release(worker))

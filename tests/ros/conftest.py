@@ -6,7 +6,7 @@ from tensorhub_verl.bench.procs import Role
 
 @pytest.fixture
 def hub():
-    server = th.start_hub(config=th.HubConfig(worker_timeout_s=4.0, heartbeat_s=0.5, lease_ttl_s=20.0,
+    server = th.start_hub(config=th.HubConfig(worker_timeout_s=10.0, heartbeat_s=0.5, lease_ttl_s=30.0,
                                               suspect_s=2.0))
     yield server
     server.stop()

@@ -49,7 +49,7 @@ def test_a_fetch_fails_cleanly_when_its_only_holder_dies(hub, roles):
     with pytest.raises(TransferFailed, match="no holder"):
         client.fetch("policy", 1)
     # It waited for the holder to prove dead (heartbeat timeout), not for the whole fetch timeout.
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 45
     assert all("reader" not in holders for holders in client.versions("policy").values())
     client.close()
 
@@ -62,7 +62,7 @@ def _free_port() -> int:
 
 def _start_hub_process(port: int) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--port", str(port),
-                                "--worker-timeout", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                "--worker-timeout", "10"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

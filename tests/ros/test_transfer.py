@@ -27,6 +27,8 @@ def test_fetch_returns_the_publishers_bytes(hub, roles):
         assert stats.version == 1 and stats.bytes == sum(t.nbytes for t in expected.values())
         assert stats.sources == {"trainer": stats.bytes}
         assert client.versions("policy") == {1: ["reader", "trainer"]}  # the reader holds it now
+    with th.connect(hub.url, "observer") as observer:  # a closed client leaves at once, not at its timeout
+        assert "reader" not in observer.status()["workers"]
 
 
 def test_concurrent_readers_get_the_bytes_and_serve_each_other(hub, roles):
@@ -126,3 +128,15 @@ def test_a_lease_past_its_deadline_is_revoked():
         trainer.close()
     finally:
         hub.stop()
+
+
+@pytest.mark.parametrize("progress", ["pump", "thread"])
+def test_a_holder_serves_reads_in_either_progress_mode(hub, roles, progress):
+    """Over TCP a holder's CPU must drive UCX: by our sleeping pump or by NIXL's own thread."""
+    weights = make_weights(8, 1.0)
+    with th.connect(hub.url, "trainer", chunk_bytes=CHUNK, progress=progress) as trainer:
+        trainer.publish("policy", 1, weights)
+        late = roles(reader, hub.url, "reader")
+        late.result(120)
+        late.send("go")
+        assert late.result(120)["digest"] == digest(weights)

@@ -31,10 +31,11 @@ def ray_local():
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
                  namespace="tensorhub-tests",
-                 # Workers import fakes.py by name, as the test process does.
+                 # Workers unpickle tests.verl.fakes classes: they need the repository root on their path.
                  runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "UCX_TLS": "tcp,sm,self",
                                            "PYTHONPATH": os.pathsep.join(filter(None, [
-                                               os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}})
+                                               os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                               os.environ.get("PYTHONPATH")]))}})
     yield ray
     ray.shutdown()
 

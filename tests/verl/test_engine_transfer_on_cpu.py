@@ -13,7 +13,7 @@ import pytest
 import ray
 import torch
 
-from fakes import RolloutStub, TrainerStub, digest, weights_for
+from tests.verl.fakes import RolloutStub, TrainerStub, digest, weights_for
 
 pytestmark = pytest.mark.timeout(240)
 

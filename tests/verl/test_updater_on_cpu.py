@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from conftest import free_port
-from fakes import FakeReplica, Recorder, RecordingServerAdapter, StubActorGroup, TrainerStub, digest, weights_for
+from tests.verl.conftest import free_port
+from tests.verl.fakes import FakeReplica, Recorder, RecordingServerAdapter, StubActorGroup, TrainerStub, digest, weights_for
 
 pytestmark = pytest.mark.timeout(240)
 
