@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _th(hub_url, **extra):
-    return {"hub_address": hub_url, "keep_versions": 2, "chunk_mb": 1, "fetch_timeout_s": 60.0,
+    return {"hub_address": hub_url, "keep_versions": 2, "chunk_mb": 1, "fetch_timeout_s": 180.0,
             "unpublish_timeout_s": 30.0, **extra}
 
 

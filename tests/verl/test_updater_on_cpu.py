@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def _th(hub_url, **extra):
     return {"hub_address": hub_url, "keep_versions": 2, "staging": "cpu", "chunk_mb": 1,
-            "fetch_timeout_s": 60.0, "unpublish_timeout_s": 30.0, "apply_timeout_s": 60.0, **extra}
+            "fetch_timeout_s": 180.0, "unpublish_timeout_s": 60.0, "apply_timeout_s": 180.0, **extra}
 
 
 def _rollout_workers(n, replica_rank, th_cfg, recorder):
