@@ -82,9 +82,13 @@ class _Held:
     manifest: Manifest
     tensors: dict[str, torch.Tensor]
     """Strong references: registered memory must outlive every read of it."""
+    shard_group: str | None = None
+    shard_count: int = 1
 
-    def regions(self) -> list[msg.RegionMsg]:
-        return _regions(self.tensors, self.manifest)
+    def message(self, worker: str) -> msg.Publish:
+        return msg.Publish(worker=worker, holder=self.holder, manifest=manifest_to_msg(self.manifest),
+                           regions=_regions(self.tensors, self.manifest), shard_group=self.shard_group,
+                           shard_count=self.shard_count)
 
 
 @dataclass(slots=True)
@@ -125,23 +129,31 @@ class Client:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None) -> Manifest:
+                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1) -> Manifest:
         """Registers live tensors as a holder of (model, version, layout). No copy is made: the caller
-        must not change these bytes until ``unpublish`` returns."""
+        must not change these bytes until ``unpublish`` returns.
+
+        The shards of one engine (e.g. its TP ranks, each in its own layout) pass the same
+        ``shard_group`` and ``shard_count``: none of them is visible until all have been published.
+        """
         self._check_open()
         _check_key(model, version, layout)
+        if shard_group is not None:
+            _check_name("shard_group", shard_group)
+        if shard_count < 1 or (shard_count > 1 and shard_group is None):
+            raise errors.InvalidRequest(f"shard_count must be >= 1, and > 1 only with a shard_group; "
+                                        f"got {shard_count}, {shard_group!r}")
         tensors = _check_tensors(tensors)
         manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
                                   self.config.fingerprint)
-        self._publish(self.worker, manifest, tensors)
+        self._publish(_Held(self.worker, manifest, tensors, shard_group, shard_count))
         return manifest
 
-    def _publish(self, holder: str, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> None:
-        if self._transport.register(tensors.values()):
+    def _publish(self, held: "_Held") -> None:
+        if self._transport.register(held.tensors.values()):
             self._register_worker()
-        held = _Held(holder, manifest, tensors)
-        self._hub.post("/v1/publish", msg.Publish(worker=self.worker, holder=holder,
-                                                  manifest=manifest_to_msg(manifest), regions=held.regions()))
+        self._hub.post("/v1/publish", held.message(self.worker))
+        holder, manifest = held.holder, held.manifest
         with self._lock:
             self._held[(holder, manifest.model, manifest.version, manifest.layout)] = held
         logger.info("%s holds %s v%d (%s, %d bytes)", holder, manifest.model, manifest.version, manifest.layout,
@@ -176,7 +188,7 @@ class Client:
         copy = {name: t.detach().to("cpu", copy=True) for name, t in held.tensors.items()}
         logger.info("%s held the last reliable copy of %s v%d; keeping a CPU copy (%d bytes)",
                     held.holder, m.model, m.version, m.nbytes)
-        self._publish(self.worker + ARCHIVE_SUFFIX, m, copy)
+        self._publish(_Held(self.worker + ARCHIVE_SUFFIX, m, copy))
 
     def _drain(self, held: _Held, timeout: float | None) -> None:
         m = held.manifest
@@ -345,8 +357,7 @@ class Client:
             held = list(self._held.values())
             fetches = list(self._fetches.values())
         for h in held:
-            self._hub.post("/v1/publish", msg.Publish(worker=self.worker, holder=h.holder,
-                                                      manifest=manifest_to_msg(h.manifest), regions=h.regions()))
+            self._hub.post("/v1/publish", h.message(self.worker))
         for f in fetches:
             try:
                 self._begin_fetch(f)

@@ -9,6 +9,8 @@ Invariants:
     not change, so ``unpublish`` waits for the holding's leases to end. A lease past its deadline is
     revoked: its reader is told to read that chunk again, and it no longer holds up ``unpublish``.
   - A version becomes visible (``versions``/``latest``) only when one holding of it is ``active``.
+  - The shards of a k-shard engine (``shard_group``) stay ``pending`` -- neither visible nor read --
+    until all k have been published; then they turn ``active`` together.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Holding:
     worker: str
     regions: list[msg.RegionMsg]
     chunks: set[int] | None
-    state: str  # "filling" | "active" | "draining"
+    state: str  # "pending" (a shard of an uncommitted group) | "filling" | "active" | "draining"
     generation: int
     served_bytes: int = 0
 
@@ -113,6 +115,7 @@ class HubState:
         self._leases: dict[int, Lease] = {}
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
+        self._shard_groups: dict[tuple[str, int, str], dict[Key, str]] = {}
         self._ids = itertools.count(1)
         # Counters read by /metrics.
         self.leases_revoked = 0
@@ -194,12 +197,33 @@ class HubState:
             else:
                 check_same_tensors(record.manifest, manifest)
             existing = record.holdings.get(req.holder)
-            if existing is not None and existing.state != "active":
+            if existing is not None and existing.state not in ("active", "pending"):
                 raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
                                      f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, "active",
+            if req.shard_count > 1 and req.shard_group is None:
+                raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+            state = "pending" if req.shard_count > 1 else "active"
+            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, state,
                                                   next(self._ids))
+            if req.shard_count > 1:
+                self._commit_shard(manifest.model, manifest.version, req.shard_group, req.shard_count, key,
+                                   req.holder)
             self._changed.notify_all()
+
+    def _commit_shard(self, model: str, version: int, group: str, count: int, key: Key, holder: str) -> None:
+        members = self._shard_groups.setdefault((model, version, group), {})
+        members[key] = holder
+        if len(members) > count:
+            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has more than {count} shards")
+        if len(members) < count:
+            return
+        for shard_key, h in members.items():
+            record = self._versions.get(shard_key)
+            if record is None or h not in record.holdings:  # a shard left before the group completed
+                return
+        for (m, v, layout), h in members.items():
+            self._versions[(m, v, layout)].holdings[h].state = "active"
+        logger.info("%s v%d: all %d shards of %s committed", model, version, count, group)
 
     def unpublish(self, req: msg.Unpublish) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
@@ -363,7 +387,7 @@ class HubState:
         holders, suspects = [], []
         for h in record.holdings.values():
             worker = self._workers.get(h.worker)
-            if worker is None or h.state == "draining":
+            if worker is None or h.state in ("draining", "pending"):
                 continue
             chunks = None if h.state == "active" else frozenset(h.chunks)
             view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes)
@@ -443,6 +467,9 @@ class HubState:
         record = self._versions.get(key)
         if record is not None and not record.holdings:
             del self._versions[key]
+            if not any(k[:2] == key[:2] for k in self._versions):
+                for group in [g for g in self._shard_groups if g[:2] == key[:2]]:
+                    del self._shard_groups[group]
 
     def _holdings_of(self, worker: str) -> list[Holding]:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]

@@ -73,6 +73,9 @@ class Publish(Strict):
     holder: Name
     manifest: ManifestMsg
     regions: list[RegionMsg] = Field(max_length=MAX_TENSORS)
+    shard_group: Name | None = None
+    """Set by each shard of a k-shard engine (e.g. TP ranks): no shard is visible until all k committed."""
+    shard_count: Annotated[int, Field(ge=1, le=65536)] = 1
 
 
 class Unpublish(Strict):

@@ -228,3 +228,24 @@ def test_malformed_manifests_are_refused_and_change_nothing():
     with pytest.raises(InvalidRequest, match="nbytes"):
         publish(state, "a", bad)
     assert state.versions("policy") == {}
+
+
+def test_an_engines_shards_become_visible_only_together():
+    state, _ = make_state()
+    register(state, "engine-1")
+
+    def shard(rank):
+        m = Manifest("policy", 5, f"vllm/qwen2/tp2/rank{rank}", (TensorSpec("w", (CHUNK,), "uint8", CHUNK),), CHUNK)
+        state.publish(msg.Publish(worker="engine-1", holder=f"engine-1-r{rank}", manifest=manifest_to_msg(m),
+                                  regions=[msg.RegionMsg(addr=1000)], shard_group="engine-1", shard_count=2))
+
+    shard(0)
+    assert state.versions("policy") == {}
+    with pytest.raises(VersionNotFound):
+        state.resolve("policy", "latest", "vllm/qwen2/tp2/rank0")
+    shard(1)
+    assert state.versions("policy") == {5: ["engine-1"]}
+    assert state.resolve("policy", "latest", "vllm/qwen2/tp2/rank1") == 5
+    with pytest.raises(InvalidRequest, match="shard_group"):
+        state.publish(msg.Publish(worker="engine-1", holder="x", manifest=manifest_to_msg(manifest()),
+                                  regions=[msg.RegionMsg(addr=1)], shard_count=2))
