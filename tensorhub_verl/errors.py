@@ -38,6 +38,14 @@ class InvalidRequest(TensorHubError):
     """The hub rejected a malformed, oversized or contradictory request; nothing was changed."""
 
 
+class UnknownWorker(InvalidRequest):
+    """The hub does not know this worker (it restarted, or the worker expired); the client re-registers."""
+
+
+class UnknownFetch(InvalidRequest):
+    """The hub has no record of this fetch (it restarted); the client begins it again with what has landed."""
+
+
 class ConfigError(TensorHubError, ValueError):
     """A configuration value is invalid; the message names the field and the accepted values."""
 
@@ -50,5 +58,7 @@ __all__ = [
     "TransferFailed",
     "HubUnavailable",
     "InvalidRequest",
+    "UnknownWorker",
+    "UnknownFetch",
     "ConfigError",
 ]

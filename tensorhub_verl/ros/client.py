@@ -22,7 +22,8 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.hub_state import UnknownFetch, UnknownWorker, manifest_to_msg
+from tensorhub_verl.errors import UnknownFetch, UnknownWorker
+from tensorhub_verl.ros.hub_state import manifest_to_msg
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_name, _DTYPES,
 )

@@ -19,12 +19,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_state import HubState, UnknownFetch, UnknownWorker, manifest_to_msg
+from tensorhub_verl.errors import UnknownFetch, UnknownWorker
+from tensorhub_verl.ros.hub_state import HubState, manifest_to_msg
+from tensorhub_verl.ros.messages import INSTANCE_HEADER
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
-INSTANCE_HEADER = "X-TensorHub-Instance"
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [

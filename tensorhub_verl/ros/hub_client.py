@@ -17,8 +17,8 @@ import httpx
 from pydantic import BaseModel
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.hub_app import INSTANCE_HEADER
-from tensorhub_verl.ros.hub_state import UnknownFetch, UnknownWorker
+from tensorhub_verl.errors import UnknownFetch, UnknownWorker
+from tensorhub_verl.ros.messages import INSTANCE_HEADER
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 

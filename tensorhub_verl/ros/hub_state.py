@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, VersionNotFound
+from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, check_same_tensors, dtype_from_name
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
@@ -35,14 +35,6 @@ from tensorhub_verl.ros.topology import Distance, Location
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 Key = tuple[str, int, str]  # (model, version, layout)
-
-
-class UnknownWorker(InvalidRequest):
-    """The worker is not registered (the hub restarted, or the worker expired): re-register."""
-
-
-class UnknownFetch(InvalidRequest):
-    """The hub has no record of this fetch (it restarted): begin it again with the chunks already landed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@~+=-]+$")]
 Version = Annotated[int, Field(ge=0, le=2**62)]
 MAX_TENSORS = 200_000
+INSTANCE_HEADER = "X-TensorHub-Instance"
+"""Every hub response names the hub instance, so clients notice a restart and re-register."""
 
 
 class Strict(BaseModel):

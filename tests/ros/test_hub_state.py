@@ -2,9 +2,9 @@
 
 import pytest
 
-from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, VersionNotFound
+from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_state import HubConfig, HubState, UnknownFetch, UnknownWorker, manifest_to_msg
+from tensorhub_verl.ros.hub_state import HubConfig, HubState, manifest_to_msg
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
 from tensorhub_verl.ros.planner import PlannerConfig
 
