@@ -149,3 +149,63 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
 __all__ = ["TESTED_VLLM", "VERL_VLLM_VERSION", "hf_config", "is_cpu_platform", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
            "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]
+
+
+# ---------------------------------------------------------------- OpenAI-compatible server (attach-vllm)
+def openai_server_args(argv: list[str]):
+    """vLLM's own ``vllm serve`` argument parser applied to ``argv`` (validated)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser(prog="tensorhub attach-vllm")).parse_args(argv)
+    validate_parsed_serve_args(args)
+    return args
+
+
+def openai_server_socket(args):
+    """Binds the HTTP socket before the engine starts (vLLM's own order). Returns (listen_address, sock)."""
+    from vllm.entrypoints.launchers.launcher import setup_server
+
+    return setup_server(args, reuse_port=False)
+
+
+def async_engine_client(args):
+    """Async context manager yielding vLLM's ``AsyncLLM`` for ``args``."""
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+
+    return build_async_engine_client(args)
+
+
+async def serve_openai(engine_client, listen_address, sock, args, extra_router=None):
+    """vLLM's ``build_and_serve`` with one extra FastAPI router; returns the server's shutdown task."""
+    from vllm import envs
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.launcher import serve_http
+
+    supported_tasks = await engine_client.get_supported_tasks()
+    app = build_app(args, supported_tasks, engine_client.model_config)
+    if extra_router is not None:
+        app.include_router(extra_router)
+    await init_app_state(engine_client, app.state, args, supported_tasks)
+    logger.info("serving vLLM's OpenAI-compatible API on %s", listen_address)
+    return await serve_http(app, sock=sock, enable_ssl_refresh=args.enable_ssl_refresh, host=args.host,
+                            port=args.port, log_level=args.uvicorn_log_level,
+                            access_log=not args.disable_uvicorn_access_log,
+                            timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
+
+
+def before_engine_shutdown(engine_client, hook) -> None:
+    """Runs ``hook()`` once before ``engine_client.shutdown`` proceeds. vLLM's ``serve_http`` answers
+    SIGTERM/SIGINT by shutting the engine down first (from an executor thread) and the HTTP server after, so
+    this is the last moment the engine's workers can still unpublish. Wraps the instance's method."""
+    original = engine_client.shutdown
+
+    def shutdown(*args, **kwargs):
+        try:
+            hook()
+        except Exception:  # the engine must still shut down
+            logger.exception("hook before engine shutdown failed")
+        return original(*args, **kwargs)
+
+    engine_client.shutdown = shutdown

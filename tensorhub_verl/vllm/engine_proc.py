@@ -52,6 +52,9 @@ class EngineSpec:
     client_config: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the child (e.g. UCX_TLS)."""
+    api: str = "extension"
+    """``extension``: drive the worker extension (EngineUpdater); ``weight_transfer``: vLLM's own
+    weight-transfer API with the ``tensorhub`` backend (``update`` then returns that backend's result)."""
 
 
 def engine_kwargs(model_dir: str, *, tp_size: int = 1, load_format: str = "dummy",
@@ -88,10 +91,17 @@ def _child(conn, spec_dict: dict) -> None:
                            max_model_len=spec.max_model_len)
         if spec.tp_size > 1:
             kw["distributed_executor_backend"] = "mp"
+        if spec.api == "weight_transfer":
+            kw["weight_transfer_config"] = {"backend": "tensorhub"}
         llm = LLM(**kw)
         updater = EngineUpdater(llm_rpc(llm))
-        updater.setup(spec.hub_url, spec.model, spec.worker, location=spec.location, token=spec.token,
-                      staging=spec.staging, client_config=spec.client_config)
+        if spec.api == "weight_transfer":
+            llm.init_weight_transfer_engine({"init_info": {
+                "hub_url": spec.hub_url, "model": spec.model, "worker": spec.worker, "location": spec.location,
+                "token": spec.token, "staging": spec.staging, "client_config": spec.client_config}})
+        else:
+            updater.setup(spec.hub_url, spec.model, spec.worker, location=spec.location, token=spec.token,
+                          staging=spec.staging, client_config=spec.client_config)
         conn.send((True, {"startup_s": time.monotonic() - t0}))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         conn.send((False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -119,9 +129,17 @@ def _child(conn, spec_dict: dict) -> None:
         res["generate_calls_during_pull"] = steps
         return res
 
+    def wt_update(version="latest", timeout=300.0) -> dict:
+        """One update through vLLM's weight-transfer API (start / update_weights / finish)."""
+        llm.start_weight_update()
+        llm.update_weights({"update_info": {"version": version, "timeout_s": timeout}})
+        llm.finish_weight_update()
+        return llm.collective_rpc(lambda worker: worker.weight_transfer_engine.last_result)[0]
+
     handlers = {
         "generate": generate,
-        "update": lambda version="latest", timeout=300.0: updater.update(version, timeout).as_dict(),
+        "update": (wt_update if spec.api == "weight_transfer"
+                   else lambda version="latest", timeout=300.0: updater.update(version, timeout).as_dict()),
         "begin": lambda version="latest": updater.begin(version),
         "finish": lambda timeout=300.0: updater.finish(timeout).as_dict(),
         "update_while_generating": update_while_generating,
@@ -133,7 +151,8 @@ def _child(conn, spec_dict: dict) -> None:
         cmd, kwargs = conn.recv()
         if cmd == "close":
             try:
-                updater.shutdown()
+                if spec.api == "extension":
+                    updater.shutdown()
             finally:
                 conn.send((True, None))
             return
@@ -206,7 +225,7 @@ class EngineProcess:
             self._proc.kill()
             self._proc.join(10)
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc) -> None:

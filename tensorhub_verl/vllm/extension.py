@@ -93,6 +93,10 @@ class TensorHubWorkerExtension:
     def th_status(self) -> dict:
         return self._th().status()
 
+    def th_watch(self, poll_timeout_s: float = 10.0) -> None:
+        """Starts watching the hub for newer versions (reported as ``newest_seen`` in ``th_status``)."""
+        self._th().start_watch(poll_timeout_s)
+
     def th_newest_version(self) -> int | None:
         return self._th().newest_version()
 

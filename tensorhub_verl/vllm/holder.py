@@ -116,6 +116,11 @@ class EngineHolder:
         self._pull: _Pull | None = None
         self.served: int | None = None
         self.broken = False
+        self.last_phases: dict[str, float] = {}
+        """Seconds of each phase of the last apply (for benchmarks)."""
+        self.newest_seen: int | None = None
+        self._watch: threading.Thread | None = None
+        self._watch_stop = threading.Event()
 
     # ------------------------------------------------------------------ queries
     @property
@@ -127,6 +132,7 @@ class EngineHolder:
         with self._lock:
             p = self._pull
             return {"worker": self.worker, "layout": self.config.layout, "served": self.served,
+                    "newest_seen": self.newest_seen,
                     "broken": self.broken, "staging": self.config.staging,
                     "pull": None if p is None else {"version": p.version, "state": p.state.value,
                                                     "source_layout": p.source_layout,
@@ -145,6 +151,32 @@ class EngineHolder:
             return HF_LAYOUT
         raise errors.VersionNotFound(f"no worker holds {self.config.model} v{version} in {self.config.layout!r} "
                                      f"or 'hf'")
+
+    def start_watch(self, poll_timeout_s: float = 10.0) -> None:
+        """Starts a thread that long-polls the hub for newer versions (``status()["newest_seen"]``), so a
+        driver can learn of them through cheap status calls that never block the engine on the network."""
+        with self._lock:
+            if self._watch is not None:
+                return
+            self._watch_stop = threading.Event()
+            self._watch = threading.Thread(target=self._watch_loop, args=(poll_timeout_s,), daemon=True,
+                                           name=f"tensorhub-watch-{self.config.model}")
+            self._watch.start()
+
+    def _watch_loop(self, poll_timeout_s: float) -> None:
+        while not self._watch_stop.is_set():
+            try:
+                seen = self.newest_seen
+                try:
+                    v = self.client.wait_for_version(self.config.model, newer_than=seen, layout=HF_LAYOUT,
+                                                     timeout=poll_timeout_s)
+                except TimeoutError:
+                    v = self.newest_version()  # versions that exist only in engine layouts
+                if v is not None and (seen is None or v > seen):
+                    self.newest_seen = v
+            except errors.TensorHubError as e:
+                logger.warning("%s: watching for new versions failed (%s); retrying", self.worker, e)
+                self._watch_stop.wait(1.0)
 
     # ------------------------------------------------------------------ publish
     def publish_served(self, version: int) -> None:
@@ -293,7 +325,7 @@ class EngineHolder:
             stall = time.monotonic() - t0
         result = {"version": pull.version, "source_layout": pull.source_layout, "stall_s": stall,
                   "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
-                  "sources": dict(getattr(stats, "sources", {}) or {})}
+                  "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases)}
         logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
                     self.config.model, pull.version, sorted(result["sources"]), pull.source_layout, stall,
                     pull.seconds)
@@ -303,7 +335,10 @@ class EngineHolder:
         bufs = pull.buffers
         if bufs is None:
             raise errors.InvalidRequest("pull has no buffers")
+        t = time.monotonic()
         self._unpublish_served()  # waits for in-flight reads of the params before they change
+        self.last_phases = {"unpublish_old_s": time.monotonic() - t}
+        t = time.monotonic()
         try:
             with torch.no_grad():
                 if pull.source_layout == HF_LAYOUT:
@@ -317,8 +352,13 @@ class EngineHolder:
             self.broken = True
             raise EngineStateLost(f"{self.worker}: applying v{pull.version} failed midway ({e!r}); "
                                   f"the shard serves no version until the next successful update") from e
+        self.last_phases["copy_in_s"] = time.monotonic() - t
+        t = time.monotonic()
         self._release_pull_hold(pull)
+        self.last_phases["release_staging_s"] = time.monotonic() - t
+        t = time.monotonic()
         self.client.publish(self.config.model, pull.version, self.params, layout=self.config.layout)
+        self.last_phases["publish_s"] = time.monotonic() - t
         self.served = pull.version
         self.broken = False
 
@@ -332,6 +372,7 @@ class EngineHolder:
             pull.held = False
 
     def _apply_direct(self, pull: _Pull) -> None:
+        self.last_phases = {}
         old = self.served
         self._unpublish_served()
         started = time.monotonic()
@@ -382,6 +423,7 @@ class EngineHolder:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops holding anything; the parameters may change freely afterwards."""
+        self._watch_stop.set()
         with self._lock:
             pull = self._pull
         if pull is not None and pull.thread is not None:
@@ -393,4 +435,4 @@ class EngineHolder:
                 self._unpublish_served()
 
 
-__all__ = ["EngineHolder", "EngineStateLost", "HF_LAYOUT", "HolderConfig", "PullState", "STAGING_MODES"]
+__all__ = ["HF_LAYOUT", "STAGING_MODES", "EngineHolder", "EngineStateLost", "HolderConfig", "PullState"]

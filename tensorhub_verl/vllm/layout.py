@@ -58,7 +58,7 @@ class DecoderShape:
             raise ConfigError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
 
     @classmethod
-    def from_hf_config(cls, cfg) -> "DecoderShape":
+    def from_hf_config(cls, cfg) -> DecoderShape:
         """From a transformers config object (or anything with the same attributes)."""
         arch = cfg.model_type
         heads = cfg.num_attention_heads
@@ -237,5 +237,13 @@ def vllm_to_hf(shards: list[Mapping[str, torch.Tensor]], shape: DecoderShape) ->
     return out
 
 
-__all__ = ["DecoderShape", "SUPPORTED_ARCHES", "VOCAB_PADDING", "hf_to_vllm", "layout_name", "parse_layout_name",
-           "vllm_param_shapes", "vllm_to_hf"]
+__all__ = [
+    "SUPPORTED_ARCHES",
+    "VOCAB_PADDING",
+    "DecoderShape",
+    "hf_to_vllm",
+    "layout_name",
+    "parse_layout_name",
+    "vllm_param_shapes",
+    "vllm_to_hf",
+]

@@ -40,11 +40,13 @@ class UpdateResult:
     bytes: int = 0
     sources: dict[str, int] = field(default_factory=dict)
     source_layouts: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Slowest rank's seconds per apply phase (unpublish_old_s, copy_in_s, release_staging_s, publish_s)."""
 
     def as_dict(self) -> dict:
         return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
                 "seconds": self.seconds, "bytes": self.bytes, "sources": dict(self.sources),
-                "source_layouts": list(self.source_layouts)}
+                "source_layouts": list(self.source_layouts), "phases": dict(self.phases)}
 
 
 def llm_rpc(llm) -> Rpc:
@@ -129,6 +131,8 @@ class EngineUpdater:
                            seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
                            source_layouts=[r["source_layout"] for r in results])
         for r in results:
+            for k, x in r.get("phases", {}).items():
+                res.phases[k] = max(res.phases.get(k, 0.0), x)
             for w, n in r["sources"].items():
                 res.sources[w] = res.sources.get(w, 0) + n
         return res

@@ -1,0 +1,201 @@
+"""``tensorhub attach-vllm``: an elastic rollout node.
+
+    tensorhub attach-vllm --hub URL --model-dir DIR [--model policy] [--port 8000]
+                          [--location dc=..,rack=..,node=..] [--token T] [--worker ID] [--staging cpu|gpu|none]
+                          [-- extra vllm serve arguments]
+
+1. starts a vLLM engine (vLLM's own AsyncLLM) from DIR's config and tokenizer with dummy weights;
+2. fetches the newest published version of ``--model``: raw, in the engine's own layout, from peers that hold
+   it (the ROS planner picks the nearest), or through vLLM's ``load_weights`` from the ``hf`` layout when no
+   worker holds the engine's layout; then holds it (a peer for the next node);
+3. serves vLLM's OpenAI-compatible HTTP API on ``--port`` (plus ``GET /tensorhub/status``);
+4. follows each newer version as it is published: the pull runs while the engine keeps serving, the engine
+   pauses only to copy it in.
+
+``TENSORHUB_HUB`` / ``TENSORHUB_TOKEN`` serve wherever ``--hub`` / ``--token`` do. The HTTP socket is bound
+before the engine starts and requests are answered only after the first version is applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import logging
+import os
+import signal
+import socket
+import threading
+
+from tensorhub_verl import errors
+from tensorhub_verl.vllm.follow import Cancelled, Follower, FollowerState, HubWatch
+
+logger = logging.getLogger("tensorhub_verl.vllm.attach")
+
+
+def parse_location(text: str | None) -> dict[str, str] | None:
+    """``dc=dc0,rack=r0,node=n0`` -> dict. Raises ConfigError on a malformed item."""
+    if not text:
+        return None
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise errors.ConfigError(f"--location items must be key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tensorhub attach-vllm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hub", default=os.environ.get("TENSORHUB_HUB"), help="hub URL (env TENSORHUB_HUB)")
+    p.add_argument("--model-dir", required=True, help="directory with the model's config.json and tokenizer")
+    p.add_argument("--model", default="policy", help="ROS model name (default: policy)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--location", default=None, help="dc=..,rack=..,node=..")
+    p.add_argument("--token", default=os.environ.get("TENSORHUB_TOKEN"), help="hub token (env TENSORHUB_TOKEN)")
+    p.add_argument("--worker", default=None, help="worker id (default: vllm-<hostname>-<port>)")
+    p.add_argument("--staging", default="cpu", choices=("cpu", "gpu", "none"))
+    p.add_argument("--first-version-timeout", type=float, default=600.0,
+                   help="seconds to wait for a first published version")
+    p.add_argument("--fetch-timeout", type=float, default=300.0)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra `vllm serve` arguments")
+    return p
+
+
+def vllm_argv(ns: argparse.Namespace) -> list[str]:
+    from tensorhub_verl.vllm import compat
+    from tensorhub_verl.vllm.extension import EXTENSION_QUALNAME
+
+    argv = ["--model", ns.model_dir, "--tokenizer", ns.model_dir, "--load-format", "dummy",
+            "--worker-extension-cls", EXTENSION_QUALNAME, "--host", ns.host, "--port", str(ns.port),
+            "--served-model-name", ns.model, "--max-model-len", str(ns.max_model_len),
+            "--tensor-parallel-size", str(ns.tensor_parallel_size), "--enforce-eager"]
+    if compat.is_cpu_platform():
+        argv += ["--dtype", "float32"]
+    extra = list(ns.vllm_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return argv + extra
+
+
+class Node:
+    """One attached engine's ROS side: the follower and every rank's holder. ``leave`` is idempotent and runs
+    before vLLM stops the engine (see ``compat.before_engine_shutdown``), so the hub drops this node's
+    holdings at once instead of at its heartbeat timeout."""
+
+    def __init__(self, updater, follower: Follower):
+        self.updater = updater
+        self.follower = follower
+        self._left = threading.Lock()
+        self._done = False
+
+    def leave(self, timeout: float = 60.0) -> None:
+        with self._left:
+            if self._done:
+                return
+            self._done = True
+            logger.info("leaving: stopping the follower and unpublishing this node's holdings")
+            self.follower.close(timeout)
+            try:
+                self.updater.call("th_shutdown", timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - the hub drops us at our heartbeat timeout anyway
+                logger.warning("could not unpublish cleanly (%s: %s); the hub drops this node at its heartbeat "
+                               "timeout", type(e).__name__, e)
+
+
+class LoopRpcError(errors.TensorHubError):
+    """An engine RPC was called on the event loop's own thread (it would wait for itself)."""
+
+
+def _loop_rpc(engine, loop: asyncio.AbstractEventLoop, loop_thread: int):
+    """An ``updater.Rpc`` over ``AsyncLLM.collective_rpc`` for threads other than the loop's."""
+    def rpc(method: str, kwargs: dict, timeout: float) -> list:
+        if threading.get_ident() == loop_thread:
+            raise LoopRpcError(f"engine RPC {method!r} called on the event loop thread")
+        fut = asyncio.run_coroutine_threadsafe(engine.collective_rpc(method, timeout=timeout, kwargs=kwargs), loop)
+        try:
+            return fut.result(timeout + 10)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"engine RPC {method!r} gave no answer within {timeout + 10:.0f} s") from None
+    return rpc
+
+
+async def _serve(ns: argparse.Namespace) -> int:
+    from fastapi import APIRouter
+
+    from tensorhub_verl.vllm import compat
+    from tensorhub_verl.vllm.updater import EngineUpdater
+
+    args = compat.openai_server_args(vllm_argv(ns))
+    listen_address, sock = compat.openai_server_socket(args)
+    worker = ns.worker or f"vllm-{socket.gethostname()}-{ns.port}"
+    state = FollowerState(worker=worker, model=ns.model)
+    router = APIRouter()
+
+    @router.get("/tensorhub/status")
+    def status() -> dict:
+        return state.as_dict()
+
+    loop = asyncio.get_running_loop()
+    async with compat.async_engine_client(args) as engine:
+        updater = EngineUpdater(_loop_rpc(engine, loop, threading.get_ident()))
+        follower = Follower(updater, HubWatch(ns.hub, ns.model, ns.token), state, ns.fetch_timeout)
+        node = Node(updater, follower)
+        # until vLLM's server installs its own handlers: SIGTERM/SIGINT cancel the wait for a first version
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, follower.cancel)
+        try:
+            await asyncio.to_thread(updater.setup, ns.hub, ns.model, worker, parse_location(ns.location),
+                                    ns.token, ns.staging, None, ns.fetch_timeout)
+            # every engine RPC goes through this loop: blocking calls run on threads, never on the loop itself
+            await asyncio.to_thread(follower.first_version, ns.first_version_timeout)
+            if follower.stopping:
+                raise Cancelled("stopped before serving")
+            follower.start()
+            compat.before_engine_shutdown(engine, node.leave)
+            shutdown = await compat.serve_openai(engine, listen_address, sock, args, router)
+            await shutdown
+        finally:
+            await asyncio.to_thread(node.leave)
+            sock.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``tensorhub attach-vllm``; returns the process exit code."""
+    ns = build_parser().parse_args(argv)
+    if not ns.hub:
+        build_parser().error("--hub (or TENSORHUB_HUB) is required")
+    try:
+        parse_location(ns.location)
+    except errors.ConfigError as e:
+        build_parser().error(str(e))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # a level of our own: once serving, something in vLLM's server stack raises the root logger to ERROR
+    pkg = logging.getLogger("tensorhub_verl")
+    if pkg.level == logging.NOTSET:
+        pkg.setLevel(os.environ.get("TENSORHUB_LOG_LEVEL", "INFO").upper())
+    import uvloop
+
+    try:
+        return uvloop.run(_serve(ns))
+    except KeyboardInterrupt:
+        return 0
+    except Cancelled:
+        logger.info("attach-vllm stopped before it served a version")
+        return 0
+    except (errors.TensorHubError, TimeoutError) as e:
+        logger.error("attach-vllm failed: %s: %s", type(e).__name__, e)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""The follower of an elastic rollout node (``tensorhub attach-vllm``): applies each newer version on its engine.
+
+    HubWatch ── long-polls the hub (GET /v1/wait), never touches the engine while idle
+        │ newer version v
+        ▼
+    Follower ── EngineUpdater.begin(v) (pull while serving) ─► finish() (the stall) ─► FollowerState
+
+The watch talks to the hub directly (no worker registration, no engine RPC), so an idle node costs no engine
+round trips: vLLM's workers spin for a while after every collective RPC, which a shared CPU host feels.
+Every wait is bounded; ``stop()`` ends the thread within one poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tensorhub_verl import errors
+
+logger = logging.getLogger("tensorhub_verl.vllm.follow")
+
+HF_LAYOUT = "hf"
+
+
+@dataclass(slots=True)
+class FollowerState:
+    """What ``GET /tensorhub/status`` reports."""
+
+    worker: str
+    model: str
+    served: int | None = None
+    updates: int = 0
+    first: dict | None = None
+    """The initial fetch's UpdateResult (its ``sources`` tell whether a peer or the trainer served it)."""
+    last: dict | None = None
+    last_error: str | None = None
+    history: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"worker": self.worker, "model": self.model, "served": self.served, "updates": self.updates,
+                "first": self.first, "last": self.last, "last_error": self.last_error,
+                "history": self.history[-20:]}
+
+
+class HubWatch:
+    """Newest published version of one model, by long polls on the hub (no worker identity needed)."""
+
+    def __init__(self, hub_url: str, model: str, token: str | None = None, poll_s: float = 2.0):
+        from tensorhub_verl.ros.hub_client import HubClient
+
+        if poll_s <= 0:
+            raise errors.ConfigError(f"poll_s must be > 0, got {poll_s}")
+        self.model = model
+        self.poll_s = poll_s
+        self._hub = HubClient(hub_url, token, request_timeout_s=15.0, retry_s=10.0)
+
+    def newest(self) -> int | None:
+        """Newest version in any layout (versions only peers still hold count too)."""
+        reply = self._hub.get("/v1/versions", params={"model": self.model})
+        return max((int(v) for v in reply["versions"]), default=None)
+
+    def wait_newer(self, newer_than: int | None, timeout: float) -> int | None:
+        """A version newer than ``newer_than``, waiting at most ``timeout`` s (None if none appeared)."""
+        t = max(0.1, min(timeout, self.poll_s))
+        reply = self._hub.get("/v1/wait", params={"model": self.model, "layout": HF_LAYOUT, "timeout": t,
+                                                  "newer_than": -1 if newer_than is None else newer_than},
+                              timeout=t + 15.0)
+        v = reply.get("version")
+        if v is None:  # no new 'hf' version: a version may still exist only in engine layouts
+            v = self.newest()
+        return None if v is None or (newer_than is not None and v <= newer_than) else int(v)
+
+    def close(self) -> None:
+        self._hub.close()
+
+
+class Follower:
+    """Brings the engine to the newest version, first once (``first_version``), then on a thread."""
+
+    def __init__(self, updater, watch: HubWatch, state: FollowerState, fetch_timeout_s: float):
+        self.updater = updater
+        self.watch = watch
+        self.state = state
+        self.fetch_timeout_s = fetch_timeout_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def first_version(self, timeout: float) -> dict:
+        """Waits (at most ``timeout`` s) for a published version and applies it. Raises TimeoutError, or
+        ``errors.Cancelled`` when ``stop()`` was called meanwhile."""
+        deadline = time.monotonic() + timeout
+        logger.info("waiting up to %.0f s for a version of %s", timeout, self.state.model)
+        while True:
+            if self._stop.is_set():
+                raise Cancelled("stopped before a first version was applied")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no version of {self.state.model!r} published within {timeout} s")
+            v = self.watch.wait_newer(None, min(remaining, 2.0))
+            if v is None:
+                continue
+            try:
+                res = self.updater.update(v, self.fetch_timeout_s).as_dict()
+            except errors.VersionNotFound:  # retention dropped it meanwhile: take the next newest
+                continue
+            self._record(res, first=True)
+            return res
+
+    def _record(self, res: dict, first: bool = False) -> None:
+        self.state.served = res["version"]
+        self.state.updates += 1
+        self.state.last = res
+        self.state.last_error = None
+        if first:
+            self.state.first = res
+        self.state.history.append({k: res.get(k) for k in ("version", "stall_s", "pull_s", "sources",
+                                                           "source_layouts")})
+        logger.info("serving %s v%s (stall %.3f s, pull %.3f s, sources %s)", self.state.model, res["version"],
+                    res["stall_s"], res["pull_s"], sorted(res["sources"]))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tensorhub-follow", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                v = self.watch.wait_newer(self.state.served, self.watch.poll_s)
+                if v is None or self._stop.is_set():
+                    continue
+                self.updater.begin(v)
+                self._record(self.updater.finish(self.fetch_timeout_s).as_dict())
+            except Exception as e:  # noqa: BLE001 - the node keeps serving its version and retries
+                self.state.last_error = f"{type(e).__name__}: {e}"
+                logger.warning("update failed, still serving v%s: %s", self.state.served, e)
+                self._stop.wait(2.0)
+
+    def cancel(self) -> None:
+        """Asks the follower to stop (safe from a signal handler); waits take at most one poll to notice."""
+        self._stop.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ends the thread; an update in progress finishes (or fails) first, bounded by ``timeout``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("follower still busy after %.0f s; leaving anyway", timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.stop(timeout)
+        self.watch.close()
+
+
+class Cancelled(errors.TensorHubError):
+    """The node was asked to stop before it served anything."""
+
+
+__all__ = ["Cancelled", "Follower", "FollowerState", "HubWatch"]

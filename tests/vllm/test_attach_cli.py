@@ -1,0 +1,63 @@
+"""Fast checks of ``tensorhub attach-vllm``'s argument handling and of ``scripts/attach_vllm_node.sh``
+(no engine is started: the launcher runs against a stand-in ``tensorhub`` that prints its arguments)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tensorhub_verl import errors
+from tensorhub_verl.vllm.attach import build_parser, parse_location
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "scripts" / "attach_vllm_node.sh"
+
+
+def test_parse_location():
+    assert parse_location("dc=dc1, rack=r2 ,node=n3") == {"dc": "dc1", "rack": "r2", "node": "n3"}
+    assert parse_location(None) is None
+    for bad in ("dc", "dc=", "=x", "dc=a,,rack=b"):
+        with pytest.raises(errors.ConfigError):
+            parse_location(bad)
+
+
+def test_hub_and_token_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TENSORHUB_HUB", "http://h:7")
+    monkeypatch.setenv("TENSORHUB_TOKEN", "s3cret")
+    ns = build_parser().parse_args(["--model-dir", "m"])
+    assert (ns.hub, ns.token, ns.model, ns.port) == ("http://h:7", "s3cret", "policy", 8000)
+    ns = build_parser().parse_args(["--model-dir", "m", "--hub", "http://x:1", "--", "--seed", "3"])
+    assert ns.hub == "http://x:1" and ns.vllm_args == ["--", "--seed", "3"]
+
+
+def _run_launcher(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    fake = tmp_path / "bin" / "tensorhub"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TENSORHUB_")}
+    base["PATH"] = f"{fake.parent}:{base.get('PATH', '/usr/bin:/bin')}"
+    return subprocess.run(["bash", str(LAUNCHER), *args], env=base | env, capture_output=True, text=True, check=False,
+                          timeout=30)
+
+
+def test_launcher_builds_location_from_env(tmp_path):
+    r = _run_launcher(tmp_path, ["--model-dir", "m", "--", "--seed", "1"],
+                      {"TENSORHUB_HUB": "http://h:1", "TENSORHUB_DC": "dc1", "TENSORHUB_RACK": "r2",
+                       "TENSORHUB_NODE": "n3"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:-1] == ["attach-vllm", "--location", "dc=dc1,rack=r2,node=n3", "--model-dir", "m",
+                                         "--", "--seed", "1"]
+    # an explicit --location wins over the environment
+    r = _run_launcher(tmp_path, ["--location", "dc=x,node=y", "--model-dir", "m"],
+                      {"TENSORHUB_HUB": "http://h:1", "TENSORHUB_DC": "dc1"})
+    assert r.stdout.split("\n")[:-1] == ["attach-vllm", "--location", "dc=x,node=y", "--model-dir", "m"]
+
+
+def test_launcher_needs_a_hub(tmp_path):
+    r = _run_launcher(tmp_path, ["--model-dir", "m"], {})
+    assert r.returncode == 2 and "TENSORHUB_HUB" in r.stderr and r.stdout == ""
+    assert _run_launcher(tmp_path, ["--hub", "http://h:1", "--model-dir", "m"], {}).returncode == 0

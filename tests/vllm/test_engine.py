@@ -1,0 +1,149 @@
+"""vLLM engines (CPU build, float32) updated through ROS: greedy output must equal HF transformers token for token.
+
+One module, engines shared (each LLM() costs ~15-30 s on 2 cores):
+  trainer (this process) publishes HF weights of a toy training run (v1, v2, ...)
+  e1: vLLM + worker extension, dummy weights -> fetches v1 from the trainer's 'hf' layout via load_weights
+  e2: vLLM + weight-transfer API backend 'tensorhub' -> fetches v1 raw from e1 (same layout), not the trainer
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import tensorhub_verl as th
+from tensorhub_verl.vllm.engine_proc import EngineError, EngineProcess, EngineSpec
+from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, layout_name
+from tensorhub_verl.vllm.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+PROMPTS = [[84, 259, 221, 81, 85, 73, 17, 40], [5, 200, 31, 99, 150]]
+N_NEW = 12
+FAST_CLIENT = {"read_timeout_s": 5.0}
+
+
+def loc(node: str) -> dict[str, str]:
+    return {"dc": "dc0", "rack": "r0", "node": node}
+
+
+class ToyRun:
+    """The trainer side: an HF model, stepped by toy_training_step, each step published as a version."""
+
+    def __init__(self, model_dir: str, client):
+        from transformers import AutoTokenizer
+
+        self.model = load_hf_model(model_dir)
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.client = client
+        self.refs: dict[int, list[list[int]]] = {}
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    def step_and_publish(self, version: int, model: str = "policy") -> None:
+        toy_training_step(self.model, self.tok, version)
+        snap = copy.deepcopy(self.model)
+        self.weights[version] = hf_state_dict(snap)
+        self.client.publish(model, version, self.weights[version])
+        self.refs[version] = [hf_greedy(snap, p, N_NEW) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def trainer(hub):
+    c = th.connect(hub.url, worker="trainer", location=loc("trainer"))
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def run(tiny_models, trainer):
+    r = ToyRun(tiny_models["qwen2"], trainer)
+    r.step_and_publish(1)
+    return r
+
+
+@pytest.fixture(scope="module")
+def e1(hub, tiny_models, run):
+    with EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker="e1", location=loc("n1"),
+                                  client_config=FAST_CLIENT)) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def e2(hub, tiny_models, run, e1):
+    with EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker="e2", location=loc("n2"),
+                                  api="weight_transfer", client_config=FAST_CLIENT)) as e:
+        yield e
+
+
+def outputs(engine) -> list[list[int]]:
+    return [engine.generate(p, N_NEW) for p in PROMPTS]
+
+
+def test_fetch_from_trainer_matches_hf_greedy(e1, run, trainer, tiny_models):
+    dummy = outputs(e1)
+    res = e1.update("latest")
+    assert res["applied"] and res["version"] == 1
+    assert res["source_layouts"] == ["hf"] and set(res["sources"]) == {"trainer"}
+    assert outputs(e1) == run.refs[1] != dummy
+    # the engine's live parameters equal our HF->vLLM mapping of the same weights (vLLM's own loader did it)
+    from transformers import AutoConfig
+
+    shape = DecoderShape.from_hf_config(AutoConfig.from_pretrained(tiny_models["qwen2"]))
+    expected = {n: float(t.double().sum()) for n, t in hf_to_vllm(run.weights[1], shape).items()}
+    assert e1.rpc("th_param_checksum")[0] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    layout = layout_name("qwen2", 1, 0)
+    assert "e1" in trainer.versions("policy", layout=layout)[1]
+
+
+def test_second_engine_fetches_from_peer_not_trainer(e1, e2, run, trainer):
+    res = e2.update(1)
+    assert res["version"] == 1 and res["source_layout"] == layout_name("qwen2", 1, 0)
+    assert set(res["sources"]) == {"e1"}, res["sources"]
+    assert outputs(e2) == run.refs[1]
+    assert set(trainer.versions("policy", layout=layout_name("qwen2", 1, 0))[1]) == {"e1", "e2"}
+
+
+def test_new_version_replaces_old(e1, e2, run):
+    run.step_and_publish(2)
+    assert run.refs[2] != run.refs[1]
+    res = e1.request("update_while_generating", 120, version="latest", prompt_ids=PROMPTS[0], max_tokens=4)
+    assert res["version"] == 2 and res["stall_s"] < res["seconds"]
+    assert outputs(e1) == run.refs[2]
+    res2 = e2.update("latest")
+    assert res2["version"] == 2 and set(res2["sources"]) <= {"e1", "trainer"}
+    assert outputs(e2) == run.refs[2]
+
+
+def _doomed_publisher(hub_url: str, weights: dict, ready) -> None:
+    c = th.connect(hub_url, worker="trainer-doomed", location=loc("trainer2"))
+    c.publish("policy", 3, weights)
+    ready.set()
+    signal.pause()
+
+
+def test_failed_pull_keeps_serving_old_version(hub, e1, run):
+    """v3's only holder dies before the engine pulls it: the update fails, the engine still serves v2."""
+    new = copy.deepcopy(run.model)
+    toy_training_step(new, run.tok, 3)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_doomed_publisher, args=(hub.url, hf_state_dict(new), ready))
+    proc.start()
+    try:
+        assert ready.wait(120)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        with pytest.raises(EngineError, match="TransferFailed|VersionNotFound"):
+            e1.update(3, timeout=60)
+        assert e1.request("served_version", 30) == 2
+        assert outputs(e1) == run.refs[2]
+    finally:
+        if proc.is_alive():
+            proc.kill()
