@@ -23,7 +23,7 @@ different chunks first and have something to trade.
 from __future__ import annotations
 
 import zlib
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -92,12 +92,18 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     inflight = {h.holder: h.inflight for h in view.holders}
     served = {h.holder: h.served_bytes for h in view.holders}
     holders = [h for h in view.holders if h.holder != request.reader]
+    complete = [h for h in holders if h.chunks is None]
+    partial: dict[int, list[HolderView]] = defaultdict(list)  # chunk -> readers still filling that have it
+    if config.cooperative:
+        for h in holders:
+            for chunk in h.chunks or ():
+                partial[chunk].append(h)
     wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
     assignments: list[Assignment] = []
     for chunk in _rotated(request.needed, request.reader):
         if len(assignments) >= request.max_assignments:
             break
-        having = [h for h in holders if h.has(chunk) and (config.cooperative or h.chunks is None)]
+        having = complete + partial.get(chunk, [])
         if not having:
             continue
         distance_of = {h.holder: request.location.distance(h.location) for h in having}
