@@ -4,10 +4,15 @@ Every process (hub, trainer, readers) runs in its own lab host (network namespac
 TCP), and each mode runs TensorHub and its baseline side by side in one lab:
 
 - standalone: R readers fetch `policy` v1 at once (TensorHub) vs each fetches its own `pull-<i>` v1, a
-  model only the trainer holds (every reader pulls everything from the trainer, same transport and client).
+  model only the trainer holds (every reader pulls everything from the trainer, same transport and client),
+  vs a torch.distributed broadcast (gloo over the same shaped NICs; the group is formed before the clock starts).
 - elastic: H readers hold v1; J joiners start one by one while the trainer's NIC carries `busy_flows`
   endless TCP flows (training traffic); TensorHub joiners read from peers, baseline joiners from the trainer.
 - cross_dc: trainer in dc0, R readers in dc1 behind the WAN; stall and WAN bytes per version.
+
+Stall: the seconds each rollout waits for the new version (go -> its fetch returned). Every mode reports
+the total over rollouts (`tensorhub_s`, `baseline_s[name]`, `ratio` = pull_from_trainer total / TensorHub
+total) and the worst rollout (`*_max_s`, `ratio_max`); per-variant details are under `runs`.
 
 Needs root and iproute2 (`tensorhub_verl.netlab`); prints one JSON object as the last line.
 
@@ -48,20 +53,28 @@ class BenchError(TensorHubError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LabBenchParams:
-    size_mb: float = 32.0
+    size_mb: float = 64.0
     """Size of the version (MiB of float32 weights)."""
-    chunk_mb: float = 1.0
-    rollouts: int = 4
+    chunk_mb: float = 2.0
+    """Transfer unit: 2 MiB takes 84 ms on a 200 Mbit/s NIC, a few hub round trips' worth."""
+    rollouts: int = 8
     """standalone / cross_dc readers."""
-    holders: int = 2
+    holders: int = 4
     """elastic: readers already holding the version."""
-    joiners: int = 2
+    joiners: int = 4
     """elastic: readers joining one by one."""
     join_interval_s: float = 2.0
     busy_flows: int = 4
     nic_mbit: float = 200.0
     wan_mbit: float = 100.0
-    window: int = 8
+    window: int = 4
+    """Reads in flight per reader (ClientConfig.window)."""
+    max_inflight_per_source: int = 8
+    """Hub planner: reads one source serves at once (PlannerConfig.max_inflight_per_source)."""
+    nixl_progress_delay_us: int = 100
+    """Roles' NIXL progress thread sleeps this long between polls (0: NIXL's busy poll; see modes_roles)."""
+    broadcast: bool = True
+    """standalone: also run the torch.distributed (gloo) broadcast baseline."""
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -124,8 +137,9 @@ class Phase:
         h = self.lab.host(host)
         loc = ",".join(f"{k}={v}" for k, v in h.location.items())
         argv = [*_ROLES, "reader", "--hub", self.hub_url, "--worker", f"{self.name}-{i}", "--location", loc,
-                "--model", model, "--window", str(self.p.window), "--go", str(go), "--stop", str(self.stop_file),
-                "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else [])]
+                "--model", model, "--window", str(self.p.window),
+                "--nixl-progress-delay-us", str(self.p.nixl_progress_delay_us), "--go", str(go),
+                "--stop", str(self.stop_file), "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else [])]
         self.readers.append(Role(self.lab, host, argv, f"{self.name}-{i}@{host}"))
         return go
 
@@ -148,7 +162,8 @@ def _summary(fetched: list[dict]) -> dict:
     for f in fetched:
         for w, b in f["sources"].items():
             sources[w] = sources.get(w, 0) + b
-    return {"max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
+    return {"total_s": sum(secs), "max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
+            "cpu_s": [round(f.get("cpu_s", 0.0), 3) for f in fetched],
             "bytes_from": dict(sorted(sources.items())),
             "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched)}
 
@@ -159,11 +174,13 @@ def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> t
     host = lab.host("trainer")
     ctl = Path(tempfile.mkdtemp(prefix="control-", dir=workdir))  # fresh stop files for every lab
     hub = Role(lab, "trainer", [*_ROLES, "hub", "--host", host.ip, "--port", str(HUB_PORT),
-                                "--stop", str(ctl / "hub-stop"), "--timeout", str(p.timeout_s * 4)], "hub")
+                                "--stop", str(ctl / "hub-stop"), "--timeout", str(p.timeout_s * 4),
+                                "--max-inflight-per-source", str(p.max_inflight_per_source)], "hub")
     url = hub.expect("ready", 120)["url"]
     loc = ",".join(f"{k}={v}" for k, v in host.location.items())
     trainer = Role(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
                                     "--chunk-mb", str(p.chunk_mb), "--private-copies", str(copies),
+                                    "--nixl-progress-delay-us", str(p.nixl_progress_delay_us),
                                     "--stop", str(ctl / "trainer-stop"), "--timeout", str(p.timeout_s * 4)], "trainer")
     control = [(trainer, ctl / "trainer-stop"), (hub, ctl / "hub-stop")]
     try:
@@ -178,6 +195,7 @@ def _stop_control(control: list[tuple[Role, Path]]) -> None:
     for role, stop in control:
         stop.touch()
         role.wait(60)
+
 
 
 def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
@@ -198,6 +216,28 @@ def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], 
     return out
 
 
+def _broadcast(lab: Lab, workdir: Path, p: LabBenchParams, hosts: list[str]) -> dict:
+    """torch.distributed broadcast (gloo) from rank 0 on the trainer host to one rank per rollout host."""
+    d = Path(tempfile.mkdtemp(prefix="broadcast-", dir=workdir))
+    go, stop = d / "go", d / "stop"
+    master = f"{lab.host('trainer').ip}:{HUB_PORT + 1}"
+    ranks = []
+    try:
+        for rank, host in enumerate(["trainer", *hosts]):
+            argv = [*_ROLES, "bcast", "--master", master, "--rank", str(rank), "--world", str(len(hosts) + 1),
+                    "--size-mb", str(p.size_mb), "--go", str(go), "--stop", str(stop), "--timeout", str(p.timeout_s)]
+            ranks.append(Role(lab, host, argv, f"bcast-{rank}@{host}"))
+        for r in ranks:
+            r.expect("ready", p.timeout_s)
+        go.touch()
+        fetched = [r.expect("fetched", p.timeout_s) for r in ranks]
+    finally:
+        stop.touch()
+        for r in ranks:
+            r.wait(60)
+    return _summary(fetched[1:])  # rank 0 is the trainer: it waits too, but it is no rollout
+
+
 def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, ...]) -> dict:
     n = max(p.rollouts, p.holders + p.joiners)
     half = (n + 1) // 2
@@ -213,12 +253,15 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
         try:
             if "standalone" in modes:
                 t0 = time.monotonic()
-                out["standalone"] = _ratio(_ab(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone"),
-                                           "max_s", "standalone")
+                runs = _ab(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone")
+                if p.broadcast:
+                    runs["broadcast"] = _broadcast(lab, workdir, p, rollout_hosts[: p.rollouts])
+                out["standalone"] = _result("standalone", runs, p)
                 log.info("standalone done in %.0fs", time.monotonic() - t0)
             if "elastic" in modes:
                 t0 = time.monotonic()
-                out["elastic"] = _ratio(_elastic(lab, workdir, url, p, rollout_hosts), "mean_s", "elastic")
+                runs = _elastic(lab, workdir, url, p, rollout_hosts)
+                out["elastic"] = _result("elastic", runs, p, busy_flows=p.busy_flows)
                 log.info("elastic done in %.0fs", time.monotonic() - t0)
         finally:
             _stop_control(control)
@@ -229,6 +272,7 @@ def _interleave(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
     """a0, b0, a1, b1, ...: consecutive readers sit in different racks, so every rack gets holders and joiners."""
     out = [h for pair in zip(a, b) for h in pair]
     return out + list(a[len(b):]) + list(b[len(a):])
+
 
 
 def _elastic(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str]) -> dict:
@@ -259,7 +303,6 @@ def _elastic(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[s
         for proc in busy:
             Lab._stop(proc)
         holders.stop()
-    out["busy_flows"] = p.busy_flows
     return out
 
 
@@ -278,6 +321,7 @@ def _busy_flows(lab: Lab, p: LabBenchParams) -> list[subprocess.Popen]:
     return procs
 
 
+
 def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
     spec = LabSpec(datacenters=(
         DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=("trainer",)),)),
@@ -286,47 +330,36 @@ def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
     with Lab(spec) as lab:
         url, control = _start_control(lab, workdir, p, copies=p.rollouts)
         try:
-            res = _ab(lab, workdir, url, p, [f"c{i}" for i in range(p.rollouts)], "cross_dc")
+            runs = _ab(lab, workdir, url, p, [f"c{i}" for i in range(p.rollouts)], "cross_dc")
         finally:
             _stop_control(control)
     version = p.size_mb * (1 << 20)
-    res["wan_copies_per_version"] = {v: round(res[v]["wan_bytes"] / version, 2)
-                                     for v in ("tensorhub", "pull_from_trainer")}
-    return _ratio(res, "max_s", "cross_dc")
-
-
-def _ratio(res: dict, metric: str, mode: str) -> dict:
-    res["metric"] = metric
-    res["ratio"] = res["pull_from_trainer"][metric] / res["tensorhub"][metric]
-    res["paper_ratio"] = PAPER[mode]
+    res = _result("cross_dc", runs, p)
+    res["wan_bytes"] = {v: r["wan_bytes"] for v, r in runs.items()}
+    res["wan_copies_per_version"] = {v: round(r["wan_bytes"] / version, 2) for v, r in runs.items()}
     return res
 
 
+def _result(mode: str, runs: dict, p: LabBenchParams, **extra) -> dict:
+    """The mode's JSON: totals (the stall summed over rollouts) and worst rollout, TensorHub vs each baseline."""
+    th = runs["tensorhub"]
+    bases = [v for v in runs if v != "tensorhub"]
+    ideal = p.size_mb * (1 << 20) * 8 / ((p.wan_mbit if mode == "cross_dc" else p.nic_mbit) * 1e6)
+    return {"metric": "join seconds summed over joiners" if mode == "elastic" else "stall seconds summed over rollouts",
+            "readers": len(th["seconds"]),
+            "tensorhub_s": round(th["total_s"], 3), "baseline_s": {v: round(runs[v]["total_s"], 3) for v in bases},
+            "ratio": runs["pull_from_trainer"]["total_s"] / th["total_s"],
+            "ratio_vs": {v: runs[v]["total_s"] / th["total_s"] for v in bases},
+            "tensorhub_max_s": round(th["max_s"], 3), "baseline_max_s": {v: round(runs[v]["max_s"], 3) for v in bases},
+            "ratio_max": runs["pull_from_trainer"]["max_s"] / th["max_s"],
+            "ideal_one_reader_s": round(ideal, 3), "paper_ratio": PAPER[mode], "runs": runs, **extra}
+
+
 def plot(result: dict, out_dir: Path) -> list[str]:
-    """One PNG per mode: per-reader fetch seconds, TensorHub beside the baseline."""
-    import matplotlib
+    """PNGs: the lab's modes, and time vs readers / vs model size (see tensorhub_verl.sim.plots)."""
+    from tensorhub_verl.sim.plots import plot_all
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for mode, r in result["modes"].items():
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for k, (variant, color) in enumerate((("tensorhub", "tab:blue"), ("pull_from_trainer", "tab:gray"))):
-            secs = r[variant]["seconds"]
-            ax.bar([i + 0.4 * k for i in range(len(secs))], secs, width=0.4, color=color, label=variant)
-        n = len(r["tensorhub"]["seconds"])
-        ax.set_xticks([i + 0.2 for i in range(n)], [str(i) for i in range(n)])
-        ax.set_xlabel("reader")
-        ax.set_ylabel("fetch seconds")
-        ax.set_title(f"{mode}: {r['metric']} ratio {r['ratio']:.1f}x (paper {r['paper_ratio']}x)")
-        ax.legend()
-        fig.tight_layout()
-        path = out_dir / f"modes_{mode}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(str(path))
-    return paths
+    return plot_all(result, out_dir)
 
 
 def run(p: LabBenchParams, modes: tuple[str, ...], plots: Path | None) -> dict:
@@ -337,21 +370,34 @@ def run(p: LabBenchParams, modes: tuple[str, ...], plots: Path | None) -> dict:
             result["modes"].update(standalone_and_elastic(p, workdir, modes))
         if "cross_dc" in modes:
             result["modes"]["cross_dc"] = cross_dc(p, workdir)
+    # The simulator on the same topologies and workload: its error against what was just measured.
+    from tensorhub_verl.sim.calibrate import calibrate
+
+    result["sim_vs_lab"] = calibrate(result)["rows"]
     if plots is not None:
         plots.mkdir(parents=True, exist_ok=True)
         result["plots"] = plot(result, plots)
     return result
 
 
+def _yes_no(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tensorhub bench modes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="standalone,elastic,cross_dc")
-    ap.add_argument("--plots", type=Path, help="write one PNG per mode here")
+    ap.add_argument("--plots", type=Path, help="write the PNGs here (lab modes, time vs readers and vs size)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     for name, default in asdict(LabBenchParams()).items():
-        ap.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        kind = _yes_no if isinstance(default, bool) else type(default)
+        ap.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
     a = ap.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
@@ -367,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not a.json:
         for mode, r in result["modes"].items():
-            print(f"{mode:<11} tensorhub {r['tensorhub'][r['metric']]:7.2f}s  pull_from_trainer "
-                  f"{r['pull_from_trainer'][r['metric']]:7.2f}s  ratio {r['ratio']:5.2f}x (paper {r['paper_ratio']}x)")
+            bases = "  ".join(f"{v} {t:7.2f}s ({r['ratio_vs'][v]:4.1f}x)" for v, t in r["baseline_s"].items())
+            print(f"{mode:<11} total stall: tensorhub {r['tensorhub_s']:7.2f}s  {bases}  "
+                  f"(worst rollout {r['ratio_max']:4.1f}x; paper {r['paper_ratio']}x)")
     text = json.dumps(result)
     if a.out:
         a.out.write_text(text + "\n")

@@ -9,6 +9,9 @@ a role waits for `--go` before it acts and for `--stop` before it lets go of wha
   reader: a model only the trainer holds, so a baseline fetch reads every chunk from the trainer over the
   same transport, with the same client code.
 - reader: allocates buffers, waits for go, fetches, reports FetchStats, holds until stop.
+- bcast: one rank of a torch.distributed (gloo, TCP over the host's shaped NIC) group; rank 0 sits on the
+  trainer host and owns the weights (one flat buffer, as a bucketed broadcast sends them). The group is
+  formed before go (a fixed job forms it once); after go every rank times one `broadcast` of the version.
 """
 
 from __future__ import annotations
@@ -34,14 +37,51 @@ def _wait_file(path: Path, timeout: float) -> None:
         time.sleep(_POLL_S)
 
 
+def _cpu_s() -> float:
+    """CPU seconds this process (all its threads) has used so far."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _location(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split(","))
+
+
+def quiet_nixl_progress(delay_us: int) -> None:
+    """Make NIXL's progress thread wait `delay_us` between polls instead of spinning.
+
+    nixl-cu12's Python `nixl_agent` hard-codes `pthrDelay = 0`: every agent's progress thread busy-polls
+    one whole core, even idle (measured: 0.94 core idle at 0, 0.02 at 100 us). Ten agents on this 2-core
+    machine then starve each other and the CPU, not the shaped links, sets the pace. This patches the
+    config class the agent is built from, in this role process only; 0 leaves NIXL as it is. The lasting
+    fix belongs in `tensorhub_verl.ros.nixl_transport` (see docs/benchmarks.md).
+    """
+    if delay_us <= 0:
+        return
+    import nixl_cu12._api as api
+
+    base = api.nixlBind.nixlAgentConfig
+
+    class _Config(base):  # type: ignore[misc, valid-type]
+        def __setattr__(self, name, value):
+            if name == "pthrDelay" and not value:
+                value = delay_us
+            super().__setattr__(name, value)
+
+    api.nixlBind.nixlAgentConfig = _Config
 
 
 def hub(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
-    server = th.start_hub(host=a.host, port=a.port)
+    from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.planner import PlannerConfig
+
+    config = HubConfig(planner=PlannerConfig(max_inflight_per_source=a.max_inflight_per_source,
+                                             seeds_per_dc=a.seeds_per_dc))
+    server = th.start_hub(host=a.host, port=a.port, config=config)
     _say(event="ready", url=server.url)
     try:
         _wait_file(a.stop, a.timeout)
@@ -68,24 +108,63 @@ def trainer(a: argparse.Namespace) -> None:
 def reader(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(a.hub, a.worker, _location(a.location), window=a.window)
+    client = th.connect(a.hub, a.worker, _location(a.location), window=a.window, preserve_on_unpublish=False)
     try:
         buffers = client.manifest(a.model, 1).allocate()
+        # A rollout registers its weight buffers once, at startup, not once per version: publishing them
+        # (under a private name) registers them with the transport and the hub; the fetch then reuses that.
+        warm = f"warmup-{a.worker}"
+        client.publish(warm, 0, buffers)
+        client.unpublish(warm, 0)
         _say(event="ready")
         _wait_file(a.go, a.timeout)
         started = time.time()
+        cpu0 = _cpu_s()
         stats = client.fetch(a.model, 1, into=buffers, hold=a.hold, timeout=a.timeout)
         _say(event="fetched", worker=a.worker, model=a.model, started=started, seconds=stats.seconds,
-             bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes)
+             bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
+             cpu_s=_cpu_s() - cpu0)
         if a.hold:
             _wait_file(a.stop, a.timeout)
     finally:
         client.close()
 
 
+def bcast(a: argparse.Namespace) -> None:
+    import datetime
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")  # the shaped lab NIC, never loopback
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}", rank=a.rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=a.timeout))
+    try:
+        numel = int(a.size_mb * (1 << 20)) // 4
+        if a.rank == 0:
+            flat = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+        else:
+            flat = torch.empty(numel)
+        dist.barrier()  # the group is up: every rank is ready to receive
+        _say(event="ready", rank=a.rank)
+        _wait_file(a.go, a.timeout)
+        started = time.time()
+        t0, cpu0 = time.monotonic(), _cpu_s()
+        dist.broadcast(flat, src=0)
+        seconds = time.monotonic() - t0
+        _say(event="fetched", worker=f"bcast-{a.rank}", model="bcast", started=started, seconds=seconds,
+             bytes=flat.numel() * 4, sources={"trainer": flat.numel() * 4} if a.rank else {},
+             partial_source_bytes=0, cpu_s=_cpu_s() - cpu0)
+        _wait_file(a.stop, a.timeout)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tensorhub_verl.bench.modes_roles")
-    ap.add_argument("role", choices=["hub", "trainer", "reader"])
+    ap.add_argument("role", choices=["hub", "trainer", "reader", "bcast"])
     ap.add_argument("--stop", type=Path, required=True)
     ap.add_argument("--go", type=Path)
     ap.add_argument("--timeout", type=float, default=300.0)
@@ -100,9 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="policy")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--hold", action="store_true")
+    ap.add_argument("--max-inflight-per-source", type=int, default=8)
+    ap.add_argument("--seeds-per-dc", type=int, default=1)
+    ap.add_argument("--master", help="bcast: host:port of rank 0's rendezvous")
+    ap.add_argument("--nixl-progress-delay-us", type=int, default=0)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world", type=int, default=1)
     a = ap.parse_args(argv)
     try:
-        {"hub": hub, "trainer": trainer, "reader": reader}[a.role](a)
+        if a.role in ("trainer", "reader"):
+            quiet_nixl_progress(a.nixl_progress_delay_us)
+        {"hub": hub, "trainer": trainer, "reader": reader, "bcast": bcast}[a.role](a)
     except Exception as e:  # report, so the orchestrator fails with the reason instead of a timeout
         _say(event="error", role=a.role, error=f"{type(e).__name__}: {e}")
         return 1

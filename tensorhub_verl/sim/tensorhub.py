@@ -8,6 +8,9 @@ first `seeds_per_dc` readers of a datacenter to ask become its seeds (the only o
 Readers keep `window` reads in flight (the client's FetchSettings.window). A reader whose plan came back
 short re-plans after every event, as a hub waiter wakes on every change: plan passes run once per event,
 after all of that event's completions are booked.
+
+`report_lag_s` models the real client's hub round trip: a landed chunk is booked (its lease ends, the
+reader's window slot frees, peers may read it from the reader) only that long after it landed.
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ log = logging.getLogger("tensorhub_verl.sim")
 
 
 class TensorHub:
-    def __init__(self, swarm: Swarm, config: PlannerConfig | None = None, window: int = 8):
+    def __init__(self, swarm: Swarm, config: PlannerConfig | None = None, window: int = 8,
+                 report_lag_s: float = 0.0):
         self.swarm = swarm
+        self.report_lag_s = report_lag_s
+        self.unreported: Counter[str] = Counter()
+        """reader -> chunks landed but not yet booked with the hub (they still use a window slot)."""
+        self._hidden: dict[str, set[int]] = defaultdict(set)
         self.config = config or PlannerConfig()
         self.window = window
         self.seeds: dict[str, list[str]] = defaultdict(list)
@@ -43,6 +51,17 @@ class TensorHub:
 
     # ---- bookkeeping of leases, as the hub keeps them -----------------------------------------
     def _landed(self, reader: Member, chunk: int, source: str) -> None:
+        if self.report_lag_s > 0:
+            self.unreported[reader.name] += 1
+            self._hidden[reader.name].add(chunk)
+            self.swarm.sim.at(self.swarm.sim.now + self.report_lag_s, lambda: self._book(reader, chunk, source))
+        else:
+            self._book(reader, chunk, source)
+
+    def _book(self, reader: Member, chunk: int, source: str) -> None:
+        if self.report_lag_s > 0:
+            self.unreported[reader.name] -= 1
+            self._hidden[reader.name].discard(chunk)
         self.inflight_src[source] -= 1
         del self.pulling[chunk][reader.name]
         if (reader.name, chunk) in self._wan_leases:
@@ -60,7 +79,7 @@ class TensorHub:
     def _plan_pass(self) -> None:
         self._pending = False
         for reader in self.swarm.readers():
-            if reader.done_at is None and len(reader.inflight) < self.window:
+            if reader.done_at is None and len(reader.inflight) + self.unreported[reader.name] < self.window:
                 self._plan_one(reader)
 
     def _holder_views(self) -> list[HolderView]:
@@ -71,7 +90,7 @@ class TensorHub:
             else:
                 chunks = self._frozen.get(m.name)
                 if chunks is None:
-                    chunks = self._frozen[m.name] = frozenset(m.have)
+                    chunks = self._frozen[m.name] = frozenset(m.have - self._hidden[m.name])
                 if not chunks:
                     continue
             views.append(HolderView(m.name, m.location, chunks, self.inflight_src[m.name],
@@ -89,7 +108,8 @@ class TensorHub:
         pulling = {c: [loc for r, loc in by.items() if r != reader.name] for c, by in self.pulling.items() if by}
         wan = {d: frozenset(c for c, n in cnt.items() if n > 0) for d, cnt in self.wan_pulling.items()}
         view = SwarmView(self._holder_views(), pulling, wan)
-        request = PlanRequest(reader.name, reader.location, needed, self.window - len(reader.inflight),
+        room = self.window - len(reader.inflight) - self.unreported[reader.name]
+        request = PlanRequest(reader.name, reader.location, needed, room,
                               may_cross_wan=reader.name in seeds)
         self.plan_calls += 1
         for a in plan_chunks(request, view, self.config):

@@ -18,7 +18,24 @@ def test_summary_adds_sources():
     fetched = [{"seconds": 1.0, "sources": {"trainer": 3, "p": 1}, "partial_source_bytes": 1},
                {"seconds": 3.0, "sources": {"trainer": 4}, "partial_source_bytes": 0}]
     s = modes._summary(fetched)
-    assert (s["max_s"], s["mean_s"], s["bytes_from"], s["partial_source_bytes"]) == (3.0, 2.0, {"p": 1, "trainer": 7}, 1)
+    assert (s["total_s"], s["max_s"], s["mean_s"], s["bytes_from"], s["partial_source_bytes"]) == \
+        (4.0, 3.0, 2.0, {"p": 1, "trainer": 7}, 1)
+
+
+def test_result_keys_and_ratios():
+    runs = {"tensorhub": {"total_s": 2.0, "max_s": 1.0, "seconds": [1.0, 1.0]},
+            "pull_from_trainer": {"total_s": 10.0, "max_s": 6.0, "seconds": [4.0, 6.0]},
+            "broadcast": {"total_s": 5.0, "max_s": 3.0, "seconds": [2.0, 3.0]}}
+    r = modes._result("standalone", runs, modes.LabBenchParams(size_mb=25, nic_mbit=200))
+    assert (r["tensorhub_s"], r["baseline_s"], r["ratio"], r["ratio_max"]) == \
+        (2.0, {"pull_from_trainer": 10.0, "broadcast": 5.0}, 5.0, 6.0)
+    assert r["ratio_vs"] == {"pull_from_trainer": 5.0, "broadcast": 2.5}
+    assert r["readers"] == 2 and r["paper_ratio"] == 6.7 and r["runs"] is runs
+    assert r["ideal_one_reader_s"] == pytest.approx(25 * 2**20 * 8 / 200e6, abs=1e-3)
+
+
+def test_bool_flag_parses():
+    assert modes._yes_no("false") is False and modes._yes_no("1") is True
 
 
 def test_bad_params():
@@ -40,9 +57,11 @@ def test_cross_dc_tiny_run(no_leftovers, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0, res
     xdc = res["modes"]["cross_dc"]
-    assert set(xdc["tensorhub"]["bytes_from"]) <= {"trainer", "cross_dc-tensorhub-0", "cross_dc-tensorhub-1"}
-    assert xdc["pull_from_trainer"]["bytes_from"].keys() == {"trainer"}
+    assert set(xdc["runs"]["tensorhub"]["bytes_from"]) <= {"trainer", "cross_dc-tensorhub-0", "cross_dc-tensorhub-1"}
+    assert xdc["runs"]["pull_from_trainer"]["bytes_from"].keys() == {"trainer"}
+    assert {"tensorhub_s", "baseline_s", "ratio", "wan_bytes"} <= xdc.keys()
+    assert {r["mode"] for r in res["sim_vs_lab"]} == {"cross_dc"}
     # Every baseline reader pulled its own copy across the WAN; TensorHub crossed with fewer.
     assert xdc["wan_copies_per_version"]["pull_from_trainer"] >= 2
     assert xdc["wan_copies_per_version"]["tensorhub"] < xdc["wan_copies_per_version"]["pull_from_trainer"]
-    assert (tmp_path / "modes_cross_dc.png").exists()
+    assert {p.name for p in tmp_path.glob("*.png")} == {"lab_modes.png", "time_vs_readers.png", "time_vs_size.png"}

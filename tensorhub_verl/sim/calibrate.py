@@ -1,0 +1,223 @@
+"""The simulator on the network lab's own topologies, and its error against a lab run.
+
+`tensorhub bench modes` runs real processes over shaped veths; this module runs the same workloads
+(same hosts, racks, datacenters, link rates, version size, chunking, window and planner settings)
+through the flow simulator, so the two can be compared mode by mode:
+
+    python -m tensorhub_verl.sim.calibrate --lab-json modes.json      # compare with a saved lab run
+    python -m tensorhub_verl.sim.calibrate --rollouts 8 --size-mb 64   # simulate the lab only
+
+Both report per-rollout fetch seconds; the comparison is on total stall (sum over rollouts) and worst
+rollout, as `error = (sim - lab) / lab`. What the simulator leaves out (and so what the error measures):
+process-side costs of a fetch (manifest, buffer registration, hub round trips, Python polling) and TCP
+dynamics below the flow level (slow start, tbf bursts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, fields
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.sim.engine import FlowSim
+from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, tree_parents
+from tensorhub_verl.sim.tensorhub import TensorHub
+from tensorhub_verl.sim.topology import Cluster
+
+MIB = 1 << 20
+MBIT = 1e6 / 8  # bytes per second in one Mbit/s
+TRAINER = "trainer"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LabWorkload:
+    """The lab benchmark's knobs that shape the transfer (a subset of bench.modes.LabBenchParams)."""
+
+    size_mb: float = 64.0
+    chunk_mb: float = 2.0
+    rollouts: int = 8
+    holders: int = 4
+    joiners: int = 4
+    join_interval_s: float = 2.0
+    busy_flows: int = 4
+    nic_mbit: float = 200.0
+    wan_mbit: float = 100.0
+    window: int = 8
+    max_inflight_per_source: int = 8
+    report_lag_s: float = 0.0
+    """Hub round trip charged before a landed chunk can be served onward (0: the planner's ideal)."""
+
+    @classmethod
+    def from_params(cls, params: dict, **overrides) -> "LabWorkload":
+        names = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in params.items() if k in names}, **overrides})
+
+    @property
+    def nchunks(self) -> int:
+        return max(1, math.ceil(self.size_mb / self.chunk_mb))
+
+    @property
+    def chunk_bytes(self) -> float:
+        return self.size_mb * MIB / self.nchunks
+
+
+def lab_cluster(w: LabWorkload, mode: str) -> tuple[Cluster, list[str]]:
+    """The lab's topology as a simulator cluster; returns it and the rollout hosts in bench order."""
+    nic = w.nic_mbit * MBIT
+    if mode == "cross_dc":
+        nodes = {TRAINER: Location(dc="dc0", rack="r0", node=TRAINER)}
+        rollouts = [f"c{i}" for i in range(w.rollouts)]
+        nodes.update({h: Location(dc="dc1", rack="r0", node=h) for h in rollouts})
+        return Cluster(nodes=nodes, nic_Bps={n: nic for n in nodes}, wan_Bps=w.wan_mbit * MBIT), rollouts
+    if mode not in ("standalone", "elastic"):
+        raise ConfigError(f"unknown mode {mode!r}")
+    n = max(w.rollouts, w.holders + w.joiners)
+    half = (n + 1) // 2
+    a = [f"a{i}" for i in range(half)]
+    b = [f"b{i}" for i in range(n - half)]
+    nodes = {TRAINER: Location(dc="dc0", rack="r0", node=TRAINER), "sink": Location(dc="dc0", rack="r0", node="sink")}
+    nodes.update({h: Location(dc="dc0", rack="r1", node=h) for h in a})
+    nodes.update({h: Location(dc="dc0", rack="r2", node=h) for h in b})
+    order = [h for pair in zip(a, b) for h in pair] + a[len(b):] + b[len(a):]  # bench.modes._interleave
+    return Cluster(nodes=nodes, nic_Bps={n: nic for n in nodes}), order
+
+
+def _strategy(name: str, swarm: Swarm, w: LabWorkload, readers: list[str]):
+    if name == "tensorhub":
+        return TensorHub(swarm, PlannerConfig(max_inflight_per_source=w.max_inflight_per_source),
+                         window=w.window, report_lag_s=w.report_lag_s)
+    if name == "pull_from_trainer":
+        return PullFromSource(swarm, TRAINER, window=w.window)
+    if name == "broadcast":
+        # gloo's broadcast of one CPU tensor: a binomial tree, whole buffer per hop (no pipelining).
+        return Relay(swarm, binomial_parents(TRAINER, readers), window=swarm.nchunks)
+    if name == "tree":
+        return Relay(swarm, tree_parents(TRAINER, readers), window=1)
+    raise ConfigError(f"unknown strategy {name!r}")
+
+
+def binomial_parents(root: str, readers: list[str]) -> dict[str, str]:
+    """Binomial-tree broadcast over ranks 0..n (0 = root): rank r's parent is r with its highest bit cleared."""
+    ranks = [root, *readers]
+    return {r: ranks[i + 1 - (1 << ((i + 1).bit_length() - 1))] for i, r in enumerate(readers)}
+
+
+def _fetch(w: LabWorkload, mode: str, strategy: str) -> dict:
+    cluster, hosts = lab_cluster(w, mode)
+    sim = FlowSim(cluster)
+    whole = strategy == "broadcast"
+    swarm = Swarm(sim, 1 if whole else w.nchunks, w.size_mb * MIB if whole else w.chunk_bytes)
+    swarm.add_holder(TRAINER, TRAINER)
+    names = [f"rollout-{i}" for i in range(w.rollouts)]
+    strat = _strategy(strategy, swarm, w, names)
+    for name, host in zip(names, hosts):
+        strat.join(name, host)
+    sim.run(until=swarm.all_done)
+    return _report(swarm, names, sim)
+
+
+def _elastic(w: LabWorkload, strategy: str) -> dict:
+    cluster, hosts = lab_cluster(w, "elastic")
+    sim = FlowSim(cluster)
+    swarm = Swarm(sim, w.nchunks, w.chunk_bytes)
+    swarm.add_holder(TRAINER, TRAINER)
+    for i, host in enumerate(hosts[: w.holders]):
+        swarm.add_holder(f"holder-{i}", host)
+    for _ in range(w.busy_flows):  # the bench's endless TCP flows trainer -> sink
+        sim.start_flow(TRAINER, "sink", math.inf)
+    strat = _strategy(strategy, swarm, w, [])
+    names = [f"joiner-{i}" for i in range(w.joiners)]
+    for i, (name, host) in enumerate(zip(names, hosts[w.holders: w.holders + w.joiners])):
+        sim.at(i * w.join_interval_s, lambda name=name, host=host: strat.join(name, host))
+    sim.run(until=lambda: len(swarm.readers()) == len(names) and swarm.all_done(names))
+    return _report(swarm, names, sim)
+
+
+def _report(swarm: Swarm, names: list[str], sim: FlowSim) -> dict:
+    secs = [swarm.members[n].done_at - swarm.members[n].joined for n in names]
+    return {"total_s": sum(secs), "max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
+            "wan_bytes": sum(v for k, v in sim.bytes_on.items() if k[0] == "wan_in")}
+
+
+STRATEGIES = {"standalone": ("tensorhub", "pull_from_trainer", "broadcast"),
+              "elastic": ("tensorhub", "pull_from_trainer"),
+              "cross_dc": ("tensorhub", "pull_from_trainer")}
+
+
+def simulate_lab(w: LabWorkload, modes: tuple[str, ...] = ("standalone", "elastic", "cross_dc")) -> dict:
+    """Every mode's strategies on the lab topology: {mode: {strategy: report}}."""
+    out = {}
+    for mode in modes:
+        if mode not in STRATEGIES:
+            raise ConfigError(f"unknown mode {mode!r}; choose from {sorted(STRATEGIES)}")
+        out[mode] = {s: (_elastic(w, s) if mode == "elastic" else _fetch(w, mode, s)) for s in STRATEGIES[mode]}
+    return out
+
+
+def compare(lab: dict, sim: dict) -> list[dict]:
+    """Rows (mode, variant, metric, lab, sim, error) for every variant both ran.
+
+    `lab` is `bench modes` JSON ("modes" -> mode -> runs -> variant -> {total_s, max_s}); `sim` is
+    `simulate_lab`'s result.
+    """
+    rows = []
+    for mode, runs in sim.items():
+        lab_runs = lab.get("modes", {}).get(mode, {}).get("runs", {})
+        for variant, s in runs.items():
+            if variant not in lab_runs:
+                continue
+            for metric in ("total_s", "max_s"):
+                l_val = lab_runs[variant][metric]
+                rows.append({"mode": mode, "variant": variant, "metric": metric, "lab_s": round(l_val, 3),
+                             "sim_s": round(s[metric], 3), "error": round((s[metric] - l_val) / l_val, 3)})
+    return rows
+
+
+def calibrate(lab: dict, **overrides) -> dict:
+    """Simulates the workload a saved lab run describes and compares; returns {"sim", "rows"}."""
+    w = LabWorkload.from_params(lab["params"], **overrides)
+    modes = tuple(m for m in lab.get("modes", {}) if m in STRATEGIES)
+    sim = simulate_lab(w, modes)
+    return {"workload": {f.name: getattr(w, f.name) for f in fields(w)}, "sim": sim, "rows": compare(lab, sim)}
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"{'mode':<11} {'variant':<18} {'metric':<8} {'lab s':>8} {'sim s':>8} {'error':>7}"]
+    for r in rows:
+        lines.append(f"{r['mode']:<11} {r['variant']:<18} {r['metric']:<8} {r['lab_s']:>8.2f} {r['sim_s']:>8.2f} "
+                     f"{r['error']:>+7.0%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tensorhub_verl.sim.calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lab-json", help="a `tensorhub bench modes --out` file to compare with")
+    ap.add_argument("--modes", default="standalone,elastic,cross_dc")
+    for f in fields(LabWorkload):
+        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None)
+    a = ap.parse_args(argv)
+    overrides = {f.name: getattr(a, f.name) for f in fields(LabWorkload) if getattr(a, f.name) is not None}
+    try:
+        if a.lab_json:
+            with open(a.lab_json) as fh:
+                lab = json.loads(fh.read().strip().splitlines()[-1])
+            result = calibrate(lab, **overrides)
+            print(format_rows(result["rows"]), file=sys.stderr)
+        else:
+            result = {"sim": simulate_lab(LabWorkload(**overrides), tuple(m for m in a.modes.split(",") if m))}
+    except (ConfigError, OSError, KeyError, ValueError) as e:
+        print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
