@@ -128,9 +128,10 @@ class ChunkFetcher:
                 continue
             if pending is None:
                 room = window - len(self._inflight)
-                # A round trip is worth it to report a failure, to report finished reads when half the
-                # window is free or nothing is in flight, or to ask for work when there is room for it.
-                report = bool(failed) or (bool(done) and (not self._inflight or room * 2 >= window))
+                # Report every landed chunk at once (it becomes a source for the readers behind this one:
+                # the sooner, the faster a version spreads) and every failure; ask for work when half the
+                # window is free. Exchanges run beside the reads, so this costs the reads nothing.
+                report = bool(failed) or bool(done)
                 ask = (room * 2 >= window or not self._inflight) and now >= starved_until
                 if report or ask:
                     idle = not self._inflight and not done and not failed

@@ -366,12 +366,14 @@ class HubState:
         pulling: dict[int, list[Location]] = defaultdict(list)
         wan_pulling: dict[str, set[int]] = defaultdict(set)
         mine = set()
+        own_inflight: dict[str, int] = defaultdict(int)
         for lease in self._leases.values():
             if lease.key != key:
                 continue
             inflight[lease.source] += 1
             if lease.reader == holding.holder:
                 mine.add(lease.chunk)
+                own_inflight[lease.source] += 1
                 continue
             pulling[lease.chunk].append(lease.reader_location)
             if lease.distance == Distance.WAN:
@@ -393,7 +395,10 @@ class HubState:
         seeds[:] = [s for s in seeds if s in record.holdings]
         if holding.holder not in seeds and len(seeds) < self.config.planner.seeds_per_dc:
             seeds.append(holding.holder)
-        request = PlanRequest(holding.holder, location, needed, want, may_cross_wan=holding.holder in seeds)
+        filling = sum(1 for h in record.holdings.values() if h.state == "filling")
+        cap = self.config.planner.max_inflight_per_source
+        request = PlanRequest(holding.holder, location, needed, want, may_cross_wan=holding.holder in seeds,
+                              own_inflight=own_inflight, fair_share=max(1, cap // max(1, filling)))
         return plan_chunks(request, view, self.config.planner), everyone, needed
 
     def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:

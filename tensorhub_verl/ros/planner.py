@@ -10,7 +10,9 @@ holders and readers that are still filling), and:
      there, so a chunk spreads through peers instead of everyone hitting its first holder;
   4. crosses the WAN only as one of its datacenter's seeds, and only for a chunk that is not already
      crossing into that datacenter: one WAN copy per chunk per datacenter;
-  5. among the eligible holders picks the one that served the fewest bytes of this version, then the
+  5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
+     (readers filling at once share a holder's slots instead of the first one taking them all);
+  6. among the eligible holders picks the one that served the fewest bytes of this version, then the
      one with the fewest reads in flight, capped at ``max_inflight_per_source`` reads per source, so
      that no source's link sets the pace of the rest and the first holder (the trainer) serves each
      chunk about once. (Simulated, 8 readers of 32 chunks: trainer load 1.28x the version instead of
@@ -79,6 +81,11 @@ class PlanRequest:
     max_assignments: int
     may_cross_wan: bool = False
     """True for a seed of its datacenter."""
+    own_inflight: Mapping[str, int] = field(default_factory=dict)
+    """source -> this reader's reads in flight from it."""
+    fair_share: int | None = None
+    """Most reads this reader may have in flight from one source (None: only the source's cap). With
+    several readers filling at once it keeps the first one from taking all of a holder's slots."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,7 @@ class Assignment:
 
 def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
     inflight = {h.holder: h.inflight for h in view.holders}
+    own = Counter(request.own_inflight)
     served = {h.holder: h.served_bytes for h in view.holders}
     holders = [h for h in view.holders if h.holder != request.reader]
     complete = [h for h in holders if h.chunks is None]
@@ -123,11 +131,13 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
             continue  # rule 3
         if nearest == Distance.WAN and (not request.may_cross_wan or chunk in wan_busy):
             continue  # rule 4
-        free = [h for h in nearest_holders if inflight[h.holder] < config.max_inflight_per_source]
+        free = [h for h in nearest_holders if inflight[h.holder] < config.max_inflight_per_source
+                and (request.fair_share is None or own[h.holder] < request.fair_share)]
         if not free:
             continue
         best = min(free, key=lambda h: (served[h.holder], inflight[h.holder], h.holder))
         inflight[best.holder] += 1
+        own[best.holder] += 1
         if nearest == Distance.WAN:
             wan_busy.add(chunk)
         assignments.append(Assignment(chunk, best.holder, nearest))

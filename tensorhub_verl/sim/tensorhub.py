@@ -27,8 +27,10 @@ log = logging.getLogger("tensorhub_verl.sim")
 
 class TensorHub:
     def __init__(self, swarm: Swarm, config: PlannerConfig | None = None, window: int = 8,
-                 report_lag_s: float = 0.0):
+                 report_lag_s: float = 0.0, fair_share: bool = True):
         self.swarm = swarm
+        self.fair_share = fair_share
+        """Mirror the hub's per-reader share of a source's slots (HubState._plan)."""
         self.report_lag_s = report_lag_s
         self.unreported: Counter[str] = Counter()
         """reader -> chunks landed but not yet booked with the hub (they still use a window slot)."""
@@ -109,8 +111,11 @@ class TensorHub:
         wan = {d: frozenset(c for c, n in cnt.items() if n > 0) for d, cnt in self.wan_pulling.items()}
         view = SwarmView(self._holder_views(), pulling, wan)
         room = self.window - len(reader.inflight) - self.unreported[reader.name]
+        filling = sum(1 for r in self.swarm.readers() if r.done_at is None)
         request = PlanRequest(reader.name, reader.location, needed, room,
-                              may_cross_wan=reader.name in seeds)
+                              may_cross_wan=reader.name in seeds, own_inflight=Counter(reader.inflight.values()),
+                              fair_share=max(1, self.config.max_inflight_per_source // max(1, filling))
+                              if self.fair_share else None)
         self.plan_calls += 1
         for a in plan_chunks(request, view, self.config):
             self.inflight_src[a.source] += 1

@@ -249,3 +249,21 @@ def test_an_engines_shards_become_visible_only_together():
     with pytest.raises(InvalidRequest, match="shard_group"):
         state.publish(msg.Publish(worker="engine-1", holder="x", manifest=manifest_to_msg(manifest()),
                                   regions=[msg.RegionMsg(addr=1)], shard_count=2))
+
+
+def test_readers_filling_at_once_share_a_holders_slots():
+    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8))
+    m = manifest(chunks=16)
+    for w in ("trainer", "a", "b", "c", "d"):
+        register(state, w)
+    publish(state, "trainer", m)
+    begin(state, "a", m)
+    assert len(exchange(state, "a", m, want=8).assignments) == 8  # alone, it may use every slot
+    state2, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8))
+    for w in ("trainer", "a", "b", "c", "d"):
+        register(state2, w)
+    publish(state2, "trainer", m)
+    for w in ("a", "b", "c", "d"):
+        begin(state2, w, m)
+    got = {w: len(exchange(state2, w, m, want=8).assignments) for w in ("a", "b", "c", "d")}
+    assert got == {"a": 2, "b": 2, "c": 2, "d": 2}  # 8 slots shared by 4 filling readers

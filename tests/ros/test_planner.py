@@ -102,3 +102,10 @@ def test_distance_order():
 def test_config_rejects_nonsense(field):
     with pytest.raises(ConfigError, match=field):
         PlannerConfig(**{field: 0})
+
+
+def test_a_fair_share_keeps_one_reader_from_taking_every_slot():
+    holders = [HolderView("trainer", N1, None)]
+    assert len(plan("r", N0, range(8), holders, max_inflight_per_source=8)) == 8
+    request = PlanRequest("r", N0, list(range(8)), 8, own_inflight={"trainer": 1}, fair_share=2)
+    assert len(plan_chunks(request, SwarmView(holders), PlannerConfig(max_inflight_per_source=8))) == 1
