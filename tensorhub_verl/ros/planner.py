@@ -12,6 +12,7 @@ holders and readers that are still filling), and:
      crossing into that datacenter: one WAN copy per chunk per datacenter;
   5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
      (readers filling at once share a holder's slots instead of the first one taking them all);
+     a seed crossing the WAN is exempt;
   6. among the eligible holders picks the one that served the fewest bytes of this version, then the
      one with the fewest reads in flight, capped at ``max_inflight_per_source`` reads per source, so
      that no source's link sets the pace of the rest and the first holder (the trainer) serves each
@@ -131,8 +132,10 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
             continue  # rule 3
         if nearest == Distance.WAN and (not request.may_cross_wan or chunk in wan_busy):
             continue  # rule 4
+        # Seeds are the only readers crossing the WAN, so they need no share: it would idle the WAN.
+        share = None if nearest == Distance.WAN else request.fair_share
         free = [h for h in nearest_holders if inflight[h.holder] < config.max_inflight_per_source
-                and (request.fair_share is None or own[h.holder] < request.fair_share)]
+                and (share is None or own[h.holder] < share)]
         if not free:
             continue
         best = min(free, key=lambda h: (served[h.holder], inflight[h.holder], h.holder))
