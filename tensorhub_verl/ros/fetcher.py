@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -85,7 +84,6 @@ class ChunkFetcher:
         self.landed: set[int] = set()
         self._sources: dict[str, msg.SourceInfo] = {}
         self._inflight: dict[int, _Read] = {}
-        self._by_source: Counter[str] = Counter()
 
     def run(self) -> None:
         """Reads until every chunk has landed. Hub exchanges run on a helper thread, one at a time,
