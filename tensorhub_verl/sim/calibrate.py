@@ -48,7 +48,7 @@ class LabWorkload:
     busy_flows: int = 4
     nic_mbit: float = 200.0
     wan_mbit: float = 100.0
-    window: int = 8
+    window: int = 4
     max_inflight_per_source: int = 8
     report_lag_s: float = 0.0
     """Hub round trip charged before a landed chunk can be served onward (0: the planner's ideal)."""

@@ -82,3 +82,15 @@ def test_compare_rows_and_cli(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["rows"] == rows
     assert cal.main(["--lab-json", str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_lab_workload_defaults_match_the_lab_benchmark():
+    """calibrate keeps its own copy of the bench's knobs (no netlab import); they must not drift apart."""
+    from dataclasses import asdict
+
+    from tensorhub_verl.bench.modes import LabBenchParams
+    from tensorhub_verl.sim.calibrate import LabWorkload
+
+    bench, workload = asdict(LabBenchParams()), asdict(LabWorkload())
+    shared = set(bench) & set(workload)
+    assert shared and {k: bench[k] for k in shared} == {k: workload[k] for k in shared}
