@@ -6,9 +6,11 @@ Set UCX_TLS / UCX_NET_DEVICES in the environment to force one (the network lab f
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from collections import defaultdict
 from typing import Iterable
@@ -28,6 +30,17 @@ class _Registration:
     region: Region
     storage: StorageWeakRef
     descs: object
+
+
+_PUMPED: "weakref.WeakSet[NixlTransport]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_pumps() -> None:
+    """Stops every UCX pump before the interpreter finalizes. A daemon thread caught inside a NIXL call
+    then would be unwound through C++ frames when it retakes the GIL, and the process would abort."""
+    for transport in list(_PUMPED):
+        transport.stop_pump()
 
 
 class NixlTransport:
@@ -60,6 +73,12 @@ class NixlTransport:
             self._pump = threading.Thread(target=self._drive, args=(pump_interval_s,),
                                           name=f"tensorhub-ucx-{agent_name}", daemon=True)
             self._pump.start()
+            _PUMPED.add(self)
+
+    def stop_pump(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._pump is not None and self._pump is not threading.current_thread():
+            self._pump.join(timeout)
 
     def _drive(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -187,9 +206,7 @@ class NixlTransport:
                 logger.debug("releasing a NIXL handle failed: %s", e)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._pump is not None:
-            self._pump.join(5.0)
+        self.stop_pump()
         with self._lock:
             for reg in self._registered:
                 self._deregister(reg)

@@ -19,7 +19,7 @@ from typing import Any
 
 from tensorhub_verl import errors
 from tensorhub_verl.vllm import compat
-from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
+from tensorhub_verl.vllm.holder import ENGINE_CLIENT_DEFAULTS, EngineHolder, HolderConfig
 from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, layout_name, vllm_param_shapes
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
@@ -57,7 +57,7 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     rank, tp = compat.tp_rank_and_size()
     params = compat.live_parameters(compat.worker_model(worker_obj))
     layout = engine_layout(compat.hf_config(worker_obj), tp, rank, params)
-    cfg = th.ClientConfig(**(client_config or {}))
+    cfg = th.ClientConfig(**(ENGINE_CLIENT_DEFAULTS | (client_config or {})))
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
                         config=cfg)
     try:

@@ -42,6 +42,11 @@ STAGING_MODES = ("cpu", "gpu", "none")
 LoadHF = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
 
 
+# An engine must serve its peers' reads whatever its Python is doing (model steps, scheduler loops), so
+# UCX is driven by NIXL's own C++ thread there rather than by a Python thread that needs the GIL.
+ENGINE_CLIENT_DEFAULTS = {"progress": "thread"}
+
+
 class EngineStateLost(errors.TransferFailed):
     """A pull without staging failed midway and the served version could not be restored."""
 
