@@ -42,9 +42,10 @@ STAGING_MODES = ("cpu", "gpu", "none")
 LoadHF = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
 
 
-# An engine must serve its peers' reads whatever its Python is doing (model steps, scheduler loops), so
-# UCX is driven by NIXL's own C++ thread there rather than by a Python thread that needs the GIL.
-ENGINE_CLIENT_DEFAULTS = {"progress": "thread"}
+# Client settings for engine processes. NIXL's own progress thread ("thread") would serve peers without
+# the GIL, but on vLLM's CPU build it kept engine processes from exiting (a zombie worker spinning after
+# shutdown), so engines use the default UCX pump like every other client.
+ENGINE_CLIENT_DEFAULTS: dict = {}
 
 
 class EngineStateLost(errors.TransferFailed):
