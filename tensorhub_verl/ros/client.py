@@ -241,7 +241,8 @@ class Client:
             if key in self._fetches:
                 raise errors.InvalidRequest(f"a fetch of {model} v{manifest.version} ({layout}) is in progress")
             self._fetches[key] = fetch = _InFlightFetch(manifest, tensors)
-        stats = FetchStats(model, manifest.version, layout, chunks=len(manifest.chunks()))
+        chunks = manifest.chunks()
+        stats = FetchStats(model, manifest.version, layout, chunks=len(chunks))
         ok = False
         try:
             if self._transport.register(tensors.values()):
@@ -249,7 +250,7 @@ class Client:
             self._begin_fetch(fetch)
             settings = FetchSettings(self.config.window, self.config.read_timeout_s,
                                      started + (timeout or self.config.fetch_timeout_s), self.config.poll_interval_s)
-            fetch.fetcher = ChunkFetcher(self._transport, manifest.chunks(), list(tensors.values()),
+            fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats)
             fetch.have = fetch.fetcher.landed
             try:

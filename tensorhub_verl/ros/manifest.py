@@ -7,7 +7,6 @@ layout derives the same chunks without shipping them. Tiny tensors share a chunk
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -126,10 +125,6 @@ def split_into_chunks(tensors: tuple[TensorSpec, ...], chunk_bytes: int) -> tupl
     if current:
         chunks.append(Chunk(len(chunks), tuple(current)))
     return tuple(chunks)
-
-
-def chunk_count(total_bytes: int, chunk_bytes: int) -> int:
-    return math.ceil(total_bytes / chunk_bytes) if total_bytes else 0
 
 
 def content_fingerprint(tensors: Mapping[str, torch.Tensor], mode: str = "sample") -> str:

@@ -135,10 +135,6 @@ class NixlTransport:
         return (outer.mem == inner.mem and outer.device == inner.device and outer.addr <= inner.addr
                 and inner.addr + inner.nbytes <= outer.addr + outer.nbytes)
 
-    def is_registered(self, tensor: torch.Tensor) -> bool:
-        region = Region.of_tensor(tensor)
-        return tensor.numel() == 0 or any(self._covers(r.region, region) for r in self._registered)
-
     def metadata(self) -> bytes:
         with self._lock:
             return self._agent.get_agent_metadata()
@@ -149,14 +145,6 @@ class NixlTransport:
                 return
             self._agent.add_remote_agent(metadata)
             self._peers[agent_name] = metadata
-
-    def forget_peer(self, agent_name: str) -> None:
-        with self._lock:
-            if self._peers.pop(agent_name, None) is not None:
-                try:
-                    self._agent.remove_remote_agent(agent_name)
-                except Exception:  # already gone on NIXL's side
-                    pass
 
     def start_read(self, peer: str, copies: list[Copy]) -> list[object]:
         groups: dict[tuple[str, str], list[Copy]] = defaultdict(list)

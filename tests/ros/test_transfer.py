@@ -140,3 +140,12 @@ def test_a_holder_serves_reads_in_either_progress_mode(hub, roles, progress):
         late.result(120)
         late.send("go")
         assert late.result(120)["digest"] == digest(weights)
+
+
+def test_transports_satisfy_the_protocol():
+    from tensorhub_verl.ros.nixl_transport import NixlTransport
+    from tensorhub_verl.ros.transport import Transport
+
+    for transport in (NixlTransport("protocol-check"), GatedTransport("protocol-check-gated")):
+        assert isinstance(transport, Transport)
+        transport.close()
