@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--size-mb", type=float, default=256)
     parser.add_argument("--chunk-mb", type=float, default=8)
-    parser.add_argument("--progress", choices=("pump", "thread"), default="pump")
+    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="pump")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     result = run(args.readers, args.size_mb, args.chunk_mb, args.progress)

@@ -17,7 +17,8 @@ total) and the worst rollout (`*_max_s`, `ratio_max`); per-variant details are u
 Needs root and iproute2 (`tensorhub_verl.netlab`); prints one JSON object as the last line.
 
     orchestrator (root namespace: no lab address; talks to roles via stdout lines and files)
-      |-- hub + trainer      [lab host "trainer"]
+      |-- hub                [lab host "hub", beside the trainer; --hub-on-trainer puts it on "trainer"]
+      |-- trainer            [lab host "trainer"]
       |-- reader processes   [one lab host each]
       `-- busy TCP flows     [trainer -> "sink"] (elastic only)
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import selectors
 import statistics
 import subprocess
@@ -71,8 +73,11 @@ class LabBenchParams:
     """Reads in flight per reader (ClientConfig.window)."""
     max_inflight_per_source: int = 8
     """Hub planner: reads one source serves at once (PlannerConfig.max_inflight_per_source)."""
-    nixl_progress_delay_us: int = 100
-    """Roles' NIXL progress thread sleeps this long between polls (0: NIXL's busy poll; see modes_roles)."""
+    progress: str = "events"
+    """Who drives UCX in the trainer and readers (ClientConfig.progress)."""
+    hub_on_trainer: bool = False
+    """Run the hub on the trainer's host instead of its own host in the trainer's rack. There, every hub
+    reply waits behind the bulk data in the trainer's NIC queue (tbf is one FIFO, up to 50 ms deep)."""
     broadcast: bool = True
     """standalone: also run the torch.distributed (gloo) broadcast baseline."""
     timeout_s: float = 300.0
@@ -92,17 +97,14 @@ class Role:
         self.proc = lab.host(host).popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self._pending = b""
+        """Bytes read from stdout but not yet a whole line. The pipe is read raw (os.read), never through
+        Python's buffered readline: select() cannot see lines already sitting in that buffer."""
 
     def expect(self, event: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sel.select(left):
-                raise BenchError(f"{self.name}: no {event!r} within {timeout:.0f}s")
-            line = self.proc.stdout.readline()
-            if not line:
-                err = self.proc.stderr.read()[-1500:] if self.proc.poll() is not None else ""
-                raise BenchError(f"{self.name} exited (rc={self.proc.poll()}) before {event!r}: {err}")
+            line = self._next_line(deadline, f"no {event!r} within {timeout:.0f}s", event)
             try:
                 msg = json.loads(line)
             except ValueError:
@@ -112,6 +114,20 @@ class Role:
             if msg.get("event") == event:
                 log.debug("%s: %s", self.name, event)
                 return msg
+
+    def _next_line(self, deadline: float, late: str, event: str) -> str:
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                raise BenchError(f"{self.name}: {late}")
+            data = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not data:
+                self.proc.wait(timeout=10)
+                err = self.proc.stderr.read()[-1500:]
+                raise BenchError(f"{self.name} exited (rc={self.proc.returncode}) before {event!r}: {err}")
+            self._pending += data
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode(errors="replace")
 
     def wait(self, timeout: float) -> None:
         try:
@@ -138,7 +154,7 @@ class Phase:
         loc = ",".join(f"{k}={v}" for k, v in h.location.items())
         argv = [*_ROLES, "reader", "--hub", self.hub_url, "--worker", f"{self.name}-{i}", "--location", loc,
                 "--model", model, "--window", str(self.p.window),
-                "--nixl-progress-delay-us", str(self.p.nixl_progress_delay_us), "--go", str(go),
+                "--progress", self.p.progress, "--go", str(go),
                 "--stop", str(self.stop_file), "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else [])]
         self.readers.append(Role(self.lab, host, argv, f"{self.name}-{i}@{host}"))
         return go
@@ -169,18 +185,19 @@ def _summary(fetched: list[dict]) -> dict:
 
 
 def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[Role, Path]]]:
-    """Hub and trainer on the lab host "trainer". Returns the hub URL and (role, stop file) in stop order:
-    the trainer first (its close() unpublishes through the hub), the hub last."""
+    """Hub (lab host "hub") and trainer (lab host "trainer"). Returns the hub URL and (role, stop file) in
+    stop order: the trainer first (its close() unpublishes through the hub), the hub last."""
     host = lab.host("trainer")
+    hub_host = "trainer" if p.hub_on_trainer else "hub"
     ctl = Path(tempfile.mkdtemp(prefix="control-", dir=workdir))  # fresh stop files for every lab
-    hub = Role(lab, "trainer", [*_ROLES, "hub", "--host", host.ip, "--port", str(HUB_PORT),
+    hub = Role(lab, hub_host, [*_ROLES, "hub", "--host", lab.host(hub_host).ip, "--port", str(HUB_PORT),
                                 "--stop", str(ctl / "hub-stop"), "--timeout", str(p.timeout_s * 4),
                                 "--max-inflight-per-source", str(p.max_inflight_per_source)], "hub")
     url = hub.expect("ready", 120)["url"]
     loc = ",".join(f"{k}={v}" for k, v in host.location.items())
     trainer = Role(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
                                     "--chunk-mb", str(p.chunk_mb), "--private-copies", str(copies),
-                                    "--nixl-progress-delay-us", str(p.nixl_progress_delay_us),
+                                    "--progress", p.progress,
                                     "--stop", str(ctl / "trainer-stop"), "--timeout", str(p.timeout_s * 4)], "trainer")
     control = [(trainer, ctl / "trainer-stop"), (hub, ctl / "hub-stop")]
     try:
@@ -242,7 +259,7 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
     n = max(p.rollouts, p.holders + p.joiners)
     half = (n + 1) // 2
     spec = LabSpec(datacenters=(DatacenterSpec(name="dc0", racks=(
-        RackSpec(name="r0", hosts=("trainer", "sink")),
+        RackSpec(name="r0", hosts=("trainer", "hub", "sink")),
         RackSpec(name="r1", hosts=tuple(f"a{i}" for i in range(half))),
         RackSpec(name="r2", hosts=tuple(f"b{i}" for i in range(n - half))))),), nic_mbit=p.nic_mbit)
     with Lab(spec) as lab:
@@ -324,7 +341,7 @@ def _busy_flows(lab: Lab, p: LabBenchParams) -> list[subprocess.Popen]:
 
 def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
     spec = LabSpec(datacenters=(
-        DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=("trainer",)),)),
+        DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=("trainer", "hub")),)),
         DatacenterSpec(name="dc1", racks=(RackSpec(name="r0", hosts=tuple(f"c{i}" for i in range(p.rollouts))),))),
         nic_mbit=p.nic_mbit, wan_mbit=p.wan_mbit)
     with Lab(spec) as lab:

@@ -49,30 +49,6 @@ def _location(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split(","))
 
 
-def quiet_nixl_progress(delay_us: int) -> None:
-    """Make NIXL's progress thread wait `delay_us` between polls instead of spinning.
-
-    nixl-cu12's Python `nixl_agent` hard-codes `pthrDelay = 0`: every agent's progress thread busy-polls
-    one whole core, even idle (measured: 0.94 core idle at 0, 0.02 at 100 us). Ten agents on this 2-core
-    machine then starve each other and the CPU, not the shaped links, sets the pace. This patches the
-    config class the agent is built from, in this role process only; 0 leaves NIXL as it is. The lasting
-    fix belongs in `tensorhub_verl.ros.nixl_transport` (see docs/benchmarks.md).
-    """
-    if delay_us <= 0:
-        return
-    import nixl_cu12._api as api
-
-    base = api.nixlBind.nixlAgentConfig
-
-    class _Config(base):  # type: ignore[misc, valid-type]
-        def __setattr__(self, name, value):
-            if name == "pthrDelay" and not value:
-                value = delay_us
-            super().__setattr__(name, value)
-
-    api.nixlBind.nixlAgentConfig = _Config
-
-
 def hub(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
@@ -93,7 +69,8 @@ def trainer(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
     from tensorhub_verl.bench.procs import random_weights
 
-    client = th.connect(a.hub, "trainer", _location(a.location), chunk_bytes=int(a.chunk_mb * (1 << 20)))
+    client = th.connect(a.hub, "trainer", _location(a.location), chunk_bytes=int(a.chunk_mb * (1 << 20)),
+                        progress=a.progress)
     weights = random_weights(a.size_mb, seed=1)
     client.publish("policy", 1, weights)
     for i in range(a.private_copies):
@@ -108,7 +85,8 @@ def trainer(a: argparse.Namespace) -> None:
 def reader(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(a.hub, a.worker, _location(a.location), window=a.window, preserve_on_unpublish=False)
+    client = th.connect(a.hub, a.worker, _location(a.location), window=a.window, preserve_on_unpublish=False,
+                        progress=a.progress)
     try:
         buffers = client.manifest(a.model, 1).allocate()
         # A rollout registers its weight buffers once, at startup, not once per version: publishing them
@@ -118,12 +96,14 @@ def reader(a: argparse.Namespace) -> None:
         client.unpublish(warm, 0)
         _say(event="ready")
         _wait_file(a.go, a.timeout)
-        started = time.time()
+        started, t0 = time.time(), time.monotonic()
         cpu0 = _cpu_s()
         stats = client.fetch(a.model, 1, into=buffers, hold=a.hold, timeout=a.timeout)
+        timeline = [(round(posted - t0, 3), round(landed - t0, 3), chunk, source)
+                    for posted, landed, chunk, source in stats.timeline]
         _say(event="fetched", worker=a.worker, model=a.model, started=started, seconds=stats.seconds,
              bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
-             cpu_s=_cpu_s() - cpu0)
+             cpu_s=_cpu_s() - cpu0, timeline=timeline)
         if a.hold:
             _wait_file(a.stop, a.timeout)
     finally:
@@ -182,13 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-inflight-per-source", type=int, default=8)
     ap.add_argument("--seeds-per-dc", type=int, default=1)
     ap.add_argument("--master", help="bcast: host:port of rank 0's rendezvous")
-    ap.add_argument("--nixl-progress-delay-us", type=int, default=0)
+    ap.add_argument("--progress", default="events", help="ClientConfig.progress of trainer and readers")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     a = ap.parse_args(argv)
     try:
-        if a.role in ("trainer", "reader"):
-            quiet_nixl_progress(a.nixl_progress_delay_us)
         {"hub": hub, "trainer": trainer, "reader": reader, "bcast": bcast}[a.role](a)
     except Exception as e:  # report, so the orchestrator fails with the reason instead of a timeout
         _say(event="error", role=a.role, error=f"{type(e).__name__}: {e}")

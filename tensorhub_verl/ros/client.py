@@ -60,16 +60,25 @@ class ClientConfig:
     """Copy a retained version to CPU memory before its last reliable copy is unpublished."""
     poll_interval_s: float = 0.0005
     """How often the fetch loop checks its reads."""
-    progress: str = "pump"
-    """Who drives UCX to serve peers' reads: 'pump' (a sleeping thread) or 'thread' (NIXL's, spins)."""
+    wan_reads_posted: int = 1
+    """WAN reads a seed keeps posted at once; the hub gives it one more (PlannerConfig.wan_reads_per_seed),
+    queued here to start the moment one lands. One at a time suits TCP, where reads posted together share
+    a stream and land together. On an RDMA WAN with a long round trip (reads on one queue pair complete in
+    order) raise both to cover the bandwidth-delay product."""
+    progress: str = "events"
+    """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'
+    (a Python thread polling every 0.5 ms) or 'thread' (NIXL's thread as its binding sets it: spinning).
+    See NixlTransport."""
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_bytes <= 1 << 31:
             raise errors.ConfigError(f"chunk_bytes must be in [4096, 2**31], got {self.chunk_bytes}")
         if self.window < 1:
             raise errors.ConfigError(f"window must be >= 1, got {self.window}")
-        if self.progress not in ("pump", "thread"):
-            raise errors.ConfigError(f"progress must be 'pump' or 'thread', got {self.progress!r}")
+        if self.wan_reads_posted < 1:
+            raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
+        if self.progress not in ("events", "pump", "thread"):
+            raise errors.ConfigError(f"progress must be 'events', 'pump' or 'thread', got {self.progress!r}")
         if self.fingerprint not in ("sample", "full", "none"):
             raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
         for name in ("read_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "request_timeout_s", "hub_retry_s"):
@@ -249,7 +258,8 @@ class Client:
                 self._register_worker()
             self._begin_fetch(fetch)
             settings = FetchSettings(self.config.window, self.config.read_timeout_s,
-                                     started + (timeout or self.config.fetch_timeout_s), self.config.poll_interval_s)
+                                     started + (timeout or self.config.fetch_timeout_s), self.config.poll_interval_s,
+                                     self.config.wan_reads_posted)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats)
             fetch.have = fetch.fetcher.landed

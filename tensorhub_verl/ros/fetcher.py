@@ -9,6 +9,11 @@
 
 A read that fails or outlives ``read_timeout_s`` is reported as failed; the hub re-plans that chunk
 on another source. Only chunks whose reads completed and were not revoked count as landed.
+
+A seed posts its WAN reads ``wan_reads_posted`` at a time and queues the rest of its WAN assignments
+here, starting the next the moment one lands. Over TCP, reads posted together share one stream and land
+together at the end; one after another, each chunk lands (and starts spreading through the datacenter)
+as early as the WAN allows, and the queued next read keeps the WAN busy without a hub round trip.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,6 +31,7 @@ import torch
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.manifest import Chunk
+from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
 
 logger = logging.getLogger("tensorhub_verl.ros.fetch")
@@ -46,6 +53,9 @@ class FetchStats:
     failed_reads: int = 0
     revoked_reads: int = 0
     chunks: int = 0
+    timeline: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
+    """(posted, landed, chunk, source worker) per landed chunk in landing order, monotonic times: where a
+    fetch spent its time."""
     buffers: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     """The filled buffers (those passed as ``into``, or allocated when it was None)."""
 
@@ -60,6 +70,8 @@ class _Read:
     chunk: int
     source: msg.SourceInfo
     started: float
+    crosses_wan: bool
+    landed: float = 0.0
 
 
 @dataclass(slots=True)
@@ -68,6 +80,8 @@ class FetchSettings:
     read_timeout_s: float
     deadline: float
     poll_interval_s: float
+    wan_reads_posted: int = 1
+    """WAN reads posted at once; further WAN assignments wait in a local queue."""
 
 
 class ChunkFetcher:
@@ -84,6 +98,7 @@ class ChunkFetcher:
         self.landed: set[int] = set()
         self._sources: dict[str, msg.SourceInfo] = {}
         self._inflight: dict[int, _Read] = {}
+        self._wan_queue: deque[msg.AssignmentMsg] = deque()
 
     def run(self) -> None:
         """Reads until every chunk has landed. Hub exchanges run on a helper thread, one at a time,
@@ -112,7 +127,8 @@ class ChunkFetcher:
                 self._book(reported, finished, set(reply.revoked))
                 if len(self.landed) == total and not self._inflight:
                     return
-                if reply.unservable and not reply.assignments and not self._inflight and not done:
+                if (reply.unservable and not reply.assignments and not self._inflight and not self._wan_queue
+                        and not done):
                     raise TransferFailed(f"no holder can serve chunk(s) {reply.unservable[:8]} of "
                                          f"{self.stats.model} v{self.stats.version} ({self.stats.layout}); "
                                          f"every source failed or left")
@@ -120,12 +136,12 @@ class ChunkFetcher:
                     self._transport.load_peer(info.agent_name, _b64(info.agent_metadata_b64))
                     self._sources[info.holder] = info
                 for a in reply.assignments:
-                    self._post(a, failed)
+                    self._assign(a, failed)
                 if len(reply.assignments) < asked_for:
                     starved_until = time.monotonic() + _STARVED_RETRY_S
                 continue
             if pending is None:
-                room = window - len(self._inflight)
+                room = window - len(self._inflight) - len(self._wan_queue)
                 # Report every landed chunk at once (it becomes a source for the readers behind this one:
                 # the sooner, the faster a version spreads) and every failure; ask for work when half the
                 # window is free. Exchanges run beside the reads, so this costs the reads nothing.
@@ -152,11 +168,14 @@ class ChunkFetcher:
             self._transport.release(read.handle)
             del self._inflight[lease]
             if state == "DONE":
+                read.landed = now
                 done.append(lease)
                 finished[lease] = read
             else:
                 failed.append(msg.FailedRead(lease=lease, reason=f"{read.source.holder}: {reason}"))
                 self.stats.failed_reads += 1
+            if read.crosses_wan and self._wan_queue:
+                self._post(self._wan_queue.popleft(), failed)
 
     def _book(self, done: list[int], finished: dict[int, _Read], revoked: set[int]) -> None:
         for lease in done:
@@ -166,10 +185,19 @@ class ChunkFetcher:
                 continue
             chunk = self._chunks[read.chunk]
             self.landed.add(read.chunk)
+            self.stats.timeline.append((read.started, read.landed, read.chunk, read.source.worker))
             self.stats.bytes += chunk.nbytes
             self.stats.sources[read.source.worker] = self.stats.sources.get(read.source.worker, 0) + chunk.nbytes
             if read.source.partial:
                 self.stats.partial_source_bytes += chunk.nbytes
+
+    def _assign(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
+        if a.distance == Distance.WAN:
+            posted = sum(read.crosses_wan for read in self._inflight.values())
+            if posted >= self._settings.wan_reads_posted:
+                self._wan_queue.append(a)
+                return
+        self._post(a, failed)
 
     def _post(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
         source = self._sources.get(a.source)
@@ -187,7 +215,7 @@ class ChunkFetcher:
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1
             return
-        self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic())
+        self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic(), a.distance == Distance.WAN)
 
     @property
     def deadline(self) -> float:
@@ -201,6 +229,7 @@ class ChunkFetcher:
         for read in self._inflight.values():
             self._transport.release(read.handle)
         self._inflight.clear()
+        self._wan_queue.clear()
 
 
 def _b64(text: str) -> bytes:

@@ -367,6 +367,7 @@ class HubState:
         wan_pulling: dict[str, set[int]] = defaultdict(set)
         mine = set()
         own_inflight: dict[str, int] = defaultdict(int)
+        own_wan = 0
         for lease in self._leases.values():
             if lease.key != key:
                 continue
@@ -374,6 +375,7 @@ class HubState:
             if lease.reader == holding.holder:
                 mine.add(lease.chunk)
                 own_inflight[lease.source] += 1
+                own_wan += lease.distance == Distance.WAN
                 continue
             pulling[lease.chunk].append(lease.reader_location)
             if lease.distance == Distance.WAN:
@@ -398,7 +400,8 @@ class HubState:
         filling = sum(1 for h in record.holdings.values() if h.state == "filling")
         cap = self.config.planner.max_inflight_per_source
         request = PlanRequest(holding.holder, location, needed, want, may_cross_wan=holding.holder in seeds,
-                              own_inflight=own_inflight, fair_share=max(1, cap // max(1, filling)))
+                              own_inflight=own_inflight, own_wan_reads=own_wan,
+                              fair_share=max(1, cap // max(1, filling)))
         return plan_chunks(request, view, self.config.planner), everyone, needed
 
     def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:

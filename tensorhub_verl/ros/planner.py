@@ -9,7 +9,10 @@ holders and readers that are still filling), and:
   3. waits when as many readers at that distance are pulling the chunk as there are holders of it
      there, so a chunk spreads through peers instead of everyone hitting its first holder;
   4. crosses the WAN only as one of its datacenter's seeds, and only for a chunk that is not already
-     crossing into that datacenter: one WAN copy per chunk per datacenter;
+     crossing into that datacenter: one WAN copy per chunk per datacenter. A seed holds at most
+     ``wan_reads_per_seed`` WAN reads: it reads one at a time and keeps the next queued (see
+     ``ClientConfig.wan_reads_posted``), so chunks cross one after another and each starts spreading
+     through its datacenter as early as the WAN allows;
   5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
      (readers filling at once share a holder's slots instead of the first one taking them all);
      a seed crossing the WAN is exempt;
@@ -40,15 +43,17 @@ class PlannerConfig:
     """Reads in flight that one source serves at once; more wait for a slot or go to another source."""
     seeds_per_dc: int = 1
     """Readers per datacenter that may pull across the WAN for one version."""
+    wan_reads_per_seed: int = 2
+    """WAN reads one seed holds at once: the one it is reading and the next, queued on the reader so that
+    it starts the moment the first lands, without waiting for a hub round trip."""
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
     nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""
 
     def __post_init__(self) -> None:
-        if self.max_inflight_per_source < 1:
-            raise ConfigError(f"max_inflight_per_source must be >= 1, got {self.max_inflight_per_source}")
-        if self.seeds_per_dc < 1:
-            raise ConfigError(f"seeds_per_dc must be >= 1, got {self.seeds_per_dc}")
+        for name in ("max_inflight_per_source", "seeds_per_dc", "wan_reads_per_seed"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,8 @@ class PlanRequest:
     """True for a seed of its datacenter."""
     own_inflight: Mapping[str, int] = field(default_factory=dict)
     """source -> this reader's reads in flight from it."""
+    own_wan_reads: int = 0
+    """This reader's reads crossing the WAN right now (posted or queued)."""
     fair_share: int | None = None
     """Most reads this reader may have in flight from one source (None: only the source's cap). With
     several readers filling at once it keeps the first one from taking all of a holder's slots."""
@@ -108,8 +115,12 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
             for chunk in h.chunks or ():
                 partial[chunk].append(h)
     wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
+    wan_room = config.wan_reads_per_seed - request.own_wan_reads if request.may_cross_wan else 0
     assignments: list[Assignment] = []
-    for chunk in _rotated(request.needed, request.reader):
+    order = _rotated(request.needed, request.reader)
+    if config.cooperative:  # rarest first: the newest copies spread before chunks that many already hold
+        order.sort(key=lambda c: len(complete) + len(partial.get(c, ())))
+    for chunk in order:
         if len(assignments) >= request.max_assignments:
             break
         having = complete + partial.get(chunk, [])
@@ -130,7 +141,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         nearest_holders = [h for h in having if distance_of[h.holder] == nearest]
         if pull_distances[nearest] >= len(nearest_holders):
             continue  # rule 3
-        if nearest == Distance.WAN and (not request.may_cross_wan or chunk in wan_busy):
+        if nearest == Distance.WAN and (wan_room < 1 or chunk in wan_busy):
             continue  # rule 4
         # Seeds are the only readers crossing the WAN, so they need no share: it would idle the WAN.
         share = None if nearest == Distance.WAN else request.fair_share
@@ -138,11 +149,12 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
                 and (share is None or own[h.holder] < share)]
         if not free:
             continue
-        best = min(free, key=lambda h: (served[h.holder], inflight[h.holder], h.holder))
+        best = min(free, key=lambda h: (inflight[h.holder] > 0, served[h.holder], inflight[h.holder], h.holder))
         inflight[best.holder] += 1
         own[best.holder] += 1
         if nearest == Distance.WAN:
             wan_busy.add(chunk)
+            wan_room -= 1
         assignments.append(Assignment(chunk, best.holder, nearest))
     return assignments
 

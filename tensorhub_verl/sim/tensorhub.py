@@ -9,6 +9,9 @@ Readers keep `window` reads in flight (the client's FetchSettings.window). A rea
 short re-plans after every event, as a hub waiter wakes on every change: plan passes run once per event,
 after all of that event's completions are booked.
 
+A seed posts `wan_posted` WAN reads at once and queues the rest of its WAN assignments (the client's
+ClientConfig.wan_reads_posted): the next starts the moment one lands.
+
 `report_lag_s` models the real client's hub round trip: a landed chunk is booked (its lease ends, the
 reader's window slot frees, peers may read it from the reader) only that long after it landed.
 """
@@ -27,7 +30,7 @@ log = logging.getLogger("tensorhub_verl.sim")
 
 class TensorHub:
     def __init__(self, swarm: Swarm, config: PlannerConfig | None = None, window: int = 8,
-                 report_lag_s: float = 0.0, fair_share: bool = True):
+                 report_lag_s: float = 0.0, fair_share: bool = True, wan_posted: int = 1):
         self.swarm = swarm
         self.fair_share = fair_share
         """Mirror the hub's per-reader share of a source's slots (HubState._plan)."""
@@ -42,6 +45,9 @@ class TensorHub:
         self.pulling: dict[int, dict[str, object]] = defaultdict(dict)  # chunk -> reader -> location
         self.wan_pulling: dict[str, Counter[int]] = defaultdict(Counter)
         self._wan_leases: set[tuple[str, int]] = set()
+        self.wan_posted = wan_posted
+        self._wan_active: Counter[str] = Counter()
+        self._wan_queue: dict[str, list[tuple[int, str]]] = defaultdict(list)
         self._frozen: dict[str, frozenset[int]] = {}
         self._pending = False
         self.plan_calls = 0
@@ -53,6 +59,10 @@ class TensorHub:
 
     # ---- bookkeeping of leases, as the hub keeps them -----------------------------------------
     def _landed(self, reader: Member, chunk: int, source: str) -> None:
+        if (reader.name, chunk) in self._wan_leases:
+            self._wan_active[reader.name] -= 1
+            if self._wan_queue[reader.name]:
+                self._start_wan(reader, *self._wan_queue[reader.name].pop(0))
         if self.report_lag_s > 0:
             self.unreported[reader.name] += 1
             self._hidden[reader.name].add(chunk)
@@ -81,8 +91,12 @@ class TensorHub:
     def _plan_pass(self) -> None:
         self._pending = False
         for reader in self.swarm.readers():
-            if reader.done_at is None and len(reader.inflight) + self.unreported[reader.name] < self.window:
+            if reader.done_at is None and self._occupied(reader) < self.window:
                 self._plan_one(reader)
+
+    def _occupied(self, reader: Member) -> int:
+        """Window slots in use: reads in flight, WAN reads queued, landed chunks not yet booked."""
+        return len(reader.inflight) + len(self._wan_queue[reader.name]) + self.unreported[reader.name]
 
     def _holder_views(self) -> list[HolderView]:
         views = []
@@ -104,16 +118,20 @@ class TensorHub:
         seeds = self.seeds[dc]
         if reader.name not in seeds and len(seeds) < self.config.seeds_per_dc:
             seeds.append(reader.name)
-        needed = [c for c in range(self.swarm.nchunks) if c not in reader.have and c not in reader.inflight]
+        queued = {c for c, _ in self._wan_queue[reader.name]}
+        needed = [c for c in range(self.swarm.nchunks)
+                  if c not in reader.have and c not in reader.inflight and c not in queued]
         if not needed:
             return
         pulling = {c: [loc for r, loc in by.items() if r != reader.name] for c, by in self.pulling.items() if by}
         wan = {d: frozenset(c for c, n in cnt.items() if n > 0) for d, cnt in self.wan_pulling.items()}
         view = SwarmView(self._holder_views(), pulling, wan)
-        room = self.window - len(reader.inflight) - self.unreported[reader.name]
+        room = self.window - self._occupied(reader)
         filling = sum(1 for r in self.swarm.readers() if r.done_at is None)
+        own_wan = self._wan_active[reader.name] + len(self._wan_queue[reader.name])
         request = PlanRequest(reader.name, reader.location, needed, room,
                               may_cross_wan=reader.name in seeds, own_inflight=Counter(reader.inflight.values()),
+                              own_wan_reads=own_wan,
                               fair_share=max(1, self.config.max_inflight_per_source // max(1, filling))
                               if self.fair_share else None)
         self.plan_calls += 1
@@ -123,4 +141,13 @@ class TensorHub:
             if a.distance == Distance.WAN:
                 self._wan_leases.add((reader.name, a.chunk))
                 self.wan_pulling[dc][a.chunk] += 1
+                if self._wan_active[reader.name] >= self.wan_posted:
+                    self._wan_queue[reader.name].append((a.chunk, a.source))
+                else:
+                    self._start_wan(reader, a.chunk, a.source)
+                continue
             self.swarm.read(reader, a.chunk, a.source)
+
+    def _start_wan(self, reader: Member, chunk: int, source: str) -> None:
+        self._wan_active[reader.name] += 1
+        self.swarm.read(reader, chunk, source)

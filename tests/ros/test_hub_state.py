@@ -7,6 +7,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub_state import HubConfig, HubState, manifest_to_msg
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
 from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.topology import Distance
 
 CHUNK = 4096
 
@@ -170,9 +171,10 @@ def test_last_reliable_copy_of_a_retained_version_must_be_preserved():
                                                      layout="hf")).must_preserve
 
 
-def test_exactly_seeds_per_dc_readers_cross_the_wan():
-    state, _ = make_state(planner=PlannerConfig(seeds_per_dc=1))
-    m = manifest(chunks=4)
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_exactly_seeds_per_dc_readers_cross_the_wan_each_holding_wan_reads_per_seed(seeds):
+    state, _ = make_state(planner=PlannerConfig(seeds_per_dc=seeds, wan_reads_per_seed=2))
+    m = manifest(chunks=8)
     register(state, "trainer", dc="dc0")
     for r in ("x", "y", "z"):
         register(state, r, dc="dc1", node=r)
@@ -181,7 +183,13 @@ def test_exactly_seeds_per_dc_readers_cross_the_wan():
     for r in ("x", "y", "z"):
         begin(state, r, m)
         crossing[r] = [a for a in exchange(state, r, m).assignments if a.source == "trainer"]
-    assert len(crossing["x"]) == 4 and crossing["y"] == [] and crossing["z"] == []
+    assert [len(crossing[r]) for r in ("x", "y", "z")] == [2, 2 if seeds == 2 else 0, 0]
+    chunks = [a.chunk for r in crossing for a in crossing[r]]
+    assert len(chunks) == len(set(chunks)), "a chunk crosses the WAN once per datacenter"
+    # The seed's next WAN read comes only when one of its two lands.
+    assert [a for a in exchange(state, "x", m).assignments if a.source == "trainer"] == []
+    refill = exchange(state, "x", m, completed=[crossing["x"][0].lease]).assignments
+    assert [a.source for a in refill if a.distance == Distance.WAN] == ["trainer"]
 
 
 def test_republishing_other_bytes_under_a_published_version_is_refused():

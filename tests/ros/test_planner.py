@@ -13,8 +13,8 @@ DC1_A = Location("dc1", "r0", "a")
 DC1_B = Location("dc1", "r0", "b")
 
 
-def plan(reader, location, needed, holders, pulling=None, wan=None, want=16, seed=False, **config):
-    request = PlanRequest(reader, location, list(needed), want, may_cross_wan=seed)
+def plan(reader, location, needed, holders, pulling=None, wan=None, want=16, seed=False, own_wan=0, **config):
+    request = PlanRequest(reader, location, list(needed), want, may_cross_wan=seed, own_wan_reads=own_wan)
     view = SwarmView(holders, pulling or {}, wan or {})
     return {a.chunk: a.source for a in plan_chunks(request, view, PlannerConfig(**config))}
 
@@ -67,6 +67,17 @@ def test_only_seeds_cross_the_wan_and_only_once_per_chunk():
     assert plan("seed2", DC1_B, [0, 1], holders, wan={"dc1": frozenset({0})}, seed=True) == {1: "trainer"}
 
 
+def test_a_seed_holds_at_most_wan_reads_per_seed_wan_reads():
+    holders = [HolderView("trainer", N0, None)]
+    three = plan("seed", DC1_A, range(8), holders, seed=True, wan_reads_per_seed=3)
+    assert len(three) == 3 and set(three.values()) == {"trainer"}
+    assert len(plan("seed", DC1_A, range(8), holders, seed=True, own_wan=2, wan_reads_per_seed=3)) == 1
+    assert plan("seed", DC1_A, range(8), holders, seed=True, own_wan=3, wan_reads_per_seed=3) == {}
+    # Local reads are not WAN reads: a seed with its WAN reads taken still reads what its datacenter has.
+    holders.append(HolderView("peer", DC1_B, frozenset({5})))
+    assert plan("seed", DC1_A, range(8), holders, seed=True, own_wan=3, wan_reads_per_seed=3) == {5: "peer"}
+
+
 def test_readers_behind_the_wan_read_locally_from_a_filling_seed():
     holders = [HolderView("trainer", N0, None), HolderView("seed", DC1_A, frozenset({0, 1}))]
     assert plan("r", DC1_B, [0, 1, 2], holders) == {0: "seed", 1: "seed"}
@@ -98,7 +109,7 @@ def test_distance_order():
     assert N0.distance(DC1_A) == Distance.WAN
 
 
-@pytest.mark.parametrize("field", ["max_inflight_per_source", "seeds_per_dc"])
+@pytest.mark.parametrize("field", ["max_inflight_per_source", "seeds_per_dc", "wan_reads_per_seed"])
 def test_config_rejects_nonsense(field):
     with pytest.raises(ConfigError, match=field):
         PlannerConfig(**{field: 0})

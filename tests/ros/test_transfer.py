@@ -149,3 +149,31 @@ def test_transports_satisfy_the_protocol():
     for transport in (NixlTransport("protocol-check"), GatedTransport("protocol-check-gated")):
         assert isinstance(transport, Transport)
         transport.close()
+
+
+def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queued(hub):
+    """The hub leases a seed two WAN reads (PlannerConfig.wan_reads_per_seed); the client posts one and
+    queues the other, so WAN chunks land one after another instead of together."""
+    weights = make_weights(2, 2.0)
+    with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
+        trainer.publish("policy", 1, weights)
+        gated = GatedTransport("seed-agent")
+        gated.finish_gate.clear()
+        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8), transport=gated)
+        outcome = {}
+        fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
+        fetch.start()
+        deadline = time.monotonic() + 30
+        while trainer.status()["leases_in_flight"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # time enough for a wrongly posted second read to show up
+        assert trainer.status()["leases_in_flight"] == 2 and gated.reads == 1
+        gated.finish_gate.set()
+        fetch.join(60)
+        stats = outcome["stats"]
+        assert stats.chunks > 2 and stats.sources == {"trainer": stats.bytes}
+        for name, tensor in weights.items():
+            assert torch.equal(stats.buffers[name], tensor), name
+        posted_after_previous_landed = [later[0] >= earlier[1] for earlier, later in zip(stats.timeline, stats.timeline[1:])]
+        assert all(posted_after_previous_landed), stats.timeline
+        seed.close()
