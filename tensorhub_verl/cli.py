@@ -30,6 +30,16 @@ _BENCHES = {
 }
 
 
+def _wan_seeds(args: argparse.Namespace) -> int:
+    """--seeds-per-dc, else sized from --nic-gbps / --wan-gbps (LinkCapacities.seeds_for_wan), else 1."""
+    from tensorhub_verl.ros.topology import LinkCapacities
+
+    if args.seeds_per_dc is not None:
+        return args.seeds_per_dc
+    links = {k: v for k, v in (("nic_gbps", args.nic_gbps), ("wan_gbps", args.wan_gbps)) if v is not None}
+    return LinkCapacities(**links).seeds_for_wan() if links else 1
+
+
 def _hub_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.hub_server import HubServer, resolve_token
     from tensorhub_verl.ros.hub_state import HubConfig
@@ -43,14 +53,18 @@ def _hub_command(argv: list[str]) -> int:
     parser.add_argument("--keep-versions", type=int, default=2, help="retention: newest N versions per model")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds without heartbeat")
     parser.add_argument("--lease-ttl", type=float, default=30.0, help="seconds one chunk read may take")
-    parser.add_argument("--seeds-per-dc", type=int, default=1)
+    parser.add_argument("--seeds-per-dc", type=int, default=None,
+                        help="readers per datacenter that cross the WAN (default: ceil(wan / nic) with "
+                             "--nic-gbps and --wan-gbps, else 1)")
+    parser.add_argument("--nic-gbps", type=float, default=None, help="a worker's NIC rate, Gbit/s")
+    parser.add_argument("--wan-gbps", type=float, default=None, help="the WAN's rate, Gbit/s")
     parser.add_argument("--max-inflight-per-source", type=int, default=8)
     parser.add_argument("--url-file", default=None, help="write the hub URL here once listening")
     args = parser.parse_args(argv)
     token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl,
-                       planner=PlannerConfig(seeds_per_dc=args.seeds_per_dc,
+                       planner=PlannerConfig(seeds_per_dc=_wan_seeds(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config)
     print(f"tensorhub hub listening on {server.url} (auth {'on' if token or args.token_file else 'off'})",

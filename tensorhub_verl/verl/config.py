@@ -44,8 +44,10 @@ class TensorHubVerlConfig:
     so that workers on one node read from each other first."""
     link_capacities: dict[str, float] = field(default_factory=dict)
     """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps); used by the hub's planner."""
-    seeds_per_dc: int = 1
-    """Readers per datacenter that may pull a version across the WAN; the rest read locally."""
+    seeds_per_dc: int | None = None
+    """Readers per datacenter that may pull a version across the WAN; the rest read locally. None: as many
+    as it takes for the WAN, not one reader's NIC, to be the limit (link_capacities: ceil(WAN / NIC)), 1
+    when link_capacities is not set."""
     hub_actor_name: str = "tensorhub_hub"
     """Name of the hub's Ray actor (when hub_address is None)."""
     hub_namespace: str = "tensorhub"
@@ -96,8 +98,10 @@ class TensorHubVerlConfig:
         for key, rate in self.link_capacities.items():
             if not isinstance(rate, (int, float)) or rate <= 0:
                 raise ConfigError(f"tensorhub.link_capacities.{key} must be > 0 Gbit/s, got {rate!r}")
-        if self.seeds_per_dc < 1:
-            raise ConfigError(f"tensorhub.seeds_per_dc must be >= 1, got {self.seeds_per_dc}")
+        if self.seeds_per_dc is not None and (isinstance(self.seeds_per_dc, bool) or not isinstance(
+                self.seeds_per_dc, int) or self.seeds_per_dc < 1):
+            raise ConfigError(f"tensorhub.seeds_per_dc must be >= 1 (or null: sized from link_capacities), "
+                              f"got {self.seeds_per_dc}")
         if not 0 <= self.hub_port <= 65535:
             raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
@@ -129,6 +133,14 @@ class TensorHubVerlConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def wan_seeds(self) -> int:
+        """seeds_per_dc, or sized from link_capacities when it is None."""
+        if self.seeds_per_dc is not None:
+            return self.seeds_per_dc
+        from tensorhub_verl.ros.topology import LinkCapacities
+
+        return LinkCapacities(**self.link_capacities).seeds_for_wan() if self.link_capacities else 1
 
 
 def _to_plain(value: Any) -> Any:

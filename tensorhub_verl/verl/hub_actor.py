@@ -106,7 +106,7 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
         host=cfg.hub_host, port=cfg.hub_port, token=cfg.token, keep_versions=cfg.keep_versions,
-        seeds_per_dc=cfg.seeds_per_dc, url_file=cfg.hub_url_file, actor_name=cfg.hub_actor_name)
+        seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file, actor_name=cfg.hub_actor_name)
     try:
         return ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:

@@ -1,5 +1,6 @@
 """The `tensorhub` console script: hub, status, demo, bench (small sizes; figures are not asserted)."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 import tensorhub_verl as th
+from tensorhub_verl.cli import _wan_seeds
 
 from tests.ros.roles import make_weights
 from tests.ros.test_faults import _free_port
@@ -89,3 +91,13 @@ def test_demo_runs_and_checks_its_bytes():
     assert result.returncode == 0, result.stderr[-2000:]
     assert last_json(result.stdout)["demo"] == "ok"
     assert "version 2:" in result.stdout
+
+
+@pytest.mark.parametrize("flags, seeds", [([], 1), (["--nic-gbps", "100", "--wan-gbps", "400"], 4),
+                                          (["--nic-gbps", "400", "--wan-gbps", "100"], 1),
+                                          (["--nic-gbps", "100", "--wan-gbps", "400", "--seeds-per-dc", "2"], 2)])
+def test_hub_sizes_wan_seeds_from_link_rates_unless_given(flags, seeds):
+    parser = argparse.ArgumentParser()
+    for flag, kind in (("--seeds-per-dc", int), ("--nic-gbps", float), ("--wan-gbps", float)):
+        parser.add_argument(flag, type=kind, default=None)
+    assert _wan_seeds(parser.parse_args(flags)) == seeds

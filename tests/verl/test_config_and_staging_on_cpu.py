@@ -23,10 +23,22 @@ from tensorhub_verl.verl.staging import BufferRing
     ({"keep_version": 2}, "unknown tensorhub config key"),
     ({"chunk_mb": "big"}, "chunk_mb must be a number"),
     ({"keep_versions": 2.5}, "keep_versions must be an integer"),
+    ({"seeds_per_dc": 0}, "seeds_per_dc must be >= 1"),
+    ({"seeds_per_dc": "2"}, "seeds_per_dc must be >= 1"),
 ])
 def test_bad_config_names_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
         TensorHubVerlConfig.from_mapping(values)
+
+
+@pytest.mark.parametrize("values, seeds", [
+    ({}, 1),
+    ({"link_capacities": {"nic_gbps": 200, "wan_gbps": 100}}, 1),
+    ({"link_capacities": {"nic_gbps": 200, "wan_gbps": 800}}, 4),
+    ({"link_capacities": {"nic_gbps": 200, "wan_gbps": 800}, "seeds_per_dc": 2}, 2),
+])
+def test_wan_seeds_are_sized_from_link_capacities_unless_set(values, seeds):
+    assert TensorHubVerlConfig.from_mapping(values).wan_seeds() == seeds
 
 
 def test_config_from_omegaconf():

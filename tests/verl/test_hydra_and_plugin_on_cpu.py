@@ -54,7 +54,7 @@ def test_standalone_and_cross_dc_compose_with_ppo_trainer():
 
     out = _compose(searchpath, "+tensorhub=cross_dc", "tensorhub.location.rack=r7", env={"TENSORHUB_DC": "eu1"})
     assert out["th"]["location"] == {"dc": "eu1", "rack": "r7"}
-    assert out["th"]["link_capacities"]["wan_gbps"] == 100.0 and out["th"]["seeds_per_dc"] == 1
+    assert out["th"]["link_capacities"]["wan_gbps"] == 100.0 and out["th"]["seeds_per_dc"] is None
 
 
 def test_one_override_with_the_search_path_plugin(tmp_path):
