@@ -41,7 +41,7 @@ def _reader(results, control, hub_url: str, name: str, hold: bool, progress: str
     client.close()
 
 
-def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool, progress: str = "pump") -> dict:
+def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool, progress: str = "events") -> dict:
     import tensorhub_verl as th
 
     config = th.HubConfig(planner=th.PlannerConfig(cooperative=cooperative,
@@ -78,7 +78,7 @@ def run_once(readers: int, size_mb: float, chunk_mb: float, cooperative: bool, p
             "revoked_reads": sum(o["revoked_reads"] for o in outcomes)}
 
 
-def run(readers: int, size_mb: float, chunk_mb: float, progress: str = "pump") -> dict:
+def run(readers: int, size_mb: float, chunk_mb: float, progress: str = "events") -> dict:
     tensorhub = run_once(readers, size_mb, chunk_mb, cooperative=True, progress=progress)
     naive = run_once(readers, size_mb, chunk_mb, cooperative=False, progress=progress)
     return {
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--size-mb", type=float, default=256)
     parser.add_argument("--chunk-mb", type=float, default=8)
-    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="pump")
+    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="events")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     result = run(args.readers, args.size_mb, args.chunk_mb, args.progress)

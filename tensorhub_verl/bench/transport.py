@@ -72,7 +72,7 @@ def _socket_client(results, control, port: int, nbytes: int, repeats: int) -> No
     results.put(("ok", seconds))
 
 
-def run(size_mb: float, repeats: int, chunk_mb: float, window: int, progress: str = "pump") -> dict:
+def run(size_mb: float, repeats: int, chunk_mb: float, window: int, progress: str = "events") -> dict:
     import tensorhub_verl as th
 
     hub = th.start_hub()
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mb", type=float, default=8)
     parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="pump",
+    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="events",
                         help="who drives UCX in the holder (see NixlTransport)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
