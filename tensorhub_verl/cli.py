@@ -30,21 +30,7 @@ _BENCHES = {
 }
 
 
-def _wan_seeds(args: argparse.Namespace) -> int:
-    """--seeds-per-dc, else sized from --nic-gbps / --wan-gbps (LinkCapacities.seeds_for_wan), else 1."""
-    from tensorhub_verl.ros.topology import LinkCapacities
-
-    if args.seeds_per_dc is not None:
-        return args.seeds_per_dc
-    links = {k: v for k, v in (("nic_gbps", args.nic_gbps), ("wan_gbps", args.wan_gbps)) if v is not None}
-    return LinkCapacities(**links).seeds_for_wan() if links else 1
-
-
-def _hub_command(argv: list[str]) -> int:
-    from tensorhub_verl.ros.hub_server import HubServer, resolve_token
-    from tensorhub_verl.ros.hub_state import HubConfig
-    from tensorhub_verl.ros.planner import PlannerConfig
-
+def hub_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensorhub hub", description="Run the TensorHub metadata hub.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     parser.add_argument("--port", type=int, default=7777)
@@ -60,11 +46,27 @@ def _hub_command(argv: list[str]) -> int:
     parser.add_argument("--wan-gbps", type=float, default=None, help="the WAN's rate, Gbit/s")
     parser.add_argument("--max-inflight-per-source", type=int, default=8)
     parser.add_argument("--url-file", default=None, help="write the hub URL here once listening")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def hub_seeds_per_dc(args: argparse.Namespace) -> int:
+    """--seeds-per-dc, else sized from --nic-gbps / --wan-gbps, else 1."""
+    from tensorhub_verl.ros.topology import wan_seeds
+
+    links = {k: v for k, v in (("nic_gbps", args.nic_gbps), ("wan_gbps", args.wan_gbps)) if v is not None}
+    return wan_seeds(args.seeds_per_dc, links)
+
+
+def _hub_command(argv: list[str]) -> int:
+    from tensorhub_verl.ros.hub_server import HubServer, resolve_token
+    from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.planner import PlannerConfig
+
+    args = hub_parser().parse_args(argv)
     token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl,
-                       planner=PlannerConfig(seeds_per_dc=_wan_seeds(args),
+                       planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config)
     print(f"tensorhub hub listening on {server.url} (auth {'on' if token or args.token_file else 'off'})",

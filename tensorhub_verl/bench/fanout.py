@@ -12,6 +12,7 @@ import json
 import time
 
 from tensorhub_verl.bench.procs import Role, checksum, random_weights
+from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 
 
 def _publisher(results, control, hub_url: str, size_mb: float, chunk_mb: float, progress: str) -> None:
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--size-mb", type=float, default=256)
     parser.add_argument("--chunk-mb", type=float, default=8)
-    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="events")
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="events")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     result = run(args.readers, args.size_mb, args.chunk_mb, args.progress)

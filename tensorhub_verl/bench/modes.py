@@ -40,6 +40,7 @@ from pathlib import Path
 
 from tensorhub_verl.errors import ConfigError, TensorHubError
 from tensorhub_verl.netlab import DatacenterSpec, Lab, LabSpec, NetlabError, RackSpec
+from tensorhub_verl.sim.calibrate import LabWorkload
 
 log = logging.getLogger("tensorhub_verl.bench")
 
@@ -54,25 +55,9 @@ class BenchError(TensorHubError):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LabBenchParams:
-    size_mb: float = 64.0
-    """Size of the version (MiB of float32 weights)."""
-    chunk_mb: float = 2.0
-    """Transfer unit: 2 MiB takes 84 ms on a 200 Mbit/s NIC, a few hub round trips' worth."""
-    rollouts: int = 8
-    """standalone / cross_dc readers."""
-    holders: int = 4
-    """elastic: readers already holding the version."""
-    joiners: int = 4
-    """elastic: readers joining one by one."""
-    join_interval_s: float = 2.0
-    busy_flows: int = 4
-    nic_mbit: float = 200.0
-    wan_mbit: float = 100.0
-    window: int = 4
-    """Reads in flight per reader (ClientConfig.window)."""
-    max_inflight_per_source: int = 8
-    """Hub planner: reads one source serves at once (PlannerConfig.max_inflight_per_source)."""
+class LabBenchParams(LabWorkload):
+    """The workload (shared with the simulator) plus how the lab runs it."""
+
     progress: str = "events"
     """Who drives UCX in the trainer and readers (ClientConfig.progress)."""
     hub_on_trainer: bool = False
@@ -81,12 +66,6 @@ class LabBenchParams:
     broadcast: bool = True
     """standalone: also run the torch.distributed (gloo) broadcast baseline."""
     timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if min(self.rollouts, self.joiners) < 1 or self.holders < 1:
-            raise ConfigError("rollouts, holders and joiners must be >= 1")
-        if self.size_mb <= 0 or self.chunk_mb <= 0:
-            raise ConfigError("size_mb and chunk_mb must be > 0")
 
 
 class Role:

@@ -14,6 +14,7 @@ import time
 import torch
 
 from tensorhub_verl.bench.procs import Role, random_weights
+from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 
 
 def _holder(results, control, hub_url: str, size_mb: float, chunk_mb: float, progress: str) -> None:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mb", type=float, default=8)
     parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--progress", choices=("events", "pump", "thread"), default="events",
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="events",
                         help="who drives UCX in the holder (see NixlTransport)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)

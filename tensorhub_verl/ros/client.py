@@ -19,14 +19,15 @@ from typing import Mapping
 import torch
 
 from tensorhub_verl import errors
+from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import manifest_to_msg
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_name, _DTYPES,
 )
+from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.ros.transport import Region, Transport
 
@@ -77,8 +78,8 @@ class ClientConfig:
             raise errors.ConfigError(f"window must be >= 1, got {self.window}")
         if self.wan_reads_posted < 1:
             raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
-        if self.progress not in ("events", "pump", "thread"):
-            raise errors.ConfigError(f"progress must be 'events', 'pump' or 'thread', got {self.progress!r}")
+        if self.progress not in PROGRESS_MODES:
+            raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
         if self.fingerprint not in ("sample", "full", "none"):
             raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
         for name in ("read_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "request_timeout_s", "hub_retry_s"):

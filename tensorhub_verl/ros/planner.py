@@ -119,7 +119,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     assignments: list[Assignment] = []
     order = _rotated(request.needed, request.reader)
     if config.cooperative:  # rarest first: the newest copies spread before chunks that many already hold
-        order.sort(key=lambda c: len(complete) + len(partial.get(c, ())))
+        order.sort(key=lambda c: len(partial.get(c, ())))  # complete holders have every chunk: no tie-breaker
     for chunk in order:
         if len(assignments) >= request.max_assignments:
             break

@@ -97,3 +97,11 @@ class LinkCapacities:
     def seeds_for_wan(self) -> int:
         """How many readers per datacenter should cross the WAN so that the WAN, not one NIC, is the limit."""
         return max(1, int(-(-self.wan_gbps // self.nic_gbps)))
+
+
+def wan_seeds(seeds_per_dc: int | None, link_capacities: Mapping[str, float]) -> int:
+    """Readers per datacenter that cross the WAN: `seeds_per_dc` when set, else sized from the link rates
+    given (LinkCapacities.seeds_for_wan), else 1."""
+    if seeds_per_dc is not None:
+        return seeds_per_dc
+    return LinkCapacities(**link_capacities).seeds_for_wan() if link_capacities else 1

@@ -37,21 +37,33 @@ TRAINER = "trainer"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LabWorkload:
-    """The lab benchmark's knobs that shape the transfer (a subset of bench.modes.LabBenchParams)."""
+    """The lab benchmark's knobs that shape the transfer. `bench.modes.LabBenchParams` extends it with the
+    knobs of running real processes, so the simulator always models the workload the lab runs."""
 
     size_mb: float = 64.0
+    """Size of the version (MiB of float32 weights)."""
     chunk_mb: float = 2.0
+    """Transfer unit: 2 MiB takes 84 ms on a 200 Mbit/s NIC, a few hub round trips' worth."""
     rollouts: int = 8
+    """standalone / cross_dc readers."""
     holders: int = 4
+    """elastic: readers already holding the version."""
     joiners: int = 4
+    """elastic: readers joining one by one."""
     join_interval_s: float = 2.0
     busy_flows: int = 4
     nic_mbit: float = 200.0
     wan_mbit: float = 100.0
     window: int = 4
+    """Reads in flight per reader (ClientConfig.window)."""
     max_inflight_per_source: int = 8
-    report_lag_s: float = 0.0
-    """Hub round trip charged before a landed chunk can be served onward (0: the planner's ideal)."""
+    """Hub planner: reads one source serves at once (PlannerConfig.max_inflight_per_source)."""
+
+    def __post_init__(self) -> None:
+        if min(self.rollouts, self.joiners) < 1 or self.holders < 1:
+            raise ConfigError("rollouts, holders and joiners must be >= 1")
+        if self.size_mb <= 0 or self.chunk_mb <= 0:
+            raise ConfigError("size_mb and chunk_mb must be > 0")
 
     @classmethod
     def from_params(cls, params: dict, **overrides) -> "LabWorkload":
@@ -88,10 +100,10 @@ def lab_cluster(w: LabWorkload, mode: str) -> tuple[Cluster, list[str]]:
     return Cluster(nodes=nodes, nic_Bps={n: nic for n in nodes}), order
 
 
-def _strategy(name: str, swarm: Swarm, w: LabWorkload, readers: list[str]):
+def _strategy(name: str, swarm: Swarm, w: LabWorkload, readers: list[str], report_lag_s: float):
     if name == "tensorhub":
         return TensorHub(swarm, PlannerConfig(max_inflight_per_source=w.max_inflight_per_source),
-                         window=w.window, report_lag_s=w.report_lag_s)
+                         window=w.window, report_lag_s=report_lag_s)
     if name == "pull_from_trainer":
         return PullFromSource(swarm, TRAINER, window=w.window)
     if name == "broadcast":
@@ -108,21 +120,21 @@ def binomial_parents(root: str, readers: list[str]) -> dict[str, str]:
     return {r: ranks[i + 1 - (1 << ((i + 1).bit_length() - 1))] for i, r in enumerate(readers)}
 
 
-def _fetch(w: LabWorkload, mode: str, strategy: str) -> dict:
+def _fetch(w: LabWorkload, mode: str, strategy: str, report_lag_s: float) -> dict:
     cluster, hosts = lab_cluster(w, mode)
     sim = FlowSim(cluster)
     whole = strategy == "broadcast"
     swarm = Swarm(sim, 1 if whole else w.nchunks, w.size_mb * MIB if whole else w.chunk_bytes)
     swarm.add_holder(TRAINER, TRAINER)
     names = [f"rollout-{i}" for i in range(w.rollouts)]
-    strat = _strategy(strategy, swarm, w, names)
+    strat = _strategy(strategy, swarm, w, names, report_lag_s)
     for name, host in zip(names, hosts):
         strat.join(name, host)
     sim.run(until=swarm.all_done)
     return _report(swarm, names, sim)
 
 
-def _elastic(w: LabWorkload, strategy: str) -> dict:
+def _elastic(w: LabWorkload, strategy: str, report_lag_s: float) -> dict:
     cluster, hosts = lab_cluster(w, "elastic")
     sim = FlowSim(cluster)
     swarm = Swarm(sim, w.nchunks, w.chunk_bytes)
@@ -131,7 +143,7 @@ def _elastic(w: LabWorkload, strategy: str) -> dict:
         swarm.add_holder(f"holder-{i}", host)
     for _ in range(w.busy_flows):  # the bench's endless TCP flows trainer -> sink
         sim.start_flow(TRAINER, "sink", math.inf)
-    strat = _strategy(strategy, swarm, w, [])
+    strat = _strategy(strategy, swarm, w, [], report_lag_s)
     names = [f"joiner-{i}" for i in range(w.joiners)]
     for i, (name, host) in enumerate(zip(names, hosts[w.holders: w.holders + w.joiners])):
         sim.at(i * w.join_interval_s, lambda name=name, host=host: strat.join(name, host))
@@ -150,13 +162,16 @@ STRATEGIES = {"standalone": ("tensorhub", "pull_from_trainer", "broadcast"),
               "cross_dc": ("tensorhub", "pull_from_trainer")}
 
 
-def simulate_lab(w: LabWorkload, modes: tuple[str, ...] = ("standalone", "elastic", "cross_dc")) -> dict:
-    """Every mode's strategies on the lab topology: {mode: {strategy: report}}."""
+def simulate_lab(w: LabWorkload, modes: tuple[str, ...] = ("standalone", "elastic", "cross_dc"),
+                 report_lag_s: float = 0.0) -> dict:
+    """Every mode's strategies on the lab topology: {mode: {strategy: report}}. `report_lag_s` is the hub
+    round trip charged before a landed chunk can be served onward (0: the planner's ideal)."""
     out = {}
     for mode in modes:
         if mode not in STRATEGIES:
             raise ConfigError(f"unknown mode {mode!r}; choose from {sorted(STRATEGIES)}")
-        out[mode] = {s: (_elastic(w, s) if mode == "elastic" else _fetch(w, mode, s)) for s in STRATEGIES[mode]}
+        out[mode] = {s: (_elastic(w, s, report_lag_s) if mode == "elastic" else _fetch(w, mode, s, report_lag_s))
+                     for s in STRATEGIES[mode]}
     return out
 
 
@@ -179,11 +194,11 @@ def compare(lab: dict, sim: dict) -> list[dict]:
     return rows
 
 
-def calibrate(lab: dict, **overrides) -> dict:
+def calibrate(lab: dict, report_lag_s: float = 0.0, **overrides) -> dict:
     """Simulates the workload a saved lab run describes and compares; returns {"sim", "rows"}."""
     w = LabWorkload.from_params(lab["params"], **overrides)
     modes = tuple(m for m in lab.get("modes", {}) if m in STRATEGIES)
-    sim = simulate_lab(w, modes)
+    sim = simulate_lab(w, modes, report_lag_s)
     return {"workload": {f.name: getattr(w, f.name) for f in fields(w)}, "sim": sim, "rows": compare(lab, sim)}
 
 
@@ -200,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lab-json", help="a `tensorhub bench modes --out` file to compare with")
     ap.add_argument("--modes", default="standalone,elastic,cross_dc")
+    ap.add_argument("--report-lag-s", type=float, default=0.0,
+                    help="hub round trip charged before a landed chunk is served onward")
     for f in fields(LabWorkload):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None)
     a = ap.parse_args(argv)
@@ -208,10 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.lab_json:
             with open(a.lab_json) as fh:
                 lab = json.loads(fh.read().strip().splitlines()[-1])
-            result = calibrate(lab, **overrides)
+            result = calibrate(lab, a.report_lag_s, **overrides)
             print(format_rows(result["rows"]), file=sys.stderr)
         else:
-            result = {"sim": simulate_lab(LabWorkload(**overrides), tuple(m for m in a.modes.split(",") if m))}
+            result = {"sim": simulate_lab(LabWorkload(**overrides), tuple(m for m in a.modes.split(",") if m),
+                                          a.report_lag_s)}
     except (ConfigError, OSError, KeyError, ValueError) as e:
         print(json.dumps({"error": type(e).__name__, "message": str(e)}))
         return 2

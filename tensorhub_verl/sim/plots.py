@@ -11,6 +11,7 @@ Every simulated series says "sim" in its legend; measured points are markers lab
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,40 +33,37 @@ def _plt():
     return plt
 
 
+def _series(points: Iterable[dict], value: Callable[[dict], float]) -> dict[str, list[float]]:
+    """{strategy: [value of its report at each point]} from one {strategy: report} dict per point."""
+    out: dict[str, list[float]] = {}
+    for runs in points:
+        for s, rep in runs.items():
+            out.setdefault(s, []).append(value(rep))
+    return out
+
+
 def cluster_vs_readers(readers=(8, 16, 32, 64), base: ModeParams = CLUSTER) -> dict[str, list[float]]:
     """Standalone at cluster scale: total stall (s) per strategy for each number of rollouts."""
-    out: dict[str, list[float]] = {}
-    for r in readers:
-        runs = standalone(replace(base, rollouts=r))["runs"]
-        for s, rep in runs.items():
-            out.setdefault(s, []).append(rep["mean_s"] * rep["readers"])
-    return out
+    return _series((standalone(replace(base, rollouts=r))["runs"] for r in readers),
+                   lambda rep: rep["mean_s"] * rep["readers"])
 
 
 def cluster_vs_size(sizes_gb=(100, 250, 500, 1000, 2000), base: ModeParams = CLUSTER, rollouts: int = 32):
     """Standalone at cluster scale: worst rollout's wait (s) per strategy for each version size."""
-    out: dict[str, list[float]] = {}
-    for gb in sizes_gb:
-        runs = standalone(replace(base, weights_gb=float(gb), rollouts=rollouts))["runs"]
-        for s, rep in runs.items():
-            out.setdefault(s, []).append(rep["max_s"])
-    return out
+    return _series((standalone(replace(base, weights_gb=float(gb), rollouts=rollouts))["runs"] for gb in sizes_gb),
+                   lambda rep: rep["max_s"])
 
 
 def lab_vs_readers(w: LabWorkload, readers: list[int]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for r in readers:
-        for s, rep in simulate_lab(replace(w, rollouts=r), ("standalone",))["standalone"].items():
-            out.setdefault(s, []).append(rep["total_s"])
-    return out
+    """Standalone on the lab topology: total stall (s) per strategy for each number of rollouts."""
+    return _series((simulate_lab(replace(w, rollouts=r), ("standalone",))["standalone"] for r in readers),
+                   lambda rep: rep["total_s"])
 
 
 def lab_vs_size(w: LabWorkload, sizes_mb: list[float]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for mb in sizes_mb:
-        for s, rep in simulate_lab(replace(w, size_mb=mb), ("standalone",))["standalone"].items():
-            out.setdefault(s, []).append(rep["max_s"])
-    return out
+    """Standalone on the lab topology: worst rollout's wait (s) per strategy for each version size."""
+    return _series((simulate_lab(replace(w, size_mb=mb), ("standalone",))["standalone"] for mb in sizes_mb),
+                   lambda rep: rep["max_s"])
 
 
 def plot_all(result: dict, out_dir: Path) -> list[str]:

@@ -136,11 +136,9 @@ class TensorHubVerlConfig:
 
     def wan_seeds(self) -> int:
         """seeds_per_dc, or sized from link_capacities when it is None."""
-        if self.seeds_per_dc is not None:
-            return self.seeds_per_dc
-        from tensorhub_verl.ros.topology import LinkCapacities
+        from tensorhub_verl.ros.topology import wan_seeds
 
-        return LinkCapacities(**self.link_capacities).seeds_for_wan() if self.link_capacities else 1
+        return wan_seeds(self.seeds_per_dc, self.link_capacities)
 
 
 def _to_plain(value: Any) -> Any:

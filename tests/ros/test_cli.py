@@ -1,6 +1,5 @@
 """The `tensorhub` console script: hub, status, demo, bench (small sizes; figures are not asserted)."""
 
-import argparse
 import json
 import os
 import subprocess
@@ -12,8 +11,7 @@ import httpx
 import pytest
 
 import tensorhub_verl as th
-from tensorhub_verl.cli import _wan_seeds
-
+from tensorhub_verl.cli import hub_parser, hub_seeds_per_dc
 from tests.ros.roles import make_weights
 from tests.ros.test_faults import _free_port
 
@@ -97,7 +95,4 @@ def test_demo_runs_and_checks_its_bytes():
                                           (["--nic-gbps", "400", "--wan-gbps", "100"], 1),
                                           (["--nic-gbps", "100", "--wan-gbps", "400", "--seeds-per-dc", "2"], 2)])
 def test_hub_sizes_wan_seeds_from_link_rates_unless_given(flags, seeds):
-    parser = argparse.ArgumentParser()
-    for flag, kind in (("--seeds-per-dc", int), ("--nic-gbps", float), ("--wan-gbps", float)):
-        parser.add_argument(flag, type=kind, default=None)
-    assert _wan_seeds(parser.parse_args(flags)) == seeds
+    assert hub_seeds_per_dc(hub_parser().parse_args(flags)) == seeds

@@ -62,8 +62,7 @@ def test_elastic_joiners_read_from_peers_faster():
 def test_report_lag_slows_tensorhub_down():
     base = LabWorkload(size_mb=8, chunk_mb=1, rollouts=4)
     fast = simulate_lab(base, ("standalone",))["standalone"]["tensorhub"]["total_s"]
-    slow = simulate_lab(LabWorkload(size_mb=8, chunk_mb=1, rollouts=4, report_lag_s=0.2),
-                        ("standalone",))["standalone"]["tensorhub"]["total_s"]
+    slow = simulate_lab(base, ("standalone",), report_lag_s=0.2)["standalone"]["tensorhub"]["total_s"]
     assert slow > fast
 
 
@@ -84,13 +83,11 @@ def test_compare_rows_and_cli(tmp_path, capsys):
     assert cal.main(["--lab-json", str(tmp_path / "missing.json")]) == 2
 
 
-def test_the_lab_workload_defaults_match_the_lab_benchmark():
-    """calibrate keeps its own copy of the bench's knobs (no netlab import); they must not drift apart."""
+def test_a_lab_runs_params_give_back_the_workload_it_ran():
+    """The bench's JSON params carry process knobs too (progress, timeouts); the simulator keeps the workload."""
     from dataclasses import asdict
 
     from tensorhub_verl.bench.modes import LabBenchParams
-    from tensorhub_verl.sim.calibrate import LabWorkload
 
-    bench, workload = asdict(LabBenchParams()), asdict(LabWorkload())
-    shared = set(bench) & set(workload)
-    assert shared and {k: bench[k] for k in shared} == {k: workload[k] for k in shared}
+    bench = LabBenchParams(rollouts=3, size_mb=16, progress="pump", broadcast=False)
+    assert LabWorkload.from_params(asdict(bench)) == LabWorkload(rollouts=3, size_mb=16)

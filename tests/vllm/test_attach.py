@@ -10,7 +10,6 @@ At most two engines are alive at once; everything listens on 127.0.0.1.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -23,19 +22,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl.vllm.engine_proc import ENGINE_ENV
 from tensorhub_verl.vllm.layout import layout_name
-from tensorhub_verl.vllm.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
+from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-PROMPTS = [[84, 259, 221, 81, 85, 73, 17, 40], [5, 200, 31, 99, 150]]
-N_NEW = 12
 LAYOUT = layout_name("qwen2", 1, 0)
 START_TIMEOUT_S = 420.0
 
@@ -120,26 +116,6 @@ class AttachNode:
             self.proc.wait(30)
 
 
-class Trainer:
-    """Publishes HF weights of a toy training run and keeps HF transformers' greedy references."""
-
-    def __init__(self, model_dir: str, client):
-        from transformers import AutoTokenizer
-
-        self.model = load_hf_model(model_dir)
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.client = client
-        self.refs: dict[int, list[list[int]]] = {}
-        self.weights: dict[int, dict[str, torch.Tensor]] = {}
-
-    def step_and_publish(self, version: int) -> None:
-        toy_training_step(self.model, self.tok, version)
-        snap = copy.deepcopy(self.model)
-        self.weights[version] = hf_state_dict(snap)
-        self.client.publish("policy", version, self.weights[version])
-        self.refs[version] = [hf_greedy(snap, p, N_NEW) for p in PROMPTS]
-
-
 def bytes_served(client, worker: str) -> int:
     return int(client.status()["workers"].get(worker, {}).get("bytes_served", 0))
 
@@ -148,7 +124,7 @@ def test_attach_vllm_nodes_follow_versions_and_fetch_from_peers(hub, tiny_models
     trainer_client = th.connect(hub.url, worker="trainer", location={"dc": "dc0", "rack": "r0", "node": "trainer"})
     nodes: list[AttachNode] = []
     try:
-        run = Trainer(tiny_models["qwen2"], trainer_client)
+        run = ToyRun(tiny_models["qwen2"], trainer_client)
         run.step_and_publish(1)
 
         # node1 attaches: the only holder is the trainer, so v1 comes from its 'hf' layout via load_weights

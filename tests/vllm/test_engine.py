@@ -14,44 +14,22 @@ import os
 import signal
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl.vllm.engine_proc import EngineError, EngineProcess, EngineSpec
 from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, layout_name
-from tensorhub_verl.vllm.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
+from tensorhub_verl.vllm.tiny_model import hf_state_dict, toy_training_step
+from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
-PROMPTS = [[84, 259, 221, 81, 85, 73, 17, 40], [5, 200, 31, 99, 150]]
-N_NEW = 12
 FAST_CLIENT = {"read_timeout_s": 5.0}
 
 
 def loc(node: str) -> dict[str, str]:
     return {"dc": "dc0", "rack": "r0", "node": node}
-
-
-class ToyRun:
-    """The trainer side: an HF model, stepped by toy_training_step, each step published as a version."""
-
-    def __init__(self, model_dir: str, client):
-        from transformers import AutoTokenizer
-
-        self.model = load_hf_model(model_dir)
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.client = client
-        self.refs: dict[int, list[list[int]]] = {}
-        self.weights: dict[int, dict[str, torch.Tensor]] = {}
-
-    def step_and_publish(self, version: int, model: str = "policy") -> None:
-        toy_training_step(self.model, self.tok, version)
-        snap = copy.deepcopy(self.model)
-        self.weights[version] = hf_state_dict(snap)
-        self.client.publish(model, version, self.weights[version])
-        self.refs[version] = [hf_greedy(snap, p, N_NEW) for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
