@@ -49,6 +49,9 @@ class HubClient:
         self._on_new_instance = on_new_instance
         self._instance: str | None = None
         self._recovering = threading.Lock()
+        self._recovering_thread: int | None = None
+        self._recoveries = 0
+        """Completed re-registrations; a caller that waited on another thread's recovery sees it change."""
 
     def shorten_retries(self, seconds: float) -> None:
         """For goodbyes: a client that is closing should not wait long for a hub that is gone."""
@@ -108,13 +111,25 @@ class HubClient:
             self._recover()
 
     def _recover(self) -> bool:
-        """Re-registers soft state at most once at a time; returns False when nothing could be done."""
-        if self._on_new_instance is None or not self._recovering.acquire(blocking=False):
+        """Re-registers soft state once per restart; returns False when nothing could be done.
+
+        A call that meets UnknownWorker while another thread is re-registering (the heartbeat thread
+        usually notices a restart first) waits for that recovery and then retries, instead of failing.
+        """
+        if self._on_new_instance is None or self._recovering_thread == threading.get_ident():
+            return False  # nothing to do, or a call made by the recovery itself
+        seen = self._recoveries
+        if not self._recovering.acquire(timeout=self._retry_s):
             return False
         try:
+            if self._recoveries != seen:
+                return True  # another thread re-registered while this one waited
+            self._recovering_thread = threading.get_ident()
             self._on_new_instance()
+            self._recoveries += 1
             return True
         finally:
+            self._recovering_thread = None
             self._recovering.release()
 
     def close(self) -> None:
