@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # a script: configuring logging is ours
     from tensorhub_verl.verl.patches import apply_all
 
-    results = apply_all(args.verl_version)
+    results = apply_all(args.verl_version, now=True)
     for r in results:
         print(f"{'APPLIED' if r.applied else 'SKIPPED'} {r.name}: {r.reason}")
     return 1 if args.check and not all(r.applied for r in results) else 0

@@ -53,7 +53,8 @@ class TensorHubVerlConfig:
     hub_namespace: str = "tensorhub"
     """Ray namespace of the hub actor, so that jobs outside this one can find it."""
     hub_host: str | None = None
-    """Address the hub actor binds to and advertises. None: the Ray node's IP (reachable from other nodes)."""
+    """Address the hub actor binds to and advertises. None: loopback when the Ray cluster is one host, else
+    the Ray node's IP (reachable from other nodes)."""
     hub_port: int = 0
     """Port of the hub actor's HTTP server; 0 picks a free one."""
     hub_url_file: str | None = None

@@ -81,6 +81,18 @@ def _write_atomically(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def default_hub_host() -> str | None:
+    """Where the hub binds when ``tensorhub.hub_host`` is null: loopback when the whole Ray cluster is one
+    host, else None (the node's IP, reachable from the other nodes).
+
+    Ray reports a host's outward address as its node IP; on one host every process reaches loopback, and a
+    hub on loopback is reachable from nothing else. Rollout nodes attaching from other hosts to a one-node
+    job need ``tensorhub.hub_host`` set to an address they can reach.
+    """
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    return "127.0.0.1" if len(alive) == 1 else None
+
+
 def head_node_id() -> str | None:
     """The Ray head node's id (where the verl driver runs), or None if Ray does not say."""
     for node in ray.nodes():
@@ -105,7 +117,7 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
-        host=cfg.hub_host, port=cfg.hub_port, token=cfg.token, keep_versions=cfg.keep_versions,
+        host=cfg.hub_host or default_hub_host(), port=cfg.hub_port, token=cfg.token, keep_versions=cfg.keep_versions,
         seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file, actor_name=cfg.hub_actor_name)
     try:
         return ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)

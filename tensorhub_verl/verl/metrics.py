@@ -6,8 +6,10 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/stall_s_mean``: the mean pause over replicas that applied.
 - ``tensorhub/pull_s``: the longest pull of one rollout worker (engines kept generating meanwhile).
 - ``tensorhub/bytes``: bytes pulled by all rollout workers for this version.
+- ``tensorhub/bytes_from_trainer`` / ``tensorhub/bytes_from_peers``: the same bytes by kind of source.
 - ``tensorhub/sources_peer_fraction``: share of those bytes read from peer rollouts rather than from
   the trainer (the trainer's NIC is not the bottleneck when this is high).
+- ``tensorhub/version``: the version this update published.
 - ``tensorhub/version_lag``: newest published version minus the oldest version still served by a replica
   (0 when every replica applied this update).
 - ``tensorhub/replicas_updated``: replicas that applied this version.
@@ -39,7 +41,10 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], pull
     pulls = list(pulls)
     total = sum(p.bytes for p in pulls)
     peer = sum(n for p in pulls for source, n in p.sources.items() if not is_trainer_worker(source))
+    out["tensorhub/version"] = float(version)
     out["tensorhub/bytes"] = float(total)
+    out["tensorhub/bytes_from_trainer"] = float(total - peer)
+    out["tensorhub/bytes_from_peers"] = float(peer)
     out["tensorhub/pull_s"] = max((p.seconds for p in pulls), default=0.0)
     out["tensorhub/sources_peer_fraction"] = peer / total if total else 0.0
     out["tensorhub/stall_s"] = max(stalls.values(), default=0.0)

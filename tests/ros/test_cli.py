@@ -85,7 +85,7 @@ def test_bench_fanout_offloads_the_publisher():
 
 @pytest.mark.slow
 def test_demo_runs_and_checks_its_bytes():
-    result = run_cli("demo", "--readers", "2", "--size-mb", "4", "--versions", "2")
+    result = run_cli("demo", "ros", "--readers", "2", "--size-mb", "4", "--versions", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     assert last_json(result.stdout)["demo"] == "ok"
     assert "version 2:" in result.stdout

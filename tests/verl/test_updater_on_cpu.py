@@ -169,8 +169,8 @@ def test_other_backends_keep_verls_sequence(monkeypatch):
 
     # A fresh, unpatched method whose body we control; monkeypatch restores the real one afterwards.
     monkeypatch.setattr(base.CheckpointEngineManager, "update_weights", auto_await(verls_own))
-    assert patch.apply() is True
-    assert patch.apply() is False  # idempotent: a second import does not wrap twice
+    assert patch.apply(base) is True
+    assert patch.apply(base) is False  # idempotent: a second import does not wrap twice
     manager = base.CheckpointEngineManager.__new__(base.CheckpointEngineManager)
     manager.backend = "nccl"
     assert manager.update_weights(global_steps=5) == {"verl": 1.0}

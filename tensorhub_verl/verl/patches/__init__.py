@@ -1,9 +1,11 @@
 """Version-pinned fixes to verl, applied at import of the ``tensorhub`` backend.
 
-Each patch is one small module named for the verl version it was written against
-(``verl_0_9_1_*.py``) and exposes ``VERL_VERSIONS`` (the versions it is known to fit), ``describe()``
-and ``apply(module)`` (idempotent). ``apply_all`` applies those whose versions match the installed verl
-and logs one line per patch; a patch for another verl version is skipped with a warning, so that an
+Each patch is one small module named for the verl version it was written against (``verl_0_9_1_*.py``).
+It exposes ``VERL_VERSIONS`` (the versions it is known to fit), ``describe()``, ``TARGET`` (the verl
+module it changes) and ``apply(module)`` (idempotent: False when already applied), and may expose
+``needed()`` (default: always; e.g. only on the CPU platform). ``apply_all`` applies each patch that fits
+the installed verl as soon as its target module is imported (now, if it already is; see ``on_import``),
+and logs one line per application; a patch for another verl version is skipped with a warning, so that an
 upgrade of verl shows up in the log instead of as a silent behaviour change.
 ``patches/verl/apply_patches.py`` at the repository root runs the same check from a shell.
 """
@@ -14,9 +16,18 @@ import importlib
 import logging
 from dataclasses import dataclass
 
+from tensorhub_verl.verl.patches.on_import import when_imported
+
 logger = logging.getLogger("tensorhub_verl.verl.patches")
 
-PATCH_MODULES = ("tensorhub_verl.verl.patches.verl_0_9_1_manager_update_weights",)
+_PREFIX = "tensorhub_verl.verl.patches."
+PATCH_MODULES = tuple(_PREFIX + name for name in (
+    "verl_0_9_1_manager_update_weights",
+    "verl_0_9_1_logger_flush",
+    "verl_0_9_1_refuse_naive_modes",
+    "verl_0_9_1_cpu_process_group",
+    "verl_0_9_1_cpu_engine_registry",
+))
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +43,9 @@ def installed_verl_version() -> str:
     return verl.__version__
 
 
-def apply_all(verl_version: str | None = None) -> list[PatchResult]:
-    """Applies every patch that fits ``verl_version`` (default: the installed one)."""
+def apply_all(verl_version: str | None = None, *, now: bool = False) -> list[PatchResult]:
+    """Applies every patch that fits ``verl_version`` (default: the installed one) when its target is
+    imported; with ``now`` the targets are imported at once (for the preflight check)."""
     version = verl_version or installed_verl_version()
     results = []
     for module_name in PATCH_MODULES:
@@ -44,10 +56,18 @@ def apply_all(verl_version: str | None = None) -> list[PatchResult]:
             logger.warning("tensorhub_verl: NOT applying verl patch %s (%s)", name, reason)
             results.append(PatchResult(name, False, reason))
             continue
-        fresh = patch.apply()
-        if fresh:
-            # WARNING, not INFO: verl sets the root logger to WARNING, and a changed verl code path must be
-            # visible in every worker's log.
-            logger.warning("tensorhub_verl: applied verl patch %s (verl %s): %s", name, version, patch.describe())
-        results.append(PatchResult(name, True, "applied" if fresh else "already applied"))
+        if not getattr(patch, "needed", lambda: True)():
+            results.append(PatchResult(name, True, "not needed here"))
+            continue
+        if now:
+            importlib.import_module(patch.TARGET)
+        when_imported(patch.TARGET, lambda module, patch=patch, name=name: _apply(patch, name, module, version))
+        results.append(PatchResult(name, True, "applied" if now else f"applied when {patch.TARGET} is imported"))
     return results
+
+
+def _apply(patch, name: str, module, version: str) -> None:
+    if patch.apply(module):
+        # WARNING, not INFO: verl sets the root logger to WARNING, and a changed verl code path must be
+        # visible in every worker's log.
+        logger.warning("tensorhub_verl: applied verl patch %s (verl %s): %s", name, version, patch.describe())

@@ -11,6 +11,7 @@ original path unchanged.
 from __future__ import annotations
 
 VERL_VERSIONS = ("0.9.1",)
+TARGET = "verl.checkpoint_engine.base"
 _MARK = "_tensorhub_patched"
 
 
@@ -18,10 +19,11 @@ def describe() -> str:
     return "CheckpointEngineManager.update_weights uses TensorHubUpdater when backend == 'tensorhub'"
 
 
-def apply() -> bool:
-    """Wraps the method; returns False if it was already wrapped."""
-    from verl.checkpoint_engine.base import CheckpointEngineManager
+def apply(base) -> bool:
+    """Wraps the method of ``base`` (``verl.checkpoint_engine.base``); returns False if it was already wrapped."""
     from verl.utils.ray_utils import auto_await
+
+    CheckpointEngineManager = base.CheckpointEngineManager
 
     original = CheckpointEngineManager.update_weights
     if getattr(original, _MARK, False):

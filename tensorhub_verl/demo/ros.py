@@ -1,4 +1,4 @@
-"""`tensorhub demo`: a hub, a publisher and several reader processes on this machine.
+"""`tensorhub demo ros`: a hub, a publisher and several reader processes on this machine.
 
 The publisher (the "trainer") holds version 1, readers fetch it at once and serve each other; then
 the trainer publishes version 2 and the readers follow. Prints what moved, from where, how fast.
@@ -82,7 +82,7 @@ def run(readers: int, size_mb: float, versions: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tensorhub demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tensorhub demo ros", description=__doc__)
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--size-mb", type=float, default=64)
     parser.add_argument("--versions", type=int, default=2)

@@ -1,0 +1,171 @@
+"""``tensorhub demo``: the main job, a live GRPO run of verl's own trainer with TensorHub weight transfer.
+
+verl's ``main_ppo`` (v1 separate_async, ``+tensorhub=standalone``) trains a tiny locally built model on a
+toy task with a verifiable reward (``task.py``) on this machine's CPU. Two rollout replicas pull every
+version while they keep generating, the second mostly from the first; midway an elastic vLLM node
+(``tensorhub attach-vllm``) joins from outside the job and pulls from its peers. Per step it prints a table
+row; at the end a summary, a PNG of reward and stall per step, and one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tensorhub_verl.demo.job import TinyJob
+from tensorhub_verl.demo.progress import StepRow, read_steps
+
+logger = logging.getLogger("tensorhub_verl.demo")
+
+_COLUMNS = ("step", "version", "reward", "stall s", "pull s", "MB", "peer %", "sources")
+
+
+def _say(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(text, flush=True)
+
+
+def _print_row(row: StepRow) -> None:
+    print(f"{row.step:>4} {row.version:>7} {row.reward_mean:>7.3f} {row.stall_s:>8.3f} {row.pull_s:>7.3f} "
+          f"{row.bytes / 1e6:>6.2f} {100 * row.peer_fraction:>6.0f}  {row.sources}", flush=True)
+
+
+def _start_elastic_node(job: TinyJob, port: int) -> subprocess.Popen | None:
+    """An elastic vLLM rollout node from outside the job: it reads the latest version from its peers."""
+    hub = job.hub_url_file.read_text().strip() if job.hub_url_file.exists() else ""
+    if not hub:
+        return None
+    log = open(job.out_dir / "elastic_node.log", "w")
+    command = [sys.executable, "-m", "tensorhub_verl.cli", "attach-vllm", "--hub", hub,
+               "--model-dir", str(job.task.model_dir), "--port", str(port), "--max-model-len", "512",
+               "--location", "dc=dc0,rack=elastic,node=elastic-0"]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job.environment())
+
+
+def _elastic_status(port: int) -> dict | None:
+    """The elastic node's ``/tensorhub/status``: the version it serves and where its first fetch read from."""
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/tensorhub/status", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, timeout_s: float = 3600) -> dict:
+    """Runs the job to completion; returns the demo's JSON object."""
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (job.metrics_file, job.hub_url_file):
+        stale.unlink(missing_ok=True)
+    _say(quiet, f"verl GRPO on CPU: {job.steps} steps, {job.replicas} rollout replicas, +tensorhub={job.mode}")
+    _say(quiet, f"  log: {job.log_file}   (Ray and vLLM start-up takes 1-3 minutes on 2 cores)")
+    started = time.monotonic()
+    with open(job.log_file, "w") as log:
+        trainer = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT, env=job.environment())
+    rows: list[StepRow] = []
+    elastic: subprocess.Popen | None = None
+    elastic_port = 18_000 + (job.steps % 1000)
+    elastic_report = None
+    try:
+        while True:
+            done = trainer.poll() is not None
+            for row in read_steps(job.metrics_file)[len(rows):]:
+                if not rows and not quiet:
+                    print(f"  first step after {time.monotonic() - started:.0f} s\n"
+                          + " ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, (4, 7, 7, 8, 7, 6, 6, 0))), flush=True)
+                rows.append(row)
+                if not quiet:
+                    _print_row(row)
+                if elastic_at is not None and elastic is None and row.step >= elastic_at:
+                    elastic = _start_elastic_node(job, port=elastic_port)
+                    _say(quiet, "  -- an elastic vLLM node joins (tensorhub attach-vllm) and pulls from its peers --")
+            if done:
+                break
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"the verl job did not finish within {timeout_s:.0f} s; see {job.log_file}")
+            time.sleep(1.0)
+            if elastic is not None:
+                elastic_report = _elastic_status(elastic_port) or elastic_report
+    finally:
+        if trainer.poll() is None:
+            trainer.terminate()
+            trainer.wait(60)
+        if elastic is not None:
+            elastic.terminate()
+            try:
+                elastic.wait(60)
+            except subprocess.TimeoutExpired:
+                elastic.kill()
+    if trainer.returncode != 0 or not rows:
+        tail = job.log_file.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"verl's trainer exited with {trainer.returncode} after {len(rows)} steps; "
+                           f"last lines of {job.log_file}:\n{tail}")
+    from tensorhub_verl.demo.plot import plot_steps
+
+    plot = plot_steps(rows, job.out_dir / "reward_and_stall.png")
+    result = {
+        "demo": "ok",
+        "steps": [r.as_json() for r in rows],
+        "reward_first": rows[0].reward_mean,
+        "reward_last": rows[-1].reward_mean,
+        "plot": str(plot),
+        "seconds": round(time.monotonic() - started, 1),
+        "elastic_node": _elastic_summary(elastic_report),
+    }
+    if not quiet:
+        first, last = _window_mean(rows[:3]), _window_mean(rows[-3:])
+        print(f"\nreward (mean of 3 steps) {first:.3f} -> {last:.3f}; max stall {max(r.stall_s for r in rows):.3f} s; "
+              f"{sum(r.bytes for r in rows) / 1e6:.1f} MB moved, "
+              f"{_peer_share(rows):.0%} of it from peer rollouts; plot: {plot}")
+        node = result["elastic_node"]
+        if node:
+            print(f"elastic node: first pulled v{node['first_version']} ({node['first_bytes'] / 1e6:.2f} MB, "
+                  f"{node['first_peer_fraction']:.0%} from peers), then followed to v{node['served']}")
+    return result
+
+
+def _elastic_summary(status: dict | None) -> dict | None:
+    if not status or not status.get("first"):
+        return None
+    first = status["first"]
+    sources = first.get("sources", {})
+    total = sum(sources.values()) or 1
+    from tensorhub_verl.verl.identity import is_trainer_worker
+
+    peers = sum(n for worker, n in sources.items() if not is_trainer_worker(worker))
+    return {"served": status.get("served"), "updates": status.get("updates"),
+            "first_version": first.get("version"), "first_bytes": sum(sources.values()),
+            "first_peer_fraction": peers / total, "first_sources": sources}
+
+
+def _window_mean(rows: list[StepRow]) -> float:
+    return sum(r.reward_mean for r in rows) / len(rows) if rows else 0.0
+
+
+def _peer_share(rows: list[StepRow]) -> float:
+    total = sum(r.bytes for r in rows)
+    return sum(r.bytes * r.peer_fraction for r in rows) / total if total else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensorhub demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--replicas", type=int, default=2, help="rollout replicas inside the verl job")
+    parser.add_argument("--no-elastic", action="store_true", help="no elastic node joining midway")
+    parser.add_argument("--out", default=None, help="directory for the model, data, logs and plot")
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    args = parser.parse_args(argv)
+    from tensorhub_verl.demo.task import build_task
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="tensorhub-demo-"))
+    job = TinyJob(task=build_task(out / "task"), out_dir=out, steps=args.steps, replicas=args.replicas)
+    elastic_at = None if args.no_elastic or args.steps < 4 else args.steps // 2
+    result = run(job, quiet=args.json, elastic_at=elastic_at)
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,98 @@
+"""The command line and environment of a tiny verl GRPO job on CPU, with TensorHub weight transfer.
+
+One home for what the demo, its tests and ``recipes/grpo_tiny_cpu.sh`` run: verl's own trainer
+(``python -m verl.trainer.main_ppo``), v1 ``separate_async``, ``+tensorhub=<mode>``, and the Hydra preset
+``conf/tensorhub_cpu/tiny_grpo.yaml`` for everything that makes it fit a 2-core machine with no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.demo.task import TaskFiles
+from tensorhub_verl.verl.hydra_searchpath import conf_dir
+from tensorhub_verl.verl.cpu_platform_env import PLATFORM_ENV, PLATFORM_NAME
+
+TRAINER_MODES = ("separate_async", "fully_async")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TinyJob:
+    """One run of the tiny GRPO job."""
+
+    task: TaskFiles
+    out_dir: Path
+    steps: int = 30
+    replicas: int = 2
+    """Rollout replicas inside the verl job (vLLM, TP=1 each)."""
+    mode: str = "standalone"
+    """The TensorHub Hydra group: standalone | elastic | cross_dc."""
+    trainer_mode: str = "separate_async"
+    trainer_ranks: int = 1
+    """FSDP2 ranks of the trainer (gloo)."""
+    extra: tuple[str, ...] = field(default_factory=tuple)
+    """More Hydra overrides, appended last."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.replicas < 1 or self.trainer_ranks < 1:
+            raise ConfigError(f"steps, replicas and trainer_ranks must be >= 1, got {self.steps}, {self.replicas}, "
+                              f"{self.trainer_ranks}")
+        if self.trainer_mode not in TRAINER_MODES:
+            raise ConfigError(f"trainer_mode must be one of {TRAINER_MODES}, got {self.trainer_mode!r}")
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+    @property
+    def hub_url_file(self) -> Path:
+        return self.out_dir / "hub_url"
+
+    @property
+    def log_file(self) -> Path:
+        return self.out_dir / "verl.log"
+
+    def overrides(self) -> list[str]:
+        slots = self.trainer_ranks + self.replicas + 1
+        return [
+            f"hydra.searchpath=[file://{conf_dir()}]",
+            f"+tensorhub={self.mode}",
+            "+tensorhub_cpu=tiny_grpo",
+            f"actor_rollout_ref.model.path={self.task.model_dir}",
+            f"data.train_files=['{self.task.train_file}']",
+            f"data.val_files=['{self.task.val_file}']",
+            f"reward.custom_reward_function.path={self.task.reward_file}",
+            f"trainer.total_training_steps={self.steps}",
+            f"trainer.n_gpus_per_node={self.trainer_ranks}",
+            f"trainer.default_local_dir={self.out_dir / 'checkpoints'}",
+            f"actor_rollout_ref.rollout.n_gpus_per_node={self.replicas}",
+            f"ray_kwargs.ray_init.num_gpus={slots}",
+            f"tensorhub.hub_url_file={self.hub_url_file}",
+            *self.extra,
+        ]
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "verl.trainer.main_ppo", *self.overrides()]
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update({
+            PLATFORM_ENV: PLATFORM_NAME,                     # tensorhub_verl's CPU platform for verl
+            "VERL_FILE_LOGGER_PATH": str(self.metrics_file),  # verl's "file" logger: one JSON line per step
+            "HF_HUB_OFFLINE": "1",
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_DEDUP_LOGS": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HYDRA_FULL_ERROR": "1",
+        })
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # vLLM's CPU workers otherwise all pin themselves (and our serving threads) to the first core.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return env
+
+
+__all__ = ["TRAINER_MODES", "TinyJob"]

@@ -1,0 +1,39 @@
+"""verl 0.9.1 on the CPU platform: the trainer's process group gets a valid backend string.
+
+Why: ``verl/utils/distributed.py:89`` builds ``f"cpu:gloo,{device}:{backend}"``, which on the CPU
+platform is ``cpu:gloo,cpu:gloo``, and torch refuses a device named twice. On CPU the group is plain
+``cpu:gloo``. The engine workers bound the function by name at import, so their reference is replaced.
+Applied only when ``VERL_PLATFORM=cpu``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+VERL_VERSIONS = ("0.9.1",)
+TARGET = "verl.workers.engine_workers"
+_MARK = "_tensorhub_cpu_backend"
+
+
+def needed() -> bool:
+    from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+
+    return cpu_platform_selected()
+
+
+def describe() -> str:
+    return "initialize_global_process_group_ray uses backend 'cpu:gloo' on the CPU platform"
+
+
+def apply(module) -> bool:
+    original = module.initialize_global_process_group_ray
+    if getattr(original, _MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    setattr(initialize_global_process_group_ray, _MARK, True)
+    module.initialize_global_process_group_ray = initialize_global_process_group_ray
+    return True

@@ -1,0 +1,36 @@
+"""verl 0.9.1: a v1 trainer mode that would silently drop the ``tensorhub`` backend refuses to start.
+
+Why: ``trainer/ppo/v1/trainer_base.py:382`` forces ``checkpoint_engine.backend = "naive"`` for the
+replicas it builds, so in the ``sync`` and ``colocate_async`` modes ``+tensorhub=...`` changes nothing and
+the user believes TensorHub moved the weights. ``PPOTrainer.__init__`` now checks the config first and
+raises ``ConfigError`` naming the modes that use the configured engine.
+"""
+
+from __future__ import annotations
+
+import functools
+
+VERL_VERSIONS = ("0.9.1",)
+TARGET = "verl.trainer.ppo.v1.trainer_base"
+_MARK = "_tensorhub_mode_check"
+
+
+def describe() -> str:
+    return "v1 trainer modes that force the naive checkpoint engine refuse backend 'tensorhub' at start"
+
+
+def apply(module) -> bool:
+    original = module.PPOTrainer.__init__
+    if getattr(original, _MARK, False):
+        return False
+
+    @functools.wraps(original)
+    def __init__(self, config, *args, **kwargs):
+        from tensorhub_verl.verl.trainer_modes import check_trainer_mode
+
+        check_trainer_mode(config)
+        original(self, config, *args, **kwargs)
+
+    setattr(__init__, _MARK, True)
+    module.PPOTrainer.__init__ = __init__
+    return True

@@ -1,0 +1,19 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins``): prepares every vLLM process of a CPU job.
+
+vLLM calls the plugins of that group in each of its processes (API server, engine core, workers) before a
+model loads. verl starts its rollout servers itself, so this is the only hook that reaches their worker
+processes. On verl's CPU platform (``VERL_PLATFORM=cpu``, which the platform passes to rollout processes)
+it keeps linear weights live (``compat.prepare_worker_process``: without it verl's ``load_weights`` finds
+emptied oneDNN-packed weights at the first sync). Anywhere else it does nothing.
+"""
+
+from __future__ import annotations
+
+
+def register() -> None:
+    from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+
+    if cpu_platform_selected():
+        from tensorhub_verl.vllm.compat import prepare_worker_process
+
+        prepare_worker_process()
