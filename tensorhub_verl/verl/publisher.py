@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest
+from tensorhub_verl.verl.digest import DIGEST_KEY, weights_digest
 from tensorhub_verl.verl.staging import BufferRing, Slot
 
 logger = logging.getLogger("tensorhub_verl.verl.publisher")
@@ -34,10 +35,15 @@ class PublishStats:
     """Time spent consuming the generator and copying into staging buffers."""
     publish_s: float = 0.0
     """Time of the hub registration (and of the unpublish of the version the slot held before)."""
+    digest: str | None = None
+    """``weights_digest`` of the published bytes (only with ``verify_digests``)."""
 
-    def as_metrics(self) -> dict[str, float]:
-        return {"tensorhub/publish_bytes": float(self.bytes), "tensorhub/publish_stage_s": self.stage_s,
-                "tensorhub/publish_s": self.publish_s}
+    def as_metrics(self) -> dict[str, float | str]:
+        out: dict[str, float | str] = {"tensorhub/publish_bytes": float(self.bytes),
+                                       "tensorhub/publish_stage_s": self.stage_s, "tensorhub/publish_s": self.publish_s}
+        if self.digest is not None:
+            out[DIGEST_KEY] = self.digest  # the updater takes it out before verl sees the metrics
+        return out
 
 
 @dataclass(slots=True)
@@ -52,7 +58,7 @@ class Publisher:
     """Publishes versions through ``client`` (a ``tensorhub_verl`` Client), holding ``keep`` at once."""
 
     def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
-                 unpublish_timeout_s: float) -> None:
+                 unpublish_timeout_s: float, verify_digests: bool = False) -> None:
         if staging not in ("none", "cpu", "gpu"):
             raise ConfigError(f"staging must be 'none', 'cpu' or 'gpu', got {staging!r}")
         if staging == "gpu" and not torch.cuda.is_available():
@@ -62,6 +68,7 @@ class Publisher:
         self._staging = staging
         self._chunk_bytes = chunk_bytes
         self._unpublish_timeout_s = unpublish_timeout_s
+        self._verify_digests = verify_digests
         self._ring = BufferRing(keep, self._unpublish)
         self._fill: _Fill | None = None
         self._pin = staging == "cpu" and torch.cuda.is_available()
@@ -124,7 +131,8 @@ class Publisher:
         self._fill = None
         stats = PublishStats(version=fill.version, tensors=len(fill.seen),
                              bytes=sum(t.numel() * t.element_size() for t in fill.seen.values()),
-                             stage_s=staged - fill.started, publish_s=time.monotonic() - staged)
+                             stage_s=staged - fill.started, publish_s=time.monotonic() - staged,
+                             digest=weights_digest(fill.seen) if self._verify_digests else None)
         logger.info("published %s v%d: %d tensors, %d bytes (staging=%s, stage %.3fs, publish %.3fs)",
                     self._model, stats.version, stats.tensors, stats.bytes, self._staging, stats.stage_s,
                     stats.publish_s)

@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 
 from tensorhub_verl.errors import ConfigError, VersionNotFound
+from tensorhub_verl.verl.digest import weights_digest
 from tensorhub_verl.verl.staging import BufferRing
 
 logger = logging.getLogger("tensorhub_verl.verl.puller")
@@ -35,13 +36,15 @@ class PullResult:
     """Source worker id -> bytes read from it."""
     reused: bool = False
     """The version was already held here: nothing moved."""
+    digest: str | None = None
+    """``weights_digest`` of the held buffers (only with ``verify_digests``)."""
 
 
 class Puller:
     """Pulls versions through ``client`` into ``keep`` reusable buffer sets on ``device``."""
 
     def __init__(self, client, *, model: str, keep: int, device: str, fetch_timeout_s: float,
-                 unpublish_timeout_s: float) -> None:
+                 unpublish_timeout_s: float, verify_digests: bool = False) -> None:
         if device not in ("cpu", "cuda"):
             raise ConfigError(f"rollout staging device must be 'cpu' or 'cuda', got {device!r}")
         self._client = client
@@ -49,6 +52,7 @@ class Puller:
         self._device = device
         self._fetch_timeout_s = fetch_timeout_s
         self._unpublish_timeout_s = unpublish_timeout_s
+        self._verify_digests = verify_digests
         self._ring = BufferRing(keep, self._unpublish)
 
     @property
@@ -62,8 +66,10 @@ class Puller:
         """Fetches ``version`` ("latest" resolves once) unless already held; holds it afterwards."""
         manifest = self._client.manifest(self._model, version, layout="hf")
         resolved = manifest.version
-        if self._ring.get(resolved) is not None:
-            return PullResult(worker=self._client.worker, version=resolved, reused=True)
+        held = self._ring.get(resolved)
+        if held is not None:
+            return PullResult(worker=self._client.worker, version=resolved, reused=True,
+                              digest=weights_digest(held.buffers) if self._verify_digests else None)
         slot = self._ring.acquire()
         specs = [(t.name, tuple(t.shape), t.dtype) for t in manifest.tensors]
         if not slot.matches(specs):
@@ -79,7 +85,8 @@ class Puller:
         logger.info("%s pulled %s v%d: %d bytes in %.3fs from %s", self._client.worker, self._model, resolved,
                     stats.bytes, stats.seconds, dict(stats.sources))
         return PullResult(worker=self._client.worker, version=resolved, bytes=stats.bytes, seconds=stats.seconds,
-                          sources=dict(stats.sources))
+                          sources=dict(stats.sources),
+                          digest=weights_digest(slot.buffers) if self._verify_digests else None)
 
     def weights(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
         """The held buffers of ``version`` as ``(name, tensor)``; the engine's loader must only read them."""

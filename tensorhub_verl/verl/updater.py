@@ -31,10 +31,15 @@ from typing import Any, Callable, Sequence
 from tensorhub_verl.errors import ConfigError, TransferFailed
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.metrics import update_metrics
 from tensorhub_verl.verl.puller import PullResult
 
 logger = logging.getLogger("tensorhub_verl.verl.updater")
+
+
+class DigestMismatch(TransferFailed):
+    """A rollout's pulled bytes differ from the trainer's published version (``verify_digests``)."""
 
 
 @dataclass(slots=True)
@@ -102,22 +107,27 @@ class TensorHubUpdater:
                                         self.config.fetch_timeout_s, "trainer publish")
         published_s = time.monotonic() - started
 
+        publish = [p for p in publish if isinstance(p, dict)]
+        published_digest = next((p.pop(DIGEST_KEY) for p in publish if DIGEST_KEY in p), None)
         replicas = list(self._replicas())
         live = {r.replica_rank for r in replicas}
         self.served = {k: v for k, v in self.served.items() if k in live}  # removed replicas are forgotten
         for r in replicas:
             self.served.setdefault(r.replica_rank, None)
-        outcomes = await asyncio.gather(*(self._update_replica(r, version) for r in replicas))
+        outcomes = await asyncio.gather(*(self._update_replica(r, version, published_digest) for r in replicas))
 
         failed = [o for o in outcomes if o.error is not None]
         for o in outcomes:
             if o.error is None:
                 self.served[o.replica] = version
-        metrics = update_metrics(version=version, publish=[p for p in publish if isinstance(p, dict)],
+        metrics = update_metrics(version=version, publish=publish,
                                  pulls=[p for o in outcomes for p in o.pulls],
                                  stalls={o.replica: o.stall_s for o in outcomes if o.error is None},
                                  served=self.served)
         metrics["tensorhub/update_s"] = time.monotonic() - started
+        if published_digest is not None:
+            metrics["tensorhub/digest_mismatches"] = float(sum(isinstance(o.error, DigestMismatch) for o in outcomes))
+            metrics["tensorhub/digests_checked"] = float(sum(len(o.pulls) for o in outcomes))
         metrics["tensorhub/trainer_publish_wait_s"] = published_s
         self.last_metrics = metrics
         if failed:
@@ -134,7 +144,8 @@ class TensorHubUpdater:
                     metrics["tensorhub/stall_s"], metrics["tensorhub/sources_peer_fraction"])
         return metrics
 
-    async def _update_replica(self, replica: Any, version: int) -> ReplicaOutcome:
+    async def _update_replica(self, replica: Any, version: int, published_digest: str | None = None
+                              ) -> ReplicaOutcome:
         outcome = ReplicaOutcome(replica=replica.replica_rank, pulls=[])
         try:
             group = self._rollout_group(list(replica.workers))
@@ -145,6 +156,10 @@ class TensorHubUpdater:
                                                 replica=[replica.replica_rank] * n, rank=list(range(n))),
                 self.config.fetch_timeout_s, f"replica {replica.replica_rank} pull")
             outcome.pulls = [p for p in pulls if isinstance(p, PullResult)]
+            if published_digest is not None:
+                bad = [p.worker for p in outcome.pulls if p.digest != published_digest]
+                if bad:  # never apply bytes that differ from what the trainer published
+                    raise DigestMismatch(f"v{version}: {bad} pulled bytes whose digest differs from the trainer's")
             # 2. Pause only for the apply; resume even if the apply fails, so the replica keeps serving.
             paused = time.monotonic()
             try:

@@ -1,0 +1,96 @@
+"""verl's CPU platform and the verl 0.9.1 patches that make its trainer run without a GPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from omegaconf import OmegaConf
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.verl.patches.on_import import when_imported
+from tensorhub_verl.verl.trainer_modes import check_trainer_mode
+
+
+def _config(mode: str, backend: str = "tensorhub", use_v1: bool = True):
+    return OmegaConf.create({"trainer": {"use_v1": use_v1, "v1": {"trainer_mode": mode}},
+                             "actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": backend}}}})
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_modes_that_force_naive_refuse_tensorhub_and_name_the_ones_that_work(mode):
+    with pytest.raises(ConfigError, match=f"trainer_mode={mode}.*separate_async.*fully_async"):
+        check_trainer_mode(_config(mode))
+
+
+def test_modes_that_use_the_backend_and_other_backends_pass():
+    check_trainer_mode(_config("separate_async"))
+    check_trainer_mode(_config("sync", backend="naive"))
+    with pytest.raises(ConfigError, match="use_v1"):
+        check_trainer_mode(_config("separate_async", use_v1=False))
+
+
+def test_a_post_import_hook_runs_once_right_after_its_module_executes(tmp_path, monkeypatch):
+    (tmp_path / "th_hooked_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("th_hooked_mod", lambda m: seen.append(m.VALUE))
+    assert seen == []
+    import th_hooked_mod  # noqa: F401
+
+    assert seen == [1]
+    when_imported("th_hooked_mod", lambda m: seen.append(2))  # already imported: runs now
+    assert seen == [1, 2]
+
+
+def test_the_flush_patch_drops_only_the_print_keyword(caplog):
+    from tensorhub_verl.verl.patches import verl_0_9_1_logger_flush as patch
+
+    module = type(sys)("fake_separate_async")
+    module.logger = logging.getLogger("tensorhub_verl.tests.fake")
+    with pytest.raises(TypeError):
+        module.logger.error("boom", flush=True)  # what verl 0.9.1 does
+    assert patch.apply(module) is True and patch.apply(module) is False
+    with caplog.at_level(logging.INFO, logger="tensorhub_verl.tests.fake"):
+        module.logger.info("replicas: %d", 2, flush=True)
+    assert "replicas: 2" in caplog.text
+
+
+def test_verl_on_the_cpu_platform_in_a_fresh_process():
+    """VERL_PLATFORM=cpu is the one setting: verl's device helpers, its FSDP engine lookup and its
+    process-group set-up all take the CPU path (each is a separate process-wide singleton, hence a subprocess)."""
+    script = textwrap.dedent("""
+        import verl  # loads tensorhub_verl through the verl.plugins entry point
+        from verl.utils import device
+        from verl.workers.engine.base import EngineRegistry
+        import verl.workers.engine.fsdp.transformer_impl  # noqa: F401
+        import verl.workers.engine_workers as engine_workers
+        assert device.get_device_name() == "cpu", device.get_device_name()
+        assert device.get_nccl_backend() == "gloo"
+        assert str(device.get_device_id()) == "cpu"
+        torch_device = device.get_torch_device()
+        assert torch_device.memory_allocated() > 0 and torch_device.mem_get_info()[1] > 0
+        torch_device.empty_cache(); torch_device.synchronize()
+        state = torch_device.get_rng_state(); torch_device.set_rng_state(state)
+        engine = EngineRegistry.get_engine_cls("language_model", "fsdp2")
+        assert engine.__name__.startswith("FSDP"), engine
+        assert getattr(engine_workers.initialize_global_process_group_ray, "_tensorhub_cpu_backend", False)
+        print("CPU-PLATFORM-OK")
+    """)
+    env = dict(os.environ, VERL_PLATFORM="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    assert "CPU-PLATFORM-OK" in proc.stdout, proc.stderr[-3000:]
+    assert "applied verl patch verl_0_9_1_cpu_engine_registry" in proc.stderr
+    assert "applied verl patch verl_0_9_1_cpu_process_group" in proc.stderr
+
+
+def test_without_the_setting_nothing_cpu_specific_is_applied():
+    script = "import verl.workers.engine.fsdp.transformer_impl\nprint('DONE')"
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    assert "DONE" in proc.stdout, proc.stderr[-3000:]
+    assert "verl_0_9_1_cpu_engine_registry" not in proc.stderr
