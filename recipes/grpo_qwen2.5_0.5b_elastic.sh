@@ -5,6 +5,8 @@
 # OpenAI API: point extra agent/eval traffic at it, or stop it at any time (spot capacity).
 #
 #   ATTACH_HOSTS="node-a node-b" ATTACH_AFTER_S=300 bash recipes/grpo_qwen2.5_0.5b_elastic.sh
+# Hardware: the separate_async recipe's 8-GPU node, plus one GPU per attached rollout node.
+# No GPU? `tensorhub demo` runs the CPU version: two replicas in the job and one elastic node joining midway.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 export TENSORHUB_PROFILE=elastic

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GRPO, Qwen2.5-0.5B-Instruct, GSM8K, verl's fully async policy (rollouter and trainer decoupled,
 # partial rollout) with TensorHub. Weight sync runs every trigger_parameter_sync_step trainer steps.
+# Hardware: one node with 8 NVIDIA GPUs (rollouter and trainer split them; see the n_gpus settings below).
+# No GPU? recipes/grpo_tiny_cpu.sh runs verl's trainer on CPU with TensorHub (separate_async mode).
 set -xeuo pipefail
 source "$(dirname "$0")/common.sh"
 tensorhub_preflight

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GRPO, Qwen2.5-0.5B-Instruct, GSM8K, verl v1 separate_async trainer (trainer and rollout on separate GPUs)
 # with TensorHub weight transfer: rollouts keep generating while each new version streams in.
+# Hardware: one node with 8 NVIDIA GPUs (4 train, 4 rollout; N_GPUS_ROLLOUT and NGPUS_PER_NODE change it).
+# No GPU? recipes/grpo_tiny_cpu.sh runs the same trainer mode on CPU (VERL_PLATFORM=cpu, +tensorhub_cpu=tiny_grpo).
 set -xeuo pipefail
 source "$(dirname "$0")/common.sh"
 tensorhub_preflight

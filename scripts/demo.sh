@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh) and runs the main job: `tensorhub demo`, a hub, a trainer and
-# several rollout processes on this machine, printing what moved, from where, how fast.
+# Sets everything up (scripts/setup.sh) and runs the main job: `tensorhub demo`, a live GRPO run of verl's
+# own trainer on this machine's CPU with TensorHub moving every version to two vLLM replicas and an elastic
+# node that joins midway (a few minutes on 2 cores). `bash scripts/demo.sh ros` runs the ROS-only demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

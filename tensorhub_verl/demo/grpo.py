@@ -90,7 +90,7 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"the verl job did not finish within {timeout_s:.0f} s; see {job.log_file}")
             time.sleep(1.0)
-            if elastic is not None:
+            if elastic is not None and int(time.monotonic()) % 5 == 0:
                 elastic_report = _elastic_status(elastic_port) or elastic_report
     finally:
         if trainer.poll() is None:
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="directory for the model, data, logs and plot")
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the elastic node's status polls are not news
     from tensorhub_verl.demo.task import build_task
 
     out = Path(args.out or tempfile.mkdtemp(prefix="tensorhub-demo-"))

@@ -18,6 +18,23 @@ from tensorhub_verl.verl.hydra_searchpath import conf_dir
 from tensorhub_verl.verl.cpu_platform_env import PLATFORM_ENV, PLATFORM_NAME
 
 TRAINER_MODES = ("separate_async", "fully_async")
+_ENTRY_POINTS = {"separate_async": "verl.trainer.main_ppo",
+                 "fully_async": "verl.experimental.fully_async_policy.fully_async_main"}
+PROMPTS_PER_STEP = 8
+"""data.train_batch_size of the preset: prompts per training step."""
+
+
+def _fully_async_overrides(steps: int, replicas: int) -> list[str]:
+    """verl's fully async policy (its own entry point and config): rollouter and trainer decoupled, one
+    weight sync per trainer step, no partial rollouts, so that each step's syncs are comparable."""
+    return [
+        "data.train_batch_size=0", "data.gen_batch_size=1", "data.return_raw_chat=True",
+        "rollout.nnodes=1", f"rollout.n_gpus_per_node={replicas}", "rollout.n=8",
+        f"rollout.total_rollout_steps={steps * PROMPTS_PER_STEP}",
+        "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=1",
+        "async_training.staleness_threshold=0", "async_training.partial_rollout=False",
+        "async_training.concurrent_samples_per_replica=8",
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +76,8 @@ class TinyJob:
     def overrides(self) -> list[str]:
         slots = self.trainer_ranks + self.replicas + 1
         return [
-            f"hydra.searchpath=[file://{conf_dir()}]",
+            # verl's configs first (fully_async's own config finds ppo_trainer there), then ours.
+            f"hydra.searchpath=[pkg://verl.trainer.config,file://{conf_dir()}]",
             f"+tensorhub={self.mode}",
             "+tensorhub_cpu=tiny_grpo",
             f"actor_rollout_ref.model.path={self.task.model_dir}",
@@ -72,11 +90,12 @@ class TinyJob:
             f"actor_rollout_ref.rollout.n_gpus_per_node={self.replicas}",
             f"ray_kwargs.ray_init.num_gpus={slots}",
             f"tensorhub.hub_url_file={self.hub_url_file}",
+            *(_fully_async_overrides(self.steps, self.replicas) if self.trainer_mode == "fully_async" else ()),
             *self.extra,
         ]
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "verl.trainer.main_ppo", *self.overrides()]
+        return [sys.executable, "-m", _ENTRY_POINTS[self.trainer_mode], *self.overrides()]
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
