@@ -82,6 +82,8 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
                 rows.append(row)
                 if not quiet:
                     _print_row(row)
+                if elastic is not None:  # once per step: what the node serves and where it read from
+                    elastic_report = _elastic_status(elastic_port) or elastic_report
                 if elastic_at is not None and elastic is None and row.step >= elastic_at:
                     elastic = _start_elastic_node(job, port=elastic_port)
                     _say(quiet, "  -- an elastic vLLM node joins (tensorhub attach-vllm) and pulls from its peers --")
@@ -90,8 +92,6 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"the verl job did not finish within {timeout_s:.0f} s; see {job.log_file}")
             time.sleep(1.0)
-            if elastic is not None and int(time.monotonic()) % 5 == 0:
-                elastic_report = _elastic_status(elastic_port) or elastic_report
     finally:
         if trainer.poll() is None:
             trainer.terminate()
