@@ -355,6 +355,10 @@ class HubState:
                 self.read_failures[source.worker] += 1
                 logger.warning("read of chunk %d from %s failed (%s); re-planning", lease.chunk, lease.source,
                                failure.reason[:200])
+        # Leases revoked since the last exchange (deadline passed, or their source was dropped): the reader
+        # abandons those reads if still in flight and the chunks are planned again.
+        revoked |= past
+        past.clear()
         if req.completed or req.failed:
             self._changed.notify_all()
         return revoked
@@ -459,8 +463,14 @@ class HubState:
                 del record.holdings[holder]
                 dropped.add(holder)
             self._forget_if_empty(key)
-        for lease_id in [i for i, lease in self._leases.items() if lease.reader in dropped]:
-            del self._leases[lease_id]
+        for lease_id, lease in list(self._leases.items()):
+            if lease.reader in dropped:
+                del self._leases[lease_id]
+            elif lease.source in dropped:
+                # Its source is gone (dead, or frozen past the heartbeat timeout): tell the reader now, so
+                # it re-plans the chunk instead of waiting out its read timeout.
+                del self._leases[lease_id]
+                self._revoked[lease.reader].add(lease_id)
         self._changed.notify_all()
 
     def _forget_if_empty(self, key: Key) -> None:
