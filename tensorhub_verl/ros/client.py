@@ -8,6 +8,7 @@ a hub restart, and drops holdings that fell out of the hub's retention window.
 from __future__ import annotations
 
 import base64
+import itertools
 import logging
 import re
 import threading
@@ -115,8 +116,9 @@ class Client:
                  token: str | None = None, config: ClientConfig | None = None,
                  transport: Transport | None = None):
         _check_name("worker", worker)
-        if worker.endswith(ARCHIVE_SUFFIX):
-            raise errors.ConfigError(f"worker ids may not end in {ARCHIVE_SUFFIX!r} (reserved for CPU archives)")
+        if msg.HOLDER_SEPARATOR in worker:
+            raise errors.ConfigError(f"worker ids may not contain {msg.HOLDER_SEPARATOR!r} (it names a worker's "
+                                     f"holders, e.g. its CPU archive {worker.split('~')[0]}{ARCHIVE_SUFFIX})")
         self.worker = worker
         self.location = Location.parse(location)
         self.config = config or ClientConfig()
@@ -132,7 +134,7 @@ class Client:
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
                               on_new_instance=self._reregister)
         self.hub_url = self._hub.url
-        ack = self._register_worker()
+        ack = self._first_registration()
         self._heartbeat_s = ack.heartbeat_s
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tensorhub-hb-{worker}", daemon=True)
@@ -362,6 +364,21 @@ class Client:
         return self._hub.post("/v1/workers/register", msg.RegisterWorker(
             worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
             agent_name=self._transport.agent_name, agent_metadata_b64=metadata), msg.WorkerAck)
+
+    def _first_registration(self) -> msg.WorkerAck:
+        """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
+        timeout), up to ``hub_retry_s``; without the old credential nobody can take a live id over."""
+        deadline = time.monotonic() + self.config.hub_retry_s
+        for attempt in itertools.count():
+            try:
+                return self._register_worker()
+            except errors.NotOwner as e:
+                if time.monotonic() > deadline:
+                    raise
+                if attempt == 0:
+                    logger.warning("%s: %s; retrying for up to %.0f s", self.worker, e, self.config.hub_retry_s)
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     def _reregister(self) -> None:
         """After a hub restart: the worker, then every holding, then every fetch in progress."""

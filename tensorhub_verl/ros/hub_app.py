@@ -2,6 +2,10 @@
 
 Every request body is a pydantic model (``messages.py``); a request that fails validation, is too
 large, or lacks the token is answered with an error and changes nothing.
+
+Two proofs: the shared bearer token (when set) admits a caller to the hub at all; the per-worker
+credential (``X-TensorHub-Credential``, returned by registration) proves that a call acting for a worker
+comes from that worker. Routes that act for a worker run inside ``HubState.acting_as``.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ import hmac
 import json
 import logging
 import time
+from typing import Annotated
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
@@ -21,7 +26,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import HubState, manifest_to_msg
-from tensorhub_verl.ros.messages import INSTANCE_HEADER
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
@@ -34,8 +39,11 @@ _STATUS_OF = [
     (errors.VersionNotFound, 404),
     (errors.ManifestMismatch, 409),
     (errors.InvalidRequest, 400),
+    (errors.NotOwner, 403),
     (errors.Unauthorized, 401),
 ]
+
+Credential = Annotated[str, Header(alias=CREDENTIAL_HEADER, max_length=256)]
 
 
 class _BodyLimit:
@@ -151,43 +159,50 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def healthz() -> dict:
         return {"ok": True, "hub_instance": state.instance}
 
-    @app.post("/v1/workers/register")
-    def register(req: msg.RegisterWorker) -> msg.WorkerAck:
-        return state.register_worker(req)
+    @app.post(msg.REGISTER_PATH)
+    def register(req: msg.RegisterWorker, credential: Credential = "") -> msg.WorkerAck:
+        return state.register_worker(req, credential)
 
     @app.post("/v1/workers/heartbeat")
-    def heartbeat(worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
-        return state.heartbeat(worker)
+    def heartbeat(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
+        with state.acting_as(worker, credential):
+            return state.heartbeat(worker)
 
     @app.post("/v1/workers/leave")
-    def leave(worker: str = Query(min_length=1, max_length=256)) -> dict:
-        state.leave(worker)
+    def leave(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> dict:
+        with state.acting_as(worker, credential):
+            state.leave(worker)
         return {"ok": True}
 
     @app.post("/v1/publish")
-    def publish(req: msg.Publish) -> dict:
-        state.publish(req)
+    def publish(req: msg.Publish, credential: Credential = "") -> dict:
+        with state.acting_as(req.worker, credential):
+            state.publish(req)
         return {"ok": True}
 
     @app.post("/v1/unpublish")
-    def unpublish(req: msg.Unpublish) -> msg.UnpublishAck:
-        return state.unpublish(req)
+    def unpublish(req: msg.Unpublish, credential: Credential = "") -> msg.UnpublishAck:
+        with state.acting_as(req.worker, credential):
+            return state.unpublish(req)
 
     @app.post("/v1/preserve")
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
 
     @app.post("/v1/fetch/begin")
-    def begin(req: msg.BeginFetch) -> msg.ManifestMsg:
-        return manifest_to_msg(state.begin_fetch(req))
+    def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.ManifestMsg:
+        with state.acting_as(req.worker, credential):
+            return manifest_to_msg(state.begin_fetch(req))
 
     @app.post("/v1/fetch/exchange")
-    def exchange(req: msg.Exchange) -> msg.ExchangeReply:
-        return state.exchange(req)
+    def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
+        with state.acting_as(req.worker, credential):
+            return state.exchange(req)
 
     @app.post("/v1/fetch/end")
-    def end(req: msg.EndFetch) -> msg.UnpublishAck:
-        return state.end_fetch(req)
+    def end(req: msg.EndFetch, credential: Credential = "") -> msg.UnpublishAck:
+        with state.acting_as(req.worker, credential):
+            return state.end_fetch(req)
 
     @app.get("/v1/manifest")
     def manifest(model: str = Query(min_length=1, max_length=256), version: str = "latest",

@@ -11,12 +11,21 @@ Invariants:
   - A version becomes visible (``versions``/``latest``) only when one holding of it is ``active``.
   - The shards of a k-shard engine (``shard_group``) stay ``pending`` -- neither visible nor read --
     until all k have been published; then they turn ``active`` together.
+  - A worker acts only as itself: registration binds a random credential to the worker id (the hub keeps
+    only its hash), and the HTTP layer runs every call for a worker inside ``acting_as``. A worker's
+    holders are named ``<worker>`` or ``<worker>~<suffix>``, so no worker publishes, unpublishes or fetches
+    as a holder of another. A restarted hub knows no credentials: it accepts any unknown id and issues a
+    new one (soft state; the trust model in the README says what that allows).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import itertools
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -26,7 +35,9 @@ from typing import Callable
 
 import torch
 
-from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
+from tensorhub_verl.errors import (
+    InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
+)
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, check_same_tensors, dtype_from_name
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
@@ -61,6 +72,8 @@ class WorkerRecord:
     agent_metadata_b64: str
     last_seen: float
     bytes_served: int = 0
+    credential_hash: bytes = b""
+    """sha256 of the worker's credential: a leaked status dump or core file does not leak the secret."""
 
 
 @dataclass(slots=True)
@@ -115,11 +128,20 @@ class HubState:
         self.fetch_seconds: list[tuple[str, float]] = []
 
     # ----------------------------------------------------------------------------------- workers
-    def register_worker(self, req: msg.RegisterWorker) -> msg.WorkerAck:
+    def register_worker(self, req: msg.RegisterWorker, credential: str = "") -> msg.WorkerAck:
+        """Registers (or re-registers) a worker; the reply carries its credential.
+
+        A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
+        anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
         with self._lock:
             now = self._clock()
             location = Location(**req.location.model_dump())
             old = self._workers.get(req.worker)
+            if old is not None and not _same_secret(old.credential_hash, credential):
+                raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
+                               f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
+                               f"its last heartbeat, or when it leaves)")
+            secret = credential if old is not None else secrets.token_urlsafe(32)
             if old is not None and old.agent_name != req.agent_name:
                 # A new process took over this worker id: the old one's memory is gone.
                 logger.info("worker %s restarted (agent %s -> %s); dropping its holdings",
@@ -127,12 +149,24 @@ class HubState:
                 self._drop_worker(req.worker)
                 old = None
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
-                                  old.bytes_served if old else 0)
+                                  old.bytes_served if old else 0, _hash(secret))
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
             self._changed.notify_all()
-            return self._ack(req.worker)
+            return self._ack(req.worker).model_copy(update={"credential": secret})
+
+    @contextlib.contextmanager
+    def acting_as(self, worker: str, credential: str):
+        """Holds the hub lock while the caller acts for ``worker``, after checking its credential.
+
+        The check and the action share one critical section, so the id cannot change hands between them."""
+        with self._lock:
+            record = self._require_worker(worker)
+            if not _same_secret(record.credential_hash, credential):
+                raise NotOwner(f"this call acts for worker {worker!r} without its credential; only that worker "
+                               f"may publish, unpublish, fetch or heartbeat as itself")
+            yield
 
     def heartbeat(self, worker: str) -> msg.WorkerAck:
         with self._lock:
@@ -177,6 +211,7 @@ class HubState:
     def publish(self, req: msg.Publish) -> None:
         with self._lock:
             self._require_worker(req.worker)
+            _check_holder(req.worker, req.holder)
             manifest = _manifest_from(req.manifest)
             if len(req.regions) != len(manifest.tensors):
                 raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
@@ -189,6 +224,8 @@ class HubState:
             else:
                 check_same_tensors(record.manifest, manifest)
             existing = record.holdings.get(req.holder)
+            if existing is not None and existing.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
             if existing is not None and existing.state not in ("active", "pending"):
                 raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
                                      f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
@@ -220,11 +257,14 @@ class HubState:
     def unpublish(self, req: msg.Unpublish) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
         with self._lock:
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
             if holding is None:
                 raise VersionNotFound(f"{req.holder} holds no version {req.version} of {req.model!r} "
                                       f"({req.layout}); nothing to unpublish")
+            if holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             holding.state = "draining"
             return self._drain(key, req.holder, req.wait_s)
 
@@ -271,6 +311,7 @@ class HubState:
         key = (req.model, req.version, req.layout)
         with self._lock:
             self._require_worker(req.worker)
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
             if record is None or not record.holdings:
                 raise VersionNotFound(f"no worker holds version {req.version} of {req.model!r} in layout "
@@ -281,6 +322,8 @@ class HubState:
             if len(req.regions) != len(record.manifest.tensors):
                 raise InvalidRequest(f"{len(req.regions)} regions for {len(record.manifest.tensors)} tensors")
             existing = record.holdings.get(req.holder)
+            if existing is not None and existing.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
             if existing is not None and existing.state != "filling":
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
@@ -294,9 +337,12 @@ class HubState:
         key = (req.model, req.version, req.layout)
         with self._lock:
             reader = self._require_worker(req.worker)
+            _check_holder(req.worker, req.holder)
             reader.last_seen = self._clock()
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
+            if holding is not None and holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             if holding is None or holding.state != "filling":
                 raise UnknownFetch(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
             revoked = self._settle(req, record, holding)
@@ -411,10 +457,13 @@ class HubState:
     def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
         with self._lock:
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
             if holding is None:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
+            if holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
                 del self._leases[lease_id]
             self._revoked.pop(req.holder, None)
@@ -549,6 +598,20 @@ class HubState:
                     "holders": holders, "fetch_seconds": list(self.fetch_seconds),
                     "leases_revoked": self.leases_revoked, "read_failures": dict(self.read_failures),
                     "leases_in_flight": len(self._leases), "workers": len(self._workers)}
+
+
+def _hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def _same_secret(expected_hash: bytes, presented: str) -> bool:
+    return bool(presented) and hmac.compare_digest(expected_hash, _hash(presented))
+
+
+def _check_holder(worker: str, holder: str) -> None:
+    if holder != worker and not holder.startswith(worker + msg.HOLDER_SEPARATOR):
+        raise NotOwner(f"worker {worker!r} may act only for holders named {worker!r} or "
+                       f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
 
 
 def _manifest_from(m: msg.ManifestMsg) -> Manifest:

@@ -11,6 +11,14 @@ Version = Annotated[int, Field(ge=0, le=2**62)]
 MAX_TENSORS = 200_000
 INSTANCE_HEADER = "X-TensorHub-Instance"
 """Every hub response names the hub instance, so clients notice a restart and re-register."""
+CREDENTIAL_HEADER = "X-TensorHub-Credential"
+"""The per-worker secret that registration returns; every later call for that worker carries it. A header,
+not a body field: request bodies end up in logs and error messages, headers do not."""
+REGISTER_PATH = "/v1/workers/register"
+HOLDER_SEPARATOR = "~"
+"""A worker's holders are named ``<worker>`` or ``<worker>~<suffix>`` (e.g. its CPU archive ``w~cpu``), so
+worker ids may not contain it: no worker can publish under a holder name that belongs to another."""
+WorkerId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@+=-]+$")]
 
 
 class Strict(BaseModel):
@@ -49,7 +57,7 @@ class RegionMsg(Strict):
 
 
 class RegisterWorker(Strict):
-    worker: Name
+    worker: WorkerId
     location: LocationMsg
     spot: bool = False
     agent_name: Annotated[str, Field(min_length=1, max_length=512)]
@@ -62,6 +70,9 @@ class WorkerAck(Strict):
     heartbeat_s: float
     release: list["HoldingKey"] = []
     """Holdings the hub asks this worker to drop (older than the retention window)."""
+    credential: str = ""
+    """Set in the reply to a registration only: the secret that proves this worker's identity from now on
+    (send it as the ``X-TensorHub-Credential`` header). Re-registering a live id needs it."""
 
 
 class HoldingKey(Strict):

@@ -9,6 +9,7 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 from tensorhub_verl.ros.nixl_transport import NixlTransport
 
 from tests.ros.roles import GatedTransport, digest, holder, make_weights
@@ -25,7 +26,8 @@ def _impostor(url: str, worker: str, agent_name: str, metadata: bytes) -> None:
     assert registered.status_code == 200, registered.text
     regions = [{"addr": 4096 * (i + 1)} for i in range(len(manifest["tensors"]))]
     published = httpx.post(f"{url}/v1/publish", timeout=10, json={
-        "worker": worker, "holder": worker, "manifest": manifest, "regions": regions})
+        "worker": worker, "holder": worker, "manifest": manifest, "regions": regions},
+        headers={CREDENTIAL_HEADER: registered.json()["credential"]})
     assert published.status_code == 200, published.text
 
 
