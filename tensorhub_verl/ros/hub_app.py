@@ -176,8 +176,9 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     @app.post("/v1/publish")
     def publish(req: msg.Publish, credential: Credential = "") -> dict:
+        prepared = state.prepare(req)  # validation and the chunk map: before the lock, never under it
         with state.acting_as(req.worker, credential):
-            state.publish(req)
+            state.publish(req, prepared)
         return {"ok": True}
 
     @app.post("/v1/unpublish")
@@ -205,7 +206,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             return state.end_fetch(req)
 
     @app.get("/v1/manifest")
-    def manifest(model: str = Query(min_length=1, max_length=256), version: str = "latest",
+    def manifest(model: str = Query(min_length=1, max_length=256), version: str = Query("latest", max_length=40),
                  layout: str = Query("hf", min_length=1, max_length=256)) -> msg.ManifestMsg:
         return manifest_to_msg(state.manifest(model, _version_arg(version), layout))
 
@@ -215,7 +216,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return msg.VersionsReply(model=model, versions=state.versions(model, layout))
 
     @app.get("/v1/wait")
-    def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = -1,
+    def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
              layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> dict:
         deadline = time.monotonic() + timeout
         while True:
@@ -239,12 +240,9 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
 
 def _version_arg(version: str) -> int | str:
+    """'latest' or plain decimal digits (no sign, spaces, '1.0' or '1e3')."""
     if version == "latest":
         return version
-    try:
-        value = int(version)
-    except ValueError:
-        raise errors.InvalidRequest(f"version must be an integer or 'latest', got {version!r}") from None
-    if value < 0:
-        raise errors.InvalidRequest(f"version must be >= 0, got {value}")
-    return value
+    if not (version.isascii() and version.isdigit() and len(version) <= 19) or int(version) > 2**62:
+        raise errors.InvalidRequest(f"version must be an integer in [0, 2**62] or 'latest', got {version[:40]!r}")
+    return int(version)

@@ -33,13 +33,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, check_same_tensors, dtype_from_name
+from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, prepare_version
+from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
 from tensorhub_verl.ros.topology import Distance, Location
 
@@ -61,6 +60,8 @@ class HubConfig:
     keep_versions: int = 2
     """Retention: the newest N versions of each model are kept; holders are asked to drop older ones."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    limits: HubLimits = field(default_factory=HubLimits)
+    """What one version may cost the hub (tensors, bytes, chunks)."""
 
 
 @dataclass(slots=True)
@@ -121,6 +122,7 @@ class HubState:
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
         self._shard_groups: dict[tuple[str, int, str], dict[Key, str]] = {}
+        self._shard_counts: dict[tuple[str, int, str], int] = {}
         self._ids = itertools.count(1)
         # Counters read by /metrics.
         self.leases_revoked = 0
@@ -208,29 +210,38 @@ class HubState:
         return record
 
     # ---------------------------------------------------------------------------------- holdings
-    def publish(self, req: msg.Publish) -> None:
+    def prepare(self, req: msg.Publish) -> PreparedVersion:
+        """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
+        return prepare_version(req.manifest, self.config.limits)
+
+    def publish(self, req: msg.Publish, prepared: PreparedVersion | None = None) -> None:
+        """Adds a holding. Every check runs before the first change: a refused publish changes nothing."""
+        if prepared is None:
+            prepared = self.prepare(req)
+        manifest = prepared.manifest
+        if len(req.regions) != len(manifest.tensors):
+            raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
+                                 f"tensors; send one region per tensor")
+        if req.shard_count > 1 and req.shard_group is None:
+            raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+        key = (manifest.model, manifest.version, manifest.layout)
         with self._lock:
             self._require_worker(req.worker)
             _check_holder(req.worker, req.holder)
-            manifest = _manifest_from(req.manifest)
-            if len(req.regions) != len(manifest.tensors):
-                raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
-                                     f"tensors; send one region per tensor")
-            key = (manifest.model, manifest.version, manifest.layout)
             record = self._versions.get(key)
-            if record is None:
-                record = VersionRecord(manifest, manifest.chunks())
-                self._versions[key] = record
-            else:
+            if record is not None:
                 check_same_tensors(record.manifest, manifest)
-            existing = record.holdings.get(req.holder)
-            if existing is not None and existing.worker != req.worker:
-                raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
-            if existing is not None and existing.state not in ("active", "pending"):
-                raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
-                                     f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
-            if req.shard_count > 1 and req.shard_group is None:
-                raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+                existing = record.holdings.get(req.holder)
+                if existing is not None and existing.worker != req.worker:
+                    raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
+                if existing is not None and existing.state not in ("active", "pending"):
+                    raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
+                                         f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
+            if req.shard_count > 1:
+                self._check_shard(manifest.model, manifest.version, req.shard_group, req.shard_count, key)
+            if record is None:
+                record = VersionRecord(manifest, prepared.chunks)
+                self._versions[key] = record
             state = "pending" if req.shard_count > 1 else "active"
             record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, state,
                                                   next(self._ids))
@@ -239,11 +250,18 @@ class HubState:
                                    req.holder)
             self._changed.notify_all()
 
+    def _check_shard(self, model: str, version: int, group: str, count: int, key: Key) -> None:
+        members = self._shard_groups.get((model, version, group), {})
+        known = self._shard_counts.get((model, version, group), count)
+        if known != count:
+            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has {known} shards, not {count}")
+        if key not in members and len(members) >= count:
+            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has more than {count} shards")
+
     def _commit_shard(self, model: str, version: int, group: str, count: int, key: Key, holder: str) -> None:
         members = self._shard_groups.setdefault((model, version, group), {})
+        self._shard_counts[(model, version, group)] = count
         members[key] = holder
-        if len(members) > count:
-            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has more than {count} shards")
         if len(members) < count:
             return
         for shard_key, h in members.items():
@@ -292,7 +310,8 @@ class HubState:
                              reverse=True)
             if req.version not in visible[: self.config.keep_versions]:
                 return msg.PreserveAnswer(must_preserve=False, reason="outside the retention window")
-            holding = self._versions[(req.model, req.version, req.layout)].holdings.get(req.holder)
+            record = self._versions.get((req.model, req.version, req.layout))
+            holding = record.holdings.get(req.holder) if record else None
             if holding is None or self._workers.get(holding.worker) is None:
                 return msg.PreserveAnswer(must_preserve=False, reason="not a holder")
             if self._workers[holding.worker].spot:
@@ -464,15 +483,15 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
+            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
+                raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
+                                     f"{len(record.chunks)} chunks")
             for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
                 del self._leases[lease_id]
             self._revoked.pop(req.holder, None)
             if req.ok:
                 self.fetch_seconds.append((req.model, req.seconds))
                 del self.fetch_seconds[:-10_000]
-            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
-                raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
-                                     f"{len(record.chunks)} chunks")
             if req.ok and req.hold:
                 holding.state, holding.chunks = "active", None
                 self._changed.notify_all()
@@ -529,6 +548,7 @@ class HubState:
             if not any(k[:2] == key[:2] for k in self._versions):
                 for group in [g for g in self._shard_groups if g[:2] == key[:2]]:
                     del self._shard_groups[group]
+                    self._shard_counts.pop(group, None)
 
     def _holdings_of(self, worker: str) -> list[Holding]:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
@@ -614,35 +634,8 @@ def _check_holder(worker: str, holder: str) -> None:
                        f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
 
 
-def _manifest_from(m: msg.ManifestMsg) -> Manifest:
-    specs = tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors)
-    for spec in specs:
-        expected = _numel(spec.shape) * _itemsize(spec.dtype)
-        if spec.nbytes != expected:
-            raise InvalidRequest(f"tensor {spec.name!r}: nbytes {spec.nbytes} does not match shape "
-                                 f"{list(spec.shape)} of {spec.dtype} ({expected} bytes)")
-    if len({s.name for s in specs}) != len(specs):
-        raise InvalidRequest("tensor names in a manifest must be unique")
-    return Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint)
-
-
 def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
     return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
                            fingerprint=m.fingerprint,
                            tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
                                                       nbytes=t.nbytes) for t in m.tensors])
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _itemsize(dtype: str) -> int:
-    try:
-        return torch.empty((), dtype=dtype_from_name(dtype)).element_size()
-    except ManifestMismatch as e:
-        raise InvalidRequest(str(e)) from None
-
