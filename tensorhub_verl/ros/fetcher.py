@@ -37,6 +37,7 @@ import torch
 
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.integrity import byte_views, chunk_digest
 from tensorhub_verl.ros.manifest import Chunk
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
@@ -59,6 +60,8 @@ class FetchStats:
     """Bytes read from readers that were themselves still filling (pipelined replication)."""
     failed_reads: int = 0
     revoked_reads: int = 0
+    corrupt_reads: int = 0
+    """Reads whose bytes did not match the chunk's digest: re-read elsewhere, the source reported."""
     cancelled_reads: int = 0
     """Reads still in flight when the hub revoked their lease (e.g. it dropped their source): abandoned
     and re-planned without waiting for their timeout."""
@@ -100,10 +103,13 @@ class ChunkFetcher:
     """Runs one fetch to completion. ``exchange`` is the hub call (bound to model, version, layout)."""
 
     def __init__(self, transport: Transport, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
-                 exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats):
+                 exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
+                 digests: tuple[str, ...] = ()):
         self._transport = transport
         self._chunks = chunks
         self._local = [Region.of_tensor(t) for t in local]
+        self._digests = digests
+        self._views = byte_views(local) if digests else []
         self._exchange = exchange
         self._settings = settings
         self.stats = stats
@@ -185,7 +191,16 @@ class ChunkFetcher:
                 continue
             self._transport.release(read.handle)
             del self._inflight[lease]
-            if state == "DONE":
+            if state == "DONE" and self._digests and \
+                    chunk_digest(self._chunks[read.chunk], self._views) != self._digests[read.chunk]:
+                # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
+                logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
+                             read.chunk, read.source.holder, read.source.worker)
+                failed.append(msg.FailedRead(lease=lease, corrupt=True,
+                                             reason=f"{read.source.holder}: chunk {read.chunk} fails its digest"))
+                self.stats.corrupt_reads += 1
+                self.stats.failed_reads += 1
+            elif state == "DONE":
                 read.landed = now
                 done.append(lease)
                 finished[lease] = read

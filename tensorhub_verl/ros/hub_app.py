@@ -115,6 +115,11 @@ class _HubCollector:
         for worker, n in sorted(snap["read_failures"].items()):
             failures.add_metric([worker], n)
         yield failures
+        corrupt = CounterMetricFamily("tensorhub_corrupt_reads", "Reads whose bytes failed the chunk digest, by source",
+                                      labels=["worker"])
+        for worker, n in sorted(snap["corrupt_reads"].items()):
+            corrupt.add_metric([worker], n)
+        yield corrupt
         yield CounterMetricFamily("tensorhub_leases_revoked", "Leases revoked past their deadline",
                                   value=snap["leases_revoked"])
         yield GaugeMetricFamily("tensorhub_leases_in_flight", "Reads in flight", value=snap["leases_in_flight"])

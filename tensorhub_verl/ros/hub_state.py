@@ -57,6 +57,8 @@ class HubConfig:
     """A read of one chunk that takes longer than this is revoked and must be redone."""
     suspect_s: float = 3.0
     """After a failed read, its source gets no new reads for this long (unless it proves alive)."""
+    quarantine_s: float = 300.0
+    """A holding whose bytes failed a reader's digest check serves no reads for this long."""
     keep_versions: int = 2
     """Retention: the newest N versions of each model are kept; holders are asked to drop older ones."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -121,12 +123,15 @@ class HubState:
         self._leases: dict[int, Lease] = {}
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
+        self._quarantined_until: dict[tuple[Key, str], float] = {}
+        """(version key, holder) -> end of its quarantine after a reader found bytes that fail their digest."""
         self._shard_groups: dict[tuple[str, int, str], dict[Key, str]] = {}
         self._shard_counts: dict[tuple[str, int, str], int] = {}
         self._ids = itertools.count(1)
         # Counters read by /metrics.
         self.leases_revoked = 0
         self.read_failures: dict[str, int] = defaultdict(int)
+        self.corrupt_reads: dict[str, int] = defaultdict(int)
         self.fetch_seconds: list[tuple[str, float]] = []
 
     # ----------------------------------------------------------------------------------- workers
@@ -415,6 +420,16 @@ class HubState:
             if lease is None or lease.reader != req.holder:
                 continue
             source = record.holdings.get(lease.source)
+            if source is not None and failure.corrupt:
+                # Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or
+                # a reader that claimed chunks it never verified. Its copy of this version serves nobody for a
+                # while; readers re-read the chunk elsewhere. (A reader could accuse falsely: it costs the
+                # holding quarantine_s for this one version, never data.)
+                self._quarantined_until[(lease.key, lease.source)] = self._clock() + self.config.quarantine_s
+                self.corrupt_reads[source.worker] += 1
+                logger.error("reader %s found chunk %d from %s (worker %s) corrupt; quarantining that copy of %s for "
+                             "%.0f s", req.holder, lease.chunk, lease.source, source.worker, lease.key,
+                             self.config.quarantine_s)
             if source is not None:
                 self._suspect_until[source.worker] = self._clock() + self.config.suspect_s
                 self.read_failures[source.worker] += 1
@@ -452,7 +467,7 @@ class HubState:
         holders, suspects = [], []
         for h in record.holdings.values():
             worker = self._workers.get(h.worker)
-            if worker is None or h.state in ("draining", "pending"):
+            if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
             chunks = None if h.state == "active" else frozenset(h.chunks)
             view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes)
@@ -509,6 +524,8 @@ class HubState:
                                worker, now - self._workers[worker].last_seen)
                 self._drop_worker(worker)
             self._expire_leases()
+            for entry in [e for e, until in self._quarantined_until.items() if until <= now]:
+                del self._quarantined_until[entry]
 
     def _expire_leases(self) -> None:
         now = self._clock()
@@ -549,6 +566,13 @@ class HubState:
                 for group in [g for g in self._shard_groups if g[:2] == key[:2]]:
                     del self._shard_groups[group]
                     self._shard_counts.pop(group, None)
+
+    def _quarantined(self, key: Key, holder: str, now: float) -> bool:
+        until = self._quarantined_until.get((key, holder))
+        if until is not None and until <= now:
+            del self._quarantined_until[(key, holder)]
+            return False
+        return until is not None
 
     def _holdings_of(self, worker: str) -> list[Holding]:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
@@ -605,6 +629,7 @@ class HubState:
                     "version": version, "layout": layout, "bytes": record.manifest.nbytes,
                     "chunks": len(record.chunks),
                     "holders": [{"holder": h.holder, "worker": h.worker, "state": h.state,
+                                 "quarantined": self._quarantined((model, version, layout), h.holder, now),
                                  "chunks": len(record.chunks) if h.chunks is None else len(h.chunks),
                                  "served_bytes": h.served_bytes} for h in record.holdings.values()],
                 })
@@ -617,6 +642,7 @@ class HubState:
             return {"bytes_served": {w: r.bytes_served for w, r in self._workers.items()},
                     "holders": holders, "fetch_seconds": list(self.fetch_seconds),
                     "leases_revoked": self.leases_revoked, "read_failures": dict(self.read_failures),
+                    "corrupt_reads": dict(self.corrupt_reads),
                     "leases_in_flight": len(self._leases), "workers": len(self._workers)}
 
 
@@ -636,6 +662,6 @@ def _check_holder(worker: str, holder: str) -> None:
 
 def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
     return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
-                           fingerprint=m.fingerprint,
+                           fingerprint=m.fingerprint, chunk_digests=list(m.chunk_digests),
                            tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
                                                       nbytes=t.nbytes) for t in m.tensors])

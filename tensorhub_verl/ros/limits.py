@@ -72,7 +72,9 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits) -> PreparedVersion:
                              f"limit of {limits.max_chunks}; publish with a larger chunk_bytes")
     if len({s.name for s in specs}) != len(specs):
         raise InvalidRequest("tensor names in a manifest must be unique")
-    manifest = Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint)
+    if m.chunk_digests and len(m.chunk_digests) != chunks:
+        raise InvalidRequest(f"{len(m.chunk_digests)} chunk digests for {chunks} chunks; send one per chunk or none")
+    manifest = Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests))
     return PreparedVersion(manifest, manifest.chunks())
 
 

@@ -78,6 +78,8 @@ class ManifestMsg(Strict):
     tensors: list[TensorSpecMsg] = Field(min_length=1, max_length=MAX_TENSORS)
     chunk_bytes: Annotated[int, Field(ge=4096, le=1 << 31)]
     fingerprint: Annotated[str, Field(max_length=128)] = ""
+    chunk_digests: list[Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]] = Field(default=[], max_length=MAX_CHUNKS)
+    """xxh3-64 of each chunk, hex, from the publisher; readers check every chunk against it. Empty: unchecked."""
 
 
 class RegionMsg(Strict):
@@ -165,6 +167,8 @@ class BeginFetch(Strict):
 class FailedRead(Strict):
     lease: Annotated[int, Field(ge=0)]
     reason: Annotated[str, Field(max_length=2000)] = ""
+    corrupt: bool = False
+    """The read landed but its bytes did not match the chunk's digest: the source is quarantined."""
 
 
 class Exchange(Strict):
