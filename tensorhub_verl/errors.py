@@ -26,6 +26,13 @@ class Unauthorized(TensorHubError):
     """The hub refused the request: token missing or wrong."""
 
 
+class NotOwner(Unauthorized):
+    """The call acts for a worker (or its holder, or its id) without that worker's credential.
+
+    The shared token only admits a worker to register; registration returns a credential bound to the
+    worker id, and every later call for that worker must present it."""
+
+
 class TransferFailed(TensorHubError):
     """No holder could serve a chunk (all sources failed, or the fetch timed out)."""
 
@@ -55,6 +62,7 @@ __all__ = [
     "VersionNotFound",
     "ManifestMismatch",
     "Unauthorized",
+    "NotOwner",
     "TransferFailed",
     "HubUnavailable",
     "InvalidRequest",

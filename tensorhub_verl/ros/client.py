@@ -8,6 +8,8 @@ a hub restart, and drops holdings that fell out of the hub's retention window.
 from __future__ import annotations
 
 import base64
+import dataclasses
+import itertools
 import logging
 import re
 import threading
@@ -24,6 +26,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.hub_state import manifest_to_msg
+from tensorhub_verl.ros.integrity import chunk_digests
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_name, _DTYPES,
 )
@@ -55,6 +58,9 @@ class ClientConfig:
     """How long calls retry with backoff while the hub is unreachable, then HubUnavailable."""
     fingerprint: str = "sample"
     """Content check of published bytes: 'sample', 'full' or 'none' (see manifest.content_fingerprint)."""
+    chunk_digests: bool = True
+    """Publish an xxh3-64 digest of every chunk, which every reader checks as the chunk lands (a reader
+    always checks what a manifest carries). Costs ~0.1 s per GiB of CPU memory at publish and at fetch."""
     spot: bool = False
     """A spot worker may vanish any time; its copies never count as reliable for retention."""
     preserve_on_unpublish: bool = True
@@ -115,8 +121,9 @@ class Client:
                  token: str | None = None, config: ClientConfig | None = None,
                  transport: Transport | None = None):
         _check_name("worker", worker)
-        if worker.endswith(ARCHIVE_SUFFIX):
-            raise errors.ConfigError(f"worker ids may not end in {ARCHIVE_SUFFIX!r} (reserved for CPU archives)")
+        if msg.HOLDER_SEPARATOR in worker:
+            raise errors.ConfigError(f"worker ids may not contain {msg.HOLDER_SEPARATOR!r} (it names a worker's "
+                                     f"holders, e.g. its CPU archive {worker.split('~')[0]}{ARCHIVE_SUFFIX})")
         self.worker = worker
         self.location = Location.parse(location)
         self.config = config or ClientConfig()
@@ -132,7 +139,7 @@ class Client:
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
                               on_new_instance=self._reregister)
         self.hub_url = self._hub.url
-        ack = self._register_worker()
+        ack = self._first_registration()
         self._heartbeat_s = ack.heartbeat_s
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tensorhub-hb-{worker}", daemon=True)
@@ -157,6 +164,9 @@ class Client:
         tensors = _check_tensors(tensors)
         manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
                                   self.config.fingerprint)
+        if self.config.chunk_digests:
+            digests = chunk_digests(manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors])
+            manifest = dataclasses.replace(manifest, chunk_digests=digests)
         self._publish(_Held(self.worker, manifest, tensors, shard_group, shard_count))
         return manifest
 
@@ -262,7 +272,8 @@ class Client:
                                      started + (timeout or self.config.fetch_timeout_s), self.config.poll_interval_s,
                                      self.config.wan_reads_posted)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
-                                         lambda **kw: self._exchange(key, **kw), settings, stats)
+                                         lambda **kw: self._exchange(key, **kw), settings, stats,
+                                         digests=manifest.chunk_digests)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()
@@ -362,6 +373,21 @@ class Client:
         return self._hub.post("/v1/workers/register", msg.RegisterWorker(
             worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
             agent_name=self._transport.agent_name, agent_metadata_b64=metadata), msg.WorkerAck)
+
+    def _first_registration(self) -> msg.WorkerAck:
+        """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
+        timeout), up to ``hub_retry_s``; without the old credential nobody can take a live id over."""
+        deadline = time.monotonic() + self.config.hub_retry_s
+        for attempt in itertools.count():
+            try:
+                return self._register_worker()
+            except errors.NotOwner as e:
+                if time.monotonic() > deadline:
+                    raise
+                if attempt == 0:
+                    logger.warning("%s: %s; retrying for up to %.0f s", self.worker, e, self.config.hub_retry_s)
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     def _reregister(self) -> None:
         """After a hub restart: the worker, then every holding, then every fetch in progress."""
@@ -492,4 +518,4 @@ def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest) -> list[ms
 def _manifest_of(m: msg.ManifestMsg) -> Manifest:
     return Manifest(m.model, m.version, m.layout,
                     tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors),
-                    m.chunk_bytes, m.fingerprint)
+                    m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests))

@@ -10,6 +10,12 @@
 A read that fails or outlives ``read_timeout_s`` is reported as failed; the hub re-plans that chunk
 on another source. Only chunks whose reads completed and were not revoked count as landed.
 
+Faults cost a re-plan, never a raw data-plane exception: a source whose metadata cannot be loaded (dead,
+garbage, or naming another agent) is not used, and its assignments are reported failed at once. While
+reads are in flight the loop exchanges at least every ``refresh_s``, so that when the hub drops a
+source (missed heartbeats: frozen or dead) the reads it owed are cancelled within about one heartbeat
+timeout, instead of each waiting out ``read_timeout_s``.
+
 A seed posts its WAN reads ``wan_reads_posted`` at a time and queues the rest of its WAN assignments
 here, starting the next the moment one lands. Over TCP, reads posted together share one stream and land
 together at the end; one after another, each chunk lands (and starts spreading through the datacenter)
@@ -19,6 +25,7 @@ as early as the WAN allows, and the queued next read keeps the WAN busy without 
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import time
 from collections import deque
@@ -30,6 +37,7 @@ import torch
 
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.integrity import byte_views, chunk_digest
 from tensorhub_verl.ros.manifest import Chunk
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
@@ -52,6 +60,11 @@ class FetchStats:
     """Bytes read from readers that were themselves still filling (pipelined replication)."""
     failed_reads: int = 0
     revoked_reads: int = 0
+    corrupt_reads: int = 0
+    """Reads whose bytes did not match the chunk's digest: re-read elsewhere, the source reported."""
+    cancelled_reads: int = 0
+    """Reads still in flight when the hub revoked their lease (e.g. it dropped their source): abandoned
+    and re-planned without waiting for their timeout."""
     chunks: int = 0
     timeline: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
     """(posted, landed, chunk, source worker) per landed chunk in landing order, monotonic times: where a
@@ -82,21 +95,28 @@ class FetchSettings:
     poll_interval_s: float
     wan_reads_posted: int = 1
     """WAN reads posted at once; further WAN assignments wait in a local queue."""
+    refresh_s: float = 0.5
+    """With reads in flight, exchange with the hub at least this often, to learn of revoked leases."""
 
 
 class ChunkFetcher:
     """Runs one fetch to completion. ``exchange`` is the hub call (bound to model, version, layout)."""
 
     def __init__(self, transport: Transport, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
-                 exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats):
+                 exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
+                 digests: tuple[str, ...] = ()):
         self._transport = transport
         self._chunks = chunks
         self._local = [Region.of_tensor(t) for t in local]
+        self._digests = digests
+        self._views = byte_views(local) if digests else []
         self._exchange = exchange
         self._settings = settings
         self.stats = stats
         self.landed: set[int] = set()
         self._sources: dict[str, msg.SourceInfo] = {}
+        self._unusable: dict[str, str] = {}
+        """holder -> why its metadata could not be loaded (until the hub sends a new generation)."""
         self._inflight: dict[int, _Read] = {}
         self._wan_queue: deque[msg.AssignmentMsg] = deque()
 
@@ -114,6 +134,7 @@ class ChunkFetcher:
         reported: list[int] = []
         asked_for = 0
         starved_until = 0.0
+        last_exchange = time.monotonic()
         total = len(self._chunks)
         window = self._settings.window
         while True:
@@ -124,7 +145,9 @@ class ChunkFetcher:
             if pending is not None and pending.done():
                 reply = pending.result()
                 pending = None
-                self._book(reported, finished, set(reply.revoked))
+                revoked = set(reply.revoked)
+                self._book(reported, finished, revoked)
+                self._cancel(revoked)
                 if len(self.landed) == total and not self._inflight:
                     return
                 if (reply.unservable and not reply.assignments and not self._inflight and not self._wan_queue
@@ -133,8 +156,7 @@ class ChunkFetcher:
                                          f"{self.stats.model} v{self.stats.version} ({self.stats.layout}); "
                                          f"every source failed or left")
                 for info in reply.sources:
-                    self._transport.load_peer(info.agent_name, _b64(info.agent_metadata_b64))
-                    self._sources[info.holder] = info
+                    self._load(info)
                 for a in reply.assignments:
                     self._assign(a, failed)
                 if len(reply.assignments) < asked_for:
@@ -147,9 +169,11 @@ class ChunkFetcher:
                 # window is free. Exchanges run beside the reads, so this costs the reads nothing.
                 report = bool(failed) or bool(done)
                 ask = (room * 2 >= window or not self._inflight) and now >= starved_until
-                if report or ask:
+                stale = bool(self._inflight) and now - last_exchange >= self._settings.refresh_s
+                if report or ask or stale:
                     idle = not self._inflight and not done and not failed
                     reported, asked_for = done, max(room, 0)
+                    last_exchange = now
                     pending = hub.submit(self._exchange, completed=done, failed=failed, want=asked_for,
                                          wait_s=0.2 if idle else 0.0, known_sources=self._known())
                     done, failed = [], []
@@ -167,7 +191,16 @@ class ChunkFetcher:
                 continue
             self._transport.release(read.handle)
             del self._inflight[lease]
-            if state == "DONE":
+            if state == "DONE" and self._digests and \
+                    chunk_digest(self._chunks[read.chunk], self._views) != self._digests[read.chunk]:
+                # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
+                logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
+                             read.chunk, read.source.holder, read.source.worker)
+                failed.append(msg.FailedRead(lease=lease, corrupt=True,
+                                             reason=f"{read.source.holder}: chunk {read.chunk} fails its digest"))
+                self.stats.corrupt_reads += 1
+                self.stats.failed_reads += 1
+            elif state == "DONE":
                 read.landed = now
                 done.append(lease)
                 finished[lease] = read
@@ -191,6 +224,30 @@ class ChunkFetcher:
             if read.source.partial:
                 self.stats.partial_source_bytes += chunk.nbytes
 
+    def _load(self, info: msg.SourceInfo) -> None:
+        """Loads a source's data-plane metadata; an unusable source is remembered, not raised."""
+        try:
+            self._transport.load_peer(info.agent_name, base64.b64decode(info.agent_metadata_b64, validate=True))
+        except (ReadError, binascii.Error, ValueError) as e:
+            logger.warning("source %s (worker %s) is unusable: %s; its reads go elsewhere", info.holder,
+                           info.worker, e)
+            self._sources.pop(info.holder, None)
+            self._unusable[info.holder] = str(e)[:500]
+            return
+        self._unusable.pop(info.holder, None)
+        self._sources[info.holder] = info
+
+    def _cancel(self, revoked: set[int]) -> None:
+        """Abandons in-flight or queued reads whose leases the hub revoked; the hub re-plans their chunks."""
+        for lease in revoked & self._inflight.keys():
+            read = self._inflight.pop(lease)
+            self._transport.release(read.handle)
+            self.stats.cancelled_reads += 1
+            logger.info("read of chunk %d from %s cancelled: the hub revoked its lease", read.chunk,
+                        read.source.holder)
+        if revoked and self._wan_queue:
+            self._wan_queue = deque(a for a in self._wan_queue if a.lease not in revoked)
+
     def _assign(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
         if a.distance == Distance.WAN:
             posted = sum(read.crosses_wan for read in self._inflight.values())
@@ -202,7 +259,9 @@ class ChunkFetcher:
     def _post(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
         source = self._sources.get(a.source)
         if source is None:
-            failed.append(msg.FailedRead(lease=a.lease, reason=f"hub sent no address info for {a.source}"))
+            reason = self._unusable.get(a.source, "the hub sent no address info")
+            failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: {reason}"))
+            self.stats.failed_reads += 1
             return
         copies = []
         for seg in self._chunks[a.chunk].segments:
@@ -231,6 +290,3 @@ class ChunkFetcher:
         self._inflight.clear()
         self._wan_queue.clear()
 
-
-def _b64(text: str) -> bytes:
-    return base64.b64decode(text)

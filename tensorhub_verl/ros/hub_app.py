@@ -2,6 +2,10 @@
 
 Every request body is a pydantic model (``messages.py``); a request that fails validation, is too
 large, or lacks the token is answered with an error and changes nothing.
+
+Two proofs: the shared bearer token (when set) admits a caller to the hub at all; the per-worker
+credential (``X-TensorHub-Credential``, returned by registration) proves that a call acting for a worker
+comes from that worker. Routes that act for a worker run inside ``HubState.acting_as``.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ import hmac
 import json
 import logging
 import time
+from typing import Annotated
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
@@ -21,7 +26,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import HubState, manifest_to_msg
-from tensorhub_verl.ros.messages import INSTANCE_HEADER
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
@@ -34,8 +39,11 @@ _STATUS_OF = [
     (errors.VersionNotFound, 404),
     (errors.ManifestMismatch, 409),
     (errors.InvalidRequest, 400),
+    (errors.NotOwner, 403),
     (errors.Unauthorized, 401),
 ]
+
+Credential = Annotated[str, Header(alias=CREDENTIAL_HEADER, max_length=256)]
 
 
 class _BodyLimit:
@@ -107,6 +115,11 @@ class _HubCollector:
         for worker, n in sorted(snap["read_failures"].items()):
             failures.add_metric([worker], n)
         yield failures
+        corrupt = CounterMetricFamily("tensorhub_corrupt_reads", "Reads whose bytes failed the chunk digest, by source",
+                                      labels=["worker"])
+        for worker, n in sorted(snap["corrupt_reads"].items()):
+            corrupt.add_metric([worker], n)
+        yield corrupt
         yield CounterMetricFamily("tensorhub_leases_revoked", "Leases revoked past their deadline",
                                   value=snap["leases_revoked"])
         yield GaugeMetricFamily("tensorhub_leases_in_flight", "Reads in flight", value=snap["leases_in_flight"])
@@ -151,46 +164,54 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def healthz() -> dict:
         return {"ok": True, "hub_instance": state.instance}
 
-    @app.post("/v1/workers/register")
-    def register(req: msg.RegisterWorker) -> msg.WorkerAck:
-        return state.register_worker(req)
+    @app.post(msg.REGISTER_PATH)
+    def register(req: msg.RegisterWorker, credential: Credential = "") -> msg.WorkerAck:
+        return state.register_worker(req, credential)
 
     @app.post("/v1/workers/heartbeat")
-    def heartbeat(worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
-        return state.heartbeat(worker)
+    def heartbeat(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
+        with state.acting_as(worker, credential):
+            return state.heartbeat(worker)
 
     @app.post("/v1/workers/leave")
-    def leave(worker: str = Query(min_length=1, max_length=256)) -> dict:
-        state.leave(worker)
+    def leave(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> dict:
+        with state.acting_as(worker, credential):
+            state.leave(worker)
         return {"ok": True}
 
     @app.post("/v1/publish")
-    def publish(req: msg.Publish) -> dict:
-        state.publish(req)
+    def publish(req: msg.Publish, credential: Credential = "") -> dict:
+        prepared = state.prepare(req)  # validation and the chunk map: before the lock, never under it
+        with state.acting_as(req.worker, credential):
+            state.publish(req, prepared)
         return {"ok": True}
 
     @app.post("/v1/unpublish")
-    def unpublish(req: msg.Unpublish) -> msg.UnpublishAck:
-        return state.unpublish(req)
+    def unpublish(req: msg.Unpublish, credential: Credential = "") -> msg.UnpublishAck:
+        with state.acting_as(req.worker, credential):
+            return state.unpublish(req)
 
     @app.post("/v1/preserve")
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
 
     @app.post("/v1/fetch/begin")
-    def begin(req: msg.BeginFetch) -> msg.ManifestMsg:
-        return manifest_to_msg(state.begin_fetch(req))
+    def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.ManifestMsg:
+        with state.acting_as(req.worker, credential):
+            return manifest_to_msg(state.begin_fetch(req))
 
     @app.post("/v1/fetch/exchange")
-    def exchange(req: msg.Exchange) -> msg.ExchangeReply:
-        return state.exchange(req)
+    def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
+        with state.acting_as(req.worker, credential):
+            return state.exchange(req)
 
     @app.post("/v1/fetch/end")
-    def end(req: msg.EndFetch) -> msg.UnpublishAck:
-        return state.end_fetch(req)
+    def end(req: msg.EndFetch, credential: Credential = "") -> msg.UnpublishAck:
+        with state.acting_as(req.worker, credential):
+            return state.end_fetch(req)
 
     @app.get("/v1/manifest")
-    def manifest(model: str = Query(min_length=1, max_length=256), version: str = "latest",
+    def manifest(model: str = Query(min_length=1, max_length=256), version: str = Query("latest", max_length=40),
                  layout: str = Query("hf", min_length=1, max_length=256)) -> msg.ManifestMsg:
         return manifest_to_msg(state.manifest(model, _version_arg(version), layout))
 
@@ -200,7 +221,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return msg.VersionsReply(model=model, versions=state.versions(model, layout))
 
     @app.get("/v1/wait")
-    def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = -1,
+    def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
              layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> dict:
         deadline = time.monotonic() + timeout
         while True:
@@ -224,12 +245,9 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
 
 def _version_arg(version: str) -> int | str:
+    """'latest' or plain decimal digits (no sign, spaces, '1.0' or '1e3')."""
     if version == "latest":
         return version
-    try:
-        value = int(version)
-    except ValueError:
-        raise errors.InvalidRequest(f"version must be an integer or 'latest', got {version!r}") from None
-    if value < 0:
-        raise errors.InvalidRequest(f"version must be >= 0, got {value}")
-    return value
+    if not (version.isascii() and version.isdigit() and len(version) <= 19) or int(version) > 2**62:
+        raise errors.InvalidRequest(f"version must be an integer in [0, 2**62] or 'latest', got {version[:40]!r}")
+    return int(version)

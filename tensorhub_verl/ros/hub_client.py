@@ -2,6 +2,9 @@
 
 Notices when the hub it talks to is a new instance (a restart) and lets the owner re-register its
 soft state before the call is repeated.
+
+Keeps the worker credential that registration returns and sends it with every call, so callers never
+see it. A call that raced a re-registration (sent with the credential it replaced) is repeated once.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pydantic import BaseModel
 
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
-from tensorhub_verl.ros.messages import INSTANCE_HEADER
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, REGISTER_PATH
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -28,6 +31,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "VersionNotFound": errors.VersionNotFound,
     "ManifestMismatch": errors.ManifestMismatch,
     "Unauthorized": errors.Unauthorized,
+    "NotOwner": errors.NotOwner,
     "InvalidRequest": errors.InvalidRequest,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
@@ -52,6 +56,8 @@ class HubClient:
         self._recovering_thread: int | None = None
         self._recoveries = 0
         """Completed re-registrations; a caller that waited on another thread's recovery sees it change."""
+        self._credential = ""
+        """This worker's secret, from its last registration (a restarted hub issues a new one)."""
 
     def shorten_retries(self, seconds: float) -> None:
         """For goodbyes: a client that is closing should not wait long for a hub that is gone."""
@@ -67,12 +73,19 @@ class HubClient:
 
     def _call(self, method: str, path: str, body, reply, params, timeout):
         for attempt in range(2):
+            sent_with = self._credential
             try:
                 data = self._send(method, path, body, params, timeout)
                 break
             except UnknownWorker:
                 if attempt == 1 or not self._recover():
                     raise
+            except errors.NotOwner:
+                # Sent just before a re-registration replaced the credential: repeat it with the new one.
+                if attempt == 1 or sent_with == self._credential:
+                    raise
+        if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
+            self._credential = data["credential"]
         return reply.model_validate(data) if reply is not None else data
 
     def _send(self, method: str, path: str, body, params, timeout):
@@ -81,9 +94,11 @@ class HubClient:
         content = body.model_dump_json().encode() if body is not None else None
         while True:
             try:
+                headers = {"content-type": "application/json"} if content is not None else {}
+                if self._credential:
+                    headers[CREDENTIAL_HEADER] = self._credential
                 response = self._http.request(
-                    method, path, content=content, params=params,
-                    headers={"content-type": "application/json"} if content is not None else None,
+                    method, path, content=content, params=params, headers=headers,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 if time.monotonic() + delay > deadline:

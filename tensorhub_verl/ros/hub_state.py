@@ -11,12 +11,21 @@ Invariants:
   - A version becomes visible (``versions``/``latest``) only when one holding of it is ``active``.
   - The shards of a k-shard engine (``shard_group``) stay ``pending`` -- neither visible nor read --
     until all k have been published; then they turn ``active`` together.
+  - A worker acts only as itself: registration binds a random credential to the worker id (the hub keeps
+    only its hash), and the HTTP layer runs every call for a worker inside ``acting_as``. A worker's
+    holders are named ``<worker>`` or ``<worker>~<suffix>``, so no worker publishes, unpublishes or fetches
+    as a holder of another. A restarted hub knows no credentials: it accepts any unknown id and issues a
+    new one (soft state; the trust model in the README says what that allows).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import itertools
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -24,11 +33,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
-from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
+from tensorhub_verl.errors import (
+    InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
+)
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, check_same_tensors, dtype_from_name
+from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, prepare_version
+from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
 from tensorhub_verl.ros.topology import Distance, Location
 
@@ -47,9 +57,13 @@ class HubConfig:
     """A read of one chunk that takes longer than this is revoked and must be redone."""
     suspect_s: float = 3.0
     """After a failed read, its source gets no new reads for this long (unless it proves alive)."""
+    quarantine_s: float = 300.0
+    """A holding whose bytes failed a reader's digest check serves no reads for this long."""
     keep_versions: int = 2
     """Retention: the newest N versions of each model are kept; holders are asked to drop older ones."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    limits: HubLimits = field(default_factory=HubLimits)
+    """What one version may cost the hub (tensors, bytes, chunks)."""
 
 
 @dataclass(slots=True)
@@ -61,6 +75,8 @@ class WorkerRecord:
     agent_metadata_b64: str
     last_seen: float
     bytes_served: int = 0
+    credential_hash: bytes = b""
+    """sha256 of the worker's credential: a leaked status dump or core file does not leak the secret."""
 
 
 @dataclass(slots=True)
@@ -107,19 +123,32 @@ class HubState:
         self._leases: dict[int, Lease] = {}
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
+        self._quarantined_until: dict[tuple[Key, str], float] = {}
+        """(version key, holder) -> end of its quarantine after a reader found bytes that fail their digest."""
         self._shard_groups: dict[tuple[str, int, str], dict[Key, str]] = {}
+        self._shard_counts: dict[tuple[str, int, str], int] = {}
         self._ids = itertools.count(1)
         # Counters read by /metrics.
         self.leases_revoked = 0
         self.read_failures: dict[str, int] = defaultdict(int)
+        self.corrupt_reads: dict[str, int] = defaultdict(int)
         self.fetch_seconds: list[tuple[str, float]] = []
 
     # ----------------------------------------------------------------------------------- workers
-    def register_worker(self, req: msg.RegisterWorker) -> msg.WorkerAck:
+    def register_worker(self, req: msg.RegisterWorker, credential: str = "") -> msg.WorkerAck:
+        """Registers (or re-registers) a worker; the reply carries its credential.
+
+        A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
+        anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
         with self._lock:
             now = self._clock()
             location = Location(**req.location.model_dump())
             old = self._workers.get(req.worker)
+            if old is not None and not _same_secret(old.credential_hash, credential):
+                raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
+                               f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
+                               f"its last heartbeat, or when it leaves)")
+            secret = credential if old is not None else secrets.token_urlsafe(32)
             if old is not None and old.agent_name != req.agent_name:
                 # A new process took over this worker id: the old one's memory is gone.
                 logger.info("worker %s restarted (agent %s -> %s); dropping its holdings",
@@ -127,12 +156,24 @@ class HubState:
                 self._drop_worker(req.worker)
                 old = None
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
-                                  old.bytes_served if old else 0)
+                                  old.bytes_served if old else 0, _hash(secret))
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
             self._changed.notify_all()
-            return self._ack(req.worker)
+            return self._ack(req.worker).model_copy(update={"credential": secret})
+
+    @contextlib.contextmanager
+    def acting_as(self, worker: str, credential: str):
+        """Holds the hub lock while the caller acts for ``worker``, after checking its credential.
+
+        The check and the action share one critical section, so the id cannot change hands between them."""
+        with self._lock:
+            record = self._require_worker(worker)
+            if not _same_secret(record.credential_hash, credential):
+                raise NotOwner(f"this call acts for worker {worker!r} without its credential; only that worker "
+                               f"may publish, unpublish, fetch or heartbeat as itself")
+            yield
 
     def heartbeat(self, worker: str) -> msg.WorkerAck:
         with self._lock:
@@ -174,26 +215,38 @@ class HubState:
         return record
 
     # ---------------------------------------------------------------------------------- holdings
-    def publish(self, req: msg.Publish) -> None:
+    def prepare(self, req: msg.Publish) -> PreparedVersion:
+        """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
+        return prepare_version(req.manifest, self.config.limits)
+
+    def publish(self, req: msg.Publish, prepared: PreparedVersion | None = None) -> None:
+        """Adds a holding. Every check runs before the first change: a refused publish changes nothing."""
+        if prepared is None:
+            prepared = self.prepare(req)
+        manifest = prepared.manifest
+        if len(req.regions) != len(manifest.tensors):
+            raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
+                                 f"tensors; send one region per tensor")
+        if req.shard_count > 1 and req.shard_group is None:
+            raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+        key = (manifest.model, manifest.version, manifest.layout)
         with self._lock:
             self._require_worker(req.worker)
-            manifest = _manifest_from(req.manifest)
-            if len(req.regions) != len(manifest.tensors):
-                raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
-                                     f"tensors; send one region per tensor")
-            key = (manifest.model, manifest.version, manifest.layout)
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
-            if record is None:
-                record = VersionRecord(manifest, manifest.chunks())
-                self._versions[key] = record
-            else:
+            if record is not None:
                 check_same_tensors(record.manifest, manifest)
-            existing = record.holdings.get(req.holder)
-            if existing is not None and existing.state not in ("active", "pending"):
-                raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
-                                     f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
-            if req.shard_count > 1 and req.shard_group is None:
-                raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+                existing = record.holdings.get(req.holder)
+                if existing is not None and existing.worker != req.worker:
+                    raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
+                if existing is not None and existing.state not in ("active", "pending"):
+                    raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
+                                         f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
+            if req.shard_count > 1:
+                self._check_shard(manifest.model, manifest.version, req.shard_group, req.shard_count, key)
+            if record is None:
+                record = VersionRecord(manifest, prepared.chunks)
+                self._versions[key] = record
             state = "pending" if req.shard_count > 1 else "active"
             record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, state,
                                                   next(self._ids))
@@ -202,11 +255,18 @@ class HubState:
                                    req.holder)
             self._changed.notify_all()
 
+    def _check_shard(self, model: str, version: int, group: str, count: int, key: Key) -> None:
+        members = self._shard_groups.get((model, version, group), {})
+        known = self._shard_counts.get((model, version, group), count)
+        if known != count:
+            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has {known} shards, not {count}")
+        if key not in members and len(members) >= count:
+            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has more than {count} shards")
+
     def _commit_shard(self, model: str, version: int, group: str, count: int, key: Key, holder: str) -> None:
         members = self._shard_groups.setdefault((model, version, group), {})
+        self._shard_counts[(model, version, group)] = count
         members[key] = holder
-        if len(members) > count:
-            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has more than {count} shards")
         if len(members) < count:
             return
         for shard_key, h in members.items():
@@ -220,11 +280,14 @@ class HubState:
     def unpublish(self, req: msg.Unpublish) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
         with self._lock:
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
             if holding is None:
                 raise VersionNotFound(f"{req.holder} holds no version {req.version} of {req.model!r} "
                                       f"({req.layout}); nothing to unpublish")
+            if holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             holding.state = "draining"
             return self._drain(key, req.holder, req.wait_s)
 
@@ -252,7 +315,8 @@ class HubState:
                              reverse=True)
             if req.version not in visible[: self.config.keep_versions]:
                 return msg.PreserveAnswer(must_preserve=False, reason="outside the retention window")
-            holding = self._versions[(req.model, req.version, req.layout)].holdings.get(req.holder)
+            record = self._versions.get((req.model, req.version, req.layout))
+            holding = record.holdings.get(req.holder) if record else None
             if holding is None or self._workers.get(holding.worker) is None:
                 return msg.PreserveAnswer(must_preserve=False, reason="not a holder")
             if self._workers[holding.worker].spot:
@@ -271,6 +335,7 @@ class HubState:
         key = (req.model, req.version, req.layout)
         with self._lock:
             self._require_worker(req.worker)
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
             if record is None or not record.holdings:
                 raise VersionNotFound(f"no worker holds version {req.version} of {req.model!r} in layout "
@@ -281,6 +346,8 @@ class HubState:
             if len(req.regions) != len(record.manifest.tensors):
                 raise InvalidRequest(f"{len(req.regions)} regions for {len(record.manifest.tensors)} tensors")
             existing = record.holdings.get(req.holder)
+            if existing is not None and existing.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
             if existing is not None and existing.state != "filling":
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
@@ -294,9 +361,12 @@ class HubState:
         key = (req.model, req.version, req.layout)
         with self._lock:
             reader = self._require_worker(req.worker)
+            _check_holder(req.worker, req.holder)
             reader.last_seen = self._clock()
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
+            if holding is not None and holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             if holding is None or holding.state != "filling":
                 raise UnknownFetch(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
             revoked = self._settle(req, record, holding)
@@ -350,11 +420,25 @@ class HubState:
             if lease is None or lease.reader != req.holder:
                 continue
             source = record.holdings.get(lease.source)
+            if source is not None and failure.corrupt:
+                # Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or
+                # a reader that claimed chunks it never verified. Its copy of this version serves nobody for a
+                # while; readers re-read the chunk elsewhere. (A reader could accuse falsely: it costs the
+                # holding quarantine_s for this one version, never data.)
+                self._quarantined_until[(lease.key, lease.source)] = self._clock() + self.config.quarantine_s
+                self.corrupt_reads[source.worker] += 1
+                logger.error("reader %s found chunk %d from %s (worker %s) corrupt; quarantining that copy of %s for "
+                             "%.0f s", req.holder, lease.chunk, lease.source, source.worker, lease.key,
+                             self.config.quarantine_s)
             if source is not None:
                 self._suspect_until[source.worker] = self._clock() + self.config.suspect_s
                 self.read_failures[source.worker] += 1
                 logger.warning("read of chunk %d from %s failed (%s); re-planning", lease.chunk, lease.source,
                                failure.reason[:200])
+        # Leases revoked since the last exchange (deadline passed, or their source was dropped): the reader
+        # abandons those reads if still in flight and the chunks are planned again.
+        revoked |= past
+        past.clear()
         if req.completed or req.failed:
             self._changed.notify_all()
         return revoked
@@ -383,7 +467,7 @@ class HubState:
         holders, suspects = [], []
         for h in record.holdings.values():
             worker = self._workers.get(h.worker)
-            if worker is None or h.state in ("draining", "pending"):
+            if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
             chunks = None if h.state == "active" else frozenset(h.chunks)
             view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes)
@@ -407,19 +491,22 @@ class HubState:
     def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
         with self._lock:
+            _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
             holding = record.holdings.get(req.holder) if record else None
             if holding is None:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
+            if holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
+            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
+                raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
+                                     f"{len(record.chunks)} chunks")
             for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
                 del self._leases[lease_id]
             self._revoked.pop(req.holder, None)
             if req.ok:
                 self.fetch_seconds.append((req.model, req.seconds))
                 del self.fetch_seconds[:-10_000]
-            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
-                raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
-                                     f"{len(record.chunks)} chunks")
             if req.ok and req.hold:
                 holding.state, holding.chunks = "active", None
                 self._changed.notify_all()
@@ -437,6 +524,8 @@ class HubState:
                                worker, now - self._workers[worker].last_seen)
                 self._drop_worker(worker)
             self._expire_leases()
+            for entry in [e for e, until in self._quarantined_until.items() if until <= now]:
+                del self._quarantined_until[entry]
 
     def _expire_leases(self) -> None:
         now = self._clock()
@@ -459,8 +548,14 @@ class HubState:
                 del record.holdings[holder]
                 dropped.add(holder)
             self._forget_if_empty(key)
-        for lease_id in [i for i, lease in self._leases.items() if lease.reader in dropped]:
-            del self._leases[lease_id]
+        for lease_id, lease in list(self._leases.items()):
+            if lease.reader in dropped:
+                del self._leases[lease_id]
+            elif lease.source in dropped:
+                # Its source is gone (dead, or frozen past the heartbeat timeout): tell the reader now, so
+                # it re-plans the chunk instead of waiting out its read timeout.
+                del self._leases[lease_id]
+                self._revoked[lease.reader].add(lease_id)
         self._changed.notify_all()
 
     def _forget_if_empty(self, key: Key) -> None:
@@ -470,6 +565,14 @@ class HubState:
             if not any(k[:2] == key[:2] for k in self._versions):
                 for group in [g for g in self._shard_groups if g[:2] == key[:2]]:
                     del self._shard_groups[group]
+                    self._shard_counts.pop(group, None)
+
+    def _quarantined(self, key: Key, holder: str, now: float) -> bool:
+        until = self._quarantined_until.get((key, holder))
+        if until is not None and until <= now:
+            del self._quarantined_until[(key, holder)]
+            return False
+        return until is not None
 
     def _holdings_of(self, worker: str) -> list[Holding]:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
@@ -526,6 +629,7 @@ class HubState:
                     "version": version, "layout": layout, "bytes": record.manifest.nbytes,
                     "chunks": len(record.chunks),
                     "holders": [{"holder": h.holder, "worker": h.worker, "state": h.state,
+                                 "quarantined": self._quarantined((model, version, layout), h.holder, now),
                                  "chunks": len(record.chunks) if h.chunks is None else len(h.chunks),
                                  "served_bytes": h.served_bytes} for h in record.holdings.values()],
                 })
@@ -538,38 +642,26 @@ class HubState:
             return {"bytes_served": {w: r.bytes_served for w, r in self._workers.items()},
                     "holders": holders, "fetch_seconds": list(self.fetch_seconds),
                     "leases_revoked": self.leases_revoked, "read_failures": dict(self.read_failures),
+                    "corrupt_reads": dict(self.corrupt_reads),
                     "leases_in_flight": len(self._leases), "workers": len(self._workers)}
 
 
-def _manifest_from(m: msg.ManifestMsg) -> Manifest:
-    specs = tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors)
-    for spec in specs:
-        expected = _numel(spec.shape) * _itemsize(spec.dtype)
-        if spec.nbytes != expected:
-            raise InvalidRequest(f"tensor {spec.name!r}: nbytes {spec.nbytes} does not match shape "
-                                 f"{list(spec.shape)} of {spec.dtype} ({expected} bytes)")
-    if len({s.name for s in specs}) != len(specs):
-        raise InvalidRequest("tensor names in a manifest must be unique")
-    return Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint)
+def _hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def _same_secret(expected_hash: bytes, presented: str) -> bool:
+    return bool(presented) and hmac.compare_digest(expected_hash, _hash(presented))
+
+
+def _check_holder(worker: str, holder: str) -> None:
+    if holder != worker and not holder.startswith(worker + msg.HOLDER_SEPARATOR):
+        raise NotOwner(f"worker {worker!r} may act only for holders named {worker!r} or "
+                       f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
 
 
 def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
     return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
-                           fingerprint=m.fingerprint,
+                           fingerprint=m.fingerprint, chunk_digests=list(m.chunk_digests),
                            tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
                                                       nbytes=t.nbytes) for t in m.tensors])
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _itemsize(dtype: str) -> int:
-    try:
-        return torch.empty((), dtype=dtype_from_name(dtype)).element_size()
-    except ManifestMismatch as e:
-        raise InvalidRequest(str(e)) from None
-

@@ -79,6 +79,8 @@ class Manifest:
     tensors: tuple[TensorSpec, ...]
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     fingerprint: str = ""
+    chunk_digests: tuple[str, ...] = ()
+    """One digest per chunk (``integrity.py``), computed by the publisher; empty when it computed none."""
 
     @property
     def nbytes(self) -> int:
@@ -211,6 +213,14 @@ def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
         name = longer[min(len(existing.tensors), len(incoming.tensors))].name
         raise ManifestMismatch(f"tensor {name!r} is in only one of the two publishes of version "
                                f"{existing.version} ({existing.layout})", tensor=name)
+    comparable = existing.chunk_bytes == incoming.chunk_bytes and existing.chunk_digests and incoming.chunk_digests
+    if comparable and existing.chunk_digests != incoming.chunk_digests:
+        first = next(i for i, (a, b) in enumerate(zip(existing.chunk_digests, incoming.chunk_digests)) if a != b)
+        name = existing.tensors[existing.chunks()[first].segments[0].tensor].name
+        raise ManifestMismatch(
+            f"version {existing.version} of {existing.model!r} ({existing.layout}) is already published with "
+            f"different bytes (chunk {first}, tensor {name!r}); versions are immutable: publish these bytes as "
+            f"a new version number", tensor=name)
     if existing.fingerprint and incoming.fingerprint and existing.fingerprint != incoming.fingerprint:
         raise ManifestMismatch(
             f"version {existing.version} of {existing.model!r} ({existing.layout}) is already published with "

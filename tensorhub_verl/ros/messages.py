@@ -1,19 +1,59 @@
-"""One pydantic model per hub request and response. Every field is validated; unknown fields are refused."""
+"""One pydantic model per hub request and response. Every field is validated; unknown fields are refused.
+
+Requests are strict: no coercion (``"1"``, ``true`` or ``1000.0`` are not the integer 1 or 1000), no
+Infinity or NaN, and every list, string and number has a hard cap here. Caps that depend on the deployment
+(bytes and chunks per version, tensors per version) are ``HubLimits``, checked by the hub before its lock.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@~+=-]+$")]
 Version = Annotated[int, Field(ge=0, le=2**62)]
-MAX_TENSORS = 200_000
+MAX_TENSORS = 100_000
+"""Hard cap of tensors per version (HubLimits.max_tensors may lower it)."""
+MAX_DIMS = 8
+MAX_CHUNKS = 1 << 20
+"""Hard cap of chunks per version; the hub's own limit (HubLimits.max_chunks) is lower by default."""
+MAX_SOURCES = 4096
 INSTANCE_HEADER = "X-TensorHub-Instance"
 """Every hub response names the hub instance, so clients notice a restart and re-register."""
+CREDENTIAL_HEADER = "X-TensorHub-Credential"
+"""The per-worker secret that registration returns; every later call for that worker carries it. A header,
+not a body field: request bodies end up in logs and error messages, headers do not."""
+REGISTER_PATH = "/v1/workers/register"
+HOLDER_SEPARATOR = "~"
+"""A worker's holders are named ``<worker>`` or ``<worker>~<suffix>`` (e.g. its CPU archive ``w~cpu``), so
+worker ids may not contain it: no worker can publish under a holder name that belongs to another."""
+WorkerId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@+=-]+$")]
+
+
+def _is_base64(text: str) -> str:
+    try:
+        base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"not valid base64: {e}") from None
+    return text
+
+
+Base64 = Annotated[str, Field(min_length=4, max_length=64 << 20), AfterValidator(_is_base64)]
+Seconds = Annotated[float, Field(ge=0, le=86_400)]
 
 
 class Strict(BaseModel):
+    """Requests (and messages that travel both ways): strict types, finite numbers, no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class Reply(BaseModel):
+    """Hub replies, parsed by clients from JSON (object keys arrive as strings): lax types."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -25,46 +65,51 @@ class LocationMsg(Strict):
 
 
 class TensorSpecMsg(Strict):
-    name: Annotated[str, Field(min_length=1, max_length=1024)]
-    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=16)
-    dtype: Annotated[str, Field(min_length=1, max_length=32)]
-    nbytes: Annotated[int, Field(ge=0)]
+    name: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    shape: list[Annotated[int, Field(ge=0, le=2**48)]] = Field(max_length=MAX_DIMS)
+    dtype: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")]
+    nbytes: Annotated[int, Field(ge=0, le=2**52)]
 
 
 class ManifestMsg(Strict):
     model: Name
     version: Version
     layout: Name
-    tensors: list[TensorSpecMsg] = Field(max_length=MAX_TENSORS)
+    tensors: list[TensorSpecMsg] = Field(min_length=1, max_length=MAX_TENSORS)
     chunk_bytes: Annotated[int, Field(ge=4096, le=1 << 31)]
     fingerprint: Annotated[str, Field(max_length=128)] = ""
+    chunk_digests: list[Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]] = Field(default=[], max_length=MAX_CHUNKS)
+    """xxh3-64 of each chunk, hex, from the publisher; readers check every chunk against it. Empty: unchecked."""
 
 
 class RegionMsg(Strict):
     """Where one tensor lives in its holder's memory, as the data plane needs it."""
 
-    addr: Annotated[int, Field(ge=0)]
-    device: Annotated[int, Field(ge=0)] = 0
+    addr: Annotated[int, Field(ge=0, lt=2**64)]
+    device: Annotated[int, Field(ge=0, le=1023)] = 0
     mem: Literal["DRAM", "VRAM"] = "DRAM"
 
 
 class RegisterWorker(Strict):
-    worker: Name
+    worker: WorkerId
     location: LocationMsg
     spot: bool = False
-    agent_name: Annotated[str, Field(min_length=1, max_length=512)]
-    agent_metadata_b64: Annotated[str, Field(max_length=64 << 20)]
+    agent_name: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[\x21-\x7e]+$")]
+    agent_metadata_b64: Base64
 
 
-class WorkerAck(Strict):
+class WorkerAck(Reply):
     worker: Name
     hub_instance: str
     heartbeat_s: float
     release: list["HoldingKey"] = []
     """Holdings the hub asks this worker to drop (older than the retention window)."""
+    credential: str = ""
+    """Set in the reply to a registration only: the secret that proves this worker's identity from now on
+    (send it as the ``X-TensorHub-Credential`` header). Re-registering a live id needs it."""
 
 
-class HoldingKey(Strict):
+class HoldingKey(Reply):
     model: Name
     version: Version
     layout: Name
@@ -89,7 +134,7 @@ class Unpublish(Strict):
     wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
 
 
-class UnpublishAck(Strict):
+class UnpublishAck(Reply):
     drained: bool
     inflight: int
     revoked: int = 0
@@ -102,7 +147,7 @@ class PreserveQuery(Strict):
     layout: Name
 
 
-class PreserveAnswer(Strict):
+class PreserveAnswer(Reply):
     must_preserve: bool
     reason: str = ""
 
@@ -115,13 +160,15 @@ class BeginFetch(Strict):
     layout: Name
     digest: Annotated[str, Field(max_length=64)]
     regions: list[RegionMsg] = Field(max_length=MAX_TENSORS)
-    have: list[Annotated[int, Field(ge=0)]] = Field(default=[], max_length=10_000_000)
+    have: list[Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]] = Field(default=[], max_length=MAX_CHUNKS)
     """Chunks already landed: a fetch re-registered after a hub restart keeps its progress."""
 
 
 class FailedRead(Strict):
     lease: Annotated[int, Field(ge=0)]
     reason: Annotated[str, Field(max_length=2000)] = ""
+    corrupt: bool = False
+    """The read landed but its bytes did not match the chunk's digest: the source is quarantined."""
 
 
 class Exchange(Strict):
@@ -130,15 +177,15 @@ class Exchange(Strict):
     model: Name
     version: Version
     layout: Name
-    completed: list[Annotated[int, Field(ge=0)]] = Field(default=[], max_length=100_000)
-    failed: list[FailedRead] = Field(default=[], max_length=100_000)
+    completed: list[Annotated[int, Field(ge=0)]] = Field(default=[], max_length=16_384)
+    failed: list[FailedRead] = Field(default=[], max_length=16_384)
     want: Annotated[int, Field(ge=0, le=1024)] = 4
     wait_s: Annotated[float, Field(ge=0, le=10)] = 0.0
-    known_sources: dict[str, int] = Field(default={}, max_length=100_000)
+    known_sources: dict[Name, Annotated[int, Field(ge=0)]] = Field(default={}, max_length=MAX_SOURCES)
     """holder -> generation of its region/agent info the reader already has cached."""
 
 
-class SourceInfo(Strict):
+class SourceInfo(Reply):
     holder: Name
     worker: Name
     generation: int
@@ -148,14 +195,14 @@ class SourceInfo(Strict):
     partial: bool
 
 
-class AssignmentMsg(Strict):
+class AssignmentMsg(Reply):
     lease: int
     chunk: int
     source: Name
     distance: int
 
 
-class ExchangeReply(Strict):
+class ExchangeReply(Reply):
     assignments: list[AssignmentMsg]
     sources: list[SourceInfo]
     revoked: list[int]
@@ -173,15 +220,15 @@ class EndFetch(Strict):
     layout: Name
     ok: bool
     hold: bool
-    seconds: Annotated[float, Field(ge=0)] = 0.0
+    seconds: Seconds = 0.0
     wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
 
 
-class VersionsReply(Strict):
+class VersionsReply(Reply):
     model: str
     versions: dict[int, list[str]]
 
 
-class ErrorReply(Strict):
+class ErrorReply(Reply):
     error: str
     detail: str

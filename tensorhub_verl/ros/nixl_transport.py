@@ -172,10 +172,20 @@ class NixlTransport:
             return self._agent.get_agent_metadata()
 
     def load_peer(self, agent_name: str, metadata: bytes) -> None:
+        """Raises ReadError when the metadata is unusable (garbage, truncated, or naming another agent):
+        a bad or dead peer must cost its reader a re-plan, not a raw NIXL exception."""
         with self._lock:
             if self._peers.get(agent_name) == metadata:
                 return
-            self._agent.add_remote_agent(metadata)
+            try:
+                loaded = self._agent.add_remote_agent(metadata)
+            except Exception as e:  # nixlMismatchError for metadata NIXL cannot parse, and its kin
+                raise ReadError(f"metadata of peer {agent_name} is unusable: {type(e).__name__}: {e}") from e
+            loaded = loaded.decode(errors="replace") if isinstance(loaded, bytes) else str(loaded)
+            if loaded != agent_name:
+                # The metadata describes another agent: reads addressed to agent_name would go nowhere, and
+                # a peer must not be able to redirect reads meant for someone else.
+                raise ReadError(f"metadata registered as agent {agent_name!r} describes agent {loaded!r}")
             self._peers[agent_name] = metadata
 
     def start_read(self, peer: str, copies: list[Copy]) -> list[object]:

@@ -52,7 +52,7 @@ class Transport(Protocol):
         """What a peer needs to read this agent's registered memory."""
 
     def load_peer(self, agent_name: str, metadata: bytes) -> None:
-        """Learns (or refreshes) a peer's metadata."""
+        """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
     def start_read(self, peer: str, copies: list[Copy]) -> object:
         """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError."""

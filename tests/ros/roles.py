@@ -49,6 +49,21 @@ def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, versio
             results.put(("ok", "unpublished"))
 
 
+def tampering_holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1):
+    """Publishes the same bytes as ``holder`` with the same seed, then breaks its promise: changes them."""
+    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0)
+    weights = make_weights(seed, size_mb)
+    client.publish("policy", version, weights)
+    for t in weights.values():
+        t.view(-1)[:1] = 0 if t.dtype == torch.bool else 1  # one element of every tensor: every chunk differs
+    for t in weights.values():
+        if t.numel() > 1:
+            t.view(-1)[::max(1, t.numel() // 512)] += 1
+    results.put(("ok", {"pid": os.getpid()}))
+    control.get(timeout=600)
+    client.close()
+
+
 def reader(results, control, hub_url, worker, version="latest", hold=True, window=8):
     client = th.connect(hub_url, worker, window=window, hub_retry_s=60.0)
     buffers = client.manifest("policy", version).allocate()

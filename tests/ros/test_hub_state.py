@@ -244,7 +244,7 @@ def test_an_engines_shards_become_visible_only_together():
 
     def shard(rank):
         m = Manifest("policy", 5, f"vllm/qwen2/tp2/rank{rank}", (TensorSpec("w", (CHUNK,), "uint8", CHUNK),), CHUNK)
-        state.publish(msg.Publish(worker="engine-1", holder=f"engine-1-r{rank}", manifest=manifest_to_msg(m),
+        state.publish(msg.Publish(worker="engine-1", holder=f"engine-1~r{rank}", manifest=manifest_to_msg(m),
                                   regions=[msg.RegionMsg(addr=1000)], shard_group="engine-1", shard_count=2))
 
     shard(0)
@@ -255,7 +255,7 @@ def test_an_engines_shards_become_visible_only_together():
     assert state.versions("policy") == {5: ["engine-1"]}
     assert state.resolve("policy", "latest", "vllm/qwen2/tp2/rank1") == 5
     with pytest.raises(InvalidRequest, match="shard_group"):
-        state.publish(msg.Publish(worker="engine-1", holder="x", manifest=manifest_to_msg(manifest()),
+        state.publish(msg.Publish(worker="engine-1", holder="engine-1~x", manifest=manifest_to_msg(manifest()),
                                   regions=[msg.RegionMsg(addr=1)], shard_count=2))
 
 

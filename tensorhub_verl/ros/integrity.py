@@ -1,0 +1,54 @@
+"""Per-chunk digests: computed by the publisher, carried in the manifest, checked by every reader.
+
+A reader checks each chunk as it lands, before it reports the chunk to the hub, so it never serves or
+claims bytes it has not verified. xxh3-64 is not a cryptographic hash: it catches torn, stale and
+mixed-up bytes (a holder that changed its tensor after publishing, a read from the wrong address), not a
+forger who can pick colliding bytes -- that one would first need a credential to publish at all.
+
+CPU tensors are hashed in place (zero-copy numpy views); CUDA tensors are hashed after a device-to-host
+copy of each segment, which costs a PCIe transfer: turn ``ClientConfig.chunk_digests`` off there if that
+matters more than the check.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+import xxhash
+
+from tensorhub_verl.ros.manifest import Chunk
+
+ALGORITHM = "xxh3_64"
+DIGEST_CHARS = 16
+
+
+class _DeviceBytes:
+    """Byte slices of a CUDA tensor, copied to the host on demand."""
+
+    def __init__(self, flat: torch.Tensor):
+        self._flat = flat
+
+    def __getitem__(self, span: slice):
+        return self._flat[span].cpu().numpy()
+
+
+def byte_views(tensors: Iterable[torch.Tensor]) -> list:
+    """One sliceable byte view per tensor, in manifest order."""
+    views = []
+    for t in tensors:
+        flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        views.append(flat.numpy() if flat.device.type == "cpu" else _DeviceBytes(flat))
+    return views
+
+
+def chunk_digest(chunk: Chunk, views: Sequence) -> str:
+    h = xxhash.xxh3_64()
+    for seg in chunk.segments:
+        h.update(views[seg.tensor][seg.offset:seg.offset + seg.length])
+    return h.hexdigest()
+
+
+def chunk_digests(chunks: Iterable[Chunk], tensors: Iterable[torch.Tensor]) -> tuple[str, ...]:
+    views = byte_views(tensors)
+    return tuple(chunk_digest(c, views) for c in chunks)

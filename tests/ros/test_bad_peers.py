@@ -1,0 +1,81 @@
+"""Dead, frozen and lying peers cost a reader a re-plan, never a raw data-plane exception or a read timeout."""
+
+import base64
+import os
+import signal
+
+import httpx
+import pytest
+
+import tensorhub_verl as th
+from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.nixl_transport import NixlTransport
+
+from tests.ros.roles import GatedTransport, digest, holder, make_weights
+
+CHUNK = 256 << 10
+
+
+def _impostor(url: str, worker: str, agent_name: str, metadata: bytes) -> None:
+    """A worker that registers data-plane metadata nobody can use and claims to hold policy v1."""
+    manifest = httpx.get(f"{url}/v1/manifest", params={"model": "policy", "version": "1"}, timeout=10).json()
+    registered = httpx.post(f"{url}/v1/workers/register", timeout=10, json={
+        "worker": worker, "location": {}, "agent_name": agent_name,
+        "agent_metadata_b64": base64.b64encode(metadata).decode()})
+    assert registered.status_code == 200, registered.text
+    regions = [{"addr": 4096 * (i + 1)} for i in range(len(manifest["tensors"]))]
+    published = httpx.post(f"{url}/v1/publish", timeout=10, json={
+        "worker": worker, "holder": worker, "manifest": manifest, "regions": regions},
+        headers={CREDENTIAL_HEADER: registered.json()["credential"]})
+    assert published.status_code == 200, published.text
+
+
+def test_peers_with_unusable_metadata_cost_a_re_plan(hub, roles):
+    published = roles(holder, hub.url, "trainer", 5, 4.0, CHUNK).result(120)
+    _impostor(hub.url, "garbage", "garbage-agent", os.urandom(300))  # NIXL: nixlMismatchError
+    other = NixlTransport("someone-else")
+    try:
+        _impostor(hub.url, "liar", "liar-agent", other.metadata())  # metadata of another agent
+        client = Client(hub.url, "reader", config=ClientConfig(window=4, fetch_timeout_s=60))
+        assert sorted(client.versions("policy")[1]) == ["garbage", "liar", "trainer"]
+        stats = client.fetch("policy", 1)
+        assert digest(stats.buffers) == published["digest"]
+        assert set(stats.sources) == {"trainer"}
+        assert stats.failed_reads >= 1  # the impostors were tried, failed fast, and were planned around
+        client.close()
+    finally:
+        other.close()
+
+
+@pytest.fixture
+def quick_hub():
+    server = th.start_hub(config=th.HubConfig(worker_timeout_s=3.0, heartbeat_s=0.5, suspect_s=2.0))
+    yield server
+    server.stop()
+
+
+def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(quick_hub, roles):
+    hub = quick_hub
+    frozen = roles(holder, hub.url, "h1", 7, 4.0, CHUNK).result(120)
+    roles(holder, hub.url, "h2", 7, 4.0, CHUNK).result(120)
+    stopped = []
+
+    def freeze_h1(n):
+        if n == 3:
+            os.kill(frozen["pid"], signal.SIGSTOP)
+            stopped.append(True)
+
+    transport = GatedTransport("reader-agent", on_read=freeze_h1)
+    # A read timeout far beyond the fetch timeout: only the hub's verdict on h1 can save this fetch.
+    client = Client(hub.url, "reader", transport=transport,
+                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
+    try:
+        stats = client.fetch("policy", 1)
+        assert stopped
+        assert digest(stats.buffers) == digest(make_weights(7, 4.0))
+        assert stats.cancelled_reads >= 1, "no read was cancelled when the hub dropped the frozen holder"
+        assert "h1" not in client.versions("policy")[1]
+    finally:
+        os.kill(frozen["pid"], signal.SIGKILL)
+        client.close()

@@ -1,0 +1,64 @@
+"""Per-chunk digests: a reader verifies every chunk before it reports or serves it, re-reads a bad one
+elsewhere, and the bad copy is quarantined."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import tensorhub_verl as th
+from tensorhub_verl.errors import ManifestMismatch
+from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.integrity import chunk_digests
+from tensorhub_verl.ros.manifest import build_manifest
+
+from tests.ros.roles import digest, holder, make_weights, tampering_holder
+
+CHUNK = 64 << 10
+
+
+def test_publishers_put_a_digest_per_chunk_in_the_manifest(hub):
+    weights = make_weights(1, 0.5)
+    with th.connect(hub.url, "trainer", chunk_bytes=CHUNK) as trainer:
+        published = trainer.publish("policy", 1, weights)
+        fetched = trainer.manifest("policy", 1)
+    assert len(published.chunk_digests) == len(published.chunks()) > 4
+    assert fetched.chunk_digests == published.chunk_digests
+    flipped = {n: t.clone() for n, t in weights.items()}
+    flipped["lm_head.weight"].view(-1)[-1] += 1  # one value: only the last chunk's digest changes
+    again = chunk_digests(published.chunks(), [flipped[s.name] for s in published.tensors])
+    assert [i for i, (a, b) in enumerate(zip(again, published.chunk_digests)) if a != b] == [len(again) - 1]
+
+
+def test_a_second_publish_whose_bytes_differ_anywhere_is_refused(hub):
+    weights = make_weights(2, 0.5)
+    with th.connect(hub.url, "trainer", chunk_bytes=CHUNK) as trainer, \
+            th.connect(hub.url, "other", chunk_bytes=CHUNK, fingerprint="sample") as other:
+        trainer.publish("policy", 1, weights)
+        changed = {n: t.clone() for n, t in weights.items()}
+        changed["embed.weight"].view(-1)[5] += 1  # outside every sampled fingerprint window
+        with pytest.raises(ManifestMismatch, match="chunk 0, tensor 'embed.weight'"):
+            other.publish("policy", 1, changed)
+        assert trainer.versions("policy") == {1: ["trainer"]}
+
+
+def test_a_holder_that_changed_its_bytes_is_caught_read_around_and_quarantined(hub, roles):
+    good = roles(holder, hub.url, "good", 9, 2.0, CHUNK).result(120)
+    roles(tampering_holder, hub.url, "tamperer", 9, 2.0, CHUNK).result(120)
+    with Client(hub.url, "reader", config=ClientConfig(window=8)) as reader:
+        assert sorted(reader.versions("policy")[1]) == ["good", "tamperer"]
+        stats = reader.fetch("policy", 1, hold=False)
+        assert digest(stats.buffers) == good["digest"]  # never a mix of both holders' bytes
+        assert stats.corrupt_reads >= 1
+        assert set(stats.sources) == {"good"}
+        holders = {h["holder"]: h for h in reader.status()["models"]["policy"][0]["holders"]}
+        assert holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
+        again = reader.fetch("policy", 1, hold=False)  # the quarantined copy is not even tried now
+        assert again.corrupt_reads == 0 and set(again.sources) == {"good"}
+
+
+def test_digests_can_be_turned_off(hub):
+    with th.connect(hub.url, "trainer", chunk_digests=False) as trainer:
+        assert trainer.publish("policy", 1, {"w": torch.ones(10)}).chunk_digests == ()
+    manifest = build_manifest("m", 1, "hf", {"w": torch.ones(10)})
+    assert dataclasses.replace(manifest, chunk_digests=("0" * 16,)).digest == manifest.digest  # layout unchanged
