@@ -43,7 +43,7 @@ def _start_elastic_node(job: TinyJob, port: int) -> subprocess.Popen | None:
         return None
     log = open(job.out_dir / "elastic_node.log", "w")
     command = [sys.executable, "-m", "tensorhub_verl.cli", "attach-vllm", "--hub", hub,
-               "--model-dir", str(job.task.model_dir), "--port", str(port), "--max-model-len", "512",
+               "--model-dir", str(job.task.model_dir), "--port", str(port),
                "--location", "dc=dc0,rack=elastic,node=elastic-0"]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job.environment())
 
@@ -75,7 +75,7 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
     try:
         while True:
             done = trainer.poll() is not None
-            for row in read_steps(job.metrics_file)[len(rows):]:
+            for row in read_steps(job.metrics_file, final=done)[len(rows):]:
                 if not rows and not quiet:
                     print(f"  first step after {time.monotonic() - started:.0f} s\n"
                           + " ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, (4, 7, 7, 8, 7, 6, 6, 0))), flush=True)

@@ -45,23 +45,32 @@ def row_of(step: int, data: dict) -> StepRow:
     )
 
 
-def read_metrics(path: Path) -> list[tuple[int, dict]]:
-    """(step, metrics) of every complete line so far (a line being written is skipped until it ends)."""
+def read_metrics(path: Path, *, final: bool = True) -> list[tuple[int, dict]]:
+    """(step, metrics) of every training step (one with a reward), in step order, from the complete lines so
+    far (a line being written is skipped).
+
+    Several lines of one step are merged (fully_async logs its rollouter, its trainer and each weight sync
+    separately). Unless ``final``, the newest step is left out: more of its lines may still come.
+    """
     try:
         text = path.read_text()
     except FileNotFoundError:
         return []
-    out = []
+    merged: dict[int, dict] = {}
     for line in text.splitlines(keepends=True):
         if not line.endswith("\n"):
             break
         record = json.loads(line)
-        out.append((int(record["step"]), record["data"]))
-    return out
+        merged.setdefault(int(record["step"]), {}).update(record["data"])
+    steps = sorted(merged)
+    if not final:
+        steps = steps[:-1]
+    return [(s, merged[s]) for s in steps if any(k in merged[s] for k in REWARD_KEYS)]
 
 
-def read_steps(path: Path) -> list[StepRow]:
-    return [row_of(step, data) for step, data in read_metrics(path)]
+def read_steps(path: Path, *, final: bool = True) -> list[StepRow]:
+    """Training steps as table rows (see ``read_metrics``)."""
+    return [row_of(step, data) for step, data in read_metrics(path, final=final)]
 
 
 __all__ = ["REWARD_KEYS", "StepRow", "read_metrics", "read_steps", "row_of"]

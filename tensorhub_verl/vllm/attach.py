@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-version-timeout", type=float, default=600.0,
                    help="seconds to wait for a first published version")
     p.add_argument("--fetch-timeout", type=float, default=300.0)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence served (default: what vLLM derives from the model's config)")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra `vllm serve` arguments")
     return p
@@ -72,7 +73,8 @@ def vllm_argv(ns: argparse.Namespace) -> list[str]:
 
     argv = ["--model", ns.model_dir, "--tokenizer", ns.model_dir, "--load-format", "dummy",
             "--worker-extension-cls", EXTENSION_QUALNAME, "--host", ns.host, "--port", str(ns.port),
-            "--served-model-name", ns.model, "--max-model-len", str(ns.max_model_len),
+            "--served-model-name", ns.model,
+            *(["--max-model-len", str(ns.max_model_len)] if ns.max_model_len else []),
             "--tensor-parallel-size", str(ns.tensor_parallel_size), "--enforce-eager"]
     if compat.is_cpu_platform():
         argv += ["--dtype", "float32"]

@@ -66,3 +66,15 @@ def test_the_reward_rises_over_a_longer_run(task, tmp_path):
     rewards = [s["reward_mean"] for s in result["steps"]]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.05, f"reward did not rise: {rewards}"
+
+
+def test_fully_async_syncs_through_tensorhub(task, tmp_path):
+    """verl's fully async policy (its own entry point, rollouter and trainer as separate actors)."""
+    result, metrics = _run(task, tmp_path, steps=3, trainer_mode="fully_async")
+    synced = [m for _, m in metrics if "tensorhub/version" in m]
+    assert len(synced) >= 2, [sorted(m) for _, m in metrics]
+    for m in synced:
+        assert m["tensorhub/replicas_updated"] == 2 and m["tensorhub/version_lag"] == 0
+        assert m["tensorhub/digests_checked"] == 2 and m["tensorhub/digest_mismatches"] == 0
+        assert m["tensorhub/bytes_from_peers"] > 0
+    assert all(math.isfinite(s["reward_mean"]) for s in result["steps"])

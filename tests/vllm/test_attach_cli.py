@@ -33,6 +33,18 @@ def test_hub_and_token_come_from_the_environment(monkeypatch):
     assert ns.hub == "http://x:1" and ns.vllm_args == ["--", "--seed", "3"]
 
 
+def test_the_maximum_length_is_the_models_unless_given():
+    """vLLM refuses a --max-model-len above the model's own (a 512-token model failed at start-up with the
+    old fixed 2048): by default the flag is not passed and vLLM derives it from the model's config."""
+    pytest.importorskip("vllm")
+    from tensorhub_verl.vllm.attach import vllm_argv
+
+    argv = vllm_argv(build_parser().parse_args(["--model-dir", "m", "--hub", "http://h:1"]))
+    assert "--max-model-len" not in argv
+    argv = vllm_argv(build_parser().parse_args(["--model-dir", "m", "--hub", "http://h:1", "--max-model-len", "300"]))
+    assert argv[argv.index("--max-model-len") + 1] == "300"
+
+
 def _run_launcher(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     fake = tmp_path / "bin" / "tensorhub"
     fake.parent.mkdir(exist_ok=True)

@@ -25,6 +25,7 @@ PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_manager_update_weights",
     "verl_0_9_1_logger_flush",
     "verl_0_9_1_refuse_naive_modes",
+    "verl_0_9_1_fully_async_metrics",
     "verl_0_9_1_cpu_process_group",
     "verl_0_9_1_cpu_engine_registry",
 ))

@@ -1,0 +1,38 @@
+"""verl 0.9.1: the fully async trainer logs TensorHub's per-update metrics.
+
+Why: ``FullyAsyncTrainer._fit_update_weights`` awaits ``checkpoint_manager.update_weights`` and drops what it
+returns, so ``tensorhub/*`` (stall, pull time, bytes, peer share, version lag) never reach the job's logger in
+fully_async runs, while separate_async logs them. After each sync the updater's metrics are logged at the
+same step as verl's own ``timing_s/param_sync``. Other backends are untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+VERL_VERSIONS = ("0.9.1",)
+TARGET = "verl.experimental.fully_async_policy.fully_async_trainer"
+_MARK = "_tensorhub_logs_metrics"
+
+
+def describe() -> str:
+    return "FullyAsyncTrainer logs the tensorhub/* metrics of each weight sync"
+
+
+def apply(module) -> bool:
+    trainer_cls = getattr(module.FullyAsyncTrainer, "__ray_actor_class__", module.FullyAsyncTrainer)
+    original = trainer_cls._fit_update_weights
+    if getattr(original, _MARK, False):
+        return False
+
+    @functools.wraps(original)
+    async def _fit_update_weights(self, *args, **kwargs):
+        result = await original(self, *args, **kwargs)
+        updater = getattr(getattr(self, "checkpoint_manager", None), "_tensorhub_updater", None)
+        if result is not None and updater is not None and updater.last_metrics:
+            self.logger.log(data=dict(updater.last_metrics), step=self.current_param_version)
+        return result
+
+    setattr(_fit_update_weights, _MARK, True)
+    trainer_cls._fit_update_weights = _fit_update_weights
+    return True
