@@ -108,6 +108,8 @@ class TinyJob:
             "TOKENIZERS_PARALLELISM": "false",
             "HYDRA_FULL_ERROR": "1",
         })
+        # A Ray cluster of its own, even where another (a test session's) already runs on this host.
+        env.setdefault("RAY_ADDRESS", "local")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         # vLLM's CPU workers otherwise all pin themselves (and our serving threads) to the first core.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

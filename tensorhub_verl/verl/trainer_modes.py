@@ -19,7 +19,8 @@ MODES_FORCING_NAIVE = ("sync", "colocate_async")
 OTHER_ENTRY_POINTS = "verl.experimental.fully_async_policy.fully_async_main (fully_async)"
 
 
-def _get(config: Any, dotted: str, default: Any = None) -> Any:
+def config_value(config: Any, dotted: str, default: Any = None) -> Any:
+    """``config.a.b.c`` for a DictConfig, a dict or an object, or ``default`` where a part is missing."""
     node = config
     for part in dotted.split("."):
         node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
@@ -30,12 +31,12 @@ def _get(config: Any, dotted: str, default: Any = None) -> Any:
 
 def check_trainer_mode(config: Any) -> None:
     """Raises ConfigError when TensorHub is selected in a trainer mode that would not use it."""
-    if _get(config, "actor_rollout_ref.rollout.checkpoint_engine.backend") != BACKEND_NAME:
+    if config_value(config, "actor_rollout_ref.rollout.checkpoint_engine.backend") != BACKEND_NAME:
         return
-    if not _get(config, "trainer.use_v1", True):
+    if not config_value(config, "trainer.use_v1", True):
         raise ConfigError("+tensorhub=... needs verl's v1 trainer (trainer.use_v1=True): the legacy trainer "
                           "syncs weights in-process and never uses a checkpoint engine")
-    mode = _get(config, "trainer.v1.trainer_mode", "sync")
+    mode = config_value(config, "trainer.v1.trainer_mode", "sync")
     if mode in MODES_FORCING_NAIVE:
         raise ConfigError(
             f"trainer.v1.trainer_mode={mode} forces verl's 'naive' checkpoint engine, so +tensorhub=... would be "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -94,3 +95,34 @@ def test_without_the_setting_nothing_cpu_specific_is_applied():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
     assert "DONE" in proc.stdout, proc.stderr[-3000:]
     assert "verl_0_9_1_cpu_engine_registry" not in proc.stderr
+
+
+def test_a_cpu_job_missing_settings_is_refused_with_every_fix_named():
+    from tensorhub_verl.verl.cpu_job_check import check_cpu_job
+
+    bad = OmegaConf.create({"actor_rollout_ref": {
+        "rollout": {"dtype": "bfloat16", "enable_sleep_mode": True, "free_cache_engine": True},
+        "model": {"use_remove_padding": True}, "actor": {"use_torch_compile": True}}})
+    with pytest.raises(ConfigError) as info:
+        check_cpu_job(bad)
+    for fix in ("rollout.dtype=float32", "enable_sleep_mode=False", "free_cache_engine=False",
+                "use_remove_padding=False", "use_torch_compile=False", "attn_implementation=eager", "tiny_grpo"):
+        assert fix in str(info.value)
+    preset = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "conf", "tensorhub_cpu",
+                                         "tiny_grpo.yaml"))
+    check_cpu_job(preset)  # the preset passes its own check
+
+
+def test_two_file_loggers_on_one_path_keep_every_line(tmp_path, monkeypatch):
+    """fully_async's rollouter and trainer each open verl's file logger on the same path."""
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "m.jsonl"))
+    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  applies the patches
+    from verl.utils.tracking import FileLogger
+
+    rollouter = FileLogger("p", "e")
+    rollouter.log({"r": 1}, 1)
+    trainer = FileLogger("p", "e")
+    trainer.log({"t": 1}, 1)
+    rollouter.log({"r": 2}, 2)
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert [sorted(json.loads(line)["data"]) for line in lines] == [["r"], ["t"], ["r"]]

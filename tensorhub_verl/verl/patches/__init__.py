@@ -2,10 +2,10 @@
 
 Each patch is one small module named for the verl version it was written against (``verl_0_9_1_*.py``).
 It exposes ``VERL_VERSIONS`` (the versions it is known to fit), ``describe()``, ``TARGET`` (the verl
-module it changes) and ``apply(module)`` (idempotent: False when already applied), and may expose
-``needed()`` (default: always; e.g. only on the CPU platform). ``apply_all`` applies each patch that fits
-the installed verl as soon as its target module is imported (now, if it already is; see ``on_import``),
-and logs one line per application; a patch for another verl version is skipped with a warning, so that an
+module it changes) and ``apply(module)`` (idempotent: False when already applied), and may set
+``CPU_ONLY = True`` (applied only on verl's CPU platform, ``VERL_PLATFORM=cpu``). ``apply_all`` applies
+each patch that fits the installed verl as soon as its target module is imported (now, if it already is;
+see ``on_import``), and logs one line per application; a patch for another verl version is skipped with a warning, so that an
 upgrade of verl shows up in the log instead of as a silent behaviour change.
 ``patches/verl/apply_patches.py`` at the repository root runs the same check from a shell.
 """
@@ -16,6 +16,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 
+from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
 from tensorhub_verl.verl.patches.on_import import when_imported
 
 logger = logging.getLogger("tensorhub_verl.verl.patches")
@@ -26,6 +27,7 @@ PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_logger_flush",
     "verl_0_9_1_refuse_naive_modes",
     "verl_0_9_1_fully_async_metrics",
+    "verl_0_9_1_file_logger_append",
     "verl_0_9_1_cpu_process_group",
     "verl_0_9_1_cpu_engine_registry",
 ))
@@ -57,7 +59,7 @@ def apply_all(verl_version: str | None = None, *, now: bool = False) -> list[Pat
             logger.warning("tensorhub_verl: NOT applying verl patch %s (%s)", name, reason)
             results.append(PatchResult(name, False, reason))
             continue
-        if not getattr(patch, "needed", lambda: True)():
+        if getattr(patch, "CPU_ONLY", False) and not cpu_platform_selected():
             results.append(PatchResult(name, True, "not needed here"))
             continue
         if now:

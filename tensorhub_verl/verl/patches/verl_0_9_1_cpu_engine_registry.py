@@ -9,13 +9,8 @@ themselves are device-neutral (FSDP2 over gloo runs on CPU), so the same classes
 from __future__ import annotations
 
 VERL_VERSIONS = ("0.9.1",)
+CPU_ONLY = True
 TARGET = "verl.workers.engine.fsdp.transformer_impl"
-
-
-def needed() -> bool:
-    from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
-
-    return cpu_platform_selected()
 
 
 def describe() -> str:

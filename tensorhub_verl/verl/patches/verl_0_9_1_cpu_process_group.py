@@ -11,14 +11,9 @@ from __future__ import annotations
 import functools
 
 VERL_VERSIONS = ("0.9.1",)
+CPU_ONLY = True
 TARGET = "verl.workers.engine_workers"
 _MARK = "_tensorhub_cpu_backend"
-
-
-def needed() -> bool:
-    from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
-
-    return cpu_platform_selected()
 
 
 def describe() -> str:
