@@ -4,7 +4,7 @@
 # on a tiny model built locally and a toy task with a verifiable reward (answer in digits), weights moved
 # by TensorHub. This is what `tensorhub demo` runs; the demo adds the live table, the plot and an elastic node.
 #
-#   bash recipes/grpo_tiny_cpu.sh                      # 30 steps
+#   bash recipes/grpo_tiny_cpu.sh                      # 20 steps
 #   bash recipes/grpo_tiny_cpu.sh trainer.total_training_steps=5 tensorhub.verify_digests=true
 set -euo pipefail
 source "$(dirname "$0")/common.sh"

@@ -155,7 +155,7 @@ def _peer_share(rows: list[StepRow]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tensorhub demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--replicas", type=int, default=2, help="rollout replicas inside the verl job")
     parser.add_argument("--no-elastic", action="store_true", help="no elastic node joining midway")
     parser.add_argument("--out", default=None, help="directory for the model, data, logs and plot")

@@ -43,7 +43,7 @@ class TinyJob:
 
     task: TaskFiles
     out_dir: Path
-    steps: int = 30
+    steps: int = 20
     replicas: int = 2
     """Rollout replicas inside the verl job (vLLM, TP=1 each)."""
     mode: str = "standalone"

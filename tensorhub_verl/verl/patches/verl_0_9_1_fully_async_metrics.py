@@ -19,9 +19,19 @@ def describe() -> str:
     return "FullyAsyncTrainer logs the tensorhub/* metrics of each weight sync"
 
 
+def _classes(actor_class) -> list[type]:
+    """The user class and Ray's modified copy of it: ``ray.remote`` copies each method into the class it
+    ships to the actor process when the module executes, before a post-import patch can run."""
+    classes = [getattr(actor_class, "__ray_actor_class__", actor_class)]
+    metadata = getattr(actor_class, "__ray_metadata__", None)
+    if metadata is not None and getattr(metadata, "modified_class", None) is not None:
+        classes.append(metadata.modified_class)
+    return classes
+
+
 def apply(module) -> bool:
-    trainer_cls = getattr(module.FullyAsyncTrainer, "__ray_actor_class__", module.FullyAsyncTrainer)
-    original = trainer_cls._fit_update_weights
+    classes = _classes(module.FullyAsyncTrainer)
+    original = classes[0]._fit_update_weights
     if getattr(original, _MARK, False):
         return False
 
@@ -34,5 +44,6 @@ def apply(module) -> bool:
         return result
 
     setattr(_fit_update_weights, _MARK, True)
-    trainer_cls._fit_update_weights = _fit_update_weights
+    for cls in classes:
+        cls._fit_update_weights = _fit_update_weights
     return True
