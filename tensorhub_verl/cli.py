@@ -27,6 +27,7 @@ _BENCHES = {
     "fanout": "tensorhub_verl.bench.fanout",
     "modes": "tensorhub_verl.bench.modes",
     "vllm": "tensorhub_verl.bench.vllm_bench",
+    "hub": "tensorhub_verl.bench.hub_load",
 }
 
 
