@@ -412,20 +412,24 @@ class HubState:
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
                 self._expire_leases()
             now = self._clock()
-            replies, sources = [], {}
+            replies, sources, tensors = [], {}, defaultdict(set)
             for a in assignments:
                 lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
                               record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
                 self._leases[lease.id] = lease
                 replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
                                                  distance=int(a.distance)))
-                source = record.holdings[a.source]
-                if req.known_sources.get(a.source) != source.generation and a.source not in sources:
-                    worker = self._workers[source.worker]
-                    sources[a.source] = msg.SourceInfo(
-                        holder=a.source, worker=source.worker, generation=source.generation,
-                        agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64,
-                        regions=source.regions, partial=source.state == "filling")
+                tensors[a.source].update(seg.tensor for seg in record.chunks[a.chunk].segments)
+            # A holder's data-plane metadata and addresses go only to a reader it now has a lease to serve, and
+            # only the addresses of the tensors those leases read; the metadata only once per generation.
+            for holder_name, needed_tensors in tensors.items():
+                source = record.holdings[holder_name]
+                worker = self._workers[source.worker]
+                fresh = req.known_sources.get(holder_name) != source.generation
+                sources[holder_name] = msg.SourceInfo(
+                    holder=holder_name, worker=source.worker, generation=source.generation,
+                    agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
+                    regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
             return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
                                      have=len(holding.chunks), total=len(record.chunks),
                                      unservable=[] if assignments else unservable(needed, view, req.holder))
