@@ -56,6 +56,8 @@ class ClientConfig:
     """Limit of unpublish's wait for in-flight reads (leases expire before this by default)."""
     request_timeout_s: float = 15.0
     """Limit of one HTTP call to the hub."""
+    tls_ca_file: str | None = None
+    """PEM file of the CA that signed an https hub's certificate (default: the system trust store)."""
     hub_retry_s: float = 30.0
     """How long calls retry with backoff while the hub is unreachable, then HubUnavailable."""
     fingerprint: str = "sample"
@@ -144,7 +146,7 @@ class Client:
                                       net_devices=_net_devices(self.config.net_devices, hub_url))
         self._transport = transport
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
-                              on_new_instance=self._reregister)
+                              on_new_instance=self._reregister, ca_file=self.config.tls_ca_file)
         self.hub_url = self._hub.url
         ack = self._first_registration()
         self._heartbeat_s = ack.heartbeat_s
