@@ -27,6 +27,7 @@ _BENCHES = {
     "fanout": "tensorhub_verl.bench.fanout",
     "modes": "tensorhub_verl.bench.modes",
     "vllm": "tensorhub_verl.bench.vllm_bench",
+    "hub": "tensorhub_verl.bench.hub_load",
 }
 
 
@@ -36,6 +37,8 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=7777)
     parser.add_argument("--token", default=None, help="bearer token (default: $TENSORHUB_TOKEN)")
     parser.add_argument("--token-file", default=None, help="file holding the bearer token")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve HTTPS only (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     parser.add_argument("--keep-versions", type=int, default=2, help="retention: newest N versions per model")
     parser.add_argument("--worker-timeout", type=float, default=10.0, help="seconds without heartbeat")
     parser.add_argument("--lease-ttl", type=float, default=30.0, help="seconds one chunk read may take")
@@ -63,12 +66,16 @@ def _hub_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.planner import PlannerConfig
 
     args = hub_parser().parse_args(argv)
+    if args.token is not None:
+        print("warning: a token given with --token is visible to every local user (ps, /proc); prefer "
+              "--token-file or $TENSORHUB_TOKEN", file=sys.stderr)
     token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl,
                        planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
-    server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config)
+    server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config,
+                       tls_cert=args.tls_cert, tls_key=args.tls_key)
     print(f"tensorhub hub listening on {server.url} (auth {'on' if token or args.token_file else 'off'})",
           flush=True)
     if args.url_file:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import ipaddress
 import itertools
 import logging
+import os
 import re
 import threading
 import time
@@ -54,6 +56,8 @@ class ClientConfig:
     """Limit of unpublish's wait for in-flight reads (leases expire before this by default)."""
     request_timeout_s: float = 15.0
     """Limit of one HTTP call to the hub."""
+    tls_ca_file: str | None = None
+    """PEM file of the CA that signed an https hub's certificate (default: the system trust store)."""
     hub_retry_s: float = 30.0
     """How long calls retry with backoff while the hub is unreachable, then HubUnavailable."""
     fingerprint: str = "sample"
@@ -72,6 +76,10 @@ class ClientConfig:
     queued here to start the moment one lands. One at a time suits TCP, where reads posted together share
     a stream and land together. On an RDMA WAN with a long round trip (reads on one queue pair complete in
     order) raise both to cover the bandwidth-delay product."""
+    net_devices: str | None = None
+    """Network devices the data plane uses and listens on (UCX_NET_DEVICES syntax: 'eth0', 'mlx5_0:1', ...).
+    None: $UCX_NET_DEVICES if set, else 'lo' when the hub is on loopback (every peer is on this host), else
+    UCX's default, which is every device: name the cluster interface in production."""
     progress: str = "events"
     """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'
     (a Python thread polling every 0.5 ms) or 'thread' (NIXL's thread as its binding sets it: spinning).
@@ -134,10 +142,11 @@ class Client:
         if transport is None:
             from tensorhub_verl.ros.nixl_transport import NixlTransport
 
-            transport = NixlTransport(f"{worker}-{uuid.uuid4().hex[:8]}", progress=self.config.progress)
+            transport = NixlTransport(f"{worker}-{uuid.uuid4().hex[:8]}", progress=self.config.progress,
+                                      net_devices=_net_devices(self.config.net_devices, hub_url))
         self._transport = transport
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
-                              on_new_instance=self._reregister)
+                              on_new_instance=self._reregister, ca_file=self.config.tls_ca_file)
         self.hub_url = self._hub.url
         ack = self._first_registration()
         self._heartbeat_s = ack.heartbeat_s
@@ -473,6 +482,18 @@ def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | 
             raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
         config = ClientConfig(**config_fields)
     return Client(hub_url, worker, location, token, config)
+
+
+def _net_devices(configured: str | None, hub_url: str) -> str | None:
+    """The explicit setting, else the environment's (None: UCX reads it), else loopback for a loopback hub."""
+    if configured is not None or "UCX_NET_DEVICES" in os.environ:
+        return configured
+    host = hub_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return "lo" if loopback else None
 
 
 def _check_name(what: str, value: object) -> None:

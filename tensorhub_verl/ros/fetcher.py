@@ -115,6 +115,8 @@ class ChunkFetcher:
         self.stats = stats
         self.landed: set[int] = set()
         self._sources: dict[str, msg.SourceInfo] = {}
+        self._regions: dict[str, dict[int, msg.RegionMsg]] = {}
+        """holder -> the tensor addresses the hub has sent so far (only those of leases it granted)."""
         self._unusable: dict[str, str] = {}
         """holder -> why its metadata could not be loaded (until the hub sends a new generation)."""
         self._inflight: dict[int, _Read] = {}
@@ -225,17 +227,27 @@ class ChunkFetcher:
                 self.stats.partial_source_bytes += chunk.nbytes
 
     def _load(self, info: msg.SourceInfo) -> None:
-        """Loads a source's data-plane metadata; an unusable source is remembered, not raised."""
+        """Loads a source's data-plane metadata (new generation) and merges the addresses sent with it;
+        an unusable source is remembered, not raised."""
+        known = self._sources.get(info.holder)
+        if not info.agent_metadata_b64:
+            if known is not None and known.generation == info.generation:
+                self._regions[info.holder].update(info.regions)
+            else:  # metadata of this generation never arrived or failed to load
+                self._unusable.setdefault(info.holder, f"no usable metadata for generation {info.generation}")
+            return
         try:
             self._transport.load_peer(info.agent_name, base64.b64decode(info.agent_metadata_b64, validate=True))
         except (ReadError, binascii.Error, ValueError) as e:
             logger.warning("source %s (worker %s) is unusable: %s; its reads go elsewhere", info.holder,
                            info.worker, e)
             self._sources.pop(info.holder, None)
+            self._regions.pop(info.holder, None)
             self._unusable[info.holder] = str(e)[:500]
             return
         self._unusable.pop(info.holder, None)
         self._sources[info.holder] = info
+        self._regions[info.holder] = dict(info.regions)
 
     def _cancel(self, revoked: set[int]) -> None:
         """Abandons in-flight or queued reads whose leases the hub revoked; the hub re-plans their chunks."""
@@ -263,9 +275,15 @@ class ChunkFetcher:
             failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: {reason}"))
             self.stats.failed_reads += 1
             return
+        regions = self._regions[a.source]
+        missing = [seg.tensor for seg in self._chunks[a.chunk].segments if seg.tensor not in regions]
+        if missing:
+            failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: no address for tensor {missing[0]}"))
+            self.stats.failed_reads += 1
+            return
         copies = []
         for seg in self._chunks[a.chunk].segments:
-            local, remote = self._local[seg.tensor], source.regions[seg.tensor]
+            local, remote = self._local[seg.tensor], regions[seg.tensor]
             copies.append(Copy(local.addr + seg.offset, local.device, local.mem,
                                remote.addr + seg.offset, remote.device, remote.mem, seg.length))
         try:

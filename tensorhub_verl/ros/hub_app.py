@@ -10,6 +10,7 @@ comes from that worker. Routes that act for a worker run inside ``HubState.actin
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -31,6 +32,8 @@ from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
+_WAIT_POLL_S = 0.05
+"""A parked /v1/wait looks at the hub's change counter this often (an int compare, on the event loop)."""
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
@@ -169,7 +172,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return state.register_worker(req, credential)
 
     @app.post("/v1/workers/heartbeat")
-    def heartbeat(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
+    async def heartbeat(credential: Credential = "",
+                        worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
+        # On the event loop, not in the thread pool: a heartbeat never queues behind exchanges, drains or
+        # long-polls that hold pool threads, so a busy hub does not drop live workers. It is O(1) (a lock,
+        # a timestamp, a cached retention list), so it does not hold up the loop either.
         with state.acting_as(worker, credential):
             return state.heartbeat(worker)
 
@@ -221,17 +228,22 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return msg.VersionsReply(model=model, versions=state.versions(model, layout))
 
     @app.get("/v1/wait")
-    def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
-             layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> dict:
+    async def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
+                   layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> dict:
+        # A long-poll parks on the event loop, not in the thread pool the sync routes share: a thousand idle
+        # followers hold no threads. It re-reads the versions only when the hub's change counter moved.
         deadline = time.monotonic() + timeout
+        seen = None
         while True:
-            newest = max((v for v in state.versions(model, layout)), default=None)
-            if newest is not None and newest > newer_than:
-                return {"version": newest}
+            if state.model_seq.get(model, 0) != seen:
+                seen = state.model_seq.get(model, 0)
+                newest = max(state.versions(model, layout), default=None)
+                if newest is not None and newest > newer_than:
+                    return {"version": newest}
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {"version": None}
-            state.wait_for_change(min(remaining, 0.5))
+            await asyncio.sleep(min(remaining, _WAIT_POLL_S))
 
     @app.get("/v1/status")
     def status() -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import ssl
 import threading
 import time
 from typing import Callable, TypeVar
@@ -40,13 +41,21 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
 
 class HubClient:
     def __init__(self, url: str, token: str | None = None, request_timeout_s: float = 15.0,
-                 retry_s: float = 30.0, on_new_instance: Callable[[], None] | None = None):
+                 retry_s: float = 30.0, on_new_instance: Callable[[], None] | None = None,
+                 ca_file: str | None = None):
+        """``ca_file``: PEM file of the CA that signed an https hub's certificate (default: the system's)."""
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"hub URL {url!r} must start with http:// or https://")
+        if ca_file is not None and not url.startswith("https://"):
+            raise errors.ConfigError(f"a CA file was given but the hub URL {url!r} is not https://")
+        try:
+            verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        except (OSError, ssl.SSLError) as e:
+            raise errors.ConfigError(f"cannot load CA file {ca_file}: {e}") from e
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         # TCP_NODELAY: without it, a request's header and body writes meet delayed ACKs (~40 ms per call).
-        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], verify=verify,
                                         limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=request_timeout_s, transport=transport)
         self._retry_s = retry_s
@@ -101,6 +110,9 @@ class HubClient:
                     method, path, content=content, params=params, headers=headers,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
             except (httpx.TransportError, httpx.TimeoutException) as e:
+                if _tls_refused(e):  # a certificate that fails verification will not pass on a retry
+                    raise errors.HubUnavailable(f"hub {self.url}: TLS verification failed ({e}); pass the CA "
+                                                f"that signed the hub's certificate (tls_ca_file)") from e
                 if time.monotonic() + delay > deadline:
                     raise errors.HubUnavailable(f"hub {self.url} unreachable for {self._retry_s:.0f} s "
                                                 f"({type(e).__name__}: {e}); is `tensorhub hub` running?") from e
@@ -149,6 +161,15 @@ class HubClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _tls_refused(error: Exception) -> bool:
+    cause = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return "CERTIFICATE_VERIFY_FAILED" in str(error)
 
 
 def _error_of(response: httpx.Response) -> errors.TensorHubError:

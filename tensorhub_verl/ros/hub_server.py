@@ -41,10 +41,20 @@ def resolve_token(token: str | None = None, token_file: str | os.PathLike | None
 
 
 class HubServer:
-    """A hub listening on ``host:port`` (port 0 picks a free one). ``url`` is valid once started."""
+    """A hub listening on ``host:port`` (port 0 picks a free one). ``url`` is valid once started.
+
+    With ``tls_cert`` and ``tls_key`` (PEM files) it serves HTTPS only; clients verify it against the system
+    trust store or a CA file of their own (``ClientConfig.tls_ca_file``)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 config: HubConfig | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 config: HubConfig | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 tls_cert: str | os.PathLike | None = None, tls_key: str | os.PathLike | None = None):
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("TLS needs both a certificate and its key (tls_cert and tls_key)")
+        for what, path in (("certificate", tls_cert), ("key", tls_key)):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"TLS {what} file {path} does not exist")
+        self.tls = tls_cert is not None
         self.state = HubState(config)
         self._socket = socket.create_server((host, port), reuse_port=False)
         # Accepted connections inherit this. uvicorn sets it only on sockets it creates itself; without
@@ -52,15 +62,16 @@ class HubServer:
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._socket.getsockname()[:2]
         app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                                     timeout_keep_alive=30, lifespan="off"))
+        self._server = uvicorn.Server(uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off",
+            ssl_certfile=str(tls_cert) if tls_cert else None, ssl_keyfile=str(tls_key) if tls_key else None))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> "HubServer":
         serve = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
@@ -110,6 +121,7 @@ class HubServer:
 
 
 def start_hub(host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-              config: HubConfig | None = None) -> HubServer:
+              config: HubConfig | None = None, tls_cert: str | os.PathLike | None = None,
+              tls_key: str | os.PathLike | None = None) -> HubServer:
     """Starts an embedded hub in background threads; ``hub.url`` to connect, ``hub.stop()`` to end it."""
-    return HubServer(host, port, token, config).start()
+    return HubServer(host, port, token, config, tls_cert=tls_cert, tls_key=tls_key).start()

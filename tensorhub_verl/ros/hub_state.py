@@ -123,6 +123,14 @@ class HubState:
         self._leases: dict[int, Lease] = {}
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
+        self._model_keys: dict[str, set[Key]] = {}
+        """model -> keys of its version records: per-model queries never scan every version."""
+        self._release_of: dict[str, dict[Key, msg.HoldingKey]] = {}
+        """worker -> its active holdings outside the retention window (sent with each heartbeat ack)."""
+        self._release_workers: dict[str, set[str]] = {}
+        self._stale_models: set[str] = set()
+        self.model_seq: dict[str, int] = {}
+        """model -> bumped whenever its active holdings may have changed (parked long-polls compare it)."""
         self._quarantined_until: dict[tuple[Key, str], float] = {}
         """(version key, holder) -> end of its quarantine after a reader found bytes that fail their digest."""
         self._shard_groups: dict[tuple[str, int, str], dict[Key, str]] = {}
@@ -193,20 +201,44 @@ class HubState:
                              release=self._retention_release(worker))
 
     def _retention_release(self, worker: str) -> list[msg.HoldingKey]:
-        keep = self.config.keep_versions
-        release = []
-        for model in {k[0] for k in self._versions}:
-            visible = sorted({k[1] for k, r in self._versions.items() if k[0] == model and self._active(r)},
-                             reverse=True)
-            retained = set(visible[:keep])
-            newest = visible[0] if visible else -1
-            for key, record in self._versions.items():
-                if key[0] != model or key[1] in retained or key[1] > newest:
-                    continue
-                for holding in record.holdings.values():
-                    if holding.worker == worker and holding.state == "active":
-                        release.append(msg.HoldingKey(model=key[0], version=key[1], layout=key[2]))
-        return release
+        """O(1) per heartbeat in models and versions: release lists are kept per worker, and only the models
+        whose holdings changed since the last heartbeat are looked at again (each in O(its versions))."""
+        while self._stale_models:
+            self._rebuild_retention(self._stale_models.pop())
+        return list(self._release_of.get(worker, {}).values())
+
+    def _holdings_changed(self, *models: str) -> None:
+        """Called wherever a holding appears, turns active, or goes: retention and /v1/wait look again."""
+        self._stale_models.update(models)
+        for model in models:
+            self.model_seq[model] = self.model_seq.get(model, 0) + 1
+        self._changed.notify_all()
+
+    def _rebuild_retention(self, model: str) -> None:
+        """Which active holdings of ``model`` fall outside its newest ``keep_versions``."""
+        for worker in self._release_workers.pop(model, set()):
+            entries = self._release_of.get(worker, {})
+            for key in [k for k in entries if k[0] == model]:
+                del entries[key]
+            if not entries:
+                self._release_of.pop(worker, None)
+        keys = self._model_keys.get(model, set())
+        visible = sorted({k[1] for k in keys if self._active(self._versions[k])}, reverse=True)
+        if not visible:
+            return
+        retained = set(visible[:self.config.keep_versions])
+        for key in keys:
+            if key[1] in retained or key[1] > visible[0]:
+                continue
+            for holding in self._versions[key].holdings.values():
+                if holding.state == "active":
+                    self._release_of.setdefault(holding.worker, {})[key] = msg.HoldingKey(
+                        model=key[0], version=key[1], layout=key[2])
+                    self._release_workers.setdefault(model, set()).add(holding.worker)
+
+    def _records_of(self, model: str):
+        """(key, record) of one model's versions: O(its versions), not O(all versions)."""
+        return [(k, self._versions[k]) for k in sorted(self._model_keys.get(model, ()))]
 
     def _require_worker(self, worker: str) -> WorkerRecord:
         record = self._workers.get(worker)
@@ -247,13 +279,14 @@ class HubState:
             if record is None:
                 record = VersionRecord(manifest, prepared.chunks)
                 self._versions[key] = record
+                self._model_keys.setdefault(key[0], set()).add(key)
             state = "pending" if req.shard_count > 1 else "active"
             record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, state,
                                                   next(self._ids))
             if req.shard_count > 1:
                 self._commit_shard(manifest.model, manifest.version, req.shard_group, req.shard_count, key,
                                    req.holder)
-            self._changed.notify_all()
+            self._holdings_changed(key[0])
 
     def _check_shard(self, model: str, version: int, group: str, count: int, key: Key) -> None:
         members = self._shard_groups.get((model, version, group), {})
@@ -289,6 +322,7 @@ class HubState:
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             holding.state = "draining"
+            self._holdings_changed(req.model)
             return self._drain(key, req.holder, req.wait_s)
 
     def _drain(self, key: Key, holder: str, wait_s: float) -> msg.UnpublishAck:
@@ -301,7 +335,7 @@ class HubState:
                 if record is not None:
                     record.holdings.pop(holder, None)
                     self._forget_if_empty(key)
-                self._changed.notify_all()
+                self._holdings_changed(key[0])
                 return msg.UnpublishAck(drained=True, inflight=0)
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -311,8 +345,7 @@ class HubState:
     def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
         """True when ``holder`` holds the last reliable copy of a version inside the retention window."""
         with self._lock:
-            visible = sorted({k[1] for k, r in self._versions.items() if k[0] == req.model and self._active(r)},
-                             reverse=True)
+            visible = sorted({k[1] for k, r in self._records_of(req.model) if self._active(r)}, reverse=True)
             if req.version not in visible[: self.config.keep_versions]:
                 return msg.PreserveAnswer(must_preserve=False, reason="outside the retention window")
             record = self._versions.get((req.model, req.version, req.layout))
@@ -321,8 +354,8 @@ class HubState:
                 return msg.PreserveAnswer(must_preserve=False, reason="not a holder")
             if self._workers[holding.worker].spot:
                 return msg.PreserveAnswer(must_preserve=False, reason="spot workers are not reliable copies")
-            for key, record in self._versions.items():
-                if key[:2] != (req.model, req.version):
+            for key, record in self._records_of(req.model):
+                if key[1] != req.version:
                     continue
                 for other in record.holdings.values():
                     worker = self._workers.get(other.worker)
@@ -379,20 +412,24 @@ class HubState:
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
                 self._expire_leases()
             now = self._clock()
-            replies, sources = [], {}
+            replies, sources, tensors = [], {}, defaultdict(set)
             for a in assignments:
                 lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
                               record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
                 self._leases[lease.id] = lease
                 replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
                                                  distance=int(a.distance)))
-                source = record.holdings[a.source]
-                if req.known_sources.get(a.source) != source.generation and a.source not in sources:
-                    worker = self._workers[source.worker]
-                    sources[a.source] = msg.SourceInfo(
-                        holder=a.source, worker=source.worker, generation=source.generation,
-                        agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64,
-                        regions=source.regions, partial=source.state == "filling")
+                tensors[a.source].update(seg.tensor for seg in record.chunks[a.chunk].segments)
+            # A holder's data-plane metadata and addresses go only to a reader it now has a lease to serve, and
+            # only the addresses of the tensors those leases read; the metadata only once per generation.
+            for holder_name, needed_tensors in tensors.items():
+                source = record.holdings[holder_name]
+                worker = self._workers[source.worker]
+                fresh = req.known_sources.get(holder_name) != source.generation
+                sources[holder_name] = msg.SourceInfo(
+                    holder=holder_name, worker=source.worker, generation=source.generation,
+                    agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
+                    regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
             return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
                                      have=len(holding.chunks), total=len(record.chunks),
                                      unservable=[] if assignments else unservable(needed, view, req.holder))
@@ -509,7 +546,7 @@ class HubState:
                 del self.fetch_seconds[:-10_000]
             if req.ok and req.hold:
                 holding.state, holding.chunks = "active", None
-                self._changed.notify_all()
+                self._holdings_changed(req.model)
                 return msg.UnpublishAck(drained=True, inflight=0)
             holding.state = "draining"
             return self._drain(key, req.holder, req.wait_s)
@@ -542,11 +579,12 @@ class HubState:
     def _drop_worker(self, worker: str) -> None:
         self._workers.pop(worker, None)
         self._suspect_until.pop(worker, None)
-        dropped = set()
+        dropped, models = set(), set()
         for key, record in list(self._versions.items()):
             for holder in [h for h, holding in record.holdings.items() if holding.worker == worker]:
                 del record.holdings[holder]
                 dropped.add(holder)
+                models.add(key[0])
             self._forget_if_empty(key)
         for lease_id, lease in list(self._leases.items()):
             if lease.reader in dropped:
@@ -556,13 +594,17 @@ class HubState:
                 # it re-plans the chunk instead of waiting out its read timeout.
                 del self._leases[lease_id]
                 self._revoked[lease.reader].add(lease_id)
-        self._changed.notify_all()
+        self._holdings_changed(*models)
 
     def _forget_if_empty(self, key: Key) -> None:
         record = self._versions.get(key)
         if record is not None and not record.holdings:
             del self._versions[key]
-            if not any(k[:2] == key[:2] for k in self._versions):
+            keys = self._model_keys.get(key[0], set())
+            keys.discard(key)
+            if not keys:
+                self._model_keys.pop(key[0], None)
+            if not any(k[1] == key[1] for k in keys):
                 for group in [g for g in self._shard_groups if g[:2] == key[:2]]:
                     del self._shard_groups[group]
                     self._shard_counts.pop(group, None)
@@ -591,14 +633,13 @@ class HubState:
         """Resolves "latest" once; a version counts only when a holder of it in ``layout`` is active."""
         with self._lock:
             if version == "latest":
-                active = [k[1] for k, r in self._versions.items()
-                          if k[0] == model and k[2] == layout and self._active(r)]
+                active = [k[1] for k, r in self._records_of(model) if k[2] == layout and self._active(r)]
                 if not active:
                     raise VersionNotFound(f"model {model!r} has no published version in layout {layout!r}")
                 return max(active)
             record = self._versions.get((model, int(version), layout))
             if record is None or not self._active(record):
-                known = sorted({k[1] for k, r in self._versions.items() if k[0] == model and self._active(r)})
+                known = sorted({k[1] for k, r in self._records_of(model) if self._active(r)})
                 raise VersionNotFound(f"version {version} of {model!r} in layout {layout!r} is not published; "
                                       f"published versions: {known or 'none'}")
             return int(version)
@@ -606,8 +647,8 @@ class HubState:
     def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
         with self._lock:
             result: dict[int, list[str]] = defaultdict(list)
-            for (m, v, lay), record in self._versions.items():
-                if m != model or (layout is not None and lay != layout):
+            for (m, v, lay), record in self._records_of(model):
+                if layout is not None and lay != layout:
                     continue
                 holders = [h.worker for h in record.holdings.values() if h.state == "active"]
                 if holders:

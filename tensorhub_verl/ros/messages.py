@@ -190,8 +190,10 @@ class SourceInfo(Reply):
     worker: Name
     generation: int
     agent_name: str
-    agent_metadata_b64: str
-    regions: list[RegionMsg]
+    agent_metadata_b64: str = ""
+    """Empty when the reader already holds this generation's metadata (``Exchange.known_sources``)."""
+    regions: dict[int, RegionMsg]
+    """tensor index -> address, only for the tensors that this reply's leases from this source read."""
     partial: bool
 
 

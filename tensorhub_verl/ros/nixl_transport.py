@@ -2,11 +2,21 @@
 
 UCX picks the wire: TCP or shared memory on a plain host; RDMA, GPUDirect or CUDA IPC on a GPU cluster.
 Set UCX_TLS / UCX_NET_DEVICES in the environment to force one (the network lab forces TCP).
+
+Exposure. UCX's TCP transport listens on every network device unless UCX_NET_DEVICES names some:
+``net_devices`` sets it for this agent only (measured with nixl-cu12 1.5.1: NIXL's own ``ucx_devices``
+backend parameter does not narrow the TCP listeners; the environment variable, read when UCX builds the
+agent's context, does). Registered memory is mapped with UCX's default protection, which includes remote
+WRITE: NIXL's ``memReg`` calls ``ucp_mem_map`` without ``UCP_MEM_MAP_PARAM_FIELD_PROT`` and offers no
+option to pass ``UCP_MEM_MAP_PROT_REMOTE_READ`` alone, so a peer holding the agent metadata can write as
+well as read. TensorHub therefore hands metadata and addresses only to readers holding a lease (the hub),
+and checks every chunk's digest on arrival (integrity.py); read-only registration needs a NIXL change.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -50,7 +60,7 @@ _EVENTS_WAKEUP_US = 100_000
 _AGENT_CONFIG_LOCK = threading.Lock()
 
 
-def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str):
+def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_devices: str | None = None):
     """A nixl_agent whose progress thread is off ("pump"), spinning ("thread") or event-driven ("events").
 
     NIXL's UCX progress thread arms the UCX worker and sleeps in poll() on its event fd, for at most its
@@ -64,9 +74,9 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str):
     if "NIXL_LOG_LEVEL" not in os.environ:  # NIXL logs every agent creation at INFO (set after its import)
         logging.getLogger("nixl").setLevel(logging.WARNING)
     config = nixl_api.nixl_agent_config(enable_prog_thread=progress != "pump", backends=list(backends))
-    if progress != "events":
-        return nixl_api.nixl_agent(agent_name, config)
-    with _AGENT_CONFIG_LOCK:
+    with _AGENT_CONFIG_LOCK, _ucx_net_devices(net_devices):
+        if progress != "events":
+            return nixl_api.nixl_agent(agent_name, config)
         binding_config = nixl_api.nixlBind.nixlAgentConfig
 
         class _SleepingThreadConfig(binding_config):  # type: ignore[misc, valid-type]
@@ -80,9 +90,27 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str):
             nixl_api.nixlBind.nixlAgentConfig = binding_config
 
 
+@contextlib.contextmanager
+def _ucx_net_devices(devices: str | None):
+    """UCX_NET_DEVICES for the agents built inside (UCX reads it when it builds a context), then restored.
+    Callers hold _AGENT_CONFIG_LOCK, so this process's agents never see each other's setting."""
+    if devices is None:
+        yield
+        return
+    before = os.environ.get("UCX_NET_DEVICES")
+    os.environ["UCX_NET_DEVICES"] = devices
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("UCX_NET_DEVICES", None)
+        else:
+            os.environ["UCX_NET_DEVICES"] = before
+
+
 class NixlTransport:
     def __init__(self, agent_name: str, backends: tuple[str, ...] = ("UCX",), progress: str = "events",
-                 pump_interval_s: float = 0.0005):
+                 pump_interval_s: float = 0.0005, net_devices: str | None = None):
         """``progress`` decides who drives UCX when this process serves reads over TCP (one-sided
         reads over RDMA need no help from the holder's CPU):
 
@@ -91,11 +119,14 @@ class NixlTransport:
         - ``"pump"``: a Python thread that drives UCX every ``pump_interval_s`` and sleeps between
           (8% of a core idle at 0.5 ms; it needs the GIL, so a busy interpreter slows what it serves).
         - ``"thread"``: NIXL's progress thread as the binding configures it: it spins, ~12-94% of a core.
+
+        ``net_devices`` (UCX_NET_DEVICES syntax, e.g. ``"lo"``, ``"eth0"``, ``"mlx5_0:1"``) limits the network
+        devices UCX uses and listens on; None leaves UCX's environment and defaults alone.
         """
         if progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
         self.agent_name = agent_name
-        self._agent = _new_agent(agent_name, backends, progress)
+        self._agent = _new_agent(agent_name, backends, progress, net_devices)
         self._lock = threading.Lock()
         self._registered: list[_Registration] = []
         self._peers: dict[str, bytes] = {}

@@ -120,3 +120,34 @@ class GatedTransport:
 
     def close(self):
         self.inner.close()
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """IPv4 addresses on which process ``pid`` has TCP sockets listening (from /proc, no tools needed)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: LISTEN
+                raw = bytes.fromhex(local.split(":")[0])[::-1]
+                found.append(".".join(str(b) for b in raw))
+    return found
+
+
+def exposed_holder(results, control, hub_url, worker):
+    """Publishes a small version, then reports where its process listens."""
+    os.environ.pop("UCX_NET_DEVICES", None)
+    client = th.connect(hub_url, worker)
+    client.publish("policy", 1, make_weights(1, 0.1))
+    results.put(("ok", listening_addresses(os.getpid())))
+    control.get(timeout=600)
+    client.close()

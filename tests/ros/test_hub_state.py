@@ -275,3 +275,25 @@ def test_readers_filling_at_once_share_a_holders_slots():
         begin(state2, w, m)
     got = {w: len(exchange(state2, w, m, want=8).assignments) for w in ("a", "b", "c", "d")}
     assert got == {"a": 2, "b": 2, "c": 2, "d": 2}  # 8 slots shared by 4 filling readers
+
+
+def test_a_reader_gets_a_holders_addresses_only_for_its_leases_and_metadata_once():
+    state, _ = make_state()
+    m = Manifest("policy", 1, "hf", tuple(TensorSpec(f"w{i}", (CHUNK,), "uint8", CHUNK) for i in range(4)), CHUNK)
+    register(state, "trainer")
+    register(state, "reader")
+    state.publish(msg.Publish(worker="trainer", holder="trainer", manifest=manifest_to_msg(m),
+                              regions=[msg.RegionMsg(addr=1000 * (i + 1)) for i in range(4)]))
+    begin_regions = [msg.RegionMsg(addr=9000 + i) for i in range(4)]
+    state.begin_fetch(msg.BeginFetch(worker="reader", holder="reader", model="policy", version=1, layout="hf",
+                                     digest=m.digest, regions=begin_regions))
+    first = exchange(state, "reader", m, want=1)
+    (info,) = first.sources
+    (lease,) = first.assignments
+    assert set(info.regions) == {lease.chunk} and info.agent_metadata_b64  # one chunk = one tensor here
+    second = state.exchange(msg.Exchange(worker="reader", holder="reader", model="policy", version=1, layout="hf",
+                                         completed=[lease.lease], want=1,
+                                         known_sources={"trainer": info.generation}))
+    (again,) = second.sources
+    assert again.agent_metadata_b64 == ""  # known generation: no metadata resent
+    assert set(again.regions) == {second.assignments[0].chunk}

@@ -1,0 +1,215 @@
+"""`tensorhub bench hub`: load on the hub alone (no data plane): heartbeats/s and exchange latency.
+
+A hub process, and one asyncio load process standing in for ``--workers`` workers. The heartbeat phase runs
+twice, side by side: on an empty hub, then with ``--models`` x ``--versions`` published, so the ratio shows
+whether a heartbeat's cost grows with what the hub holds (it should not). During the loaded phase,
+``--readers`` workers run fetches (begin, exchanges, end) of one-chunk versions, and ``--waiters`` long-polls
+stay parked on /v1/wait. Reports heartbeats/s, heartbeat and exchange p50/p99, and whether the hub dropped
+any live worker. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+
+_CHUNK = 4096
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensorhub bench hub", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=200)
+    parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--versions", type=int, default=4)
+    parser.add_argument("--readers", type=int, default=16, help="workers that also fetch, during the load")
+    parser.add_argument("--waiters", type=int, default=40, help="parked /v1/wait long-polls during the load")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each heartbeat phase")
+    parser.add_argument("--worker-timeout", type=float, default=10.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    port = _free_port()
+    hub = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--port", str(port),
+                            "--worker-timeout", str(args.worker_timeout), "--keep-versions", str(args.versions)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        report = asyncio.run(_run(f"http://127.0.0.1:{port}", args))
+    finally:
+        hub.terminate()
+        hub.wait(10)
+    if not args.json:
+        for key, value in report.items():
+            print(f"{key:>28}: {value}")
+    print(json.dumps(report))
+    return 0 if report["dropped_workers"] == 0 else 1
+
+
+async def _run(url: str, args) -> dict:
+    limits = httpx.Limits(max_connections=args.workers + args.waiters + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        await _wait_up(http)
+        names = [f"w{i}" for i in range(args.workers)]
+        creds = dict(zip(names, await asyncio.gather(*(_register(http, w) for w in names))))
+        alive = asyncio.Event()
+        keepalive = asyncio.create_task(_keepalive(http, creds, alive))  # between phases too: nobody times out
+        empty = await _heartbeats(http, creds, args.seconds / 2)
+        started = time.perf_counter()
+        await _publish_all(http, creds, names, args.models, args.versions)
+        publish_s = time.perf_counter() - started
+        stop = asyncio.Event()
+        waits = [asyncio.create_task(_park(http, f"idle{i}", stop)) for i in range(args.waiters)]
+        exchanges: list[float] = []
+        readers = [asyncio.create_task(_read_loop(http, f"w{i}", creds[f"w{i}"], args, exchanges, stop))
+                   for i in range(min(args.readers, args.workers))]
+        loaded = await _heartbeats(http, creds, args.seconds)
+        stop.set()
+        for task in waits:  # parked: no need to wait out their poll
+            task.cancel()
+        await asyncio.gather(*readers, *waits, return_exceptions=True)
+        status = (await http.get("/v1/status")).json()
+        alive.set()
+        await keepalive
+    dropped = sorted(set(names) - set(status["workers"]))
+    return {
+        "bench": "hub", "workers": args.workers, "models": args.models, "versions": args.versions,
+        "published_versions": sum(len(v) for v in status["models"].values()), "publish_s": round(publish_s, 2),
+        "heartbeats_per_s_empty": round(empty["rate"], 1), "heartbeats_per_s": round(loaded["rate"], 1),
+        "heartbeat_rate_ratio_loaded_vs_empty": round(loaded["rate"] / empty["rate"], 3) if empty["rate"] else None,
+        "heartbeat_p50_ms": _ms(loaded["latency"], 50), "heartbeat_p99_ms": _ms(loaded["latency"], 99),
+        "heartbeat_p99_ms_empty": _ms(empty["latency"], 99),
+        "exchanges": len(exchanges), "exchange_p50_ms": _ms(exchanges, 50), "exchange_p99_ms": _ms(exchanges, 99),
+        "parked_waits": args.waiters, "dropped_workers": len(dropped),
+        "max_heartbeat_gap_s": round(max(empty["gap"], loaded["gap"]), 3),
+    }
+
+
+async def _wait_up(http: httpx.AsyncClient, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if (await http.get("/healthz")).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the hub did not start")
+        await asyncio.sleep(0.1)
+
+
+async def _register(http: httpx.AsyncClient, worker: str) -> str:
+    reply = await http.post("/v1/workers/register", json={
+        "worker": worker, "location": {"node": worker}, "agent_name": f"{worker}-agent", "agent_metadata_b64": "AAAA"})
+    reply.raise_for_status()
+    return reply.json()["credential"]
+
+
+async def _heartbeats(http: httpx.AsyncClient, creds: dict[str, str], seconds: float) -> dict:
+    """Every worker heartbeats back to back (a closed loop): the hub's heartbeat capacity under this load."""
+    latency: list[float] = []
+    gaps: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def beat(worker: str, credential: str) -> None:
+        last = time.perf_counter()
+        while time.perf_counter() < deadline:
+            sent = time.perf_counter()
+            reply = await http.post("/v1/workers/heartbeat", params={"worker": worker},
+                                    headers={CREDENTIAL_HEADER: credential})
+            reply.raise_for_status()
+            now = time.perf_counter()
+            latency.append(now - sent)
+            gaps.append(now - last)
+            last = now
+
+    started = time.perf_counter()
+    await asyncio.gather(*(beat(w, c) for w, c in creds.items()))
+    return {"rate": len(latency) / (time.perf_counter() - started), "latency": latency, "gap": max(gaps, default=0)}
+
+
+async def _keepalive(http: httpx.AsyncClient, creds: dict[str, str], done: asyncio.Event,
+                     interval_s: float = 2.0) -> None:
+    """A heartbeat from every worker every ``interval_s``, as real clients send them (their default is 1 s)."""
+    while not done.is_set():
+        await asyncio.gather(*(http.post("/v1/workers/heartbeat", params={"worker": w},
+                                         headers={CREDENTIAL_HEADER: c}) for w, c in creds.items()),
+                             return_exceptions=True)
+        try:
+            await asyncio.wait_for(done.wait(), interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def _publish_all(http, creds, names, models: int, versions: int) -> None:
+    queue = [(m, v) for m in range(models) for v in range(1, versions + 1)]
+
+    async def worker_loop(offset: int) -> None:
+        for m, v in queue[offset::16]:
+            owner = names[(m * versions + v) % len(names)]
+            reply = await http.post("/v1/publish", headers={CREDENTIAL_HEADER: creds[owner]}, json={
+                "worker": owner, "holder": owner, "regions": [{"addr": 4096}], "manifest": {
+                    "model": f"model{m}", "version": v, "layout": "hf", "chunk_bytes": _CHUNK,
+                    "tensors": [{"name": "w", "shape": [_CHUNK], "dtype": "uint8", "nbytes": _CHUNK}]}})
+            reply.raise_for_status()
+
+    await asyncio.gather(*(worker_loop(i) for i in range(16)))
+
+
+async def _park(http: httpx.AsyncClient, model: str, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await http.get("/v1/wait", params={"model": model, "timeout": 5}, timeout=30)
+
+
+async def _read_loop(http, worker: str, credential: str, args, exchanges: list[float], stop: asyncio.Event) -> None:
+    """Fetches random versions: begin, exchange until the one chunk is booked, end (without holding)."""
+    headers = {CREDENTIAL_HEADER: credential}
+    rng = random.Random(worker)
+    while not stop.is_set():
+        key = {"model": f"model{rng.randrange(args.models)}", "version": rng.randint(1, args.versions),
+               "layout": "hf"}
+        manifest = (await http.get("/v1/manifest", params=key | {"version": str(key["version"])})).json()
+        digest = layout_digest("hf", [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["nbytes"])
+                                      for t in manifest["tensors"]], manifest["chunk_bytes"])
+        who = {"worker": worker, "holder": worker} | key
+        begun = await http.post("/v1/fetch/begin", headers=headers,
+                                json=who | {"digest": digest, "regions": [{"addr": 8192}]})
+        if begun.status_code != 200:
+            continue
+        completed: list[int] = []
+        for _ in range(20):
+            sent = time.perf_counter()
+            reply = await http.post("/v1/fetch/exchange", headers=headers, json=who | {"completed": completed, "want": 4})
+            exchanges.append(time.perf_counter() - sent)
+            body = reply.json()
+            if reply.status_code != 200 or body["have"] == body["total"]:
+                break
+            completed = [a["lease"] for a in body["assignments"]]
+        await http.post("/v1/fetch/end", headers=headers, json=who | {"ok": True, "hold": False, "wait_s": 1.0})
+
+
+def _ms(samples: list[float], pct: int) -> float | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))], 2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
