@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import concurrent.futures
 import logging
 import os
@@ -144,7 +145,11 @@ async def _serve(ns: argparse.Namespace) -> int:
         return state.as_dict()
 
     loop = asyncio.get_running_loop()
-    async with compat.async_engine_client(args) as engine:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            engine = await stack.enter_async_context(compat.async_engine_client(args))
+        except (ValueError, TypeError) as e:  # vLLM validates its config with pydantic (a ValueError)
+            raise VllmRefused(str(e)) from e
         updater = EngineUpdater(_loop_rpc(engine, loop, threading.get_ident()))
         follower = Follower(updater, HubWatch(ns.hub, ns.model, ns.token), state, ns.fetch_timeout)
         node = Node(updater, follower)
@@ -166,6 +171,10 @@ async def _serve(ns: argparse.Namespace) -> int:
             await asyncio.to_thread(node.leave)
             sock.close()
     return 0
+
+
+class VllmRefused(Exception):
+    """vLLM rejected the engine configuration this node built (bad or incompatible arguments)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled:
         logger.info("attach-vllm stopped before it served a version")
         return 0
+    except VllmRefused as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip() and "errors.pydantic.dev" not in line]
+        first = next((line for line in lines if line.startswith("Value error")), " / ".join(lines[:2]))
+        logger.error("vLLM refused its configuration: %s\n  fix: change the vLLM arguments this node passes "
+                     "(--max-model-len must not exceed the model's own maximum; by default it is derived from the "
+                     "model; --tensor-parallel-size; extra `vllm serve` arguments after --)", first)
+        return 2
     except (errors.TensorHubError, TimeoutError) as e:
         logger.error("attach-vllm failed: %s: %s", type(e).__name__, e)
         return 1

@@ -73,3 +73,15 @@ def test_launcher_needs_a_hub(tmp_path):
     r = _run_launcher(tmp_path, ["--model-dir", "m"], {})
     assert r.returncode == 2 and "TENSORHUB_HUB" in r.stderr and r.stdout == ""
     assert _run_launcher(tmp_path, ["--hub", "http://h:1", "--model-dir", "m"], {}).returncode == 0
+
+
+def test_a_configuration_vllm_refuses_ends_with_the_reason_and_the_fix(tiny_models):
+    """The tiny models' maximum is 512 tokens: asking for 4096 is refused by vLLM's own validation."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tensorhub_verl.cli", "attach-vllm", "--hub", "http://127.0.0.1:9",
+                           "--model-dir", tiny_models["qwen2"], "--port", "18555", "--max-model-len", "4096"],
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "vLLM refused its configuration" in proc.stderr and "max_model_len" in proc.stderr
+    assert "fix:" in proc.stderr and "Traceback" not in proc.stderr
