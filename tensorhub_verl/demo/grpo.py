@@ -41,11 +41,11 @@ def _start_elastic_node(job: TinyJob, port: int) -> subprocess.Popen | None:
     hub = job.hub_url_file.read_text().strip() if job.hub_url_file.exists() else ""
     if not hub:
         return None
-    log = open(job.out_dir / "elastic_node.log", "w")
     command = [sys.executable, "-m", "tensorhub_verl.cli", "attach-vllm", "--hub", hub,
                "--model-dir", str(job.task.model_dir), "--port", str(port),
                "--location", "dc=dc0,rack=elastic,node=elastic-0"]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job.environment())
+    with open(job.out_dir / "elastic_node.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job.environment())
 
 
 def _elastic_status(port: int) -> dict | None:
