@@ -67,7 +67,8 @@ def build_task(out_dir: str | Path, *, train_prompts: int = 512, val_prompts: in
     train_file, val_file = out / "train.parquet", out / "val.parquet"
     pd.DataFrame(_prompts(train_prompts, seed)).to_parquet(train_file)
     pd.DataFrame(_prompts(val_prompts, seed + 1)).to_parquet(val_file)
-    return TaskFiles(model_dir=model_dir, train_file=train_file, val_file=val_file, reward_file=Path(__file__).with_name("reward.py"))
+    return TaskFiles(model_dir=model_dir, train_file=train_file, val_file=val_file,
+                     reward_file=Path(__file__).with_name("reward.py"))
 
 
 

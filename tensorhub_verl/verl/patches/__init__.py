@@ -5,8 +5,8 @@ It exposes ``VERL_VERSIONS`` (the versions it is known to fit), ``describe()``, 
 module it changes) and ``apply(module)`` (idempotent: False when already applied), and may set
 ``CPU_ONLY = True`` (applied only on verl's CPU platform, ``VERL_PLATFORM=cpu``). ``apply_all`` applies
 each patch that fits the installed verl as soon as its target module is imported (now, if it already is;
-see ``on_import``), and logs one line per application; a patch for another verl version is skipped with a warning, so that an
-upgrade of verl shows up in the log instead of as a silent behaviour change.
+see ``on_import``), and logs one line per application; a patch for another verl version is skipped with a
+warning, so that an upgrade of verl shows up in the log instead of as a silent behaviour change.
 ``patches/verl/apply_patches.py`` at the repository root runs the same check from a shell.
 """
 
