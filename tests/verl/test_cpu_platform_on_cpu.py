@@ -126,3 +126,26 @@ def test_two_file_loggers_on_one_path_keep_every_line(tmp_path, monkeypatch):
     rollouter.log({"r": 2}, 2)
     lines = (tmp_path / "m.jsonl").read_text().splitlines()
     assert [sorted(json.loads(line)["data"]) for line in lines] == [["r"], ["t"], ["r"]]
+
+
+@pytest.mark.parametrize("trainer_mode", ["separate_async", "fully_async"])
+def test_the_demo_job_composes_into_a_config_the_checks_accept(tmp_path, trainer_mode):
+    """Hydra composes verl's config with +tensorhub=standalone and the CPU preset (``--cfg job`` prints it
+    without running anything); the result selects TensorHub and passes the CPU-job and trainer-mode checks."""
+    from tensorhub_verl.demo.job import TinyJob
+    from tensorhub_verl.demo.task import TaskFiles
+    from tensorhub_verl.verl.cpu_job_check import check_cpu_job
+
+    task = TaskFiles(model_dir=tmp_path / "m", train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
+                     reward_file=tmp_path / "r.py")
+    job = TinyJob(task=task, out_dir=tmp_path, steps=2, trainer_mode=trainer_mode)
+    proc = subprocess.run([*job.command(), "--cfg", "job"], capture_output=True, text=True, timeout=240,
+                          env=job.environment())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line and line[0].isalpha() and line.endswith(":"))
+    config = OmegaConf.create("\n".join(lines[start:]))
+    assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "tensorhub"
+    assert config.actor_rollout_ref.rollout.n_gpus_per_node == 2 or config.rollout.n_gpus_per_node == 2
+    check_cpu_job(config)
+    check_trainer_mode(config)
