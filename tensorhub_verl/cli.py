@@ -91,11 +91,13 @@ def _status_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tensorhub status", description="Show models, versions, holders.")
     parser.add_argument("--hub", default=os.environ.get("TENSORHUB_HUB"), help="hub URL ($TENSORHUB_HUB)")
     parser.add_argument("--token", default=os.environ.get("TENSORHUB_TOKEN"))
+    parser.add_argument("--ca-file", default=os.environ.get("TENSORHUB_CA_FILE"),
+                        help="CA that signed an https hub's certificate ($TENSORHUB_CA_FILE)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if not args.hub:
         parser.error("no hub given: pass --hub URL or set TENSORHUB_HUB")
-    client = HubClient(args.hub, args.token, retry_s=5.0)
+    client = HubClient(args.hub, args.token, retry_s=5.0, ca_file=args.ca_file)
     try:
         status = client.get("/v1/status")
     finally:

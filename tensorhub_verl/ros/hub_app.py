@@ -78,6 +78,26 @@ class _BodyLimit:
             await _send_error(send, 413, "InvalidRequest", f"request body exceeds the hub's limit of {self.limit}")
 
 
+class _StampInstance:
+    """Names the hub instance on every response (clients notice a restart). Plain ASGI: Starlette's
+    BaseHTTPMiddleware costs a task group per request, a large share of a heartbeat."""
+
+    def __init__(self, app, instance: str):
+        self.app, self.header = app, (INSTANCE_HEADER.lower().encode(), instance.encode())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def stamped(message):
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [h for h in message.get("headers", []) if h[0] != self.header[0]] + [self.header]
+            await send(message)
+
+        await self.app(scope, receive, stamped)
+
+
 class _TooLarge(Exception):
     pass
 
@@ -130,7 +150,9 @@ class _HubCollector:
 
 
 def create_app(state: HubState, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-    def authorize(request: Request) -> None:
+    async def authorize(request: Request) -> None:
+        # async: a sync dependency would run in the thread pool for every request, so heartbeats and parked
+        # long-polls would again wait for pool threads behind publishes and exchanges.
         if token is None:
             return
         header = request.headers.get("authorization", "")
@@ -141,12 +163,6 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     app = FastAPI(title="TensorHub hub", version="1", dependencies=[Depends(authorize)])
     registry = CollectorRegistry()
     registry.register(_HubCollector(state))
-
-    @app.middleware("http")
-    async def stamp_instance(request: Request, call_next):
-        response = await call_next(request)
-        response.headers[INSTANCE_HEADER] = state.instance
-        return response
 
     @app.exception_handler(errors.TensorHubError)
     async def typed_error(_request: Request, exc: errors.TensorHubError):
@@ -253,7 +269,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
-    return _BodyLimit(app, max_body_bytes)
+    return _BodyLimit(_StampInstance(app, state.instance), max_body_bytes)
 
 
 def _version_arg(version: str) -> int | str:

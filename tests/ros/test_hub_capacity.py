@@ -73,4 +73,5 @@ def test_bench_hub_prints_one_json_object_last(capsys):
                  "--seconds", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["bench"] == "hub" and report["published_versions"] == 10 and report["dropped_workers"] == 0
-    assert report["heartbeats_per_s"] > 0 and report["exchanges"] > 0
+    assert report["paced_heartbeats_per_s"] > 0 and report["heartbeat_capacity_per_s_loaded"] > 0
+    assert report["exchanges"] > 0
