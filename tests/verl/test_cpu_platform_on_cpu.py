@@ -79,7 +79,7 @@ def test_verl_on_the_cpu_platform_in_a_fresh_process():
         state = torch_device.get_rng_state(); torch_device.set_rng_state(state)
         engine = EngineRegistry.get_engine_cls("language_model", "fsdp2")
         assert engine.__name__.startswith("FSDP"), engine
-        assert getattr(engine_workers.initialize_global_process_group_ray, "_tensorhub_cpu_backend", False)
+        assert getattr(engine_workers.initialize_global_process_group_ray, "_tensorhub_patch", False)
         print("CPU-PLATFORM-OK")
     """)
     env = dict(os.environ, VERL_PLATFORM="cpu")

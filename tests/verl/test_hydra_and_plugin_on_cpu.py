@@ -84,7 +84,7 @@ REGISTRY = textwrap.dedent("""
         cls = CheckpointEngineRegistry.get("tensorhub")
     except ValueError:
         print("NOT-REGISTERED"); sys.exit(0)
-    print(cls.__module__, cls.__name__, getattr(CheckpointEngineManager.update_weights, "_tensorhub_patched", False))
+    print(cls.__module__, cls.__name__, getattr(CheckpointEngineManager.update_weights, "_tensorhub_patch", False))
 """)
 
 

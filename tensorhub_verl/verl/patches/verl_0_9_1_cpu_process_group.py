@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 
+from tensorhub_verl.verl.patches.replace import replace_once
+
 VERL_VERSIONS = ("0.9.1",)
 CPU_ONLY = True
 TARGET = "verl.workers.engine_workers"
-_MARK = "_tensorhub_cpu_backend"
 
 
 def describe() -> str:
@@ -21,14 +22,11 @@ def describe() -> str:
 
 
 def apply(module) -> bool:
-    original = module.initialize_global_process_group_ray
-    if getattr(original, _MARK, False):
-        return False
+    def wrap(original):
+        @functools.wraps(original)
+        def initialize_global_process_group_ray(timeout_second=None, backend=None):
+            return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
 
-    @functools.wraps(original)
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+        return initialize_global_process_group_ray
 
-    setattr(initialize_global_process_group_ray, _MARK, True)
-    module.initialize_global_process_group_ray = initialize_global_process_group_ray
-    return True
+    return replace_once(module, "initialize_global_process_group_ray", wrap)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import os
 
+from tensorhub_verl.verl.patches.replace import replace_once
+
 VERL_VERSIONS = ("0.9.1",)
 TARGET = "verl.utils.tracking"
-_MARK = "_tensorhub_appends"
 
 
 def describe() -> str:
@@ -22,21 +23,18 @@ def describe() -> str:
 
 
 def apply(module) -> bool:
-    original = module.FileLogger.__init__
-    if getattr(original, _MARK, False):
-        return False
+    def wrap(original):
+        @functools.wraps(original)
+        def __init__(self, project_name: str, experiment_name: str):
+            # verl 0.9.1's own choice of path, then "ab" where it opens with "wb"
+            self.project_name, self.experiment_name = project_name, experiment_name
+            self.filepath = os.getenv("VERL_FILE_LOGGER_PATH")
+            if self.filepath is None:
+                directory = os.path.join(os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", ".")), project_name)
+                os.makedirs(directory, exist_ok=True)
+                self.filepath = os.path.join(directory, f"{experiment_name}.jsonl")
+            self.fp = open(self.filepath, "ab", buffering=0)
 
-    @functools.wraps(original)
-    def __init__(self, project_name: str, experiment_name: str):
-        # verl 0.9.1's own choice of path, then "ab" where it opens with "wb"
-        self.project_name, self.experiment_name = project_name, experiment_name
-        self.filepath = os.getenv("VERL_FILE_LOGGER_PATH")
-        if self.filepath is None:
-            directory = os.path.join(os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", ".")), project_name)
-            os.makedirs(directory, exist_ok=True)
-            self.filepath = os.path.join(directory, f"{experiment_name}.jsonl")
-        self.fp = open(self.filepath, "ab", buffering=0)
+        return __init__
 
-    setattr(__init__, _MARK, True)
-    module.FileLogger.__init__ = __init__
-    return True
+    return replace_once(module.FileLogger, "__init__", wrap)

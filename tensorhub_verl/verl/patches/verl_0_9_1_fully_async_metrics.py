@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 
+from tensorhub_verl.verl.patches.replace import replace_once
+
 VERL_VERSIONS = ("0.9.1",)
 TARGET = "verl.experimental.fully_async_policy.fully_async_trainer"
-_MARK = "_tensorhub_logs_metrics"
 
 
 def describe() -> str:
@@ -30,20 +31,15 @@ def _classes(actor_class) -> list[type]:
 
 
 def apply(module) -> bool:
-    classes = _classes(module.FullyAsyncTrainer)
-    original = classes[0]._fit_update_weights
-    if getattr(original, _MARK, False):
-        return False
+    def wrap(original):
+        @functools.wraps(original)
+        async def _fit_update_weights(self, *args, **kwargs):
+            result = await original(self, *args, **kwargs)
+            updater = getattr(getattr(self, "checkpoint_manager", None), "_tensorhub_updater", None)
+            if result is not None and updater is not None and updater.last_metrics:
+                self.logger.log(data=dict(updater.last_metrics), step=self.current_param_version)
+            return result
 
-    @functools.wraps(original)
-    async def _fit_update_weights(self, *args, **kwargs):
-        result = await original(self, *args, **kwargs)
-        updater = getattr(getattr(self, "checkpoint_manager", None), "_tensorhub_updater", None)
-        if result is not None and updater is not None and updater.last_metrics:
-            self.logger.log(data=dict(updater.last_metrics), step=self.current_param_version)
-        return result
+        return _fit_update_weights
 
-    setattr(_fit_update_weights, _MARK, True)
-    for cls in classes:
-        cls._fit_update_weights = _fit_update_weights
-    return True
+    return replace_once(_classes(module.FullyAsyncTrainer), "_fit_update_weights", wrap)

@@ -10,9 +10,10 @@ original path unchanged.
 
 from __future__ import annotations
 
+from tensorhub_verl.verl.patches.replace import replace_once
+
 VERL_VERSIONS = ("0.9.1",)
 TARGET = "verl.checkpoint_engine.base"
-_MARK = "_tensorhub_patched"
 
 
 def describe() -> str:
@@ -23,32 +24,28 @@ def apply(base) -> bool:
     """Wraps the method of ``base`` (``verl.checkpoint_engine.base``); returns False if it was already wrapped."""
     from verl.utils.ray_utils import auto_await
 
-    CheckpointEngineManager = base.CheckpointEngineManager
+    def wrap(original):
+        # auto_await keeps functools.wraps' __wrapped__: the coroutine function underneath.
+        original_coro = getattr(original, "__wrapped__", None)
+        if original_coro is None:
+            from tensorhub_verl.errors import ConfigError
 
-    original = CheckpointEngineManager.update_weights
-    if getattr(original, _MARK, False):
-        return False
-    # auto_await keeps functools.wraps' __wrapped__: the coroutine function underneath.
-    original_coro = getattr(original, "__wrapped__", None)
-    if original_coro is None:
-        from tensorhub_verl.errors import ConfigError
+            raise ConfigError("verl's CheckpointEngineManager.update_weights is not auto_await-wrapped as in 0.9.1; "
+                              "this patch does not fit the installed verl")
 
-        raise ConfigError("verl's CheckpointEngineManager.update_weights is not auto_await-wrapped as in 0.9.1; "
-                          "this patch does not fit the installed verl")
+        @auto_await
+        async def update_weights(self, global_steps: int = None):
+            from tensorhub_verl.verl import BACKEND_NAME
 
-    @auto_await
-    async def update_weights(self, global_steps: int = None):
-        from tensorhub_verl.verl import BACKEND_NAME
+            if self.backend != BACKEND_NAME:
+                return await original_coro(self, global_steps=global_steps)
+            return await updater_for(self).update_weights(global_steps)
 
-        if self.backend != BACKEND_NAME:
-            return await original_coro(self, global_steps=global_steps)
-        return await updater_for(self).update_weights(global_steps)
+        update_weights.__doc__ = original.__doc__
+        update_weights.__wrapped_original__ = original
+        return update_weights
 
-    update_weights.__doc__ = original.__doc__
-    setattr(update_weights, _MARK, True)
-    update_weights.__wrapped_original__ = original
-    CheckpointEngineManager.update_weights = update_weights
-    return True
+    return replace_once(base.CheckpointEngineManager, "update_weights", wrap)
 
 
 def updater_for(manager):

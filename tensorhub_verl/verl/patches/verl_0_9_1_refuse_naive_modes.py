@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import functools
 
+from tensorhub_verl.verl.patches.replace import replace_once
+
 VERL_VERSIONS = ("0.9.1",)
 TARGET = "verl.trainer.ppo.v1.trainer_base"
-_MARK = "_tensorhub_mode_check"
 
 
 def describe() -> str:
@@ -21,22 +22,19 @@ def describe() -> str:
 
 
 def apply(module) -> bool:
-    original = module.PPOTrainer.__init__
-    if getattr(original, _MARK, False):
-        return False
+    def wrap(original):
+        @functools.wraps(original)
+        def __init__(self, config, *args, **kwargs):
+            from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+            from tensorhub_verl.verl.trainer_modes import check_trainer_mode
 
-    @functools.wraps(original)
-    def __init__(self, config, *args, **kwargs):
-        from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
-        from tensorhub_verl.verl.trainer_modes import check_trainer_mode
+            check_trainer_mode(config)
+            if cpu_platform_selected():
+                from tensorhub_verl.verl.cpu_job_check import check_cpu_job
 
-        check_trainer_mode(config)
-        if cpu_platform_selected():
-            from tensorhub_verl.verl.cpu_job_check import check_cpu_job
+                check_cpu_job(config)
+            original(self, config, *args, **kwargs)
 
-            check_cpu_job(config)
-        original(self, config, *args, **kwargs)
+        return __init__
 
-    setattr(__init__, _MARK, True)
-    module.PPOTrainer.__init__ = __init__
-    return True
+    return replace_once(module.PPOTrainer, "__init__", wrap)
