@@ -8,12 +8,12 @@
 #   bash recipes/grpo_tiny_cpu.sh trainer.total_training_steps=5 tensorhub.verify_digests=true
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-tensorhub_preflight
+export VERL_PLATFORM=cpu                        # tensorhub_verl's CPU platform for verl: the one setting
+tensorhub_preflight                             # lists the CPU platform's patches too
 
 WORK_DIR=${WORK_DIR:-"$(mktemp -d -t tensorhub-tiny-XXXX)"}
 eval "$(tensorhub demo prepare --out "${WORK_DIR}/task")"    # MODEL_PATH, TRAIN_FILE, VAL_FILE, REWARD_FILE
 
-export VERL_PLATFORM=cpu                        # tensorhub_verl's CPU platform for verl: the one setting
 export VERL_FILE_LOGGER_PATH="${WORK_DIR}/metrics.jsonl"
 export HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
