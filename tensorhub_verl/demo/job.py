@@ -90,6 +90,7 @@ class TinyJob:
             f"actor_rollout_ref.rollout.n_gpus_per_node={self.replicas}",
             f"ray_kwargs.ray_init.num_gpus={slots}",
             f"tensorhub.hub_url_file={self.hub_url_file}",
+            f"hydra.run.dir={self.out_dir / 'hydra'}",  # not ./outputs of whatever directory it runs in
             *(_fully_async_overrides(self.steps, self.replicas) if self.trainer_mode == "fully_async" else ()),
             *self.extra,
         ]
