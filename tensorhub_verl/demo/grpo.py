@@ -136,9 +136,9 @@ def _elastic_summary(status: dict | None) -> dict | None:
     first = status["first"]
     sources = first.get("sources", {})
     total = sum(sources.values()) or 1
-    from tensorhub_verl.verl.identity import is_trainer_worker
+    from tensorhub_verl.verl.identity import peer_bytes
 
-    peers = sum(n for worker, n in sources.items() if not is_trainer_worker(worker))
+    peers = peer_bytes(sources)
     return {"served": status.get("served"), "updates": status.get("updates"),
             "first_version": first.get("version"), "first_bytes": sum(sources.values()),
             "first_peer_fraction": peers / total, "first_sources": sources}

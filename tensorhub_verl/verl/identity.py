@@ -39,6 +39,11 @@ def is_trainer_worker(worker: str) -> bool:
     return f"-{ACTOR_ROLE}-" in worker
 
 
+def peer_bytes(sources: Mapping[str, int]) -> int:
+    """Bytes of ``sources`` (worker -> bytes) read from peer rollouts rather than from trainer ranks."""
+    return sum(n for worker, n in sources.items() if not is_trainer_worker(worker))
+
+
 def make_identity(*, role: str, rank: int, job: str, location: Mapping[str, str] | None = None,
                   replica: int | None = None) -> WorkerIdentity:
     """Builds the identity of an actor rank (``replica=None``) or of rank ``rank`` of rollout ``replica``."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from tensorhub_verl.verl.identity import is_trainer_worker
+from tensorhub_verl.verl.identity import peer_bytes
 from tensorhub_verl.verl.puller import PullResult
 
 
@@ -40,7 +40,7 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], pull
         out.update({k: float(v) for k, v in result.items()})
     pulls = list(pulls)
     total = sum(p.bytes for p in pulls)
-    peer = sum(n for p in pulls for source, n in p.sources.items() if not is_trainer_worker(source))
+    peer = sum(peer_bytes(p.sources) for p in pulls)
     out["tensorhub/version"] = float(version)
     out["tensorhub/bytes"] = float(total)
     out["tensorhub/bytes_from_trainer"] = float(total - peer)

@@ -40,7 +40,8 @@ def check_trainer_mode(config: Any) -> None:
     if mode in MODES_FORCING_NAIVE:
         raise ConfigError(
             f"trainer.v1.trainer_mode={mode} forces verl's 'naive' checkpoint engine, so +tensorhub=... would be "
-            f"silently unused. Use trainer.v1.trainer_mode=separate_async with actor_rollout_ref.hybrid_engine=False "
+            f"silently unused. Use trainer.v1.trainer_mode={' or '.join(MODES_USING_BACKEND)} with "
+            f"actor_rollout_ref.hybrid_engine=False "
             f"(trainer and rollouts on separate devices), or {OTHER_ENTRY_POINTS}; or drop +tensorhub=...")
 
 

@@ -70,6 +70,7 @@ def test_verl_on_the_cpu_platform_in_a_fresh_process():
         from verl.workers.engine.base import EngineRegistry
         import verl.workers.engine.fsdp.transformer_impl  # noqa: F401
         import verl.workers.engine_workers as engine_workers
+        from tensorhub_verl.verl.patches.replace import is_replaced
         assert device.get_device_name() == "cpu", device.get_device_name()
         assert device.get_nccl_backend() == "gloo"
         assert str(device.get_device_id()) == "cpu"
@@ -79,7 +80,7 @@ def test_verl_on_the_cpu_platform_in_a_fresh_process():
         state = torch_device.get_rng_state(); torch_device.set_rng_state(state)
         engine = EngineRegistry.get_engine_cls("language_model", "fsdp2")
         assert engine.__name__.startswith("FSDP"), engine
-        assert getattr(engine_workers.initialize_global_process_group_ray, "_tensorhub_patch", False)
+        assert is_replaced(engine_workers, "initialize_global_process_group_ray")
         print("CPU-PLATFORM-OK")
     """)
     env = dict(os.environ, VERL_PLATFORM="cpu")

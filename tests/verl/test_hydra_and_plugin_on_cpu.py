@@ -77,6 +77,7 @@ REGISTRY = textwrap.dedent("""
     import sys
     from verl.checkpoint_engine import CheckpointEngineRegistry, CheckpointEngineManager
     from verl.utils.import_utils import import_external_libs
+    from tensorhub_verl.verl.patches.replace import is_replaced
     mode = sys.argv[1]
     if mode == "custom_backend_module":
         import_external_libs("tensorhub_verl.verl.checkpoint_engine")  # what verl's workers do
@@ -84,7 +85,7 @@ REGISTRY = textwrap.dedent("""
         cls = CheckpointEngineRegistry.get("tensorhub")
     except ValueError:
         print("NOT-REGISTERED"); sys.exit(0)
-    print(cls.__module__, cls.__name__, getattr(CheckpointEngineManager.update_weights, "_tensorhub_patch", False))
+    print(cls.__module__, cls.__name__, is_replaced(CheckpointEngineManager, "update_weights"))
 """)
 
 
