@@ -12,7 +12,7 @@ matters more than the check.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import xxhash
@@ -52,3 +52,15 @@ def chunk_digest(chunk: Chunk, views: Sequence) -> str:
 def chunk_digests(chunks: Iterable[Chunk], tensors: Iterable[torch.Tensor]) -> tuple[str, ...]:
     views = byte_views(tensors)
     return tuple(chunk_digest(c, views) for c in chunks)
+
+
+def tensor_digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """xxh3-64 of each tensor's dtype, shape and bytes: proves end to end that a reader holds, tensor by tensor,
+    what a publisher published (``verify_digests`` in verl jobs). Non-contiguous views are read through a copy."""
+    out = {}
+    for name, t in tensors.items():
+        h = xxhash.xxh3_64(f"{t.dtype}|{tuple(t.shape)}|".encode())
+        (view,) = byte_views([t.detach().contiguous()])
+        h.update(view[0:t.numel() * t.element_size()])
+        out[name] = h.hexdigest()
+    return out

@@ -12,17 +12,15 @@ Unlike verl's nccl/nixl engines there is no per-step group: ``prepare``/``init_p
 
 - Trainer ranks (verl passes ``is_master``): the master publishes each version; every rank consumes the
   generator, because FSDP's full-tensor gathers are collectives.
-- Rollout workers (no ``is_master``): ``pull`` (called by the updater through
-  ``execute_checkpoint_engine``, while the engine keeps generating) fetches the version and holds it;
-  ``receive_weights`` then yields the held buffers to the server adapter. Without the updater
-  (verl's default manager) ``receive_weights`` pulls inline.
+- Rollout side: nothing. The engines' own parameters are the holders (``vllm_worker``), driven by the
+  updater through verl's vLLM servers, so verl's per-replica checkpoint-engine workers hold no copy and
+  ``receive_weights`` is never called (it refuses, naming why).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any, AsyncGenerator
 
 # First: registers verl's "cpu" platform before any verl module resolves its platform (VERL_PLATFORM=cpu).
@@ -30,7 +28,7 @@ from tensorhub_verl.verl import cpu_platform  # noqa: F401  isort: skip
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from tensorhub_verl.errors import InvalidRequest
+from tensorhub_verl.errors import ConfigError, InvalidRequest
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.hub_actor import ensure_hub
@@ -43,7 +41,6 @@ from tensorhub_verl.verl.identity import (
     with_default_node,
 )
 from tensorhub_verl.verl.publisher import Publisher
-from tensorhub_verl.verl.puller import Puller, PullResult
 
 logger = logging.getLogger("tensorhub_verl.verl.checkpoint_engine")
 
@@ -73,7 +70,6 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         self._client = None
         self._identity: WorkerIdentity | None = None
         self._publisher: Publisher | None = None
-        self._puller: Puller | None = None
         self._last_version = -1
 
     # ------------------------------------------------------------------ verl's per-step group hooks
@@ -118,37 +114,22 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         return stats.as_metrics()
 
     # -------------------------------------------------------------------------------- rollout side
-    def pull(self, version: int | str = "latest", *, replica: int, rank: int) -> PullResult:
-        """Fetches ``version`` into this worker's buffers and holds it; identity given by the caller."""
-        identity = make_identity(role=ROLLOUT_ROLE, rank=rank, replica=replica, job=self._job,
-                                 location=self._location)
-        return self._ensure_puller(identity).pull(version)
-
     async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator:
-        """Yields the held buffers of ``global_steps`` (pulled first if the updater did not already)."""
-        puller = self._puller
-        version = global_steps if global_steps is not None else "latest"
-        if puller is None or not isinstance(version, int) or version not in puller.held_versions:
-            if puller is None:
-                # verl's default manager calls us without the updater's identity: derive one from the actor.
-                identity = make_identity(role=ROLLOUT_ROLE, rank=0, replica=_actor_tag(), job=self._job,
-                                         location=self._location)
-                puller = self._ensure_puller(identity)
-            result = await asyncio.to_thread(puller.pull, version)
-            version = result.version
-        for item in puller.weights(version):
-            yield item
+        raise ConfigError("the tensorhub backend updates rollout engines in place through TensorHubUpdater "
+                          "(CheckpointEngineManager.update_weights, patched when tensorhub_verl.verl.checkpoint_engine "
+                          "is imported); verl's receive_weights path would need a copy of the model. Import the "
+                          "backend module (checkpoint_engine.custom_backend_module) in the driver.")
+        yield  # pragma: no cover - makes this an async generator, as verl expects
 
     def held_versions(self) -> list[int]:
-        """Versions this worker holds (for the updater and tests)."""
-        owner = self._publisher or self._puller
-        return owner.held_versions if owner is not None else []
+        """Versions this trainer rank holds (for tests)."""
+        return self._publisher.held_versions if self._publisher is not None else []
 
     def close(self) -> None:
         """Unpublishes everything held here (waiting for in-flight reads) and disconnects."""
         if self._client is not None:
             self._client.close()  # drains every holding; no CPU preservation at shutdown
-        self._client = self._publisher = self._puller = None
+        self._client = self._publisher = None
 
     # ------------------------------------------------------------------------------------ helpers
     def _version(self, global_steps: int | None) -> int:
@@ -191,32 +172,6 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                                         unpublish_timeout_s=self.config.unpublish_timeout_s,
                                         verify_digests=self.config.verify_digests)
         return self._publisher
-
-    def _ensure_puller(self, identity: WorkerIdentity) -> Puller:
-        if self._puller is None or self._identity != identity:
-            client = self._connect(identity)
-            device = "cuda" if self.config.staging == "gpu" and _cuda_available() else "cpu"
-            self._puller = Puller(client, model=self.config.model, keep=self.config.keep_versions, device=device,
-                                  fetch_timeout_s=self.config.fetch_timeout_s,
-                                  unpublish_timeout_s=self.config.unpublish_timeout_s,
-                                  verify_digests=self.config.verify_digests)
-        return self._puller
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _actor_tag() -> int:
-    """A number unique to this process, for an identity when no caller supplied one."""
-    try:
-        import ray
-
-        return int(ray.get_runtime_context().get_actor_id()[-8:], 16)
-    except Exception:  # not in a Ray actor: the pid is unique on this node
-        return os.getpid()
 
 
 def _apply_patches() -> None:

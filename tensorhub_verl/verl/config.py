@@ -35,8 +35,13 @@ class TensorHubVerlConfig:
     staging: str = "cpu"
     """Where the trainer's published bytes live: 'none' holds the tensors verl's per-tensor generator
     yields (no extra copy; only safe when the engine yields fresh tensors, e.g. FSDP full_tensor
-    gathers), 'cpu' copies into pinned CPU buffers allocated once, 'gpu' into GPU buffers allocated once.
-    The rollout side always pulls into 'cpu' or 'gpu' buffers (gpu when staging='gpu')."""
+    gathers), 'cpu' copies into pinned CPU buffers allocated once, 'gpu' into GPU buffers allocated once."""
+    rollout_staging: str = "none"
+    """How a rollout engine takes a new version. Its live parameters are always the holder of the version it
+    serves. 'none': the pull lands straight in the parameters while the engine is paused (no copy of the
+    model anywhere; the pause lasts the whole pull). 'cpu'/'gpu': the pull lands in a staging buffer while the
+    engine keeps generating, and the pause is only the copy into the parameters (one extra model of CPU or
+    GPU memory per engine)."""
     chunk_mb: int = 8
     """Transfer unit in MiB; many small tensors are packed into one chunk."""
     location: dict[str, str] = field(default_factory=dict)
@@ -90,6 +95,9 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.keep_versions must be >= 1, got {self.keep_versions}")
         if self.staging not in STAGING_MODES:
             raise ConfigError(f"tensorhub.staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if self.rollout_staging not in STAGING_MODES:
+            raise ConfigError(f"tensorhub.rollout_staging must be one of {STAGING_MODES}, "
+                              f"got {self.rollout_staging!r}")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
         unknown = set(self.location) - set(_LOCATION_KEYS)

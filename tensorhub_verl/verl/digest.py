@@ -1,28 +1,24 @@
-"""A digest of a whole weight set, to prove end to end that a rollout holds exactly what the trainer published.
+"""End-to-end check that every rollout serves exactly what the trainer published, tensor by tensor.
 
-Opt-in (``tensorhub.verify_digests``): it reads every byte once on each side (blake2b, ~1 GB/s per core),
-which the regression tests and debugging runs can afford and a production step usually should not.
+Opt-in (``tensorhub.verify_digests``): the trainer digests each published tensor and each engine rank digests
+the weights it serves, read back as HF tensors (``integrity.tensor_digests``, xxh3). It reads every byte
+once more on each side, which regression tests and debugging runs can afford.
 """
 
 from __future__ import annotations
 
-import hashlib
-from typing import Mapping
+from typing import Iterable, Mapping
 
-import torch
-
-DIGEST_KEY = "tensorhub/publish_digest"
-"""Where the publishing rank's digest travels back to the updater beside its float metrics."""
+DIGEST_KEY = "tensorhub/publish_digests"
+"""Where the publishing rank's ``{tensor: digest}`` travels back to the updater beside its float metrics."""
 
 
-def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
-    """blake2b over (name, dtype, shape, bytes) of every tensor, in name order; CUDA tensors are read via CPU."""
-    h = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        t = tensors[name].detach()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+def differing(published: Mapping[str, str], served: Mapping[str, str], unused: Iterable[str] = ()) -> list[str]:
+    """Tensor names whose served digest differs from the published one, or that only one side has (the
+    engine's ``unused`` tensors, e.g. a tied ``lm_head``, are not served and not compared)."""
+    unused = set(unused)
+    names = (set(published) | set(served)) - unused
+    return sorted(n for n in names if published.get(n) != served.get(n))
 
 
-__all__ = ["DIGEST_KEY", "weights_digest"]
+__all__ = ["DIGEST_KEY", "differing"]

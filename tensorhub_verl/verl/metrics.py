@@ -4,7 +4,7 @@ Keys (all floats, one value per weight update):
 
 - ``tensorhub/stall_s``: the longest time any rollout engine was paused for this update (its apply only).
 - ``tensorhub/stall_s_mean``: the mean pause over replicas that applied.
-- ``tensorhub/pull_s``: the longest pull of one rollout worker (engines kept generating meanwhile).
+- ``tensorhub/pull_s``: the longest pull of one engine rank (inside its pause with ``rollout_staging='none'``).
 - ``tensorhub/bytes``: bytes pulled by all rollout workers for this version.
 - ``tensorhub/bytes_from_trainer`` / ``tensorhub/bytes_from_peers``: the same bytes by kind of source.
 - ``tensorhub/sources_peer_fraction``: share of those bytes read from peer rollouts rather than from
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from tensorhub_verl.verl.identity import peer_bytes
-from tensorhub_verl.verl.puller import PullResult
+from tensorhub_verl.verl.engines import PullResult
 
 
 def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], pulls: Iterable[PullResult],

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest
-from tensorhub_verl.verl.digest import DIGEST_KEY, weights_digest
+from tensorhub_verl.ros.integrity import tensor_digests
+from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.staging import BufferRing, Slot
 
 logger = logging.getLogger("tensorhub_verl.verl.publisher")
@@ -35,14 +36,14 @@ class PublishStats:
     """Time spent consuming the generator and copying into staging buffers."""
     publish_s: float = 0.0
     """Time of the hub registration (and of the unpublish of the version the slot held before)."""
-    digest: str | None = None
-    """``weights_digest`` of the published bytes (only with ``verify_digests``)."""
+    digests: dict[str, str] | None = None
+    """``tensor_digests`` of the published tensors (only with ``verify_digests``)."""
 
-    def as_metrics(self) -> dict[str, float | str]:
-        out: dict[str, float | str] = {"tensorhub/publish_bytes": float(self.bytes),
+    def as_metrics(self) -> dict[str, float | dict]:
+        out: dict[str, float | dict] = {"tensorhub/publish_bytes": float(self.bytes),
                                        "tensorhub/publish_stage_s": self.stage_s, "tensorhub/publish_s": self.publish_s}
-        if self.digest is not None:
-            out[DIGEST_KEY] = self.digest  # the updater takes it out before verl sees the metrics
+        if self.digests is not None:
+            out[DIGEST_KEY] = self.digests  # the updater takes it out before verl sees the metrics
         return out
 
 
@@ -132,7 +133,7 @@ class Publisher:
         stats = PublishStats(version=fill.version, tensors=len(fill.seen),
                              bytes=sum(t.numel() * t.element_size() for t in fill.seen.values()),
                              stage_s=staged - fill.started, publish_s=time.monotonic() - staged,
-                             digest=weights_digest(fill.seen) if self._verify_digests else None)
+                             digests=tensor_digests(fill.seen) if self._verify_digests else None)
         logger.info("published %s v%d: %d tensors, %d bytes (staging=%s, stage %.3fs, publish %.3fs)",
                     self._model, stats.version, stats.tensors, stats.bytes, self._staging, stats.stage_s,
                     stats.publish_s)

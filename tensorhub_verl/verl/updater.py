@@ -14,8 +14,13 @@ everyone. With ROS none of that is needed:
                                    │                    │     pause ─ apply ─ resume
 ```
 
-Each replica is paused only for its own apply (abort_all_requests keeps partial rollouts, as verl's
-partial-rollout path does; resume_generation continues them), and replicas do not wait for each other.
+Each engine rank's live parameters are the holder of the version it serves (``TensorHubWorkerExtension``
+inside verl's vLLM workers): a replica reads raw from peers that serve the version in its own layout, else
+the trainer's ``hf`` tensors, and no copy of the model exists outside the engines. Each replica is paused
+only for its own apply (abort_all_requests keeps partial rollouts, as verl's partial-rollout path does;
+resume_generation continues them), and replicas do not wait for each other. With
+``rollout_staging='none'`` the apply includes the pull (into the parameters); with 'cpu'/'gpu' the pull
+runs before the pause, into a staging buffer.
 The replica list is read at every update, so replicas added or removed between steps (elastic
 rollouts) need no group rebuild: a new replica simply pulls, mostly from its peers.
 """
@@ -31,9 +36,10 @@ from typing import Any, Callable, Sequence
 from tensorhub_verl.errors import ConfigError, TransferFailed
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
-from tensorhub_verl.verl.digest import DIGEST_KEY
+from tensorhub_verl.verl.digest import DIGEST_KEY, differing
+from tensorhub_verl.verl.engines import PullResult, ReplicaEngines
+from tensorhub_verl.verl.identity import ray_boundary_facts
 from tensorhub_verl.verl.metrics import update_metrics
-from tensorhub_verl.verl.puller import PullResult
 
 logger = logging.getLogger("tensorhub_verl.verl.updater")
 
@@ -59,14 +65,6 @@ def config_from_engine_config(engine_config: Any) -> TensorHubVerlConfig:
     return TensorHubVerlConfig.from_mapping(kwargs.get(BACKEND_NAME))
 
 
-def _default_rollout_group(workers: list) -> Any:
-    """verl's way to drive a replica's CheckpointEngineWorker actors as one group."""
-    from verl.checkpoint_engine.base import _worker_cls
-    from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
-
-    return RayWorkerGroup(worker_handles=workers, ray_cls_with_init=RayClassWithInitArgs(cls=_worker_cls))
-
-
 class TensorHubUpdater:
     """Publishes a version from the trainer and rolls it out replica by replica, without a global pause.
 
@@ -74,22 +72,26 @@ class TensorHubUpdater:
         config: the job's TensorHub config.
         actor_wg: verl's trainer worker group (its ``update_weights(mode='tensorhub')`` publishes).
         replicas: a callable returning the current replica list (read at every update: elastic).
-        rollout_group: builds a worker group over one replica's workers (verl's RayWorkerGroup by default).
+        engines: reaches one replica's engine ranks (its vLLM server actors by default).
         hub_url: resolves the hub URL once, before the first publish (starts the hub actor if needed).
+        job: tag of the rollout workers' ids at the hub; default: the Ray job id.
     """
 
     def __init__(self, *, config: TensorHubVerlConfig, actor_wg: Any, replicas: Callable[[], Sequence[Any]],
-                 rollout_group: Callable[[list], Any] = _default_rollout_group,
-                 hub_url: Callable[[TensorHubVerlConfig], str] | None = None) -> None:
+                 engines: Callable[[Any], ReplicaEngines] = ReplicaEngines,
+                 hub_url: Callable[[TensorHubVerlConfig], str] | None = None, job: str | None = None) -> None:
         self.config = config
         self.actor_wg = actor_wg
         self._replicas = replicas
-        self._rollout_group = rollout_group
         self._hub_url = hub_url
         self.hub: str | None = None
         self.served: dict[int, int | None] = {}
         """replica rank -> the version it serves (None until its first apply)."""
         self.last_metrics: dict[str, float] = {}
+        self._engines = engines
+        self._set_up: dict[int, tuple] = {}
+        """replica rank -> the ``ReplicaEngines.key`` its engines were set up with."""
+        self._job = job
 
     async def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
         if self.hub is None:
@@ -109,6 +111,7 @@ class TensorHubUpdater:
 
         publish = [p for p in publish if isinstance(p, dict)]
         published_digest = next((p.pop(DIGEST_KEY) for p in publish if DIGEST_KEY in p), None)
+        self._job = self._job or ray_boundary_facts()[0]
         replicas = list(self._replicas())
         live = {r.replica_rank for r in replicas}
         self.served = {k: v for k, v in self.served.items() if k in live}  # removed replicas are forgotten
@@ -144,34 +147,43 @@ class TensorHubUpdater:
                     metrics["tensorhub/stall_s"], metrics["tensorhub/sources_peer_fraction"])
         return metrics
 
-    async def _update_replica(self, replica: Any, version: int, published_digest: str | None = None
+    async def _update_replica(self, replica: Any, version: int, published_digests: dict | None = None
                               ) -> ReplicaOutcome:
         outcome = ReplicaOutcome(replica=replica.replica_rank, pulls=[])
         try:
-            group = self._rollout_group(list(replica.workers))
-            n = len(replica.workers)
-            # 1. Pull while the engine keeps generating.
-            pulls = await self._await_all(
-                group.execute_checkpoint_engine(["pull"] * n, version=[version] * n,
-                                                replica=[replica.replica_rank] * n, rank=list(range(n))),
-                self.config.fetch_timeout_s, f"replica {replica.replica_rank} pull")
-            outcome.pulls = [p for p in pulls if isinstance(p, PullResult)]
-            if published_digest is not None:
-                bad = [p.worker for p in outcome.pulls if p.digest != published_digest]
-                if bad:  # never apply bytes that differ from what the trainer published
-                    raise DigestMismatch(f"v{version}: {bad} pulled bytes whose digest differs from the trainer's")
-            # 2. Pause only for the apply; resume even if the apply fails, so the replica keeps serving.
+            engines = self._engines(replica)
+            if self._set_up.get(engines.replica_rank) != engines.key:
+                await engines.setup(self.config, self.hub, self._job)
+                self._set_up[engines.replica_rank] = engines.key
+            # 1. Start the pull; with staging it runs while the engine keeps generating.
+            begun = await engines.call("th_begin_pull", self.config.fetch_timeout_s, version=version)
+            if not any(b["started"] for b in begun):
+                return outcome  # already serving this version
+            await engines.wait_pulled(self.config.fetch_timeout_s)
+            # 2. Pause only for the apply; resume even if it fails, so the replica keeps serving.
             paused = time.monotonic()
             try:
                 await asyncio.wait_for(replica.abort_all_requests(), self.config.apply_timeout_s)
-                await self._await_all(group.update_weights(global_steps=version), self.config.apply_timeout_s,
-                                      f"replica {replica.replica_rank} apply")
+                applied = await engines.call("th_apply", self.config.apply_timeout_s,
+                                             timeout=self.config.apply_timeout_s)
+                outcome.pulls = [PullResult.from_apply(a) for a in applied]
+                await engines.after_apply(version, self.config.apply_timeout_s)
             finally:
                 await asyncio.wait_for(replica.resume_generation(), self.config.apply_timeout_s)
                 outcome.stall_s = time.monotonic() - paused
+            if published_digests is not None:
+                await self._check_digests(engines, version, published_digests)
         except Exception as e:  # one replica's failure (Ray, hub, timeout) is reported; the caller decides
             outcome.error = e
         return outcome
+
+    async def _check_digests(self, engines: ReplicaEngines, version: int, published: dict[str, str]) -> None:
+        """Every rank's served weights, read back as HF tensors, equal what the trainer published."""
+        for answer in await engines.call("th_hf_digests", self.config.apply_timeout_s):
+            bad = differing(published, answer["digests"], answer["unused"])
+            if answer["version"] != version or bad:
+                raise DigestMismatch(f"replica {engines.replica_rank} serves v{answer['version']} whose tensors "
+                                     f"{bad[:3]} differ from the trainer's v{version}")
 
     @staticmethod
     async def _await_all(refs: Any, timeout: float, what: str) -> list:

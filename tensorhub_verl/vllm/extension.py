@@ -20,7 +20,7 @@ from typing import Any
 from tensorhub_verl import errors
 from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import ENGINE_CLIENT_DEFAULTS, EngineHolder, HolderConfig
-from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, layout_name, vllm_param_shapes
+from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, hf_views, layout_name, vllm_param_shapes
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
 
@@ -56,14 +56,18 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
 
     rank, tp = compat.tp_rank_and_size()
     params = compat.live_parameters(compat.worker_model(worker_obj))
-    layout = engine_layout(compat.hf_config(worker_obj), tp, rank, params)
+    hf_cfg = compat.hf_config(worker_obj)
+    layout = engine_layout(hf_cfg, tp, rank, params)
+    # Where the layout is known, an 'hf' pull lands straight in the parameters (staging 'none': no copy).
+    views = hf_views(params, DecoderShape.from_hf_config(hf_cfg)) if tp == 1 and \
+        hf_cfg.model_type in SUPPORTED_ARCHES else None
     cfg = th.ClientConfig(**(ENGINE_CLIENT_DEFAULTS | (client_config or {})))
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
                         config=cfg)
     try:
         return EngineHolder(client, HolderConfig(model=model, layout=layout, staging=staging,
                                                  fetch_timeout_s=fetch_timeout_s),
-                            params, lambda weights: compat.load_hf_weights(worker_obj, weights))
+                            params, lambda weights: compat.load_hf_weights(worker_obj, weights), hf_views=views)
     except BaseException:
         client.close()
         raise
@@ -80,15 +84,25 @@ class TensorHubWorkerExtension:
 
     def th_setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
                  staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0) -> dict:
-        """Connects this rank (idempotent for the same identity); returns ``th_status``."""
+        """Connects this rank; returns ``th_status``. Idempotent: a second call with the same hub, model, worker
+        and staging keeps the holder (and the version it serves); a different one replaces it."""
+        settings = (hub_url, model, worker, staging)
         old = getattr(self, "_tensorhub_holder", None)
+        if old is not None and getattr(self, "_tensorhub_settings", None) == settings:
+            return old.status()
         if old is not None:
             old.close()
             old.client.close()
-        self._tensorhub_holder = build_holder(self, hub_url=hub_url, model=model, worker=worker,
-                                              location=location, token=token, staging=staging,
-                                              client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+            self._tensorhub_holder = None
+        self._tensorhub_holder = self._th_build_holder(hub_url=hub_url, model=model, worker=worker,
+                                                       location=location, token=token, staging=staging,
+                                                       client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+        self._tensorhub_settings = settings
         return self._tensorhub_holder.status()
+
+    def _th_build_holder(self, **kwargs) -> EngineHolder:
+        """The holder of this rank's live parameters (a test double for a whole engine overrides this)."""
+        return build_holder(self, **kwargs)
 
     def th_status(self) -> dict:
         return self._th().status()
@@ -111,6 +125,10 @@ class TensorHubWorkerExtension:
 
     def th_update(self, version: int | str = "latest", timeout: float = 300.0) -> dict:
         return self._th().update(version, timeout)
+
+    def th_hf_digests(self) -> dict:
+        """Per-tensor digests of the served weights as HF tensors (``EngineHolder.hf_digests``)."""
+        return self._th().hf_digests()
 
     def th_publish_served(self, version: int) -> dict:
         """Declares the currently loaded weights to be ``version`` and holds them."""

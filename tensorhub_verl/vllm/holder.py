@@ -13,7 +13,9 @@ Invariants:
   A failed or aborted pull with staging leaves them untouched; the engine keeps serving ``served``.
 - The parameters are registered as the holder of ``served`` in ``layout`` and are never written while they
   are registered: ``apply`` unpublishes (waiting for in-flight reads) before the first byte changes.
-- With staging ``none`` the raw pull writes straight into the parameters inside ``apply``; if it fails midway
+- With staging ``none`` the pull writes straight into the parameters inside ``apply`` (raw from a peer, or from
+  ``hf`` into views of the parameters when ``hf_views`` maps every HF tensor): no copy of the model exists
+  besides the parameters, at the price of a stall as long as the pull. If it fails midway
   the shard restores ``served`` from the holders that still have it (peers or the trainer). If that fails too,
   the shard is ``broken`` and refuses to report a served version (``EngineStateLost``) rather than serve a mix.
 - Source layout: the engine's own layout when some other worker holds that version in it (raw one-sided
@@ -33,6 +35,10 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.integrity import tensor_digests
+from tensorhub_verl.ros.manifest import dtype_from_name, dtype_name
+from tensorhub_verl.vllm.compat import sync_device
+from tensorhub_verl.vllm.layout import HFViews
 
 logger = logging.getLogger("tensorhub_verl.vllm.holder")
 
@@ -102,7 +108,7 @@ class EngineHolder:
     """Holder and updater of one engine shard. Thread-safe: one pull at a time, ``apply`` serialized."""
 
     def __init__(self, client, config: HolderConfig, params: Mapping[str, torch.Tensor], load_hf: LoadHF,
-                 staging_device: str | torch.device | None = None):
+                 staging_device: str | torch.device | None = None, hf_views: HFViews | None = None):
         bad = [n for n, t in params.items() if t.numel() == 0 or not t.is_contiguous()]
         if bad:
             raise errors.ConfigError(f"parameters {bad[:3]} are empty or not contiguous: the engine repacked its "
@@ -117,6 +123,8 @@ class EngineHolder:
         else:
             self._staging_device = torch.device("cpu")
         self._staging: dict[str, torch.Tensor] | None = None
+        self._hf_views = hf_views
+        self._hf_scratch: dict[str, torch.Tensor] = {}
         self._hf_staging: dict[str, dict[str, torch.Tensor]] = {}
         self._lock = threading.RLock()
         self._pull: _Pull | None = None
@@ -139,7 +147,7 @@ class EngineHolder:
             p = self._pull
             return {"worker": self.worker, "layout": self.config.layout, "served": self.served,
                     "newest_seen": self.newest_seen,
-                    "broken": self.broken, "staging": self.config.staging,
+                    "broken": self.broken, "staging": self.config.staging, "extra_bytes": self.extra_bytes,
                     "pull": None if p is None else {"version": p.version, "state": p.state.value,
                                                     "source_layout": p.source_layout,
                                                     "error": None if p.error is None else repr(p.error)}}
@@ -198,8 +206,9 @@ class EngineHolder:
     def _unpublish_served(self) -> None:
         if self.served is None:
             return
+        # Every layout the parameters serve it in: the engine's, and 'hf' after an in-place hf pull.
         try:
-            self.client.unpublish(self.config.model, self.served, layout=self.config.layout,
+            self.client.unpublish(self.config.model, self.served, layout=None,
                                   timeout=self.config.unpublish_timeout_s)
         except errors.VersionNotFound:
             pass  # the hub or a retention policy dropped it already: nobody reads it
@@ -228,13 +237,54 @@ class EngineHolder:
                 return {"version": v, "source_layout": self.config.layout, "started": False}
             pull = _Pull(version=v, source_layout=self.plan_source_layout(v))
             self._pull = pull
-            if self.config.staging == "none" and pull.source_layout != HF_LAYOUT:
-                pull.state = PullState.READY  # the raw pull runs inside apply, straight into the params
+            if self._pulls_in_place(pull.source_layout):
+                pull.state = PullState.READY  # the pull runs inside apply, straight into the params
                 return {"version": v, "source_layout": pull.source_layout, "started": True}
             pull.thread = threading.Thread(target=self._run_pull, args=(pull,), daemon=True,
                                            name=f"tensorhub-pull-{self.config.model}-v{v}")
             pull.thread.start()
             return {"version": v, "source_layout": pull.source_layout, "started": True}
+
+    def _pulls_in_place(self, source_layout: str) -> bool:
+        """Staging ``none`` reads straight into the parameters: raw from a peer, or from ``hf`` when the HF
+        tensors map onto views of the parameters (``layout.hf_views``); otherwise through a staging copy."""
+        return self.config.staging == "none" and (source_layout != HF_LAYOUT or self._hf_views is not None)
+
+    def _hf_targets(self, version: int) -> dict[str, torch.Tensor] | None:
+        """Views of the parameters for each HF tensor of ``version`` (scratch for the ones the engine does not
+        use), or None when some HF tensor has no place in the parameters."""
+        manifest = self.client.manifest(self.config.model, version, layout=HF_LAYOUT)
+        views, targets = self._hf_views.views, {}
+        for spec in manifest.tensors:
+            if spec.name in views:
+                targets[spec.name] = views[spec.name]
+            elif spec.name in self._hf_views.unused:
+                scratch = self._hf_scratch.get(spec.name)
+                if scratch is None or tuple(scratch.shape) != spec.shape or dtype_name(scratch.dtype) != spec.dtype:
+                    scratch = torch.empty(spec.shape, dtype=dtype_from_name(spec.dtype), device=self._staging_device)
+                    self._hf_scratch[spec.name] = scratch
+                targets[spec.name] = scratch
+            else:
+                logger.warning("%s: HF tensor %r has no place in the engine's parameters; pulling v%d through a "
+                               "staging copy", self.worker, spec.name, version)
+                return None
+        return targets
+
+    def hf_digests(self) -> dict:
+        """``{"version", "digests": {hf_name: digest}, "unused": [...]}`` of the served weights, read through the
+        HF views (``integrity.tensor_digests``), to compare end to end with what the trainer published."""
+        if self._hf_views is None:
+            raise errors.ConfigError(f"{self.worker}: no HF mapping of this engine's layout "
+                                     f"({self.config.layout}); digests in HF terms need a TP=1 llama/qwen2 engine")
+        with self._lock:
+            return {"version": self.served, "digests": tensor_digests(self._hf_views.views),
+                    "unused": list(self._hf_views.unused)}
+
+    @property
+    def extra_bytes(self) -> int:
+        """Bytes this shard holds besides its parameters (staging buffers and scratch), for memory reports."""
+        sets = [self._staging or {}, self._hf_scratch, *self._hf_staging.values()]
+        return sum(t.numel() * t.element_size() for bufs in sets for t in bufs.values())
 
     def _buffers_for(self, layout: str, version: int) -> dict[str, torch.Tensor]:
         if layout != HF_LAYOUT:
@@ -322,14 +372,15 @@ class EngineHolder:
             if pull.state is PullState.FAILED:
                 self._release_pull()
                 raise pull.error if pull.error is not None else errors.TransferFailed("pull failed")
-            if self.config.staging == "none" and pull.source_layout != HF_LAYOUT:
+            if self._pulls_in_place(pull.source_layout):
                 self._apply_direct(pull)
             else:
                 self._apply_staged(pull)
             stats = pull.stats
             self._pull = None
             stall = time.monotonic() - t0
-        result = {"version": pull.version, "source_layout": pull.source_layout, "stall_s": stall,
+        result = {"worker": self.worker, "version": pull.version, "source_layout": pull.source_layout,
+                  "stall_s": stall,
                   "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
                   "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases)}
         logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
@@ -383,15 +434,36 @@ class EngineHolder:
         self._unpublish_served()
         started = time.monotonic()
         try:
-            pull.stats = self.client.fetch(self.config.model, pull.version, into=self.params,
-                                           layout=self.config.layout, hold=True, timeout=self.config.fetch_timeout_s)
+            if pull.source_layout == HF_LAYOUT:
+                pull.stats = self._fetch_hf_in_place(pull.version)
+            else:
+                pull.stats = self.client.fetch(self.config.model, pull.version, into=self.params,
+                                               layout=self.config.layout, hold=True,
+                                               timeout=self.config.fetch_timeout_s)
         except errors.TensorHubError as e:
             pull.seconds = time.monotonic() - started
             self._restore(old, e)
             raise
         pull.seconds = time.monotonic() - started
-        self.served = pull.version  # fetch(hold=True) registered the params as the holder
+        self.served = pull.version  # the params are registered as the holder of it in the engine's layout
         self.broken = False
+
+    def _fetch_hf_in_place(self, version: int):
+        """Reads ``version``'s HF tensors straight into views of the parameters, then holds the parameters in
+        the engine's layout too. The caller restores the old version if this raises."""
+        targets = self._hf_targets(version)
+        if targets is None:
+            raise errors.ManifestMismatch(f"v{version}'s HF tensors do not map onto this engine's parameters")
+        # hold=True: the parameters also serve this version in 'hf' (to replicas of other layouts, and to peers
+        # pulling the same version right now); ``_unpublish_served`` drops both holdings before they change.
+        stats = self.client.fetch(self.config.model, version, into=targets, layout=HF_LAYOUT, hold=True,
+                                  timeout=self.config.fetch_timeout_s)
+        with torch.no_grad():
+            for pad in self._hf_views.padding:
+                pad.zero_()  # what vLLM's loader does to the vocab padding rows
+        sync_device(self.params.values())
+        self.client.publish(self.config.model, version, self.params, layout=self.config.layout)
+        return stats
 
     def _restore(self, old: int | None, cause: BaseException) -> None:
         """After a direct pull failed midway: put ``old`` back into the params, or mark the shard broken."""
@@ -401,7 +473,9 @@ class EngineHolder:
                 from cause
         try:
             layout = self.plan_source_layout(old)
-            if layout == HF_LAYOUT:
+            if layout == HF_LAYOUT and self._hf_views is not None:
+                self._fetch_hf_in_place(old)
+            elif layout == HF_LAYOUT:
                 bufs = self._buffers_for(HF_LAYOUT, old)
                 self.client.fetch(self.config.model, old, into=bufs, layout=HF_LAYOUT, hold=False,
                                   timeout=self.config.fetch_timeout_s)

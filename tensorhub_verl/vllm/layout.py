@@ -195,6 +195,52 @@ def hf_to_vllm(hf: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class HFViews:
+    """Where each full HF tensor lives inside a TP=1 engine's parameters, so an ``hf`` pull can land there
+    directly (no staging copy): every HF tensor of these architectures is a contiguous row range of one vLLM
+    parameter (q/k/v of ``qkv_proj``, gate/up of ``gate_up_proj``, the first ``vocab_size`` rows of the padded
+    embedding; the rest one to one)."""
+
+    views: dict[str, torch.Tensor]
+    """HF name -> a view of the live parameter its bytes belong in."""
+    unused: tuple[str, ...]
+    """HF names the engine has no parameter for (a tied ``lm_head.weight``): read into scratch, dropped."""
+    padding: tuple[torch.Tensor, ...]
+    """Views of the vocab padding rows, which vLLM's loader zeroes and an HF pull never writes."""
+
+
+def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape) -> HFViews:
+    """The ``HFViews`` of TP=1 ``params`` (as ``vllm_param_shapes(shape)`` names them)."""
+    expected = vllm_param_shapes(shape, 1, 0)
+    live = {n: tuple(t.shape) for n, t in params.items()}
+    if live != expected:
+        raise ConfigError("the parameters do not have this architecture's TP=1 vLLM layout; cannot map HF views")
+    hd = shape.head_dim
+    q_rows, kv_rows, inter = shape.num_heads * hd, shape.num_kv_heads * hd, shape.intermediate_size
+    views: dict[str, torch.Tensor] = {}
+    padding: list[torch.Tensor] = []
+    for name, p in params.items():
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            views[name] = _rows(p, 0, shape.vocab_size)
+            if shape.padded_vocab > shape.vocab_size:
+                padding.append(_rows(p, shape.vocab_size, shape.padded_vocab - shape.vocab_size))
+        elif name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+            kind = name.rsplit(".", 1)[1]
+            pre = name.replace("qkv_proj." + kind, "")
+            views[f"{pre}q_proj.{kind}"] = _rows(p, 0, q_rows)
+            views[f"{pre}k_proj.{kind}"] = _rows(p, q_rows, kv_rows)
+            views[f"{pre}v_proj.{kind}"] = _rows(p, q_rows + kv_rows, kv_rows)
+        elif name.endswith("gate_up_proj.weight"):
+            pre = name.replace("gate_up_proj.weight", "")
+            views[pre + "gate_proj.weight"] = _rows(p, 0, inter)
+            views[pre + "up_proj.weight"] = _rows(p, inter, inter)
+        else:
+            views[name] = p
+    unused = ("lm_head.weight",) if shape.tie_word_embeddings else ()
+    return HFViews(views, unused, tuple(padding))
+
+
 def vllm_to_hf(shards: list[Mapping[str, torch.Tensor]], shape: DecoderShape) -> dict[str, torch.Tensor]:
     """Inverse of ``hf_to_vllm`` over all ``len(shards)`` ranks: full HF tensors (tied lm_head omitted)."""
     tp = len(shards)
@@ -241,7 +287,9 @@ __all__ = [
     "SUPPORTED_ARCHES",
     "VOCAB_PADDING",
     "DecoderShape",
+    "HFViews",
     "hf_to_vllm",
+    "hf_views",
     "layout_name",
     "parse_layout_name",
     "vllm_param_shapes",

@@ -1,10 +1,10 @@
 """Test doubles standing in for GPU-only parts of verl.
 
-Real verl training (FSDP actor) and real vLLM engines need GPUs, so the tests use fake *engines*:
-``RecordingServerAdapter`` replaces verl's vLLM server adapter inside verl's real ``CheckpointEngineWorker``,
-``FakeReplica`` replaces a vLLM ``RolloutReplica`` (it owns real ``CheckpointEngineWorker`` actors), and
-``TrainerStub`` replaces the FSDP actor worker (it runs our real engine with ``is_master=True`` and yields
-deterministic HF-named weights, as ``engine.get_per_tensor_param()`` would).
+The real loop (verl's trainer, vLLM CPU replicas) runs in ``test_verl_trainer_on_cpu.py``; these doubles make
+the updater's sequence cheap to test in many variants. ``StubServer`` replaces one node of a vLLM replica (its
+engine rank is our real extension and holder over plain tensors), ``FakeReplica`` replaces verl's
+``RolloutReplica``, and ``TrainerStub`` replaces the FSDP actor worker (our real engine with ``is_master=True``
+fed deterministic HF-named weights, as ``engine.get_per_tensor_param()`` would).
 """
 
 from __future__ import annotations
@@ -52,30 +52,80 @@ class Recorder:
         return list(self.events)
 
 
-class RecordingServerAdapter:
-    """Stands in for verl's vLLM ServerAdapter: 'applies' by hashing what it receives."""
+class StubEngineRank:
+    """One engine rank: our real ``TensorHubWorkerExtension`` and ``EngineHolder`` over plain HF-named tensors
+    (what vLLM's worker would hold), so the updater drives the real holder through real ROS transfers."""
 
-    def __init__(self, replica_rank: int, recorder, apply_s: float = 0.05):
+    def __init__(self, replica_rank: int, recorder):
         self.replica_rank = replica_rank
-        self.is_leader_rank = True
         self._recorder = recorder
-        self._apply_s = apply_s
+        self.params = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in MODEL_SHAPES.items()}
 
-    async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", **kwargs):
-        from verl.workers.rollout.utils import ensure_async_iterator
+    def extension(self):
+        from tensorhub_verl.vllm.extension import TensorHubWorkerExtension
+        from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
+        from tensorhub_verl.vllm.layout import HFViews
 
-        self._recorder.record.remote(self.replica_rank, "apply_begin", global_steps)
-        received = [(n, t.clone()) async for n, t in ensure_async_iterator(weights)]
-        time.sleep(self._apply_s)  # the engine's load_weights
-        self._recorder.record.remote(self.replica_rank, "apply_end", (global_steps, digest(received)))
+        params, rank = self.params, self
+
+        class Extension(TensorHubWorkerExtension):
+            def _th_build_holder(self, *, hub_url, model, worker, location, token, staging, client_config,
+                                 fetch_timeout_s):
+                import tensorhub_verl as th
+
+                client = th.connect(hub_url, worker=worker, location=location, token=token,
+                                    config=th.ClientConfig(**(client_config or {})))
+
+                def load_hf(weights):
+                    for name, t in weights:
+                        params[name].copy_(t)
+
+                return EngineHolder(client, HolderConfig(model=model, layout="stub/tp1/rank0", staging=staging,
+                                                         fetch_timeout_s=fetch_timeout_s), params, load_hf,
+                                    hf_views=HFViews(dict(params), (), ()))
+
+            def th_apply(self, timeout: float = 300.0) -> dict:
+                rank._recorder.record.remote(rank.replica_rank, "apply_begin")
+                result = super().th_apply(timeout)
+                rank._recorder.record.remote(rank.replica_rank, "apply_end",
+                                             (result["version"], digest(params.items())))
+                return result
+
+        return Extension()
+
+
+@ray.remote(num_cpus=0)
+class StubServer:
+    """Stands in for one node of a verl vLLM replica (``vLLMHttpServer``): ``collective_rpc`` runs a ``th_*``
+    method on the node's engine rank and returns the results, as the patched server does."""
+
+    def __init__(self, replica_rank: int, recorder):
+        self.rank = StubEngineRank(replica_rank, recorder)
+        self.engine = self.rank.extension()
+        self.steps: list[int] = []
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        return [getattr(self.engine, method)(*args, **(kwargs or {}))]
+
+    def get_server_address(self):
+        return "127.0.0.1", 0
+
+    def clear_kv_cache(self):
+        return None
+
+    def set_global_steps(self, global_steps: int):
+        self.steps.append(global_steps)
+
+    def served_digest(self):
+        return digest(self.rank.params.items())
 
 
 class FakeReplica:
-    """A rollout replica: verl's real CheckpointEngineWorker actors, a fake generation state."""
+    """A rollout replica: real holders in stub server actors, a fake generation state."""
 
-    def __init__(self, replica_rank: int, workers: list, recorder, fail_abort: bool = False):
+    def __init__(self, replica_rank: int, servers: list, recorder, fail_abort: bool = False):
         self.replica_rank = replica_rank
-        self.workers = workers
+        self.servers = servers
         self._recorder = recorder
         self.fail_abort = fail_abort
         self.calls: list[str] = []
@@ -130,26 +180,3 @@ class StubActorGroup:
 
     def update_weights(self, global_steps=None, mode="auto"):
         return [t.update_weights.remote(global_steps=global_steps, mode=mode) for t in self.trainers]
-
-
-@ray.remote(num_cpus=0)
-class RolloutStub:
-    """A rollout worker process running our real engine (no is_master: the rollout side)."""
-
-    def __init__(self, tensorhub: dict, job: str):
-        from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
-
-        self.engine = TensorHubCheckpointEngine(bucket_size=1 << 20, job=job, node="n0", **tensorhub)
-
-    async def receive_digest(self, version):
-        got = [(n, t.clone()) async for n, t in self.engine.receive_weights(global_steps=version)]
-        return digest(got)
-
-    def pull(self, version, replica, rank):
-        return self.engine.pull(version, replica=replica, rank=rank)
-
-    def held_versions(self):
-        return self.engine.held_versions()
-
-    def close(self):
-        self.engine.close()

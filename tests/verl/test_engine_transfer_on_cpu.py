@@ -1,8 +1,6 @@
-"""send_weights / receive_weights of the ``tensorhub`` backend across real processes, real ROS transfers.
-
-The trainer and the rollouts are separate Ray worker processes; the hub runs in the test process.
-Bytes are compared by SHA-256 of every tensor. Verl's training engine is replaced by a deterministic
-per-tensor generator (the shape of ``engine.get_per_tensor_param()``), since FSDP training needs GPUs.
+"""The trainer side of the ``tensorhub`` checkpoint engine (``send_weights``), and its refusal of verl's
+copy-based rollout path. Verl's training engine is replaced by a deterministic per-tensor generator (the
+shape of ``engine.get_per_tensor_param()``); the real FSDP trainer runs in ``test_verl_trainer_on_cpu``.
 """
 
 from __future__ import annotations
@@ -10,10 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import ray
 import torch
 
-from tests.verl.fakes import RolloutStub, TrainerStub, digest, weights_for
+from tests.verl.fakes import weights_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,36 +18,6 @@ pytestmark = pytest.mark.timeout(240)
 def _th(hub_url, **extra):
     return {"hub_address": hub_url, "keep_versions": 2, "chunk_mb": 1, "fetch_timeout_s": 180.0,
             "unpublish_timeout_s": 30.0, **extra}
-
-
-@pytest.mark.parametrize("staging", ["cpu", "none"])
-def test_versions_arrive_byte_exact_and_spread_from_peers(ray_local, hub, staging):
-    cfg = _th(hub.url, staging=staging)
-    trainer = TrainerStub.remote(cfg, job=f"x{staging}")
-    a, b = RolloutStub.remote(cfg, job=f"x{staging}"), RolloutStub.remote(cfg, job=f"x{staging}")
-    nbytes = sum(t.numel() * t.element_size() for t in weights_for(1).values())
-
-    metrics = ray.get(trainer.update_weights.remote(global_steps=1))
-    assert metrics["tensorhub/publish_bytes"] == nbytes
-    # verl's default manager path: receive_weights pulls inline, then yields the held buffers.
-    assert ray.get(a.receive_digest.remote(1)) == digest(weights_for(1).items())
-
-    for v in (2, 3):
-        ray.get(trainer.update_weights.remote(global_steps=v))
-        result = ray.get(a.pull.remote(v, replica=0, rank=0))
-        assert result.bytes == nbytes and set(result.sources) == {f"x{staging}-actor-0"}
-        assert ray.get(a.receive_digest.remote(v)) == digest(weights_for(v).items())
-    assert ray.get(trainer.held_versions.remote()) == [2, 3]  # keep_versions=2: v1 was unpublished
-    assert ray.get(a.held_versions.remote()) == [2, 3]
-
-    # The trainer leaves: v3 is now only on rollout A, and B gets every byte from it.
-    ray.get(trainer.close.remote())
-    result = ray.get(b.pull.remote(3, replica=1, rank=0))
-    assert result.bytes == nbytes
-    assert set(result.sources) == {f"x{staging}-rollout-0-0"}, result.sources
-    assert ray.get(b.receive_digest.remote(3)) == digest(weights_for(3).items())
-    for actor in (a, b):
-        ray.get(actor.close.remote())
 
 
 def test_non_master_ranks_drive_the_generator_but_publish_nothing():
@@ -85,3 +52,17 @@ def test_staging_none_refuses_live_parameters(hub):
         asyncio.run(engine.send_weights(iter([("p", param)]), global_steps=3))
     assert engine.held_versions() == [1]  # the refused versions left nothing behind
     engine.close()
+
+
+def test_rollout_workers_hold_no_copy_and_refuse_verls_receive_path():
+    from tensorhub_verl.errors import ConfigError
+    from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
+
+    engine = TensorHubCheckpointEngine(bucket_size=1, job="r", node="n0", hub_address="http://127.0.0.1:9")
+
+    async def drain():
+        return [item async for item in engine.receive_weights(global_steps=1)]
+
+    with pytest.raises(ConfigError, match="updates rollout engines in place"):
+        asyncio.run(drain())
+    assert engine.held_versions() == []

@@ -1,11 +1,11 @@
-"""The TensorHub updater's sequence, driven through verl's own classes on CPU.
+"""The TensorHub updater's sequence, driven through verl's own ``CheckpointEngineManager`` on CPU.
 
-verl's real ``CheckpointEngineWorker`` actors host our real ``tensorhub`` engine and pull real bytes
-through a real hub; ``CheckpointEngineManager.update_weights`` (patched) routes to the updater.
-The inference engines and the FSDP trainer are fakes (see ``fakes.py``): real verl training and real
-vLLM need GPUs. What is checked is the sequence: each replica pauses only around its own apply, after
-its pull; no KV-cache release or process-group build; the bytes applied are the bytes published;
-replicas added between steps just pull.
+Each replica node is a stub server actor whose engine rank is our real extension and ``EngineHolder`` over
+plain tensors, pulling real bytes through a real hub; ``CheckpointEngineManager.update_weights`` (patched)
+routes to the updater. The real loop with verl's trainer and vLLM replicas is ``test_verl_trainer_on_cpu``.
+What is checked here: each replica pauses only around its own apply; no KV-cache release or process-group
+build; the bytes applied are the bytes published; the engines' parameters are the only copy; replicas
+added between steps just pull.
 """
 
 from __future__ import annotations
@@ -13,31 +13,19 @@ from __future__ import annotations
 import pytest
 import ray
 
-from tests.verl.conftest import free_port
-from tests.verl.fakes import FakeReplica, Recorder, RecordingServerAdapter, StubActorGroup, TrainerStub, digest, weights_for
+from tests.verl.fakes import FakeReplica, Recorder, StubActorGroup, StubServer, TrainerStub, digest, weights_for
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def _th(hub_url, **extra):
     return {"hub_address": hub_url, "keep_versions": 2, "staging": "cpu", "chunk_mb": 1,
-            "fetch_timeout_s": 180.0, "unpublish_timeout_s": 60.0, "apply_timeout_s": 180.0, **extra}
+            "fetch_timeout_s": 180.0, "unpublish_timeout_s": 60.0, "apply_timeout_s": 180.0,
+            "verify_digests": True, **extra}
 
 
-def _rollout_workers(n, replica_rank, th_cfg, recorder):
-    from verl.checkpoint_engine.base import CheckpointEngineWorker
-    from verl.workers.config import CheckpointEngineConfig, RolloutConfig
-
-    cfg = RolloutConfig(name="vllm", checkpoint_engine=CheckpointEngineConfig(
-        backend="tensorhub", engine_kwargs={"tensorhub": th_cfg},
-        custom_backend_module="tensorhub_verl.verl.checkpoint_engine"))
-    cls = ray.remote(CheckpointEngineWorker)
-    workers = []
-    for _ in range(n):
-        env = {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        workers.append(cls.options(num_cpus=0, runtime_env={"env_vars": env}).remote(
-            rollout_config=cfg, model_config=None, server_adapter=RecordingServerAdapter(replica_rank, recorder)))
-    return workers
+def _servers(n, replica_rank, recorder):
+    return [StubServer.remote(replica_rank, recorder) for _ in range(n)]
 
 
 def _manager(th_cfg, actor_group, replicas):
@@ -53,16 +41,16 @@ def _manager(th_cfg, actor_group, replicas):
 
 @pytest.fixture(scope="module")
 def rig(ray_local):
-    """One hub, one trainer and three rollout worker processes for the module: starting a process that
-    imports verl costs ~5 s of CPU here, so tests reuse them and use disjoint version numbers."""
+    """One hub, one trainer and three replica nodes for the module: starting a process that imports verl
+    costs ~5 s of CPU here, so tests reuse them and use disjoint version numbers."""
     import tensorhub_verl as th
 
     hub = th.start_hub(host="127.0.0.1", port=0)
     recorder = Recorder.remote()
     th_cfg = _th(hub.url)
     trainer = TrainerStub.remote(th_cfg, job="upd")
-    workers = {0: _rollout_workers(2, 0, th_cfg, recorder), 1: _rollout_workers(1, 1, th_cfg, recorder)}
-    yield {"hub": hub, "recorder": recorder, "th": th_cfg, "trainer": trainer, "workers": workers}
+    servers = {0: _servers(2, 0, recorder), 1: _servers(1, 1, recorder)}
+    yield {"hub": hub, "recorder": recorder, "th": th_cfg, "trainer": trainer, "servers": servers}
     ray.get(trainer.close.remote())
     hub.stop()
 
@@ -75,7 +63,7 @@ def _by_replica(events):
 
 
 def test_each_replica_pauses_only_for_its_own_apply_and_gets_the_published_bytes(rig):
-    replicas = [FakeReplica(r, rig["workers"][r], rig["recorder"]) for r in (0, 1)]
+    replicas = [FakeReplica(r, rig["servers"][r], rig["recorder"]) for r in (0, 1)]
     manager = _manager(rig["th"], StubActorGroup([rig["trainer"]]), replicas)
 
     metrics = {version: manager.update_weights(global_steps=version) for version in (1, 2, 3)}
@@ -85,9 +73,9 @@ def test_each_replica_pauses_only_for_its_own_apply_and_gets_the_published_bytes
         # verl's default sequence would have released the KV cache and built a group; ours never does.
         assert replica.calls == ["abort", "resume"] * 3, replica.calls
         seq = [what for _, what, _ in events[r]]
-        assert _is_interleaved_apply(seq, len(replica.workers)), seq
+        assert _is_interleaved_apply(seq, len(replica.servers)), seq
         applied = [d for _, what, d in events[r] if what == "apply_end"]
-        n = len(replica.workers)
+        n = len(replica.servers)
         assert [v for v, _ in applied] == [1] * n + [2] * n + [3] * n
         for v, got in applied:
             assert got == digest(weights_for(v).items()), f"replica {r} applied wrong bytes for v{v}"
@@ -98,11 +86,15 @@ def test_each_replica_pauses_only_for_its_own_apply_and_gets_the_published_bytes
         assert m["tensorhub/version_lag"] == 0.0
         assert m["tensorhub/replicas_updated"] == 2.0
         assert 0.0 <= m["tensorhub/sources_peer_fraction"] <= 1.0
-        assert m["tensorhub/stall_s"] >= 0.05  # at least the fake apply
-        assert m["tensorhub/pull_s"] > 0.0
+        assert m["tensorhub/stall_s"] >= m["tensorhub/pull_s"] > 0.0  # rollout_staging='none': pull inside
+        assert m["tensorhub/digests_checked"] == 3.0 and m["tensorhub/digest_mismatches"] == 0.0
         assert m["tensorhub/publish_bytes"] == nbytes
     # The trainer keeps exactly keep_versions versions.
     assert ray.get(rig["trainer"].held_versions.remote()) == [2, 3]
+    # The engines' parameters are the holders and the only copy: no staging, no copy in a worker.
+    for servers in rig["servers"].values():
+        for status in ray.get([s.collective_rpc.remote("th_status") for s in servers]):
+            assert status[0]["served"] == 3 and status[0]["extra_bytes"] == 0, status
 
 
 def _is_interleaved_apply(seq, n_workers):
@@ -114,11 +106,11 @@ def _is_interleaved_apply(seq, n_workers):
 
 
 def test_replica_added_between_steps_pulls_without_a_group_rebuild(rig):
-    first = FakeReplica(1, rig["workers"][1], rig["recorder"])
+    first = FakeReplica(1, rig["servers"][1], rig["recorder"])
     manager = _manager(rig["th"], StubActorGroup([rig["trainer"]]), [first])
     manager.update_weights(global_steps=11)
 
-    late = FakeReplica(0, rig["workers"][0], rig["recorder"])
+    late = FakeReplica(0, rig["servers"][0], rig["recorder"])
     manager.add_replicas([late])
     m2 = manager.update_weights(global_steps=12)
     assert m2["tensorhub/replicas_updated"] == 2.0
@@ -137,8 +129,8 @@ def test_a_failing_replica_keeps_its_version_and_is_reported_as_lag(rig):
     from tensorhub_verl.errors import TransferFailed
 
     th_cfg = dict(rig["th"], min_replica_fraction=0.5)
-    good = FakeReplica(0, rig["workers"][0], rig["recorder"])
-    flaky = FakeReplica(1, rig["workers"][1], rig["recorder"])
+    good = FakeReplica(0, rig["servers"][0], rig["recorder"])
+    flaky = FakeReplica(1, rig["servers"][1], rig["recorder"])
     manager = _manager(th_cfg, StubActorGroup([rig["trainer"]]), [good, flaky])
     manager.update_weights(global_steps=21)
 

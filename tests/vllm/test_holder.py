@@ -12,7 +12,7 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, layout_name, vllm_param_shapes
+from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, hf_views, layout_name, vllm_param_shapes
 
 pytestmark = pytest.mark.vllm
 
@@ -79,11 +79,11 @@ def trainer(hub):
     c.close()
 
 
-def make_holder(hub, worker, staging="cpu", node="n1"):
+def make_holder(hub, worker, staging="cpu", node="n1", views=False):
     client = FlakyClient(th.connect(hub.url, worker=worker, location={"dc": "dc0", "rack": "r0", "node": node}))
     params = new_params()
     h = EngineHolder(client, HolderConfig(model="policy", layout=LAYOUT, staging=staging, fetch_timeout_s=30),
-                     params, loader(params))
+                     params, loader(params), hf_views=hf_views(params, SHAPE) if views else None)
     return h, params, client
 
 
@@ -106,7 +106,7 @@ def test_hf_then_raw_from_peer_then_new_version(hub, trainer):
         ra2 = a.update("latest")
         assert ra2["version"] == 2 and same(pa, 2)
         order = [c for c in ca.calls if "publish" in c]
-        assert order[0] == f"unpublish v1 {LAYOUT}" and order[-1] == f"publish v2 {LAYOUT}"
+        assert order[0] == "unpublish v1 None" and order[-1] == f"publish v2 {LAYOUT}"  # None: all layouts
         assert "eng-a" not in trainer.versions("policy", layout=LAYOUT).get(1, [])
         rb2 = b.update("latest")
         assert rb2["source_layout"] == LAYOUT and set(rb2["sources"]) == {"eng-a"} and same(pb, 2)
@@ -197,3 +197,27 @@ def test_rejects_repacked_parameters(hub):
             HolderConfig(model="policy", layout=LAYOUT, staging="disk")
     finally:
         client.close()
+
+
+def test_staging_none_pulls_hf_straight_into_the_parameters(hub, trainer):
+    """No copy of the model: the HF tensors land in views of the live parameters, with only the tied
+    lm_head (which the engine does not use) read into scratch; a failure midway restores the old version."""
+    trainer.publish("policy", 41, hf_version(41))
+    h, params, client = make_holder(hub, "eng-views", staging="none", views=True)
+    try:
+        ptrs = {n: t.data_ptr() for n, t in params.items()}
+        res = h.update(41)
+        assert res["source_layout"] == "hf" and set(res["sources"]) == {"trainer"} and same(params, 41)
+        assert {n: t.data_ptr() for n, t in params.items()} == ptrs  # the engine's own storage, updated in place
+        assert h.extra_bytes == 0  # this fixture's tied embedding: the trainer publishes no lm_head
+        assert "eng-views" in trainer.versions("policy", layout=LAYOUT)[41]
+        trainer.publish("policy", 42, hf_version(42))
+        client.fail_next = True
+        with pytest.raises(errors.TransferFailed, match="injected"):
+            h.update(42)
+        assert h.served == 41 and not h.broken and same(params, 41)
+        assert h.update(42)["version"] == 42 and same(params, 42)
+    finally:
+        h.close()
+        client.close()
+

@@ -9,6 +9,7 @@ from tensorhub_verl.errors import ConfigError, ManifestMismatch
 from tensorhub_verl.vllm.layout import (
     DecoderShape,
     hf_to_vllm,
+    hf_views,
     layout_name,
     parse_layout_name,
     vllm_param_shapes,
@@ -61,6 +62,24 @@ def test_roundtrip_is_exact(arch, tp):
     assert back.keys() == hf.keys()
     for name in hf:
         assert torch.equal(back[name], hf[name]), name
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_hf_views_land_each_hf_tensor_where_the_loader_puts_it(arch):
+    shape = _shape(arch)
+    hf = _random_hf(shape)
+    params = {n: torch.full(s, 7.0) for n, s in vllm_param_shapes(shape).items()}
+    mapped = hf_views(params, shape)
+    assert set(mapped.views) | set(mapped.unused) >= set(hf)
+    for name, t in hf.items():
+        if name in mapped.views:
+            mapped.views[name].copy_(t)
+    for pad in mapped.padding:
+        pad.zero_()
+    expected = hf_to_vllm(hf, shape)
+    for name, t in expected.items():
+        assert torch.equal(params[name], t), name
+    assert all(v.is_contiguous() for v in mapped.views.values())
 
 
 def test_tp2_splits_heads_and_fuses_in_vllm_order():

@@ -24,6 +24,7 @@ logger = logging.getLogger("tensorhub_verl.verl.patches")
 _PREFIX = "tensorhub_verl.verl.patches."
 PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_manager_update_weights",
+    "verl_0_9_1_engine_holders",
     "verl_0_9_1_logger_flush",
     "verl_0_9_1_refuse_naive_modes",
     "verl_0_9_1_fully_async_metrics",

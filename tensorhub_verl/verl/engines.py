@@ -1,0 +1,101 @@
+"""How the updater reaches one replica's engine ranks: verl's vLLM server actors, one per node of a replica.
+
+Each server's ``collective_rpc`` (returning results, see ``patches/verl_0_9_1_engine_holders``) runs a
+``th_*`` method of ``TensorHubWorkerExtension`` on every engine rank of its node. Identity is passed in:
+``setup`` gives node ``i`` of replica ``r`` the worker id of rollout rank ``i`` of replica ``r`` and the
+location labels of the config, with ``node`` set to the server's address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorhub_verl.errors import TransferFailed
+from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.identity import ROLLOUT_ROLE, make_identity, with_default_node
+
+PULLING = "pulling"
+STATUS_POLL_S = 0.05
+"""How often the updater asks the engines whether their pull finished. A status call is one cheap RPC that
+vLLM runs between engine steps; a blocking wait inside the engine would stop its generation."""
+
+
+@dataclass(slots=True)
+class PullResult:
+    """What one engine rank's pull and apply of one version cost (from ``th_apply``)."""
+
+    worker: str
+    version: int
+    bytes: int = 0
+    seconds: float = 0.0
+    """The pull (with staging 'none', inside the pause)."""
+    sources: dict[str, int] = field(default_factory=dict)
+    """Source worker id -> bytes read from it."""
+    source_layout: str | None = None
+
+    @classmethod
+    def from_apply(cls, result: dict) -> "PullResult":
+        return cls(worker=result["worker"], version=result["version"], bytes=int(result.get("bytes") or 0),
+                   seconds=float(result.get("pull_s") or 0.0), sources=dict(result.get("sources") or {}),
+                   source_layout=result.get("source_layout"))
+
+
+class ReplicaEngines:
+    """The engine ranks of one verl rollout replica, through its server actors."""
+
+    def __init__(self, replica: Any) -> None:
+        self.replica_rank: int = replica.replica_rank
+        self.servers = list(replica.servers)
+        if not self.servers:
+            raise TransferFailed(f"replica {self.replica_rank} has no running servers yet")
+
+    @property
+    def key(self) -> tuple:
+        """Identifies these server processes: a replica restarted under the same rank needs a new setup."""
+        return (self.replica_rank, *(str(getattr(s, "_actor_id", id(s))) for s in self.servers))
+
+    async def call(self, method: str, limit_s: float, **kwargs) -> list:
+        """``method(**kwargs)`` on every engine rank of the replica, within ``limit_s``; results in server, then
+        rank order."""
+        per_server = await asyncio.wait_for(asyncio.gather(
+            *(s.collective_rpc.remote(method, timeout=limit_s, kwargs=kwargs) for s in self.servers)), limit_s)
+        return [r for results in per_server for r in (results or [])]
+
+    async def setup(self, config: TensorHubVerlConfig, hub_url: str, job: str) -> list[dict]:
+        """Connects every rank to the hub as a holder of its own parameters (idempotent in the engines)."""
+        addresses = await asyncio.wait_for(asyncio.gather(
+            *(s.get_server_address.remote() for s in self.servers)), config.apply_timeout_s)
+        results = []
+        for index, (server, (address, _port)) in enumerate(zip(self.servers, addresses)):
+            identity = make_identity(role=ROLLOUT_ROLE, rank=index, replica=self.replica_rank, job=job,
+                                     location=with_default_node(config.location, address))
+            results += await asyncio.wait_for(server.collective_rpc.remote(
+                "th_setup", timeout=config.apply_timeout_s,
+                kwargs={"hub_url": hub_url, "model": config.model, "worker": identity.worker,
+                        "location": identity.location, "token": config.token, "staging": config.rollout_staging,
+                        "client_config": {"chunk_bytes": config.chunk_bytes},
+                        "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
+        return results
+
+    async def wait_pulled(self, timeout: float) -> list[dict]:
+        """Polls ``th_status`` until no rank is still pulling; returns the statuses."""
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = await self.call("th_status", timeout)
+            if not any((s.get("pull") or {}).get("state") == PULLING for s in statuses):
+                return statuses
+            if time.monotonic() > deadline:
+                raise TransferFailed(f"replica {self.replica_rank}: pull still running after {timeout} s")
+            await asyncio.sleep(STATUS_POLL_S)
+
+    async def after_apply(self, version: int, timeout: float) -> None:
+        """What verl's server adapter does after a weight update: drop KV computed with the old weights and
+        tag the server with the step."""
+        await asyncio.wait_for(asyncio.gather(*(s.clear_kv_cache.remote() for s in self.servers)), timeout)
+        await asyncio.wait_for(asyncio.gather(*(s.set_global_steps.remote(version) for s in self.servers)), timeout)
+
+
+__all__ = ["PullResult", "ReplicaEngines"]
