@@ -47,7 +47,7 @@ logger = logging.getLogger("tensorhub_verl.verl.checkpoint_engine")
 
 @CheckpointEngineRegistry.register(BACKEND_NAME)
 class TensorHubCheckpointEngine(CheckpointEngine):
-    """Publishes trainer versions to ROS and pulls them on rollout workers.
+    """Publishes trainer versions to ROS (rollout engines hold their own weights: see ``vllm_worker``).
 
     Args:
         bucket_size: verl's bucket size; unused (ROS moves chunks of ``tensorhub.chunk_mb``).

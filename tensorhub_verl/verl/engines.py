@@ -9,38 +9,16 @@ location labels of the config, with ``node`` set to the server's address.
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.identity import ROLLOUT_ROLE, make_identity, with_default_node
+from tensorhub_verl.vllm.updater import EngineUpdater
 
-PULLING = "pulling"
 STATUS_POLL_S = 0.05
 """How often the updater asks the engines whether their pull finished. A status call is one cheap RPC that
 vLLM runs between engine steps; a blocking wait inside the engine would stop its generation."""
-
-
-@dataclass(slots=True)
-class PullResult:
-    """What one engine rank's pull and apply of one version cost (from ``th_apply``)."""
-
-    worker: str
-    version: int
-    bytes: int = 0
-    seconds: float = 0.0
-    """The pull (with staging 'none', inside the pause)."""
-    sources: dict[str, int] = field(default_factory=dict)
-    """Source worker id -> bytes read from it."""
-    source_layout: str | None = None
-
-    @classmethod
-    def from_apply(cls, result: dict) -> "PullResult":
-        return cls(worker=result["worker"], version=result["version"], bytes=int(result.get("bytes") or 0),
-                   seconds=float(result.get("pull_s") or 0.0), sources=dict(result.get("sources") or {}),
-                   source_layout=result.get("source_layout"))
 
 
 class ReplicaEngines:
@@ -57,12 +35,18 @@ class ReplicaEngines:
         """Identifies these server processes: a replica restarted under the same rank needs a new setup."""
         return (self.replica_rank, *(str(getattr(s, "_actor_id", id(s))) for s in self.servers))
 
-    async def call(self, method: str, limit_s: float, **kwargs) -> list:
-        """``method(**kwargs)`` on every engine rank of the replica, within ``limit_s``; results in server, then
-        rank order."""
-        per_server = await asyncio.wait_for(asyncio.gather(
-            *(s.collective_rpc.remote(method, timeout=limit_s, kwargs=kwargs) for s in self.servers)), limit_s)
-        return [r for results in per_server for r in (results or [])]
+    def rpc(self, method: str, kwargs: dict, timeout: float) -> list:
+        """``method(**kwargs)`` on every engine rank of the replica (blocking; results in server, then rank
+        order): the ``Rpc`` that ``EngineUpdater`` drives, run in a thread by the async updater."""
+        import ray
+
+        refs = [s.collective_rpc.remote(method, timeout=timeout, kwargs=kwargs) for s in self.servers]
+        return [r for results in ray.get(refs, timeout=timeout) for r in (results or [])]
+
+    def updater(self, rpc_timeout_s: float) -> EngineUpdater:
+        """The one sequence that moves all ranks of an engine to a version together (pull, poll, apply or
+        abort everywhere), here across every node of the replica."""
+        return EngineUpdater(self.rpc, rpc_timeout_s=rpc_timeout_s, poll_s=STATUS_POLL_S)
 
     async def setup(self, config: TensorHubVerlConfig, hub_url: str, job: str) -> list[dict]:
         """Connects every rank to the hub as a holder of its own parameters (idempotent in the engines)."""
@@ -80,17 +64,6 @@ class ReplicaEngines:
                         "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
         return results
 
-    async def wait_pulled(self, timeout: float) -> list[dict]:
-        """Polls ``th_status`` until no rank is still pulling; returns the statuses."""
-        deadline = time.monotonic() + timeout
-        while True:
-            statuses = await self.call("th_status", timeout)
-            if not any((s.get("pull") or {}).get("state") == PULLING for s in statuses):
-                return statuses
-            if time.monotonic() > deadline:
-                raise TransferFailed(f"replica {self.replica_rank}: pull still running after {timeout} s")
-            await asyncio.sleep(STATUS_POLL_S)
-
     async def after_apply(self, version: int, timeout: float) -> None:
         """What verl's server adapter does after a weight update: drop KV computed with the old weights and
         tag the server with the step."""
@@ -98,4 +71,4 @@ class ReplicaEngines:
         await asyncio.wait_for(asyncio.gather(*(s.set_global_steps.remote(version) for s in self.servers)), timeout)
 
 
-__all__ = ["PullResult", "ReplicaEngines"]
+__all__ = ["ReplicaEngines"]

@@ -21,31 +21,31 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from tensorhub_verl.verl.identity import peer_bytes
-from tensorhub_verl.verl.engines import PullResult
+from tensorhub_verl.vllm.updater import UpdateResult
 
 
-def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], pulls: Iterable[PullResult],
+def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], updates: Iterable[UpdateResult],
                    stalls: Mapping[int, float], served: Mapping[int, int | None]) -> dict[str, float]:
     """Aggregates one update.
 
     Args:
         version: the version just published.
         publish: the trainer ranks' ``send_weights`` results (only the publishing rank has numbers).
-        pulls: every rollout worker's pull result for this version.
+        updates: each replica's update (all its engine ranks) to this version.
         stalls: replica rank -> seconds its engine was paused.
         served: replica rank -> the version it serves after this update (None: never got one).
     """
     out: dict[str, float] = {}
     for result in publish:
         out.update({k: float(v) for k, v in result.items()})
-    pulls = list(pulls)
-    total = sum(p.bytes for p in pulls)
-    peer = sum(peer_bytes(p.sources) for p in pulls)
+    updates = list(updates)
+    total = sum(u.bytes for u in updates)
+    peer = sum(peer_bytes(u.sources) for u in updates)
     out["tensorhub/version"] = float(version)
     out["tensorhub/bytes"] = float(total)
     out["tensorhub/bytes_from_trainer"] = float(total - peer)
     out["tensorhub/bytes_from_peers"] = float(peer)
-    out["tensorhub/pull_s"] = max((p.seconds for p in pulls), default=0.0)
+    out["tensorhub/pull_s"] = max((u.pull_s for u in updates), default=0.0)
     out["tensorhub/sources_peer_fraction"] = peer / total if total else 0.0
     out["tensorhub/stall_s"] = max(stalls.values(), default=0.0)
     out["tensorhub/stall_s_mean"] = sum(stalls.values()) / len(stalls) if stalls else 0.0

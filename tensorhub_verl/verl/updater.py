@@ -37,9 +37,10 @@ from tensorhub_verl.errors import ConfigError, TransferFailed
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.digest import DIGEST_KEY, differing
-from tensorhub_verl.verl.engines import PullResult, ReplicaEngines
+from tensorhub_verl.verl.engines import ReplicaEngines
 from tensorhub_verl.verl.identity import ray_boundary_facts
 from tensorhub_verl.verl.metrics import update_metrics
+from tensorhub_verl.vllm.updater import UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.verl.updater")
 
@@ -51,8 +52,10 @@ class DigestMismatch(TransferFailed):
 @dataclass(slots=True)
 class ReplicaOutcome:
     replica: int
-    pulls: list[PullResult]
+    update: UpdateResult | None = None
+    """What the replica's ranks pulled and applied (None: it already served the version, or it failed)."""
     stall_s: float = 0.0
+    digests_checked: int = 0
     error: BaseException | None = None
 
 
@@ -124,13 +127,13 @@ class TensorHubUpdater:
             if o.error is None:
                 self.served[o.replica] = version
         metrics = update_metrics(version=version, publish=publish,
-                                 pulls=[p for o in outcomes for p in o.pulls],
+                                 updates=[o.update for o in outcomes if o.update is not None],
                                  stalls={o.replica: o.stall_s for o in outcomes if o.error is None},
                                  served=self.served)
         metrics["tensorhub/update_s"] = time.monotonic() - started
         if published_digest is not None:
             metrics["tensorhub/digest_mismatches"] = float(sum(isinstance(o.error, DigestMismatch) for o in outcomes))
-            metrics["tensorhub/digests_checked"] = float(sum(len(o.pulls) for o in outcomes))
+            metrics["tensorhub/digests_checked"] = float(sum(o.digests_checked for o in outcomes))
         metrics["tensorhub/trainer_publish_wait_s"] = published_s
         self.last_metrics = metrics
         if failed:
@@ -149,41 +152,43 @@ class TensorHubUpdater:
 
     async def _update_replica(self, replica: Any, version: int, published_digests: dict | None = None
                               ) -> ReplicaOutcome:
-        outcome = ReplicaOutcome(replica=replica.replica_rank, pulls=[])
+        outcome = ReplicaOutcome(replica=replica.replica_rank)
         try:
             engines = self._engines(replica)
             if self._set_up.get(engines.replica_rank) != engines.key:
                 await engines.setup(self.config, self.hub, self._job)
                 self._set_up[engines.replica_rank] = engines.key
+            updater = engines.updater(self.config.apply_timeout_s)
             # 1. Start the pull; with staging it runs while the engine keeps generating.
-            begun = await engines.call("th_begin_pull", self.config.fetch_timeout_s, version=version)
-            if not any(b["started"] for b in begun):
+            await asyncio.to_thread(updater.begin, version)
+            statuses = await asyncio.to_thread(updater.wait_pulled, self.config.fetch_timeout_s)
+            if all(s["pull"] is None for s in statuses):
                 return outcome  # already serving this version
-            await engines.wait_pulled(self.config.fetch_timeout_s)
-            # 2. Pause only for the apply; resume even if it fails, so the replica keeps serving.
+            # 2. Pause only for the apply (every rank, or an abort on every rank); resume even if it fails.
             paused = time.monotonic()
             try:
                 await asyncio.wait_for(replica.abort_all_requests(), self.config.apply_timeout_s)
-                applied = await engines.call("th_apply", self.config.apply_timeout_s,
-                                             timeout=self.config.apply_timeout_s)
-                outcome.pulls = [PullResult.from_apply(a) for a in applied]
+                outcome.update = await asyncio.to_thread(updater.finish, self.config.apply_timeout_s)
                 await engines.after_apply(version, self.config.apply_timeout_s)
             finally:
                 await asyncio.wait_for(replica.resume_generation(), self.config.apply_timeout_s)
                 outcome.stall_s = time.monotonic() - paused
             if published_digests is not None:
-                await self._check_digests(engines, version, published_digests)
+                outcome.digests_checked = await self._check_digests(engines, version, published_digests)
         except Exception as e:  # one replica's failure (Ray, hub, timeout) is reported; the caller decides
             outcome.error = e
         return outcome
 
-    async def _check_digests(self, engines: ReplicaEngines, version: int, published: dict[str, str]) -> None:
-        """Every rank's served weights, read back as HF tensors, equal what the trainer published."""
-        for answer in await engines.call("th_hf_digests", self.config.apply_timeout_s):
+    async def _check_digests(self, engines: ReplicaEngines, version: int, published: dict[str, str]) -> int:
+        """Every rank's served weights, read back as HF tensors, equal what the trainer published; returns the
+        number of ranks checked."""
+        answers = await asyncio.to_thread(engines.rpc, "th_hf_digests", {}, self.config.apply_timeout_s)
+        for answer in answers:
             bad = differing(published, answer["digests"], answer["unused"])
             if answer["version"] != version or bad:
                 raise DigestMismatch(f"replica {engines.replica_rank} serves v{answer['version']} whose tensors "
                                      f"{bad[:3]} differ from the trainer's v{version}")
+        return len(answers)
 
     @staticmethod
     async def _await_all(refs: Any, timeout: float, what: str) -> list:

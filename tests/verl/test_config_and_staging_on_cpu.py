@@ -9,7 +9,7 @@ from tensorhub_verl.errors import ConfigError, VersionNotFound
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.identity import is_trainer_worker, make_identity
 from tensorhub_verl.verl.metrics import update_metrics
-from tensorhub_verl.verl.puller import PullResult
+from tensorhub_verl.vllm.updater import UpdateResult
 from tensorhub_verl.verl.staging import BufferRing
 
 
@@ -77,10 +77,10 @@ def test_identities_and_trainer_sources():
 
 
 def test_metrics_split_peer_bytes_and_lag():
-    pulls = [PullResult(worker="j-rollout-0-0", version=5, bytes=100, seconds=1.0, sources={"j-actor-0": 100}),
-             PullResult(worker="j-rollout-1-0", version=5, bytes=100, seconds=2.0,
-                        sources={"j-actor-0": 25, "j-rollout-0-0": 75})]
-    m = update_metrics(version=5, publish=[{"tensorhub/publish_s": 0.5}, {}], pulls=pulls,
+    updates = [UpdateResult(version=5, applied=True, bytes=100, pull_s=1.0, sources={"j-actor-0": 100}),
+               UpdateResult(version=5, applied=True, bytes=100, pull_s=2.0,
+                            sources={"j-actor-0": 25, "j-rollout-0-0": 75})]
+    m = update_metrics(version=5, publish=[{"tensorhub/publish_s": 0.5}, {}], updates=updates,
                        stalls={0: 0.1, 1: 0.3}, served={0: 5, 1: 5, 2: 3})
     assert m["tensorhub/bytes"] == 200 and m["tensorhub/sources_peer_fraction"] == 0.375
     assert m["tensorhub/pull_s"] == 2.0 and m["tensorhub/stall_s"] == 0.3
