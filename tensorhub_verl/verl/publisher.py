@@ -59,7 +59,8 @@ class Publisher:
     """Publishes versions through ``client`` (a ``tensorhub_verl`` Client), holding ``keep`` at once."""
 
     def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
-                 unpublish_timeout_s: float, verify_digests: bool = False) -> None:
+                 unpublish_timeout_s: float, verify_digests: bool = False,
+                 shard: tuple[int, int] | None = None) -> None:
         if staging not in ("none", "cpu", "gpu"):
             raise ConfigError(f"staging must be 'none', 'cpu' or 'gpu', got {staging!r}")
         if staging == "gpu" and not torch.cuda.is_available():
@@ -73,6 +74,8 @@ class Publisher:
         self._ring = BufferRing(keep, self._unpublish)
         self._fill: _Fill | None = None
         self._pin = staging == "cpu" and torch.cuda.is_available()
+        self._shard = shard
+        """(rank, ranks) when this rank publishes only its rows of each tensor (``Client.publish_shard``)."""
 
     @property
     def held_versions(self) -> list[int]:
@@ -111,8 +114,9 @@ class Publisher:
         buf.copy_(tensor, non_blocking=tensor.is_cuda)
         fill.seen[name] = buf
 
-    def finish(self) -> PublishStats:
-        """Publishes the staged version and holds it. Returns what it cost."""
+    def finish(self, specs: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None) -> PublishStats:
+        """Publishes the staged version and holds it. Returns what it cost. A shard publisher passes the full
+        tensors' ``specs`` (its staged tensors are only its rows of them)."""
         fill = self._require_fill()
         try:
             if not fill.seen:
@@ -123,8 +127,15 @@ class Publisher:
                 self._check_no_alias(fill)
             staged = time.monotonic()
             fill.slot.buffers = fill.seen  # drops buffers of tensors that no longer exist
-            self._client.publish(self._model, fill.version, fill.slot.buffers, layout="hf",
-                                 chunk_bytes=self._chunk_bytes)
+            if self._shard is None:
+                self._client.publish(self._model, fill.version, fill.slot.buffers, layout="hf",
+                                     chunk_bytes=self._chunk_bytes)
+            else:
+                if specs is None:
+                    raise InvalidRequest("a shard publisher needs the full tensors' specs to finish a version")
+                rank, ranks = self._shard
+                self._client.publish_shard(self._model, fill.version, fill.slot.buffers, specs=specs, rank=rank,
+                                           ranks=ranks, layout="hf", group="trainer", chunk_bytes=self._chunk_bytes)
             self._ring.commit(fill.slot, fill.version)
         except BaseException:
             self.abort()
@@ -134,9 +145,10 @@ class Publisher:
                              bytes=sum(t.numel() * t.element_size() for t in fill.seen.values()),
                              stage_s=staged - fill.started, publish_s=time.monotonic() - staged,
                              digests=tensor_digests(fill.seen) if self._verify_digests else None)
-        logger.info("published %s v%d: %d tensors, %d bytes (staging=%s, stage %.3fs, publish %.3fs)",
-                    self._model, stats.version, stats.tensors, stats.bytes, self._staging, stats.stage_s,
-                    stats.publish_s)
+        logger.info("published %s v%d: %d tensors, %d bytes%s (staging=%s, stage %.3fs, publish %.3fs)",
+                    self._model, stats.version, stats.tensors, stats.bytes,
+                    "" if self._shard is None else f" (rank {self._shard[0]} of {self._shard[1]}'s rows)",
+                    self._staging, stats.stage_s, stats.publish_s)
         return stats
 
     def abort(self) -> None:
