@@ -67,3 +67,13 @@ def test_cli_prints_json_last(capsys, tmp_path):
 def test_cli_bad_params_exit_2(capsys):
     assert cli.main(["--rollouts", "10000"]) == 2
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"] == "ConfigError"
+
+
+def test_cli_sweep_reports_each_value_against_the_floor(capsys):
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in {**SMALL, "rollouts": 8, "chunks": 16}.items()]
+    assert cli.main([*args, "--modes", "standalone", "--sweep", "trainer_nodes=1,4"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sweep"]["rows"]
+    assert [r["trainer_nodes"] for r in rows] == [1, 4]
+    assert 1.0 <= rows[1]["vs_ideal"] < rows[0]["vs_ideal"]
+    assert cli.main(["--sweep", "nope=1"]) == 2
+    assert cli.main(["--sweep", "trainer_nodes=x"]) == 2
