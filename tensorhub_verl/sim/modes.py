@@ -24,8 +24,8 @@ add a store-and-forward delay of 8/64 of the whole transfer per hop.
 - standalone: R rollouts fetch a new version from the trainer. TensorHub vs every rollout pulling from
   the trainer vs a pipelined chain (ring) and binary-tree broadcast.
 - elastic: H rollouts hold the version; J more join one by one (every `join_interval_s`) while the
-  trainer is busy training (its NIC carries `busy_flows` endless flows). TensorHub (joiners read from
-  peers, nearest first) vs joiners pulling from the busy trainer.
+  trainer is busy training (each of its nodes' NICs carries `busy_flows` endless flows). TensorHub
+  (joiners read from peers, nearest first) vs joiners pulling from the busy trainer.
 - cross_dc: trainer in dc0, R rollouts in dc1 behind a WAN. TensorHub (seeds cross the WAN, the rest
   read inside dc1) vs every rollout pulling across the WAN. Reports WAN bytes per version.
 """
@@ -85,7 +85,7 @@ class ModeParams:
     join_interval_s: float = 5.0
     """Elastic: seconds between two joins."""
     busy_flows: int = 8
-    """Elastic: endless training flows out of (and into) the trainer's NIC."""
+    """Elastic: endless training flows out of (and into) each trainer node's NIC."""
     max_inflight_per_source: int = 4
     seeds_per_dc: int = 1
     trainer_nodes: int = 1
