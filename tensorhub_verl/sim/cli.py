@@ -1,7 +1,9 @@
 """`python -m tensorhub_verl.sim.cli [--modes ...] [--rollouts 64 ...] [--out FILE]`: simulate the three modes.
 
 Prints a short table to stderr and one JSON object as the last line of stdout (also written to --out).
-Every ModeParams field is a flag (`--weights-gb`, `--chunks`, `--window`, `--nic-gbps`, `--wan-gbps`, ...).
+Every ModeParams field is a flag (`--weights-gb`, `--chunks`, `--window`, `--nic-gbps`, `--trainer-nodes`, ...).
+`--sweep FIELD=V1,V2,...` runs the modes once per value instead and reports TensorHub against the
+physical floor (`tensorhub_verl.sim.sweep`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.sim.modes import PAPER, ModeParams, run_all
+from tensorhub_verl.sim.sweep import parse_sweep, sweep
 
 log = logging.getLogger("tensorhub_verl.sim")
 
@@ -38,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--modes", default="standalone,elastic,cross_dc")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--json", action="store_true", help="accepted for symmetry with `bench`; JSON is always printed")
+    ap.add_argument("--sweep", metavar="FIELD=V1,V2,...", help="e.g. trainer_nodes=1,2,4,8,16,32,64")
     ap.add_argument("-v", "--verbose", action="store_true")
     for f in dataclasses.fields(ModeParams):
         kind = float if f.type in ("float", "float | None") else int
@@ -50,17 +54,29 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     overrides = {f.name: getattr(a, f.name) for f in dataclasses.fields(ModeParams) if getattr(a, f.name) is not None}
+    modes = tuple(m for m in a.modes.split(",") if m)
     try:
         params = ModeParams(**overrides)
-        result = run_all(params, modes=tuple(m for m in a.modes.split(",") if m))
+        if a.sweep:
+            field, values = parse_sweep(a.sweep)
+            result = {"params": dataclasses.asdict(params), "sweep": sweep(params, field, values, modes)}
+        else:
+            result = run_all(params, modes=modes)
     except ConfigError as e:
         print(json.dumps({"error": "ConfigError", "message": str(e)}))
         return 2
-    result["summary"] = summary(result)
-    for row in result["summary"]:
-        print(f"{row['mode']:<11} vs {row['baseline']:<18} tensorhub {row['tensorhub_s']:>8.2f}s  "
-              f"baseline {row['baseline_s']:>8.2f}s  ratio {row['ratio']:>6.2f}x  (paper {row['paper_ratio']}x)",
-              file=sys.stderr)
+    if a.sweep:
+        for row in result["sweep"]["rows"]:
+            print(f"{field}={row[field]:<6} {row['mode']:<11} tensorhub {row['metric']} {row['tensorhub_s']:>7.2f}s  "
+                  f"floor {row['ideal_s']:>6.2f}s  ratio {row['vs_ideal']:>5.2f}x  trainer served "
+                  f"{row['trainer_copies']:.2f} copies (ranks max/min {row['rank_bytes_max_over_min']})",
+                  file=sys.stderr)
+    else:
+        result["summary"] = summary(result)
+        for row in result["summary"]:
+            print(f"{row['mode']:<11} vs {row['baseline']:<18} tensorhub {row['tensorhub_s']:>8.2f}s  "
+                  f"baseline {row['baseline_s']:>8.2f}s  ratio {row['ratio']:>6.2f}x  (paper {row['paper_ratio']}x)",
+                  file=sys.stderr)
     text = json.dumps(result)
     if a.out:
         with open(a.out, "w") as fh:

@@ -1,10 +1,20 @@
 """The TensorHub paper's three rollout modes at cluster scale, TensorHub beside baselines in one run.
 
 Cluster: `racks` racks of `nodes_per_rack` nodes (default 16 x 8 = 128 nodes = 1,024 GPUs at 8 GPUs a
-node). The unit of the simulation is a node: one rollout replica per node (TP=8) whose node NIC carries
-the whole version; the 8 GPUs behind it share it over NVLink, which is not the bottleneck. The trainer
-publishes from one node (its full `hf` tensors, as verl gathers them); the rest of the trainer's nodes
-only carry training traffic.
+node). The unit of the simulation is a node with one NIC of `nic_gbps` (the node's way out, whether one
+NIC or one per GPU): one rollout replica per node (TP=8) whose NIC carries the whole version; the 8 GPUs
+behind it share it over NVLink, which is not the bottleneck. The first half of the racks is the
+trainer's, the second half the rollouts'.
+
+The trainer publishes from `trainer_nodes` nodes (the first ones of its half, rack by rack, as a job is
+packed). 1 is today's verl path: every tensor gathered to the master rank, which publishes the whole
+version through its node's NIC. N > 1 is every FSDP rank publishing its own shard: FSDP2 shards dim 0 of
+every tensor, so the ranks of a node hold a contiguous 1/N byte range of each tensor, and the node is a
+holder of 1/N of the chunks (`swarm.shard_chunks`), each chunk held by exactly one trainer node. The
+node's 8 GPU ranks share its NIC in this model, as a rollout's 8 GPUs share theirs, so the physical
+limit stays one copy of the version over one NIC (`ideal_s` = weights_gb * 8 / nic_gbps): every reader
+must take in a whole copy through its own NIC. The version is visible only once every rank has
+published, so all ranks hold their shards when the readers begin.
 
 Chunks are coarse (the version / `chunks`) so event counts stay modest. To keep what a coarse chunk
 distorts small, a reader keeps `window` (default 2) reads in flight instead of the client's 8: the real
@@ -14,8 +24,8 @@ add a store-and-forward delay of 8/64 of the whole transfer per hop.
 - standalone: R rollouts fetch a new version from the trainer. TensorHub vs every rollout pulling from
   the trainer vs a pipelined chain (ring) and binary-tree broadcast.
 - elastic: H rollouts hold the version; J more join one by one (every `join_interval_s`) while the
-  trainer is busy training (its NIC carries `busy_flows` endless flows). TensorHub (joiners read from
-  peers, nearest first) vs joiners pulling from the busy trainer.
+  trainer is busy training (each of its nodes' NICs carries `busy_flows` endless flows). TensorHub
+  (joiners read from peers, nearest first) vs joiners pulling from the busy trainer.
 - cross_dc: trainer in dc0, R rollouts in dc1 behind a WAN. TensorHub (seeds cross the WAN, the rest
   read inside dc1) vs every rollout pulling across the WAN. Reports WAN bytes per version.
 """
@@ -30,9 +40,17 @@ from dataclasses import asdict, dataclass
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, chain_parents, tree_parents
+from tensorhub_verl.sim.swarm import (
+    PullFromSource,
+    Relay,
+    Source,
+    Swarm,
+    chain_parents,
+    shard_chunks,
+    tree_parents,
+)
 from tensorhub_verl.sim.tensorhub import TensorHub
-from tensorhub_verl.sim.topology import Cluster, build_cluster
+from tensorhub_verl.sim.topology import GBIT, Cluster, build_cluster
 
 log = logging.getLogger("tensorhub_verl.sim")
 
@@ -67,14 +85,20 @@ class ModeParams:
     join_interval_s: float = 5.0
     """Elastic: seconds between two joins."""
     busy_flows: int = 8
-    """Elastic: endless training flows out of (and into) the trainer's NIC."""
+    """Elastic: endless training flows out of (and into) each trainer node's NIC."""
     max_inflight_per_source: int = 4
     seeds_per_dc: int = 1
+    trainer_nodes: int = 1
+    """Trainer nodes publishing, each its own shard (1/N of the chunks) through its own NIC; 1 = the whole
+    version gathered to one node (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if self.weights_gb <= 0 or self.chunks < 1 or self.window < 1:
             raise ConfigError("weights_gb > 0, chunks >= 1 and window >= 1 are required")
         half = self.racks // 2 * self.nodes_per_rack
+        if not 1 <= self.trainer_nodes <= min(half, self.chunks):
+            raise ConfigError(f"trainer_nodes={self.trainer_nodes} must be >= 1, fit the trainer half of the "
+                              f"cluster ({half} nodes) and hold at least one of the {self.chunks} chunks each")
         if self.rollouts > half or self.holders + self.joiners > half:
             raise ConfigError(f"rollout nodes (rollouts={self.rollouts}, holders+joiners="
                               f"{self.holders + self.joiners}) must fit the rollout half of the cluster ({half})")
@@ -102,32 +126,54 @@ def _rollout_nodes(cluster: Cluster, p: ModeParams, dc: int = 0) -> list[str]:
     return [n for n, loc in cluster.nodes.items() if int(loc.rack[1:]) >= first]
 
 
-def _strategy(name: str, swarm: Swarm, p: ModeParams, readers: list[str]):
+def _trainer_nodes(cluster: Cluster, p: ModeParams) -> list[str]:
+    """The first `trainer_nodes` nodes of datacenter 0 (the trainer's half), rack by rack."""
+    return list(cluster.nodes)[: p.trainer_nodes]
+
+
+def _add_trainer(swarm: Swarm, nodes: list[str]) -> Source:
+    """The trainer as holders: one complete holder, or one holder per node with that node's shard."""
+    if len(nodes) == 1:
+        swarm.add_holder(TRAINER, nodes[0])
+        return TRAINER
+    ranks = tuple(f"{TRAINER}-{r}" for r in range(len(nodes)))
+    for name, node, chunks in zip(ranks, nodes, shard_chunks(swarm.nchunks, len(nodes))):
+        swarm.add_holder(name, node, chunks)
+    return ranks
+
+
+def _trainer_served(swarm: Swarm, trainer: Source) -> dict:
+    ranks = (trainer,) if isinstance(trainer, str) else trainer
+    by_rank = [swarm.served[r] for r in ranks]
+    return {"trainer_bytes_served": sum(by_rank), "trainer_bytes_by_rank": by_rank}
+
+
+def _strategy(name: str, swarm: Swarm, p: ModeParams, trainer: Source, readers: list[str]):
     if name == "tensorhub":
         return TensorHub(swarm, p.planner(), window=p.window)
     if name == "pull_from_trainer":
-        return PullFromSource(swarm, TRAINER, window=p.window)
+        return PullFromSource(swarm, trainer, window=p.window)
     # Relays move one chunk at a time per hop: a second one would only share the same dedicated link.
     if name == "ring":
-        return Relay(swarm, chain_parents(TRAINER, readers), window=1)
+        return Relay(swarm, chain_parents(trainer, readers), window=1)
     if name == "tree":
-        return Relay(swarm, tree_parents(TRAINER, readers), window=1)
+        return Relay(swarm, tree_parents(trainer, readers), window=1)
     raise ConfigError(f"unknown strategy {name!r}; choose tensorhub, pull_from_trainer, ring, tree")
 
 
-def _run_fetch(p: ModeParams, cluster: Cluster, trainer_node: str, nodes: list[str], strategy: str) -> dict:
+def _run_fetch(p: ModeParams, cluster: Cluster, trainer_nodes: list[str], nodes: list[str], strategy: str) -> dict:
     t0 = time.perf_counter()
     sim = FlowSim(cluster)
     swarm = Swarm(sim, p.chunks, p.chunk_bytes)
-    swarm.add_holder(TRAINER, trainer_node)
+    trainer = _add_trainer(swarm, trainer_nodes)
     readers = [f"rollout-{i}" for i in range(len(nodes))]
-    strat = _strategy(strategy, swarm, p, readers)
+    strat = _strategy(strategy, swarm, p, trainer, readers)
     for name, node in zip(readers, nodes):
         strat.join(name, node)
     sim.run(until=swarm.all_done)
     rep = swarm.report()
     rep.update(strategy=strategy, wan_bytes=sum(v for k, v in sim.bytes_on.items() if k[0] == "wan_in"),
-               trainer_bytes_served=swarm.served[TRAINER], wall_s=round(time.perf_counter() - t0, 2),
+               **_trainer_served(swarm, trainer), wall_s=round(time.perf_counter() - t0, 2),
                plan_calls=getattr(strat, "plan_calls", 0))
     return rep
 
@@ -135,10 +181,12 @@ def _run_fetch(p: ModeParams, cluster: Cluster, trainer_node: str, nodes: list[s
 def standalone(p: ModeParams, strategies=("tensorhub", "pull_from_trainer", "ring", "tree")) -> dict:
     cluster = _cluster(p)
     nodes = _rollout_nodes(cluster, p)[: p.rollouts]
-    trainer = next(iter(cluster.nodes))
+    trainer = _trainer_nodes(cluster, p)
     runs = {s: _run_fetch(p, cluster, trainer, nodes, s) for s in strategies}
     th = runs["tensorhub"]["max_s"]
-    return {"mode": "standalone", "ideal_s": p.chunk_bytes * p.chunks / cluster.nic_Bps[trainer], "runs": runs,
+    ideal = p.chunk_bytes * p.chunks / (p.nic_gbps * GBIT)
+    return {"mode": "standalone", "trainer_nodes": p.trainer_nodes, "ideal_s": ideal,
+            "stall_vs_ideal": th / ideal, "runs": runs,
             "stall_ratio_vs": {s: r["max_s"] / th for s, r in runs.items() if s != "tensorhub"},
             "paper_stall_ratio": PAPER["standalone_stall_ratio"]}
 
@@ -146,7 +194,7 @@ def standalone(p: ModeParams, strategies=("tensorhub", "pull_from_trainer", "rin
 def cross_dc(p: ModeParams, strategies=("tensorhub", "pull_from_trainer", "ring")) -> dict:
     cluster = _cluster(p, dcs=2)
     nodes = _rollout_nodes(cluster, p, dc=1)[: p.rollouts]
-    trainer = next(iter(cluster.nodes))
+    trainer = _trainer_nodes(cluster, p)
     runs = {s: _run_fetch(p, cluster, trainer, nodes, s) for s in strategies}
     th = runs["tensorhub"]
     version = p.chunk_bytes * p.chunks
@@ -158,7 +206,7 @@ def cross_dc(p: ModeParams, strategies=("tensorhub", "pull_from_trainer", "ring"
 
 def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dict:
     cluster = _cluster(p)
-    trainer = next(iter(cluster.nodes))
+    trainer_nodes = _trainer_nodes(cluster, p)
     # Joiners sit beside holders in every rollout rack, as replicas added to a running job would.
     by_rack: dict[str, list[str]] = {}
     for n in _rollout_nodes(cluster, p):
@@ -166,29 +214,32 @@ def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dic
     per_rack = math.ceil(p.joiners / len(by_rack))
     joiner_nodes = [n for nodes in by_rack.values() for n in nodes[-per_rack:]][: p.joiners]
     holder_nodes = [n for n in _rollout_nodes(cluster, p) if n not in joiner_nodes][: p.holders]
-    busy_peers = [n for n in cluster.nodes if n != trainer and n not in holder_nodes + joiner_nodes][: p.busy_flows]
+    # Training traffic: each trainer node exchanges endless flows with the next `busy_flows` nodes of the
+    # trainer's half (FSDP's all-gathers and reduce-scatters), which share its NIC fairly.
+    half = [n for n in cluster.nodes if n not in _rollout_nodes(cluster, p)]
+    busy = [(t, half[(i + k) % len(half)]) for i, t in enumerate(trainer_nodes) for k in range(1, p.busy_flows + 1)]
     runs = {}
     for strategy in strategies:
         t0 = time.perf_counter()
         sim = FlowSim(cluster)
         swarm = Swarm(sim, p.chunks, p.chunk_bytes)
-        swarm.add_holder(TRAINER, trainer)
+        trainer = _add_trainer(swarm, trainer_nodes)
         for i, node in enumerate(holder_nodes):
             swarm.add_holder(f"holder-{i}", node)
-        for peer in busy_peers:  # training traffic: endless, shares the trainer's NIC fairly
-            sim.start_flow(trainer, peer, math.inf)
-            sim.start_flow(peer, trainer, math.inf)
-        strat = _strategy(strategy, swarm, p, [])
+        for node, peer in busy:
+            sim.start_flow(node, peer, math.inf)
+            sim.start_flow(peer, node, math.inf)
+        strat = _strategy(strategy, swarm, p, trainer, [])
         names = [f"joiner-{i}" for i in range(len(joiner_nodes))]
         for i, (name, node) in enumerate(zip(names, joiner_nodes)):
             sim.at(i * p.join_interval_s, lambda name=name, node=node: strat.join(name, node))
         sim.run(until=lambda: len(swarm.readers()) == len(names) and swarm.all_done(names))
         rep = swarm.report(names)
-        rep.update(strategy=strategy, trainer_bytes_served=swarm.served[TRAINER],
+        rep.update(strategy=strategy, **_trainer_served(swarm, trainer),
                    wall_s=round(time.perf_counter() - t0, 2), plan_calls=getattr(strat, "plan_calls", 0))
         runs[strategy] = rep
     th = runs["tensorhub"]["mean_s"]
-    return {"mode": "elastic", "ideal_s": p.chunk_bytes * p.chunks / cluster.nic_Bps[trainer], "runs": runs,
+    return {"mode": "elastic", "ideal_s": p.chunk_bytes * p.chunks / (p.nic_gbps * GBIT), "runs": runs,
             "update_ratio_vs": {s: r["mean_s"] / th for s, r in runs.items() if s != "tensorhub"},
             "paper_update_ratio": PAPER["elastic_update_ratio"]}
 

@@ -8,13 +8,17 @@ Strategies decide which flows to start:
   as the parent has it. A chain (parent = previous reader) is a ring broadcast; parent (i-1)//2 is a
   binary tree. This is what NCCL broadcast does, minus the fixed group.
 - `tensorhub_verl.sim.tensorhub.TensorHub`: the real ROS planner picks each chunk's source.
+
+A holder may hold only part of the version from the start: a trainer whose FSDP ranks each publish
+their own shard is N holders, each with the chunks of its shard (`shard_chunks`). The baselines name such
+a sharded holder by the tuple of its ranks' names (`Source`): each chunk is read from the rank that has it.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from tensorhub_verl.errors import ConfigError
@@ -22,6 +26,21 @@ from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.sim.engine import Flow, FlowSim
 
 log = logging.getLogger("tensorhub_verl.sim")
+
+Source = str | tuple[str, ...]
+"""A holder's member name, or a sharded holder's rank names (each chunk is held by one of them)."""
+
+
+def shard_chunks(nchunks: int, ranks: int) -> list[frozenset[int]]:
+    """The chunks each of `ranks` trainer ranks holds: every chunk exactly once, counts within one of each other.
+
+    FSDP2 shards dim 0 of every tensor, so each rank holds a 1/N byte range of each tensor and a rank's
+    chunks are spread through the version: chunk c goes to rank c % N. A rank must hold at least one chunk.
+    """
+    if not 1 <= ranks <= nchunks:
+        raise ConfigError(f"{ranks} trainer ranks cannot each hold a chunk of a {nchunks}-chunk version: "
+                          f"use 1 <= ranks <= chunks")
+    return [frozenset(range(r, nchunks, ranks)) for r in range(ranks)]
 
 
 @dataclass(slots=True)
@@ -38,7 +57,7 @@ class Member:
 
 
 class Swarm:
-    """State of one version's spread. Holders are members whose `have` is complete."""
+    """State of one version's spread. Holders never read: they hold every chunk, or (a trainer rank) its shard."""
 
     def __init__(self, sim: FlowSim, nchunks: int, chunk_bytes: float):
         if nchunks < 1 or not chunk_bytes > 0:
@@ -50,10 +69,14 @@ class Swarm:
         self.served: dict[str, float] = {}
         self.on_landed: list[Callable[[Member, int, str], None]] = []
 
-    def add_holder(self, name: str, node: str) -> Member:
-        """A member that already holds every chunk (the trainer, or a rollout that fetched it before)."""
+    def add_holder(self, name: str, node: str, chunks: Collection[int] | None = None) -> Member:
+        """A member that holds the version from the start: every chunk (a trainer publishing from one node, a
+        rollout that fetched it before) or only `chunks` (one trainer rank's shard). It never reads."""
+        have = set(range(self.nchunks)) if chunks is None else set(chunks)
+        if not have or not have <= set(range(self.nchunks)):
+            raise ConfigError(f"holder {name!r}: chunks must be a non-empty subset of 0..{self.nchunks - 1}")
         m = self._add(name, node)
-        m.have = set(range(self.nchunks))
+        m.have = have
         m.done_at = m.joined
         m.is_reader = False
         return m
@@ -92,6 +115,17 @@ class Swarm:
         for cb in self.on_landed:
             cb(reader, chunk, source)
 
+    def is_complete(self, m: Member) -> bool:
+        return len(m.have) == self.nchunks
+
+    def holder_of(self, source: Source, chunk: int) -> Member | None:
+        """The member of `source` that holds `chunk`, if any (one name, or a sharded holder's rank names)."""
+        for name in (source,) if isinstance(source, str) else source:
+            m = self.members.get(name)
+            if m is not None and chunk in m.have:
+                return m
+        return None
+
     def readers(self) -> list[Member]:
         return [m for m in self.members.values() if m.is_reader]
 
@@ -110,9 +144,10 @@ class Swarm:
 
 
 class PullFromSource:
-    """Every reader pulls all chunks from `source`, `window` reads at once, in chunk order."""
+    """Every reader pulls all chunks from `source` (each from the rank that has it, if sharded), `window` reads
+    at once, in chunk order."""
 
-    def __init__(self, swarm: Swarm, source: str | Mapping[str, str], window: int = 8):
+    def __init__(self, swarm: Swarm, source: Source | Mapping[str, Source], window: int = 8):
         self.swarm, self.window = swarm, window
         self._source = source
         swarm.on_landed.append(lambda reader, chunk, src: self._fill(reader))
@@ -121,17 +156,20 @@ class PullFromSource:
         self._fill(self.swarm.add_reader(name, node))
 
     def _fill(self, reader: Member) -> None:
-        src = self._source if isinstance(self._source, str) else self._source[reader.name]
+        src = self._source[reader.name] if isinstance(self._source, Mapping) else self._source
         nxt = len(reader.have) + len(reader.inflight)
         while len(reader.inflight) < self.window and nxt < self.swarm.nchunks:
-            self.swarm.read(reader, nxt, src)
+            holder = self.swarm.holder_of(src, nxt)
+            if holder is None:
+                raise ConfigError(f"{src} holds no chunk {nxt}: {reader.name} cannot pull it")
+            self.swarm.read(reader, nxt, holder.name)
             nxt += 1
 
 
 class Relay:
     """Pipelined broadcast over a fixed parent map (chain = ring broadcast, (i-1)//2 = binary tree)."""
 
-    def __init__(self, swarm: Swarm, parent: Mapping[str, str], window: int = 8):
+    def __init__(self, swarm: Swarm, parent: Mapping[str, Source], window: int = 8):
         self.swarm, self.parent, self.window = swarm, dict(parent), window
         self.children: dict[str, list[str]] = {}
         for child, par in self.parent.items():
@@ -150,20 +188,21 @@ class Relay:
                 self._fill(self.swarm.members[child])
 
     def _fill(self, reader: Member) -> None:
-        par = self.swarm.members.get(self.parent[reader.name])
-        if par is None:
-            return
+        par = self.parent[reader.name]
         nxt = len(reader.have) + len(reader.inflight)  # in-order: the next chunk not yet asked for
-        while len(reader.inflight) < self.window and nxt < self.swarm.nchunks and nxt in par.have:
-            self.swarm.read(reader, nxt, par.name)
+        while len(reader.inflight) < self.window and nxt < self.swarm.nchunks:
+            holder = self.swarm.holder_of(par, nxt)
+            if holder is None:
+                return
+            self.swarm.read(reader, nxt, holder.name)
             nxt += 1
 
 
-def chain_parents(root: str, readers: list[str]) -> dict[str, str]:
+def chain_parents(root: Source, readers: list[str]) -> dict[str, Source]:
     return {r: (root if i == 0 else readers[i - 1]) for i, r in enumerate(readers)}
 
 
-def tree_parents(root: str, readers: list[str], fanout: int = 2) -> dict[str, str]:
+def tree_parents(root: Source, readers: list[str], fanout: int = 2) -> dict[str, Source]:
     everyone = [root, *readers]
     # Heap order: the reader at position k = i + 1 hangs under position (k - 1) // fanout = i // fanout.
     return {r: everyone[i // fanout] for i, r in enumerate(readers)}

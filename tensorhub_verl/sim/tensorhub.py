@@ -1,9 +1,10 @@
 """TensorHub in the simulator: the REAL planner (`tensorhub_verl.ros.planner.plan_chunks`) picks sources.
 
-This mirrors `HubState._plan`: holders are the complete members plus the readers still filling (with the
-chunks they have), `inflight` counts every lease of the version per source, `pulling` lists the other
-readers' in-flight chunks by location, `wan_pulling` the chunks crossing into each datacenter, and the
-first `seeds_per_dc` readers of a datacenter to ask become its seeds (the only ones that may cross the WAN).
+This mirrors `HubState._plan`: holders are the complete members plus the members holding part of the
+version (readers still filling, and a sharded trainer's ranks, each with its shard's chunks), `inflight`
+counts every lease of the version per source, `pulling` lists the other readers' in-flight chunks by
+location, `wan_pulling` the chunks crossing into each datacenter, and the first `seeds_per_dc` readers of
+a datacenter to ask become its seeds (the only ones that may cross the WAN).
 
 Readers keep `window` reads in flight (the client's FetchSettings.window). A reader whose plan came back
 short re-plans after every event, as a hub waiter wakes on every change: plan passes run once per event,
@@ -101,9 +102,9 @@ class TensorHub:
     def _holder_views(self) -> list[HolderView]:
         views = []
         for m in self.swarm.members.values():
-            if m.done_at is not None:
+            if self.swarm.is_complete(m):
                 chunks = None
-            else:
+            else:  # a reader still filling, or a trainer rank holding its shard (an active partial holder)
                 chunks = self._frozen.get(m.name)
                 if chunks is None:
                     chunks = self._frozen[m.name] = frozenset(m.have - self._hidden[m.name])

@@ -40,6 +40,13 @@ def test_prefers_sources_that_served_less():
     assert plan("r", N0, [0], holders) == {0: "peer"}
 
 
+def test_prefers_the_holder_with_fewer_reads_in_flight_over_the_one_that_served_less():
+    # Bytes served count only finished reads: ranking by them first stacked reads on one busy holder.
+    holders = [HolderView("busy", N1, None, inflight=3), HolderView("served", N1, None, inflight=1,
+                                                                   served_bytes=10 << 20)]
+    assert plan("r", N0, [0], holders) == {0: "served"}
+
+
 def test_a_partial_holder_serves_only_what_it_has():
     holders = [HolderView("trainer", N1, None, inflight=5), HolderView("peer", N1, frozenset({1, 2}))]
     result = plan("r", N0, [0, 1, 2], holders, max_inflight_per_source=8)

@@ -9,17 +9,22 @@ import pytest
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, chain_parents, tree_parents
+from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, chain_parents, shard_chunks, tree_parents
 from tensorhub_verl.sim.tensorhub import TensorHub
 from tensorhub_verl.sim.topology import build_cluster
 
 GB = 1e9
 
 
-def _swarm(nchunks: int, chunk_bytes: float = GB, **cluster):
+def _swarm(nchunks: int, chunk_bytes: float = GB, trainer_ranks: int = 1, **cluster):
+    """A swarm whose trainer is one holder on d0r0n0, or `trainer_ranks` holders on d0r0n0.. each with its shard."""
     sim = FlowSim(build_cluster(**{"nodes_per_rack": 8, "nic_gbps": 8.0, **cluster}))  # NICs: 1 GB/s
     swarm = Swarm(sim, nchunks, chunk_bytes)
-    swarm.add_holder("trainer", "d0r0n0")
+    if trainer_ranks == 1:
+        swarm.add_holder("trainer", "d0r0n0")
+    else:
+        for r, chunks in enumerate(shard_chunks(nchunks, trainer_ranks)):
+            swarm.add_holder(f"trainer-{r}", f"d0r0n{r}", chunks)
     return sim, swarm
 
 
@@ -138,3 +143,55 @@ def test_swarm_rejects_bad_reads():
         swarm.add_reader("r", "d0r0n2")
     with pytest.raises(ConfigError, match="unknown node"):
         swarm.add_reader("q", "nope")
+
+
+def test_shard_chunks_gives_every_chunk_to_exactly_one_rank():
+    shards = shard_chunks(10, 4)
+    assert sorted(c for shard in shards for c in shard) == list(range(10))
+    assert sorted(len(shard) for shard in shards) == [2, 2, 3, 3]
+    with pytest.raises(ConfigError, match="ranks"):
+        shard_chunks(4, 5)
+
+
+def test_a_partial_holder_must_hold_chunks_of_the_version():
+    _, swarm = _swarm(4)
+    with pytest.raises(ConfigError, match="subset"):
+        swarm.add_holder("rank", "d0r0n1", [])
+    with pytest.raises(ConfigError, match="subset"):
+        swarm.add_holder("rank", "d0r0n1", [4])
+
+
+def test_pull_from_a_sharded_trainer_reads_each_chunk_from_its_rank():
+    sim, swarm = _swarm(4, trainer_ranks=2)
+    ranks = ("trainer-0", "trainer-1")
+    strat = PullFromSource(swarm, ranks, window=2)
+    for i in range(2):
+        strat.join(f"r{i}", f"d0r0n{i + 2}")
+    sim.run(until=swarm.all_done)
+    # 8 GB leave two 1 GB/s NICs (4 s), not one (8 s): chunks 0 and 1 come from different ranks.
+    assert _done(swarm) == {"r0": 4.0, "r1": 4.0}
+    assert swarm.served == {"trainer-0": 4 * GB, "trainer-1": 4 * GB, "r0": 0.0, "r1": 0.0}
+
+
+def test_a_ring_rooted_at_a_sharded_trainer_reads_from_every_rank():
+    sim, swarm = _swarm(4, trainer_ranks=2)
+    names = ["r0", "r1"]
+    strat = Relay(swarm, chain_parents(("trainer-0", "trainer-1"), names), window=1)
+    for i, n in enumerate(names):
+        strat.join(n, f"d0r0n{i + 2}")
+    sim.run(until=swarm.all_done)
+    assert swarm.served == {"trainer-0": 2 * GB, "trainer-1": 2 * GB, "r0": 4 * GB, "r1": 0.0}
+    assert _done(swarm) == {"r0": 4.0, "r1": 5.0}
+
+
+def test_tensorhub_reads_a_sharded_trainer_from_every_rank_evenly():
+    sim, swarm = _swarm(16, chunk_bytes=0.25 * GB, trainer_ranks=4, racks_per_dc=2)
+    th = TensorHub(swarm, PlannerConfig(max_inflight_per_source=2), window=3)
+    for i in range(6):
+        th.join(f"r{i}", f"d0r1n{i}")
+    sim.run(until=swarm.all_done)
+    assert all(m.have == set(range(16)) for m in swarm.readers())
+    by_rank = [swarm.served[f"trainer-{r}"] for r in range(4)]
+    # Each rank is the only first source of its 4 chunks (1 GB), and no rank carries the others' load.
+    assert min(by_rank) >= 4 * 0.25 * GB
+    assert max(by_rank) <= 1.5 * min(by_rank)
