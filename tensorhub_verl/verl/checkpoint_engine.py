@@ -10,8 +10,10 @@ verl imports it on every process that builds a checkpoint engine, either
 Unlike verl's nccl/nixl engines there is no per-step group: ``prepare``/``init_process_group``/
 ``finalize`` do nothing, and held versions outlive the step because peers read from them.
 
-- Trainer ranks (verl passes ``is_master``): the master publishes each version; every rank consumes the
-  generator, because FSDP's full-tensor gathers are collectives.
+- Trainer ranks (verl passes ``is_master``): with FSDP2 every rank publishes its own shard of each tensor
+  (``shards.py``, ``Client.publish_shard``): no gather, staging ~1/N of the model per rank, and readers read
+  all ranks at once. Where shards do not apply, the master publishes verl's gathered tensors and every
+  rank consumes the generator, because FSDP's full-tensor gathers are collectives.
 - Rollout side: nothing. The engines' own parameters are the holders (``vllm_worker``), driven by the
   updater through verl's vLLM servers, so verl's per-replica checkpoint-engine workers hold no copy and
   ``receive_weights`` is never called (it refuses, naming why).
@@ -41,6 +43,7 @@ from tensorhub_verl.verl.identity import (
     with_default_node,
 )
 from tensorhub_verl.verl.publisher import Publisher
+from tensorhub_verl.verl.shards import LocalShards, local_shards
 
 logger = logging.getLogger("tensorhub_verl.verl.checkpoint_engine")
 
@@ -90,8 +93,17 @@ class TensorHubCheckpointEngine(CheckpointEngine):
 
     # -------------------------------------------------------------------------------- trainer side
     async def send_weights(self, weights, global_steps: int | None = None) -> dict[str, float]:
-        """Publishes ``weights`` as version ``global_steps`` (the master rank only) and returns metrics."""
+        """Publishes version ``global_steps`` and returns metrics.
+
+        ``weights`` is verl's training engine (``patches/verl_0_9_1_trainer_shards``): every rank publishes its
+        own FSDP2 shard, no gather. Or it is verl's per-tensor generator of gathered tensors (the fallback, see
+        ``shards.local_shards``): the master rank publishes them."""
         version = self._version(global_steps)
+        if hasattr(weights, "get_per_tensor_param"):
+            shards = local_shards(weights)
+            if shards is not None:
+                return await self._send_shards(shards, version)
+            weights, _ = weights.get_per_tensor_param()
         if not self.is_master:
             async for _ in ensure_async_iterator(weights):
                 pass  # FSDP's full_tensor() gathers are collectives: every rank must drive the generator
@@ -111,6 +123,27 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             publisher.abort()
             raise
         stats = await asyncio.to_thread(publisher.finish)
+        return stats.as_metrics()
+
+    async def _send_shards(self, shards: LocalShards, version: int) -> dict:
+        """This rank's rows of every tensor, staged (the optimizer changes the live shard next step) and
+        published as one of ``shards.ranks`` row shards of the version."""
+        if self.config.staging == "none":
+            raise ConfigError("tensorhub.staging='none' with FSDP shards would publish the live parameters, which "
+                              "the next optimizer step changes under readers; use tensorhub.staging=cpu or gpu")
+        publisher = await asyncio.to_thread(self._ensure_publisher, shards.rank, shards.ranks)
+        digests = _full_tensor_digests(shards) if self.config.verify_digests else None  # collective: all ranks
+        if version in publisher.held_versions:
+            return {}
+        await asyncio.to_thread(publisher.begin, version)
+        try:
+            for name, piece in shards.pieces.items():
+                publisher.add(name, piece)
+            stats = await asyncio.to_thread(publisher.finish, shards.specs)
+        except BaseException:
+            publisher.abort()
+            raise
+        stats.digests = digests if shards.rank == 0 else None
         return stats.as_metrics()
 
     # -------------------------------------------------------------------------------- rollout side
@@ -163,15 +196,29 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         logger.info("%s connected to hub %s at %s", identity.worker, url, identity.location)
         return self._client
 
-    def _ensure_publisher(self) -> Publisher:
+    def _ensure_publisher(self, rank: int = 0, ranks: int = 1) -> Publisher:
+        """The publisher of trainer rank ``rank`` (of ``ranks`` row shards; 1: whole tensors from one rank)."""
         if self._publisher is None:
-            identity = make_identity(role=ACTOR_ROLE, rank=0, job=self._job, location=self._location)
+            identity = make_identity(role=ACTOR_ROLE, rank=rank, job=self._job, location=self._location)
             client = self._connect(identity)
             self._publisher = Publisher(client, model=self.config.model, keep=self.config.keep_versions,
                                         staging=self.config.staging, chunk_bytes=self.config.chunk_bytes,
                                         unpublish_timeout_s=self.config.unpublish_timeout_s,
-                                        verify_digests=self.config.verify_digests)
+                                        verify_digests=self.config.verify_digests and ranks == 1,
+                                        shard=(rank, ranks) if ranks > 1 else None)
         return self._publisher
+
+
+def _full_tensor_digests(shards: LocalShards) -> dict[str, str] | None:
+    """``verify_digests`` with shards: every rank joins each tensor's gather; rank 0 digests the full tensors."""
+    from tensorhub_verl.ros.integrity import tensor_digests
+
+    digests = {}
+    for name, value in shards.full.items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if shards.rank == 0:
+            digests.update(tensor_digests({name: full}))
+    return digests if shards.rank == 0 else None
 
 
 def _apply_patches() -> None:

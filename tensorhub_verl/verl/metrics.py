@@ -13,14 +13,17 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/version_lag``: newest published version minus the oldest version still served by a replica
   (0 when every replica applied this update).
 - ``tensorhub/replicas_updated``: replicas that applied this version.
-plus the trainer's ``tensorhub/publish_*`` from ``PublishStats``.
+- ``tensorhub/trainer_sources`` / ``tensorhub/trainer_share_max``: trainer workers read from, and the largest
+  share of the trainer bytes one of them served (~1/N when N FSDP ranks each serve their shard).
+- ``tensorhub/publish_ranks``: trainer ranks that published (N with shards, 1 with gathered tensors).
+plus the trainer's ``tensorhub/publish_*`` from ``PublishStats`` (bytes summed over ranks, times the slowest).
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from tensorhub_verl.verl.identity import peer_bytes
+from tensorhub_verl.verl.identity import is_trainer_worker, peer_bytes
 from tensorhub_verl.vllm.updater import UpdateResult
 
 
@@ -36,8 +39,13 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], upda
         served: replica rank -> the version it serves after this update (None: never got one).
     """
     out: dict[str, float] = {}
-    for result in publish:
-        out.update({k: float(v) for k, v in result.items()})
+    ranks = 0
+    for result in publish:  # one per trainer rank that published: bytes add up, times are the slowest rank's
+        ranks += bool(result)
+        for key, value in result.items():
+            out[key] = out.get(key, 0.0) + float(value) if key.endswith("_bytes") else max(out.get(key, 0.0),
+                                                                                          float(value))
+    out["tensorhub/publish_ranks"] = float(ranks)
     updates = list(updates)
     total = sum(u.bytes for u in updates)
     peer = sum(peer_bytes(u.sources) for u in updates)
@@ -47,6 +55,14 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], upda
     out["tensorhub/bytes_from_peers"] = float(peer)
     out["tensorhub/pull_s"] = max((u.pull_s for u in updates), default=0.0)
     out["tensorhub/sources_peer_fraction"] = peer / total if total else 0.0
+    by_trainer: dict[str, int] = {}
+    for u in updates:
+        for worker, n in u.sources.items():
+            if is_trainer_worker(worker):
+                by_trainer[worker] = by_trainer.get(worker, 0) + n
+    # With FSDP shards each trainer rank serves its rows: the largest share is ~1/N when reads are spread.
+    out["tensorhub/trainer_sources"] = float(len(by_trainer))
+    out["tensorhub/trainer_share_max"] = max(by_trainer.values()) / sum(by_trainer.values()) if by_trainer else 0.0
     out["tensorhub/stall_s"] = max(stalls.values(), default=0.0)
     out["tensorhub/stall_s_mean"] = sum(stalls.values()) / len(stalls) if stalls else 0.0
     oldest = min((v if v is not None else -1 for v in served.values()), default=version)
