@@ -745,10 +745,7 @@ def _check_holder(worker: str, holder: str) -> None:
 def _check_row_shard(req: msg.Publish, manifest: Manifest) -> None:
     """A row shard is one of ``row_shards`` publishes of one version, grouped and counted as such."""
     if req.shard_rank is None:
-        return
-    if manifest.row_shards < 2:
-        raise InvalidRequest(f"shard_rank {req.shard_rank} needs a manifest with row_shards > 1 (it has "
-                             f"{manifest.row_shards}); publish the whole tensors without shard_rank")
+        return  # prepare_version checked the rank against row_shards
     if req.shard_count != manifest.row_shards or req.shard_group is None:
         raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({manifest.row_shards}, got "
                              f"{req.shard_count}) and a shard_group naming its trainer")

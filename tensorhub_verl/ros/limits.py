@@ -84,6 +84,9 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
         raise InvalidRequest("tensor names in a manifest must be unique")
     if m.chunk_digests and len(m.chunk_digests) != chunks:
         raise InvalidRequest(f"{len(m.chunk_digests)} chunk digests for {chunks} chunks; send one per chunk or none")
+    if shard_rank is not None and m.row_shards == 1:
+        raise InvalidRequest(f"shard_rank {shard_rank} needs a manifest with row_shards > 1; publish whole "
+                             f"tensors without shard_rank")
     if shard_rank is not None and shard_rank >= m.row_shards:
         raise InvalidRequest(f"shard_rank {shard_rank} is out of range for {m.row_shards} row shards "
                              f"(0..{m.row_shards - 1})")
@@ -101,9 +104,9 @@ def _check_digests(digests: list[str], counts: list[int], shard_rank: int | None
     own = range(len(digests)) if shard_rank is None else range(first, first + counts[shard_rank])
     for index, digest in enumerate(digests):
         if bool(digest) != (index in own):
-            whose = "every chunk" if shard_rank is None else f"chunks {own.start}..{own.stop - 1} (row shard {shard_rank})"
-            raise InvalidRequest(f"chunk digest {index} is {'set' if digest else 'empty'}; send a digest for "
-                                 f"{whose} and '' for the chunks of other row shards")
+            what = "every chunk, or none" if shard_rank is None else \
+                f"chunks {own.start}..{own.stop - 1} (row shard {shard_rank}) and '' for the other ranks' chunks"
+            raise InvalidRequest(f"chunk digest {index} is {'set' if digest else 'empty'}; send a digest for {what}")
 
 
 def check_regions(regions: list[msg.RegionMsg], manifest: Manifest, shard_rank: int | None) -> None:
