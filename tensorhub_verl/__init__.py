@@ -26,6 +26,8 @@ _EXPORTS = {
     "HubConfig": "tensorhub_verl.ros.hub_state",
     "Manifest": "tensorhub_verl.ros.manifest",
     "TensorSpec": "tensorhub_verl.ros.manifest",
+    "row_range": "tensorhub_verl.ros.manifest",
+    "shard_chunks": "tensorhub_verl.ros.manifest",
     "PlannerConfig": "tensorhub_verl.ros.planner",
     "LinkCapacities": "tensorhub_verl.ros.topology",
     "Location": "tensorhub_verl.ros.topology",
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from tensorhub_verl.ros.fetcher import FetchStats
     from tensorhub_verl.ros.hub_server import HubServer, start_hub
     from tensorhub_verl.ros.hub_state import HubConfig
-    from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+    from tensorhub_verl.ros.manifest import Manifest, TensorSpec, row_range, shard_chunks
     from tensorhub_verl.ros.planner import PlannerConfig
     from tensorhub_verl.ros.topology import LinkCapacities, Location
 

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
@@ -28,9 +28,10 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.hub_state import manifest_to_msg
-from tensorhub_verl.ros.integrity import chunk_digests
+from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
-    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_name, _DTYPES,
+    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_from_name, dtype_name,
+    row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 from tensorhub_verl.ros.topology import Location
@@ -109,11 +110,13 @@ class _Held:
     """Strong references: registered memory must outlive every read of it."""
     shard_group: str | None = None
     shard_count: int = 1
+    shard_rank: int | None = None
+    """Set for a row shard: ``tensors`` are its rows only (see ``Client.publish_shard``)."""
 
     def message(self, worker: str) -> msg.Publish:
         return msg.Publish(worker=worker, holder=self.holder, manifest=manifest_to_msg(self.manifest),
-                           regions=_regions(self.tensors, self.manifest), shard_group=self.shard_group,
-                           shard_count=self.shard_count)
+                           regions=_regions(self.tensors, self.manifest, self.shard_rank),
+                           shard_group=self.shard_group, shard_count=self.shard_count, shard_rank=self.shard_rank)
 
 
 @dataclass(slots=True)
@@ -177,6 +180,39 @@ class Client:
             digests = chunk_digests(manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors])
             manifest = dataclasses.replace(manifest, chunk_digests=digests)
         self._publish(_Held(self.worker, manifest, tensors, shard_group, shard_count))
+        return manifest
+
+    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], *,
+                      specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]], rank: int, ranks: int,
+                      layout: str = "hf", group: str = "shards", chunk_bytes: int | None = None) -> Manifest:
+        """Publishes this rank's rows of a version that ``ranks`` workers hold together: each holds a contiguous
+        dim-0 row range of every tensor, with ``torch.chunk`` semantics (FSDP2's ``Shard(0)``; see
+        ``manifest.row_range``). ``specs`` gives every tensor's full (shape, dtype), in manifest order;
+        ``pieces[name]`` is this rank's rows of it (e.g. ``param.to_local()``; a 0-dim tensor: rank 0's counts).
+
+        No copy is made: the pieces are held live until ``unpublish`` returns. The version is visible once all
+        ``ranks`` ranks have published (same ``group``); readers of ``layout`` then read each chunk from the rank
+        that has it, or from any reader that already fetched it. ``ranks == 1`` is a plain ``publish``.
+        """
+        self._check_open()
+        _check_key(model, version, layout)
+        _check_name("group", group)
+        if not (_is_int(rank) and _is_int(ranks) and 0 <= rank < ranks <= msg.MAX_ROW_SHARDS):
+            raise errors.InvalidRequest(f"publish_shard needs 0 <= rank < ranks <= {msg.MAX_ROW_SHARDS}, got "
+                                        f"rank {rank!r} of {ranks!r}")
+        full = _full_specs(specs)
+        pieces = _check_tensors(pieces)
+        _check_pieces(pieces, full, rank, ranks)
+        tensors = {spec.name: pieces[spec.name] for spec in full}
+        if ranks == 1:
+            return self.publish(model, version, tensors, layout, chunk_bytes)
+        # No fingerprint: each rank holds different bytes. Each rank's chunk digests check them instead.
+        manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.chunk_bytes, row_shards=ranks)
+        if self.config.chunk_digests:
+            starts = [shard_bytes(spec, rank, ranks)[0] for spec in full]
+            digests = shard_chunk_digests(manifest.chunks(), tensors.values(), starts, shard_chunks(manifest, rank))
+            manifest = dataclasses.replace(manifest, chunk_digests=digests)
+        self._publish(_Held(self.worker, manifest, tensors, group, ranks, rank))
         return manifest
 
     def _publish(self, held: "_Held") -> None:
@@ -528,15 +564,75 @@ def _check_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     return dict(tensors)
 
 
-def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest) -> list[msg.RegionMsg]:
+def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank: int | None = None
+             ) -> list[msg.RegionMsg]:
+    """Where each tensor lives here; a row shard's region starts at its first byte of the tensor."""
     out = []
     for spec in manifest.tensors:
         region = Region.of_tensor(tensors[spec.name])
-        out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem))
+        if shard_rank is None:
+            out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem))
+            continue
+        start, stop = shard_bytes(spec, shard_rank, manifest.row_shards)
+        out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem, offset=start,
+                                 nbytes=stop - start))
     return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _full_specs(specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]]) -> tuple[TensorSpec, ...]:
+    """The whole tensors' specs from name -> (shape, dtype), as every rank must pass them alike."""
+    if not isinstance(specs, Mapping) or not specs:
+        raise errors.InvalidRequest("publish_shard needs specs: a non-empty dict of name -> (full shape, dtype)")
+    out = []
+    for name, spec in specs.items():
+        try:
+            shape, dtype = spec
+            shape = tuple(int(d) for d in shape)
+            dtype = dtype_from_name(dtype if isinstance(dtype, str) else dtype_name(dtype))
+        except (TypeError, ValueError, errors.ManifestMismatch) as e:
+            raise errors.InvalidRequest(f"specs[{name!r}] must be (full shape, dtype), got {spec!r}: {e}") from None
+        if any(d < 0 for d in shape):
+            raise errors.InvalidRequest(f"specs[{name!r}] has a negative dimension: {list(shape)}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        out.append(TensorSpec(name, shape, dtype_name(dtype), numel * dtype.itemsize))
+    return tuple(out)
+
+
+def _check_pieces(pieces: Mapping[str, torch.Tensor], specs: tuple[TensorSpec, ...], rank: int, ranks: int) -> None:
+    """Each piece must be exactly this rank's rows of its tensor: a wrong slice would publish wrong bytes."""
+    names = {spec.name for spec in specs}
+    extra = [name for name in pieces if name not in names]
+    if extra:
+        raise errors.ManifestMismatch(f"piece {extra[0]!r} is not in specs; specs names every tensor of the "
+                                      f"version, with its full shape", tensor=extra[0])
+    for spec in specs:
+        piece = pieces.get(spec.name)
+        if piece is None:
+            raise errors.ManifestMismatch(f"rank {rank} passes no piece of tensor {spec.name!r}; pass its rows "
+                                          f"(an empty tensor if it has none)", tensor=spec.name)
+        if dtype_name(piece.dtype) != spec.dtype:
+            raise errors.ManifestMismatch(f"tensor {spec.name!r}: piece is {dtype_name(piece.dtype)}, specs say "
+                                          f"{spec.dtype}", tensor=spec.name)
+        if not spec.shape:
+            expected = ()  # a 0-dim tensor is whole on every rank; rank 0's copy is the one served
+        else:
+            start, stop = row_range(spec.shape[0], rank, ranks)
+            expected = (stop - start, *spec.shape[1:])
+        if tuple(piece.shape) != expected:
+            rows = f"rows [{start}, {stop}) of {spec.shape[0]}" if spec.shape else "the whole 0-dim tensor"
+            raise errors.ManifestMismatch(
+                f"tensor {spec.name!r}: rank {rank} of {ranks} holds {rows} (torch.chunk of dim 0, as FSDP2 "
+                f"shards), shape {list(expected)}; got a piece of shape {list(piece.shape)}: pass "
+                f"full[start:stop] or an FSDP2 Shard(0) parameter's to_local()", tensor=spec.name)
 
 
 def _manifest_of(m: msg.ManifestMsg) -> Manifest:
     return Manifest(m.model, m.version, m.layout,
                     tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors),
-                    m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests))
+                    m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests), m.row_shards)

@@ -38,7 +38,7 @@ import torch
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.integrity import byte_views, chunk_digest
-from tensorhub_verl.ros.manifest import Chunk
+from tensorhub_verl.ros.manifest import Chunk, Segment
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
 
@@ -193,7 +193,7 @@ class ChunkFetcher:
                 continue
             self._transport.release(read.handle)
             del self._inflight[lease]
-            if state == "DONE" and self._digests and \
+            if state == "DONE" and self._digests and self._digests[read.chunk] and \
                     chunk_digest(self._chunks[read.chunk], self._views) != self._digests[read.chunk]:
                 # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
                 logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
@@ -281,12 +281,12 @@ class ChunkFetcher:
             failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: no address for tensor {missing[0]}"))
             self.stats.failed_reads += 1
             return
-        copies = []
-        for seg in self._chunks[a.chunk].segments:
-            local, remote = self._local[seg.tensor], regions[seg.tensor]
-            copies.append(Copy(local.addr + seg.offset, local.device, local.mem,
-                               remote.addr + seg.offset, remote.device, remote.mem, seg.length))
         try:
+            copies = []
+            for seg in self._chunks[a.chunk].segments:
+                local, remote = self._local[seg.tensor], regions[seg.tensor]
+                copies.append(Copy(local.addr + seg.offset, local.device, local.mem,
+                                   remote_address(remote, seg, local.nbytes), remote.device, remote.mem, seg.length))
             handle = self._transport.start_read(source.agent_name, copies)
         except ReadError as e:
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
@@ -308,3 +308,12 @@ class ChunkFetcher:
         self._inflight.clear()
         self._wan_queue.clear()
 
+
+def remote_address(region: msg.RegionMsg, seg: Segment, tensor_nbytes: int) -> int:
+    """Where ``seg`` lives in a holder that holds bytes [region.offset, region.offset + region.nbytes) of the
+    tensor (a row shard holds only its rows). Raises ReadError for bytes outside them: never read beyond."""
+    end = tensor_nbytes if region.nbytes is None else region.offset + region.nbytes
+    if seg.offset < region.offset or seg.offset + seg.length > end:
+        raise ReadError(f"tensor {seg.tensor}: the holder's region covers bytes [{region.offset}, {end}), not "
+                        f"[{seg.offset}, {seg.offset + seg.length})")
+    return region.addr + (seg.offset - region.offset)

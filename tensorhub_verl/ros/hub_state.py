@@ -4,13 +4,17 @@ Everything in this module can be rebuilt from the workers: after a hub restart e
 re-registers itself, its holdings and its fetches in progress, and nothing is lost.
 
 Invariants:
-  - A holding in state ``active`` holds every chunk; ``filling`` holdings serve the chunks they have.
+  - A holding in state ``active`` holds every chunk (``chunks`` None), or, as a row shard (an FSDP rank
+    holding its dim-0 rows of every tensor), exactly its rank's chunks; ``filling`` holdings serve the
+    chunks they have.
   - A lease is one read of one chunk from one holding. While a lease is live its source's bytes must
     not change, so ``unpublish`` waits for the holding's leases to end. A lease past its deadline is
     revoked: its reader is told to read that chunk again, and it no longer holds up ``unpublish``.
-  - A version becomes visible (``versions``/``latest``) only when one holding of it is ``active``.
+  - A version is visible (``versions``/``latest``, retention, ``/v1/wait``) only while its ``active``
+    holdings together have every chunk (``_visible``): one full holder, or row shards that add up.
   - The shards of a k-shard engine (``shard_group``) stay ``pending`` -- neither visible nor read --
-    until all k have been published; then they turn ``active`` together.
+    until all k have been published; then they turn ``active`` together. Row shards of one version are
+    the k holders of one key, with k distinct ranks.
   - A worker acts only as itself: registration binds a random credential to the worker id (the hub keeps
     only its hash), and the HTTP layer runs every call for a worker inside ``acting_as``. A worker's
     holders are named ``<worker>`` or ``<worker>~<suffix>``, so no worker publishes, unpublishes or fetches
@@ -30,21 +34,23 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, prepare_version
-from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
+from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
+from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors, shard_chunks
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
 from tensorhub_verl.ros.topology import Distance, Location
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 Key = tuple[str, int, str]  # (model, version, layout)
+GroupKey = tuple[str, int, str]  # (model, version, shard group)
+Member = tuple[Key, str]  # (layout key, holder): the row shards of one group share one key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +91,7 @@ class Holding:
     worker: str
     regions: list[msg.RegionMsg]
     chunks: set[int] | None
+    """None: every chunk. A row shard's chunks never change; a filling reader's grow."""
     state: str  # "pending" (a shard of an uncommitted group) | "filling" | "active" | "draining"
     generation: int
     served_bytes: int = 0
@@ -133,8 +140,9 @@ class HubState:
         """model -> bumped whenever its active holdings may have changed (parked long-polls compare it)."""
         self._quarantined_until: dict[tuple[Key, str], float] = {}
         """(version key, holder) -> end of its quarantine after a reader found bytes that fail their digest."""
-        self._shard_groups: dict[tuple[str, int, str], dict[Key, str]] = {}
-        self._shard_counts: dict[tuple[str, int, str], int] = {}
+        self._shard_groups: dict[GroupKey, dict[Member, int | None]] = {}
+        """group -> its members and their row shard rank (None: a shard in its own layout, e.g. a TP rank)."""
+        self._shard_counts: dict[GroupKey, int] = {}
         self._ids = itertools.count(1)
         # Counters read by /metrics.
         self.leases_revoked = 0
@@ -223,7 +231,7 @@ class HubState:
             if not entries:
                 self._release_of.pop(worker, None)
         keys = self._model_keys.get(model, set())
-        visible = sorted({k[1] for k in keys if self._active(self._versions[k])}, reverse=True)
+        visible = sorted({k[1] for k in keys if self._visible(self._versions[k])}, reverse=True)
         if not visible:
             return
         retained = set(visible[:self.config.keep_versions])
@@ -249,18 +257,17 @@ class HubState:
     # ---------------------------------------------------------------------------------- holdings
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
-        return prepare_version(req.manifest, self.config.limits)
+        return prepare_version(req.manifest, self.config.limits, req.shard_rank)
 
     def publish(self, req: msg.Publish, prepared: PreparedVersion | None = None) -> None:
         """Adds a holding. Every check runs before the first change: a refused publish changes nothing."""
         if prepared is None:
             prepared = self.prepare(req)
         manifest = prepared.manifest
-        if len(req.regions) != len(manifest.tensors):
-            raise InvalidRequest(f"publish has {len(req.regions)} memory regions for {len(manifest.tensors)} "
-                                 f"tensors; send one region per tensor")
         if req.shard_count > 1 and req.shard_group is None:
             raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+        _check_row_shard(req, manifest)
+        check_regions(req.regions, manifest, req.shard_rank)
         key = (manifest.model, manifest.version, manifest.layout)
         with self._lock:
             self._require_worker(req.worker)
@@ -268,47 +275,67 @@ class HubState:
             record = self._versions.get(key)
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
+                if req.shard_rank is not None:
+                    _check_same_chunk_map(record.manifest, manifest)
                 existing = record.holdings.get(req.holder)
                 if existing is not None and existing.worker != req.worker:
                     raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
                 if existing is not None and existing.state not in ("active", "pending"):
                     raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
                                          f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
+            group = (manifest.model, manifest.version, req.shard_group)
             if req.shard_count > 1:
-                self._check_shard(manifest.model, manifest.version, req.shard_group, req.shard_count, key)
+                self._check_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
             if record is None:
                 record = VersionRecord(manifest, prepared.chunks)
                 self._versions[key] = record
                 self._model_keys.setdefault(key[0], set()).add(key)
+            elif req.shard_rank is not None:
+                record.manifest = _merge_digests(record.manifest, manifest)
             state = "pending" if req.shard_count > 1 else "active"
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), None, state,
+            chunks = None if req.shard_rank is None else shard_chunks(manifest, req.shard_rank)
+            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, state,
                                                   next(self._ids))
             if req.shard_count > 1:
-                self._commit_shard(manifest.model, manifest.version, req.shard_group, req.shard_count, key,
-                                   req.holder)
+                self._commit_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
             self._holdings_changed(key[0])
 
-    def _check_shard(self, model: str, version: int, group: str, count: int, key: Key) -> None:
-        members = self._shard_groups.get((model, version, group), {})
-        known = self._shard_counts.get((model, version, group), count)
+    def _check_shard(self, group: GroupKey, count: int, member: Member, rank: int | None) -> None:
+        known = self._shard_counts.get(group, count)
         if known != count:
-            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has {known} shards, not {count}")
-        if key not in members and len(members) >= count:
-            raise InvalidRequest(f"shard group {group!r} of {model} v{version} has more than {count} shards")
+            raise InvalidRequest(f"shard group {group[2]!r} of {group[0]} v{group[1]} has {known} shards, not {count}")
+        others = {m: r for m, r in self._live_members(group).items() if m != member}
+        if len(others) >= count:
+            raise InvalidRequest(f"shard group {group[2]!r} of {group[0]} v{group[1]} has more than {count} shards")
+        if any((r is None) != (rank is None) for r in others.values()):
+            raise InvalidRequest(f"shard group {group[2]!r} of {group[0]} v{group[1]} mixes row shards (shard_rank "
+                                 f"set) with shards in their own layouts; use one group for each")
+        if rank is not None and any(r == rank for r in others.values()):
+            holder = next(m[1] for m, r in others.items() if r == rank)
+            raise InvalidRequest(f"row shard {rank} of {group[0]} v{group[1]} (group {group[2]!r}) is already "
+                                 f"published by {holder!r}; each rank publishes once")
+        if rank is not None and any(m[0] != member[0] for m in others):
+            raise InvalidRequest(f"the row shards of group {group[2]!r} of {group[0]} v{group[1]} are one layout, "
+                                 f"{next(iter(others))[0][2]!r}, not {member[0][2]!r}")
 
-    def _commit_shard(self, model: str, version: int, group: str, count: int, key: Key, holder: str) -> None:
-        members = self._shard_groups.setdefault((model, version, group), {})
-        self._shard_counts[(model, version, group)] = count
-        members[key] = holder
+    def _live_members(self, group: GroupKey) -> dict[Member, int | None]:
+        """The group's members whose holdings still exist: a shard that died leaves room for its replacement."""
+        members = self._shard_groups.get(group, {})
+        return {m: r for m, r in members.items()
+                if m[0] in self._versions and m[1] in self._versions[m[0]].holdings}
+
+    def _commit_shard(self, group: GroupKey, count: int, member: Member, rank: int | None) -> None:
+        members = self._live_members(group)
+        members[member] = rank
+        self._shard_groups[group] = members
+        self._shard_counts[group] = count
         if len(members) < count:
             return
-        for shard_key, h in members.items():
-            record = self._versions.get(shard_key)
-            if record is None or h not in record.holdings:  # a shard left before the group completed
-                return
-        for (m, v, layout), h in members.items():
-            self._versions[(m, v, layout)].holdings[h].state = "active"
-        logger.info("%s v%d: all %d shards of %s committed", model, version, count, group)
+        for key, holder in members:
+            holding = self._versions[key].holdings[holder]
+            if holding.state == "pending":  # not one that is draining meanwhile
+                holding.state = "active"
+        logger.info("%s v%d: all %d shards of %s committed", group[0], group[1], count, group[2])
 
     def unpublish(self, req: msg.Unpublish) -> msg.UnpublishAck:
         key = (req.model, req.version, req.layout)
@@ -345,7 +372,7 @@ class HubState:
     def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
         """True when ``holder`` holds the last reliable copy of a version inside the retention window."""
         with self._lock:
-            visible = sorted({k[1] for k, r in self._records_of(req.model) if self._active(r)}, reverse=True)
+            visible = sorted({k[1] for k, r in self._records_of(req.model) if self._visible(r)}, reverse=True)
             if req.version not in visible[: self.config.keep_versions]:
                 return msg.PreserveAnswer(must_preserve=False, reason="outside the retention window")
             record = self._versions.get((req.model, req.version, req.layout))
@@ -354,12 +381,17 @@ class HubState:
                 return msg.PreserveAnswer(must_preserve=False, reason="not a holder")
             if self._workers[holding.worker].spot:
                 return msg.PreserveAnswer(must_preserve=False, reason="spot workers are not reliable copies")
+            if holding.chunks is not None:
+                # A row shard's rows alone are no copy of the version: archiving them would keep nothing fetchable.
+                return msg.PreserveAnswer(must_preserve=False, reason="a row shard holds part of the version, not "
+                                          "a copy; fetch the version to keep a copy")
             for key, record in self._records_of(req.model):
                 if key[1] != req.version:
                     continue
                 for other in record.holdings.values():
                     worker = self._workers.get(other.worker)
-                    if other.holder != req.holder and other.state == "active" and worker and not worker.spot:
+                    if other.holder != req.holder and other.state == "active" and other.chunks is None and worker \
+                            and not worker.spot:
                         return msg.PreserveAnswer(must_preserve=False, reason=f"{other.holder} holds a copy")
             return msg.PreserveAnswer(must_preserve=True, reason="last reliable copy of a retained version")
 
@@ -376,8 +408,7 @@ class HubState:
             if req.digest != record.manifest.digest:
                 raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
                                        f"{record.manifest.digest}; the buffers do not describe this layout")
-            if len(req.regions) != len(record.manifest.tensors):
-                raise InvalidRequest(f"{len(req.regions)} regions for {len(record.manifest.tensors)} tensors")
+            check_regions(req.regions, record.manifest, None)
             existing = record.holdings.get(req.holder)
             if existing is not None and existing.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -506,8 +537,9 @@ class HubState:
             worker = self._workers.get(h.worker)
             if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
-            chunks = None if h.state == "active" else frozenset(h.chunks)
-            view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes)
+            chunks = None if h.chunks is None else frozenset(h.chunks)
+            view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes,
+                                 published=h.state == "active")
             (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
         wan = {dc: frozenset(c) for dc, c in wan_pulling.items()}
         view = SwarmView(holders, pulling, wan)
@@ -620,8 +652,17 @@ class HubState:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
 
     @staticmethod
-    def _active(record: VersionRecord) -> bool:
-        return any(h.state == "active" for h in record.holdings.values())
+    def _visible(record: VersionRecord) -> bool:
+        """Its active holdings together have every chunk: a full holder, or row shards (and any full holders)
+        whose chunks add up. A row shard that died without a stand-in hides the version again."""
+        covered: set[int] = set()
+        for h in record.holdings.values():
+            if h.state != "active":
+                continue
+            if h.chunks is None:
+                return True
+            covered |= h.chunks
+        return len(covered) == len(record.chunks)
 
     # ------------------------------------------------------------------------------------ queries
     def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
@@ -633,13 +674,13 @@ class HubState:
         """Resolves "latest" once; a version counts only when a holder of it in ``layout`` is active."""
         with self._lock:
             if version == "latest":
-                active = [k[1] for k, r in self._records_of(model) if k[2] == layout and self._active(r)]
+                active = [k[1] for k, r in self._records_of(model) if k[2] == layout and self._visible(r)]
                 if not active:
                     raise VersionNotFound(f"model {model!r} has no published version in layout {layout!r}")
                 return max(active)
             record = self._versions.get((model, int(version), layout))
-            if record is None or not self._active(record):
-                known = sorted({k[1] for k, r in self._records_of(model) if self._active(r)})
+            if record is None or not self._visible(record):
+                known = sorted({k[1] for k, r in self._records_of(model) if self._visible(r)})
                 raise VersionNotFound(f"version {version} of {model!r} in layout {layout!r} is not published; "
                                       f"published versions: {known or 'none'}")
             return int(version)
@@ -651,7 +692,7 @@ class HubState:
                 if layout is not None and lay != layout:
                     continue
                 holders = [h.worker for h in record.holdings.values() if h.state == "active"]
-                if holders:
+                if holders and self._visible(record):
                     result[v].extend(w for w in holders if w not in result[v])
             return {v: sorted(ws) for v, ws in sorted(result.items())}
 
@@ -701,8 +742,36 @@ def _check_holder(worker: str, holder: str) -> None:
                        f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
 
 
+def _check_row_shard(req: msg.Publish, manifest: Manifest) -> None:
+    """A row shard is one of ``row_shards`` publishes of one version, grouped and counted as such."""
+    if req.shard_rank is None:
+        return  # prepare_version checked the rank against row_shards
+    if req.shard_count != manifest.row_shards or req.shard_group is None:
+        raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({manifest.row_shards}, got "
+                             f"{req.shard_count}) and a shard_group naming its trainer")
+
+
+def _check_same_chunk_map(existing: Manifest, incoming: Manifest) -> None:
+    """A row shard serves only its rank's chunks of the version's chunk map: it must be cut the same way."""
+    if (existing.chunk_bytes, existing.row_shards) != (incoming.chunk_bytes, incoming.row_shards):
+        raise ManifestMismatch(
+            f"{incoming.model} v{incoming.version} ({incoming.layout}) is published with chunk_bytes "
+            f"{existing.chunk_bytes} and {existing.row_shards} row shard(s); a row shard must publish the same "
+            f"(got {incoming.chunk_bytes} and {incoming.row_shards})")
+
+
+def _merge_digests(existing: Manifest, incoming: Manifest) -> Manifest:
+    """Each row shard knows its own chunks' digests: the version's manifest collects them, so that once the
+    group commits every reader checks every chunk."""
+    if not incoming.chunk_digests:
+        return existing
+    old = existing.chunk_digests or ("",) * len(incoming.chunk_digests)
+    merged = tuple(a or b for a, b in zip(old, incoming.chunk_digests))
+    return existing if merged == existing.chunk_digests else replace(existing, chunk_digests=merged)
+
+
 def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
     return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
-                           fingerprint=m.fingerprint, chunk_digests=list(m.chunk_digests),
+                           fingerprint=m.fingerprint, chunk_digests=list(m.chunk_digests), row_shards=m.row_shards,
                            tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
                                                       nbytes=t.nbytes) for t in m.tensors])

@@ -64,3 +64,21 @@ def tensor_digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
         h.update(view[0:t.numel() * t.element_size()])
         out[name] = h.hexdigest()
     return out
+
+
+class _Shifted:
+    """A byte view of a row shard's piece, indexed by offsets in the whole tensor (the piece starts at ``start``)."""
+
+    def __init__(self, view, start: int):
+        self._view, self._start = view, start
+
+    def __getitem__(self, span: slice):
+        return self._view[span.start - self._start:span.stop - self._start]
+
+
+def shard_chunk_digests(chunks: Iterable[Chunk], pieces: Iterable[torch.Tensor], starts: Sequence[int],
+                        own: set[int]) -> tuple[str, ...]:
+    """A row shard's digests: of the chunks in ``own`` (all within its pieces), "" for the other ranks' chunks.
+    Piece ``i`` holds bytes from ``starts[i]`` of tensor ``i``."""
+    views = [_Shifted(view, start) for view, start in zip(byte_views(pieces), starts)]
+    return tuple(chunk_digest(c, views) if c.index in own else "" for c in chunks)

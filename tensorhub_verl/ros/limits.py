@@ -14,7 +14,7 @@ import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest, ManifestMismatch
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, dtype_from_name
+from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, dtype_from_name, rank_chunk_counts, shard_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,9 +29,12 @@ class HubLimits:
     max_chunks: int = 1 << 18
     """Chunks of one version: the hub keeps a chunk map per version (~100 bytes per chunk). 2**18 chunks
     of the default 8 MiB is 2 TiB; with tiny chunks, raise chunk_bytes rather than this."""
+    max_shard_pieces: int = 1 << 21
+    """Tensors x row shards of one row-sharded version: its chunk map is cut piece by piece (1k tensors
+    on 2k FSDP ranks)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tensors", "max_tensor_bytes", "max_version_bytes", "max_chunks"):
+        for name in ("max_tensors", "max_tensor_bytes", "max_version_bytes", "max_chunks", "max_shard_pieces"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"HubLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tensors > msg.MAX_TENSORS or self.max_chunks > msg.MAX_CHUNKS:
@@ -45,11 +48,17 @@ class PreparedVersion:
     chunks: tuple[Chunk, ...]
 
 
-def prepare_version(m: msg.ManifestMsg, limits: HubLimits) -> PreparedVersion:
-    """Checks a published manifest against ``limits`` and builds its chunk map. No hub state is touched."""
+def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | None = None) -> PreparedVersion:
+    """Checks a published manifest against ``limits`` and builds its chunk map. No hub state is touched.
+
+    ``shard_rank``: the publisher is that row shard (``Publish.shard_rank``), so its digests may be "" for
+    the chunks of other ranks, and only for those."""
     if len(m.tensors) > limits.max_tensors:
         raise InvalidRequest(f"{len(m.tensors)} tensors in one version exceed the hub's limit of "
                              f"{limits.max_tensors} (HubLimits.max_tensors)")
+    if len(m.tensors) * m.row_shards > limits.max_shard_pieces:
+        raise InvalidRequest(f"{len(m.tensors)} tensors in {m.row_shards} row shards exceed the hub's limit of "
+                             f"{limits.max_shard_pieces} pieces (HubLimits.max_shard_pieces)")
     specs = tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors)
     total = 0
     for spec in specs:
@@ -66,7 +75,8 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits) -> PreparedVersion:
     if total > limits.max_version_bytes:
         raise InvalidRequest(f"version of {total} bytes exceeds the hub's limit of {limits.max_version_bytes} "
                              f"(HubLimits.max_version_bytes)")
-    chunks = -(-total // m.chunk_bytes)
+    counts = rank_chunk_counts(specs, m.chunk_bytes, m.row_shards)
+    chunks = sum(counts)
     if chunks > limits.max_chunks:
         raise InvalidRequest(f"{total} bytes in chunks of {m.chunk_bytes} make {chunks} chunks, over the hub's "
                              f"limit of {limits.max_chunks}; publish with a larger chunk_bytes")
@@ -74,8 +84,46 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits) -> PreparedVersion:
         raise InvalidRequest("tensor names in a manifest must be unique")
     if m.chunk_digests and len(m.chunk_digests) != chunks:
         raise InvalidRequest(f"{len(m.chunk_digests)} chunk digests for {chunks} chunks; send one per chunk or none")
-    manifest = Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests))
+    if shard_rank is not None and m.row_shards == 1:
+        raise InvalidRequest(f"shard_rank {shard_rank} needs a manifest with row_shards > 1; publish whole "
+                             f"tensors without shard_rank")
+    if shard_rank is not None and shard_rank >= m.row_shards:
+        raise InvalidRequest(f"shard_rank {shard_rank} is out of range for {m.row_shards} row shards "
+                             f"(0..{m.row_shards - 1})")
+    _check_digests(m.chunk_digests, counts, shard_rank)
+    manifest = Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests),
+                        m.row_shards)
     return PreparedVersion(manifest, manifest.chunks())
+
+
+def _check_digests(digests: list[str], counts: list[int], shard_rank: int | None) -> None:
+    """Every digest is set, but a row shard sends "" for the other ranks' chunks (it has not their bytes)."""
+    if not digests:
+        return
+    first = 0 if shard_rank is None else sum(counts[:shard_rank])
+    own = range(len(digests)) if shard_rank is None else range(first, first + counts[shard_rank])
+    for index, digest in enumerate(digests):
+        if bool(digest) != (index in own):
+            what = "every chunk, or none" if shard_rank is None else \
+                f"chunks {own.start}..{own.stop - 1} (row shard {shard_rank}) and '' for the other ranks' chunks"
+            raise InvalidRequest(f"chunk digest {index} is {'set' if digest else 'empty'}; send a digest for {what}")
+
+
+def check_regions(regions: list[msg.RegionMsg], manifest: Manifest, shard_rank: int | None) -> None:
+    """One region per tensor, covering exactly what the holder holds: the whole tensor (offset 0), or for
+    row shard ``shard_rank`` its rows of it. Readers compute remote addresses from these, so a region that
+    claims other bytes would make them read the wrong memory."""
+    if len(regions) != len(manifest.tensors):
+        raise InvalidRequest(f"{len(regions)} memory regions for {len(manifest.tensors)} tensors; send one "
+                             f"region per tensor")
+    for spec, region in zip(manifest.tensors, regions):
+        start, stop = (0, spec.nbytes) if shard_rank is None else shard_bytes(spec, shard_rank, manifest.row_shards)
+        nbytes = stop - start if region.nbytes is None and shard_rank is None else region.nbytes
+        if region.offset != start or nbytes != stop - start:
+            raise InvalidRequest(
+                f"tensor {spec.name!r}: region covers bytes [{region.offset}, "
+                f"{'end' if region.nbytes is None else region.offset + region.nbytes}) but this holder holds "
+                f"[{start}, {stop}){'' if shard_rank is None else f' (row shard {shard_rank} of {manifest.row_shards})'}")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

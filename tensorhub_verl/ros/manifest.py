@@ -1,7 +1,12 @@
 """A version's manifest: the tensors of one layout, and how their bytes are cut into chunks.
 
-The chunk map is a pure function of (tensor specs, chunk size), so every holder and reader of a
-layout derives the same chunks without shipping them. Tiny tensors share a chunk; large ones span many.
+The chunk map is a pure function of (tensor specs, chunk size, row shards), so every holder and reader
+of a layout derives the same chunks without shipping them. Tiny tensors share a chunk; large ones span many.
+
+Row shards: a version may be published by ``row_shards`` workers that each hold a contiguous dim-0 row
+range of every tensor (FSDP2's shards, ``torch.chunk`` semantics: see ``row_range``). Its chunk map then
+packs rank 0's rows of every tensor, then rank 1's, and so on, and never lets a chunk span two ranks:
+every chunk is served whole by the one rank that has it, or by any full holder.
 """
 
 from __future__ import annotations
@@ -80,7 +85,10 @@ class Manifest:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     fingerprint: str = ""
     chunk_digests: tuple[str, ...] = ()
-    """One digest per chunk (``integrity.py``), computed by the publisher; empty when it computed none."""
+    """One digest per chunk (``integrity.py``), computed by the publisher; empty when it computed none. A row
+    shard's publish has "" for the chunks of other ranks; the hub merges the shards' digests."""
+    row_shards: int = 1
+    """How many dim-0 row shards the chunk map is aligned to (1: the plain chunk map)."""
 
     @property
     def nbytes(self) -> int:
@@ -89,43 +97,85 @@ class Manifest:
     @property
     def digest(self) -> str:
         """Identifies the layout's shape: equal digests mean raw bytes can be copied between holders."""
-        return layout_digest(self.layout, self.tensors, self.chunk_bytes)
+        return layout_digest(self.layout, self.tensors, self.chunk_bytes, self.row_shards)
 
     def chunks(self) -> tuple[Chunk, ...]:
-        return split_into_chunks(self.tensors, self.chunk_bytes)
+        return split_into_chunks(self.tensors, self.chunk_bytes, self.row_shards)
 
     def allocate(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """Empty buffers matching this manifest, ready to pass as ``fetch(into=...)``."""
         return {t.name: torch.empty(t.shape, dtype=dtype_from_name(t.dtype), device=device) for t in self.tensors}
 
 
-def layout_digest(layout: str, tensors: Iterable[TensorSpec], chunk_bytes: int) -> str:
+def layout_digest(layout: str, tensors: Iterable[TensorSpec], chunk_bytes: int, row_shards: int = 1) -> str:
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"{layout}|{chunk_bytes}".encode())
+    # row_shards == 1 hashes exactly what it always did: existing digests stay valid.
+    h.update(f"{layout}|{chunk_bytes}".encode() + (f"|rows{row_shards}".encode() if row_shards > 1 else b""))
     for t in tensors:
         h.update(f"|{t.name}:{t.dtype}:{'x'.join(map(str, t.shape))}:{t.nbytes}".encode())
     return h.hexdigest()
 
 
-def split_into_chunks(tensors: tuple[TensorSpec, ...], chunk_bytes: int) -> tuple[Chunk, ...]:
-    """Packs tensors in manifest order into chunks of at most ``chunk_bytes`` (the last may be smaller)."""
+def row_range(rows: int, rank: int, ranks: int) -> tuple[int, int]:
+    """Rows [start, stop) of dim 0 that ``rank`` of ``ranks`` holds, with ``torch.chunk`` semantics (FSDP2's):
+    every rank gets ceil(rows / ranks) rows but the last ones, which get fewer or none."""
+    if ranks < 1 or not 0 <= rank < ranks or rows < 0:
+        raise ValueError(f"row_range needs rows >= 0 and 0 <= rank < ranks, got {rows}, {rank}, {ranks}")
+    per = -(-rows // ranks)
+    start = min(rank * per, rows)
+    return start, min(start + per, rows)
+
+
+def shard_bytes(spec: TensorSpec, rank: int, ranks: int) -> tuple[int, int]:
+    """Bytes [start, stop) of ``spec`` that ``rank`` holds. A 0-dim tensor has no rows: rank 0 holds it."""
+    if not spec.shape:
+        return (0, spec.nbytes) if rank == 0 else (spec.nbytes, spec.nbytes)
+    start, stop = row_range(spec.shape[0], rank, ranks)
+    row = spec.nbytes // spec.shape[0] if spec.shape[0] else 0
+    return start * row, stop * row
+
+
+def rank_chunk_counts(tensors: Iterable[TensorSpec], chunk_bytes: int, row_shards: int) -> list[int]:
+    """Chunks of each rank's part of the chunk map, arithmetically (no chunk is built): the hub checks its
+    limits with this before building a chunk map. ``[total]`` when row_shards is 1."""
+    totals = [0] * row_shards
+    for spec in tensors:
+        for rank in range(row_shards):
+            start, stop = shard_bytes(spec, rank, row_shards)
+            totals[rank] += stop - start
+    return [-(-total // chunk_bytes) for total in totals]
+
+
+def shard_chunks(manifest: Manifest, rank: int) -> set[int]:
+    """Indices of the chunks that row shard ``rank`` holds: a contiguous run, as ranks are packed in order."""
+    counts = rank_chunk_counts(manifest.tensors, manifest.chunk_bytes, manifest.row_shards)
+    first = sum(counts[:rank])
+    return set(range(first, first + counts[rank]))
+
+
+def split_into_chunks(tensors: tuple[TensorSpec, ...], chunk_bytes: int, row_shards: int = 1) -> tuple[Chunk, ...]:
+    """Packs tensors in manifest order into chunks of at most ``chunk_bytes`` (the last may be smaller).
+
+    With ``row_shards`` > 1, rank by rank: rank 0's rows of every tensor, then rank 1's, ...; a rank's last
+    chunk may be smaller, so that no chunk holds bytes of two ranks. With 1 it is the plain packing."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
     chunks: list[Chunk] = []
-    current: list[Segment] = []
-    room = chunk_bytes
-    for index, spec in enumerate(tensors):
-        offset = 0
-        while offset < spec.nbytes:
-            length = min(room, spec.nbytes - offset)
-            current.append(Segment(index, offset, length))
-            offset += length
-            room -= length
-            if room == 0:
-                chunks.append(Chunk(len(chunks), tuple(current)))
-                current, room = [], chunk_bytes
-    if current:
-        chunks.append(Chunk(len(chunks), tuple(current)))
+    for rank in range(row_shards):
+        current: list[Segment] = []
+        room = chunk_bytes
+        for index, spec in enumerate(tensors):
+            offset, stop = shard_bytes(spec, rank, row_shards)
+            while offset < stop:
+                length = min(room, stop - offset)
+                current.append(Segment(index, offset, length))
+                offset += length
+                room -= length
+                if room == 0:
+                    chunks.append(Chunk(len(chunks), tuple(current)))
+                    current, room = [], chunk_bytes
+        if current:
+            chunks.append(Chunk(len(chunks), tuple(current)))
     return tuple(chunks)
 
 
@@ -200,7 +250,8 @@ def check_buffers(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> None:
 def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
     """Two publishes of one (model, version, layout) must agree tensor by tensor and byte for byte.
 
-    Their chunk sizes may differ: a holder serves any byte range, and readers use the version's first one.
+    Their chunk maps may differ (chunk size, row shards): a full holder serves any byte range, and readers
+    use the version's first one. Chunk digests are compared where both publishes have one.
     """
     for old, new in zip(existing.tensors, incoming.tensors):
         if old != new:
@@ -213,9 +264,11 @@ def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
         name = longer[min(len(existing.tensors), len(incoming.tensors))].name
         raise ManifestMismatch(f"tensor {name!r} is in only one of the two publishes of version "
                                f"{existing.version} ({existing.layout})", tensor=name)
-    comparable = existing.chunk_bytes == incoming.chunk_bytes and existing.chunk_digests and incoming.chunk_digests
-    if comparable and existing.chunk_digests != incoming.chunk_digests:
-        first = next(i for i, (a, b) in enumerate(zip(existing.chunk_digests, incoming.chunk_digests)) if a != b)
+    same_map = existing.chunk_bytes == incoming.chunk_bytes and existing.row_shards == incoming.row_shards
+    # A row shard knows only its own chunks' digests (the others are ""): compare where both know one.
+    first = next((i for i, (a, b) in enumerate(zip(existing.chunk_digests, incoming.chunk_digests))
+                  if a and b and a != b), None) if same_map else None
+    if first is not None:
         name = existing.tensors[existing.chunks()[first].segments[0].tensor].name
         raise ManifestMismatch(
             f"version {existing.version} of {existing.model!r} ({existing.layout}) is already published with "

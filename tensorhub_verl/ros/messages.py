@@ -21,6 +21,8 @@ MAX_DIMS = 8
 MAX_CHUNKS = 1 << 20
 """Hard cap of chunks per version; the hub's own limit (HubLimits.max_chunks) is lower by default."""
 MAX_SOURCES = 4096
+MAX_ROW_SHARDS = 65_536
+"""Hard cap of row shards per version (the hub also caps tensors x row shards: HubLimits.max_shard_pieces)."""
 INSTANCE_HEADER = "X-TensorHub-Instance"
 """Every hub response names the hub instance, so clients notice a restart and re-register."""
 CREDENTIAL_HEADER = "X-TensorHub-Credential"
@@ -78,8 +80,11 @@ class ManifestMsg(Strict):
     tensors: list[TensorSpecMsg] = Field(min_length=1, max_length=MAX_TENSORS)
     chunk_bytes: Annotated[int, Field(ge=4096, le=1 << 31)]
     fingerprint: Annotated[str, Field(max_length=128)] = ""
-    chunk_digests: list[Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]] = Field(default=[], max_length=MAX_CHUNKS)
-    """xxh3-64 of each chunk, hex, from the publisher; readers check every chunk against it. Empty: unchecked."""
+    chunk_digests: list[Annotated[str, Field(pattern=r"^([0-9a-f]{16})?$")]] = Field(default=[], max_length=MAX_CHUNKS)
+    """xxh3-64 of each chunk, hex, from the publisher; readers check every chunk against it. Empty: unchecked.
+    A row shard's publish sends "" for the chunks of other ranks (only that is allowed: see limits.py)."""
+    row_shards: Annotated[int, Field(ge=1, le=MAX_ROW_SHARDS)] = 1
+    """The chunk map is aligned to this many dim-0 row shards (manifest.py); 1: the plain chunk map."""
 
 
 class RegionMsg(Strict):
@@ -88,6 +93,12 @@ class RegionMsg(Strict):
     addr: Annotated[int, Field(ge=0, lt=2**64)]
     device: Annotated[int, Field(ge=0, le=1023)] = 0
     mem: Literal["DRAM", "VRAM"] = "DRAM"
+    offset: Annotated[int, Field(ge=0, le=2**52)] = 0
+    """Bytes of the tensor before ``addr``'s byte: a row shard's region starts mid-tensor. The byte at
+    tensor offset ``o`` lives at ``addr + (o - offset)``."""
+    nbytes: Annotated[int, Field(ge=0, le=2**52)] | None = None
+    """Bytes of the tensor held from ``offset`` on; None: through the tensor's end. Readers refuse to read
+    outside [offset, offset + nbytes)."""
 
 
 class RegisterWorker(Strict):
@@ -123,6 +134,10 @@ class Publish(Strict):
     shard_group: Name | None = None
     """Set by each shard of a k-shard engine (e.g. TP ranks): no shard is visible until all k committed."""
     shard_count: Annotated[int, Field(ge=1, le=65536)] = 1
+    shard_rank: Annotated[int, Field(ge=0, lt=MAX_ROW_SHARDS)] | None = None
+    """Set by row shard ``shard_rank`` of a ``manifest.row_shards``-way row-sharded version (an FSDP rank): it
+    holds only that rank's rows, so its regions start at its first byte of each tensor. Needs
+    ``shard_count == manifest.row_shards`` and a ``shard_group``; the group's ranks are all distinct."""
 
 
 class Unpublish(Strict):

@@ -68,6 +68,9 @@ class HolderView:
     """Chunks it holds; None means all of them (a complete holder)."""
     inflight: int = 0
     served_bytes: int = 0
+    published: bool = False
+    """Holds ``chunks`` as a published row shard (an FSDP rank's rows); False with chunks: a reader still
+    filling (pipelined replication)."""
 
     def has(self, chunk: int) -> bool:
         return self.chunks is None or chunk in self.chunks
@@ -113,9 +116,9 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     served = {h.holder: h.served_bytes for h in view.holders}
     holders = [h for h in view.holders if h.holder != request.reader]
     complete = [h for h in holders if h.chunks is None]
-    partial: dict[int, list[HolderView]] = defaultdict(list)  # chunk -> readers still filling that have it
-    if config.cooperative:
-        for h in holders:
+    partial: dict[int, list[HolderView]] = defaultdict(list)  # chunk -> partial holders (row shards, readers) of it
+    for h in holders:
+        if config.cooperative or h.published:  # the naive baseline reads only from published holders
             for chunk in h.chunks or ():
                 partial[chunk].append(h)
     wan_busy = set(view.wan_pulling.get(request.location.dc, ()))

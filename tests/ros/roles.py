@@ -39,6 +39,11 @@ def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, versio
     weights = make_weights(seed, size_mb)
     client.publish("policy", version, weights)
     results.put(("ok", {"pid": os.getpid(), "digest": digest(weights)}))
+    _serve(results, control, client, version)
+
+
+def _serve(results, control, client, version) -> None:
+    """Holds what the client published until told to unpublish (answers) or stop (closes)."""
     while True:
         command = control.get(timeout=600)
         if command == "stop":
@@ -47,6 +52,25 @@ def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, versio
         if command == "unpublish":
             client.unpublish("policy", version)
             results.put(("ok", "unpublished"))
+
+
+def shard_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]:
+    """``make_weights`` plus a 0-dim tensor: rows that split unevenly, tensors with fewer rows than ranks."""
+    return make_weights(seed, size_mb) | {"scale": torch.tensor(1.5 + seed)}
+
+
+def shard_holder(results, control, hub_url, worker, rank, ranks, seed, size_mb, chunk_bytes, version=1):
+    """Row shard ``rank`` of ``ranks``: publishes only its rows of every tensor (as an FSDP2 rank holds them)."""
+    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0)
+    full = shard_weights(seed, size_mb)
+    specs = {name: (t.shape, t.dtype) for name, t in full.items()}
+    pieces = {name: (t if t.dim() == 0 else t[slice(*th.row_range(t.shape[0], rank, ranks))]).clone()
+              for name, t in full.items()}
+    del full  # this process keeps only its rows
+    manifest = client.publish_shard("policy", version, pieces, specs=specs, rank=rank, ranks=ranks)
+    results.put(("ok", {"pid": os.getpid(), "chunks": sorted(th.shard_chunks(manifest, rank)),
+                        "bytes": sum(manifest.chunks()[c].nbytes for c in th.shard_chunks(manifest, rank))}))
+    _serve(results, control, client, version)
 
 
 def tampering_holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1):
