@@ -1,6 +1,6 @@
 """verl's own trainer, for real, through TensorHub: ``python -m verl.trainer.main_ppo`` on CPU.
 
-No fakes: Ray, an FSDP2 trainer rank over gloo, two vLLM replicas (vLLM's CPU build, float32), the hub as a
+No fakes: Ray, FSDP2 trainer ranks over gloo, two vLLM replicas (vLLM's CPU build, float32), the hub as a
 Ray actor, NIXL/UCX transfers; the tiny model and the toy task are built locally (``tensorhub_verl.demo``).
 Each step's metrics come from verl's own "file" logger.
 """
@@ -37,7 +37,8 @@ def _run(task, tmp_path, steps: int, **kw) -> tuple[dict, list[tuple[int, dict]]
 
 
 def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_path):
-    result, metrics = _run(task, tmp_path, steps=3)
+    """Two FSDP2 trainer ranks, each publishing its own shard; the replicas' engines hold what they serve."""
+    result, metrics = _run(task, tmp_path, steps=3, trainer_ranks=2)
     assert result["demo"] == "ok"
     assert [step for step, _ in metrics] == [1, 2, 3]
     on_policy_steps = 0
@@ -50,6 +51,11 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
         assert m["tensorhub/bytes"] > 0 and m["tensorhub/stall_s"] > 0
         # The second replica read from the first, not only from the trainer.
         assert m["tensorhub/bytes_from_peers"] > 0
+        # No gather: both trainer ranks published their rows and both served them. This model is one 0.76 MB
+        # chunk per rank, so of the 3 chunk reads that reach the trainer (the other goes to the peer replica)
+        # one rank serves 2: measured 0.667; with many chunks per rank the share tends to 1/2.
+        assert m["tensorhub/publish_ranks"] == 2 and m["tensorhub/trainer_sources"] == 2
+        assert m["tensorhub/trainer_share_max"] <= 0.7
         assert math.isfinite(m["critic/score/mean"])
         if m.get("training/off_policy/trajectory_staleness/max") == 0:
             on_policy_steps += 1
