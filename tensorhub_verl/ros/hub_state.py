@@ -42,7 +42,7 @@ from tensorhub_verl.errors import (
 )
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
-from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors, shard_chunks
+from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
 from tensorhub_verl.ros.topology import Distance, Location
 
@@ -90,11 +90,13 @@ class Holding:
     holder: str
     worker: str
     regions: list[msg.RegionMsg]
-    chunks: set[int] | None
-    """None: every chunk. A row shard's chunks never change; a filling reader's grow."""
+    chunks: set[int] | frozenset[int] | None
+    """None: every chunk. A row shard's (frozen) never change; a filling reader's grow."""
     state: str  # "pending" (a shard of an uncommitted group) | "filling" | "active" | "draining"
     generation: int
     served_bytes: int = 0
+    shard_rank: int | None = None
+    """Set for a row shard: it holds that rank's chunks of the version's chunk map."""
 
 
 @dataclass(slots=True)
@@ -257,7 +259,10 @@ class HubState:
     # ---------------------------------------------------------------------------------- holdings
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
-        return prepare_version(req.manifest, self.config.limits, req.shard_rank)
+        prepared = prepare_version(req.manifest, self.config.limits, req.shard_rank)
+        _check_row_shard(req)
+        check_regions(req.regions, prepared.manifest, req.shard_rank)
+        return prepared
 
     def publish(self, req: msg.Publish, prepared: PreparedVersion | None = None) -> None:
         """Adds a holding. Every check runs before the first change: a refused publish changes nothing."""
@@ -266,8 +271,6 @@ class HubState:
         manifest = prepared.manifest
         if req.shard_count > 1 and req.shard_group is None:
             raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
-        _check_row_shard(req, manifest)
-        check_regions(req.regions, manifest, req.shard_rank)
         key = (manifest.model, manifest.version, manifest.layout)
         with self._lock:
             self._require_worker(req.worker)
@@ -293,9 +296,8 @@ class HubState:
             elif req.shard_rank is not None:
                 record.manifest = _merge_digests(record.manifest, manifest)
             state = "pending" if req.shard_count > 1 else "active"
-            chunks = None if req.shard_rank is None else shard_chunks(manifest, req.shard_rank)
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, state,
-                                                  next(self._ids))
+            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks,
+                                                  state, next(self._ids), shard_rank=req.shard_rank)
             if req.shard_count > 1:
                 self._commit_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
             self._holdings_changed(key[0])
@@ -370,7 +372,10 @@ class HubState:
             self._changed.wait(min(remaining, 0.05))
 
     def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
-        """True when ``holder`` holds the last reliable copy of a version inside the retention window."""
+        """True when ``holder`` holds the last reliable copy of a version inside the retention window.
+
+        A row shard is never a copy (False, with the reason), nor does it count as another holder's copy:
+        its rows alone would keep nothing fetchable once the other ranks go."""
         with self._lock:
             visible = sorted({k[1] for k, r in self._records_of(req.model) if self._visible(r)}, reverse=True)
             if req.version not in visible[: self.config.keep_versions]:
@@ -537,7 +542,7 @@ class HubState:
             worker = self._workers.get(h.worker)
             if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
-            chunks = None if h.chunks is None else frozenset(h.chunks)
+            chunks = h.chunks if h.chunks is None or isinstance(h.chunks, frozenset) else frozenset(h.chunks)
             view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes,
                                  published=h.state == "active")
             (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
@@ -653,16 +658,16 @@ class HubState:
 
     @staticmethod
     def _visible(record: VersionRecord) -> bool:
-        """Its active holdings together have every chunk: a full holder, or row shards (and any full holders)
-        whose chunks add up. A row shard that died without a stand-in hides the version again."""
-        covered: set[int] = set()
+        """Its active holdings together have every chunk: a full holder, or one row shard of every rank (an
+        active holding is one or the other). A row shard that died without a stand-in hides the version again.
+        O(holdings), not O(chunks): it runs for every version of a model on each query."""
+        ranks = set()
         for h in record.holdings.values():
-            if h.state != "active":
-                continue
-            if h.chunks is None:
+            if h.state == "active" and h.chunks is None:
                 return True
-            covered |= h.chunks
-        return len(covered) == len(record.chunks)
+            if h.state == "active":
+                ranks.add(h.shard_rank)
+        return len(ranks) == record.manifest.row_shards
 
     # ------------------------------------------------------------------------------------ queries
     def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
@@ -742,12 +747,12 @@ def _check_holder(worker: str, holder: str) -> None:
                        f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
 
 
-def _check_row_shard(req: msg.Publish, manifest: Manifest) -> None:
+def _check_row_shard(req: msg.Publish) -> None:
     """A row shard is one of ``row_shards`` publishes of one version, grouped and counted as such."""
     if req.shard_rank is None:
         return  # prepare_version checked the rank against row_shards
-    if req.shard_count != manifest.row_shards or req.shard_group is None:
-        raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({manifest.row_shards}, got "
+    if req.shard_count != req.manifest.row_shards or req.shard_group is None:
+        raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({req.manifest.row_shards}, got "
                              f"{req.shard_count}) and a shard_group naming its trainer")
 
 

@@ -46,6 +46,8 @@ class HubLimits:
 class PreparedVersion:
     manifest: Manifest
     chunks: tuple[Chunk, ...]
+    shard_chunks: frozenset[int] | None = None
+    """The chunks that the publishing row shard holds (``Publish.shard_rank``); None: a full holder."""
 
 
 def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | None = None) -> PreparedVersion:
@@ -90,22 +92,21 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
     if shard_rank is not None and shard_rank >= m.row_shards:
         raise InvalidRequest(f"shard_rank {shard_rank} is out of range for {m.row_shards} row shards "
                              f"(0..{m.row_shards - 1})")
-    _check_digests(m.chunk_digests, counts, shard_rank)
+    own = None if shard_rank is None else range(sum(counts[:shard_rank]), sum(counts[:shard_rank + 1]))
+    _check_digests(m.chunk_digests, own)
     manifest = Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests),
                         m.row_shards)
-    return PreparedVersion(manifest, manifest.chunks())
+    return PreparedVersion(manifest, manifest.chunks(), None if own is None else frozenset(own))
 
 
-def _check_digests(digests: list[str], counts: list[int], shard_rank: int | None) -> None:
-    """Every digest is set, but a row shard sends "" for the other ranks' chunks (it has not their bytes)."""
+def _check_digests(digests: list[str], own: range | None) -> None:
+    """Every digest is set, but a row shard (``own``: its chunks) sends "" for the other ranks' chunks."""
     if not digests:
         return
-    first = 0 if shard_rank is None else sum(counts[:shard_rank])
-    own = range(len(digests)) if shard_rank is None else range(first, first + counts[shard_rank])
     for index, digest in enumerate(digests):
-        if bool(digest) != (index in own):
-            what = "every chunk, or none" if shard_rank is None else \
-                f"chunks {own.start}..{own.stop - 1} (row shard {shard_rank}) and '' for the other ranks' chunks"
+        if bool(digest) != (own is None or index in own):
+            what = "every chunk, or none" if own is None else \
+                f"its chunks {own.start}..{own.stop - 1} and '' for the other row shards' chunks"
             raise InvalidRequest(f"chunk digest {index} is {'set' if digest else 'empty'}; send a digest for {what}")
 
 

@@ -48,7 +48,8 @@ schema.config.generation.update(modes=[schemathesis.GenerationMode.POSITIVE, sch
 # Names and versions the hub knows: random strings almost never hit a registered worker or a published
 # version, so half the cases have theirs replaced by these, to reach the handlers' deeper paths.
 _KNOWN = {"worker": ["w", "x"], "holder": ["w", "w~cpu", "x"], "model": ["m", "n"], "layout": ["hf", "other"],
-          "version": [0, 1, 2, "1", "latest"], "shard_group": ["g"], "shard_count": [1, 2, 3]}
+          "version": [0, 1, 2, "1", "latest"], "shard_group": ["g"], "shard_count": [1, 2, 3],
+          "shard_rank": [None, 0, 1], "row_shards": [1, 2]}
 
 
 def _focus(value, rng: random.Random):

@@ -4,13 +4,16 @@ Real hub, real processes, real NIXL/UCX reads; bytes compared exactly.
 """
 
 import json
+import os
+import signal
+import time
 
 import httpx
 import pytest
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, VersionNotFound
+from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, TransferFailed, VersionNotFound
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import remote_address
 from tensorhub_verl.ros.hub_state import HubConfig, HubState, manifest_to_msg
@@ -60,6 +63,48 @@ def test_a_reader_reads_each_chunk_from_the_rank_that_has_it(hub, roles, ranks):
     assert again["sources"].get("reader-1", 0) > 0, again["sources"]
     assert sum(again["sources"].values()) == got["bytes"]
 
+
+
+def test_a_rank_killed_before_any_reader_has_its_chunks_hides_the_version(roles):
+    hub = th.start_hub(config=th.HubConfig(worker_timeout_s=3.0, heartbeat_s=0.5, suspect_s=1.0))
+    try:
+        shards = _publish_shards(hub, roles, 2, seed=7)
+        os.kill(shards[1]["pid"], signal.SIGKILL)
+        with th.connect(hub.url, "reader", read_timeout_s=5.0, fetch_timeout_s=60.0) as client:
+            started = time.monotonic()
+            with pytest.raises((TransferFailed, VersionNotFound)):  # typed, and well before the fetch timeout
+                client.fetch("policy", 1)
+            assert time.monotonic() - started < 45
+            deadline = time.monotonic() + 30
+            while client.versions("policy") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert client.versions("policy") == {}  # rank 0 alone does not make a version
+            with pytest.raises(VersionNotFound):
+                client.fetch("policy", "latest")
+    finally:
+        hub.stop()
+
+
+def test_ranks_and_readers_re_register_after_a_hub_restart(roles):
+    hub = th.start_hub()
+    port = int(hub.url.rsplit(":", 1)[1])
+    try:
+        _publish_shards(hub, roles, 2, seed=8)
+        with th.connect(hub.url, "reader-1", hub_retry_s=60.0) as first:
+            first.fetch("policy", 1)
+            hub.stop()
+            hub = th.start_hub(port=port)  # a new instance: it knows nothing until the workers re-register
+            with th.connect(hub.url, "reader-2", hub_retry_s=60.0) as second:
+                deadline = time.monotonic() + 60
+                while second.versions("policy") != {1: ["rank-0", "rank-1", "reader-1"]}:
+                    assert time.monotonic() < deadline, second.versions("policy")
+                    time.sleep(0.2)
+                stats = second.fetch("policy", 1)
+                assert digest(stats.buffers) == digest(shard_weights(8, 2.0))
+                assert all(second.manifest("policy", 1).chunk_digests)
+                assert {"rank-0", "rank-1"} & set(stats.sources), stats.sources
+    finally:
+        hub.stop()
 
 # ------------------------------------------------------------------------------------------- pure
 def test_row_range_has_torch_chunk_semantics():
