@@ -31,12 +31,12 @@ def _role(cmdline: list[str]) -> str | None:
 def sample_forever(peaks: dict, stop: threading.Event, period_s: float = 1.0) -> None:
     while not stop.is_set():
         totals: dict[str, int] = defaultdict(int)
-        for proc in psutil.process_iter(["cmdline"]):
-            role = _role(proc.info["cmdline"] or [])
-            if role is None:
-                continue
+        # Only this job's processes (Ray's cluster is started by the job, so all of them descend from us).
+        for proc in psutil.Process().children(recursive=True):
             try:
-                totals[role] += proc.memory_full_info().uss
+                role = _role(proc.cmdline())
+                if role is not None:
+                    totals[role] += proc.memory_full_info().uss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         for role, total in totals.items():
