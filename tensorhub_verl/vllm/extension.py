@@ -65,8 +65,11 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
                         config=cfg)
     try:
-        return EngineHolder(client, HolderConfig(model=model, layout=layout, staging=staging,
-                                                 fetch_timeout_s=fetch_timeout_s),
+        # The engine's ranks are one shard group, named by its base worker id: a version in their layouts is
+        # visible only once every rank holds it.
+        config = HolderConfig(model=model, layout=layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
+                              shard_group=worker if tp > 1 else None, shard_count=tp)
+        return EngineHolder(client, config,
                             params, lambda weights: compat.load_hf_weights(worker_obj, weights), hf_views=views)
     except BaseException:
         client.close()
