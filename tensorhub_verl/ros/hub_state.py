@@ -95,6 +95,14 @@ class Holding:
     state: str  # "pending" (a shard of an uncommitted group) | "filling" | "active" | "draining"
     generation: int
     served_bytes: int = 0
+    need: frozenset[int] | None = None
+    """A ranged reader's chunks (None: all of them)."""
+    unserved: frozenset[int] = frozenset()
+    """Chunks a ranged reader reads only in part: never planned from it."""
+
+    def complete(self, total: int) -> bool:
+        """A filling reader has every chunk it reads."""
+        return len(self.chunks) == total if self.need is None else self.need <= self.chunks
 
 
 @dataclass(slots=True)
@@ -408,7 +416,7 @@ class HubState:
             if req.digest != record.manifest.digest:
                 raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
                                        f"{record.manifest.digest}; the buffers do not describe this layout")
-            check_regions(req.regions, record.manifest, None)
+            check_regions(req.regions, record.manifest, None, ranged=req.need is not None)
             existing = record.holdings.get(req.holder)
             if existing is not None and existing.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -416,8 +424,9 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
             chunks = {c for c in req.have if c < len(record.chunks)}
+            need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
             record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, "filling",
-                                                  next(self._ids))
+                                                  next(self._ids), need=need, unserved=frozenset(req.unserved))
             self._revoked.pop(req.holder, None)
             return record.manifest
 
@@ -438,7 +447,7 @@ class HubState:
             while True:
                 assignments, view, needed = self._plan(key, record, holding, reader.location, req.want)
                 mine = any(lease.reader == req.holder and lease.key == key for lease in self._leases.values())
-                if assignments or mine or self._clock() >= deadline or len(holding.chunks) == len(record.chunks):
+                if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
                     break
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
                 self._expire_leases()
@@ -537,7 +546,7 @@ class HubState:
             worker = self._workers.get(h.worker)
             if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
-            chunks = None if h.chunks is None else frozenset(h.chunks)
+            chunks = None if h.chunks is None else frozenset(h.chunks) - h.unserved
             view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes,
                                  published=h.state == "active")
             (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
@@ -545,7 +554,8 @@ class HubState:
         view = SwarmView(holders, pulling, wan)
         # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
         everyone = SwarmView(holders + suspects, pulling, wan)
-        needed = [c for c in range(len(record.chunks)) if c not in holding.chunks and c not in mine]
+        wanted = range(len(record.chunks)) if holding.need is None else sorted(holding.need)
+        needed = [c for c in wanted if c not in holding.chunks and c not in mine]
         seeds = record.seeds[location.dc]
         seeds[:] = [s for s in seeds if s in record.holdings]
         if holding.holder not in seeds and len(seeds) < self.config.planner.seeds_per_dc:
@@ -567,9 +577,11 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
-            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
+            if req.ok and holding.chunks is not None and not holding.complete(len(record.chunks)):
                 raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
-                                     f"{len(record.chunks)} chunks")
+                                     f"{len(record.chunks) if holding.need is None else len(holding.need)} chunks")
+            if req.ok and req.hold and holding.need is not None:
+                raise InvalidRequest(f"{req.holder} read parts of {key}: a ranged reader cannot hold the version")
             for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
                 del self._leases[lease_id]
             self._revoked.pop(req.holder, None)

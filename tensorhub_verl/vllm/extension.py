@@ -58,8 +58,9 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     params = compat.live_parameters(compat.worker_model(worker_obj))
     hf_cfg = compat.hf_config(worker_obj)
     layout = engine_layout(hf_cfg, tp, rank, params)
-    # Where the layout is known, an 'hf' pull lands straight in the parameters (staging 'none': no copy).
-    views = hf_views(params, DecoderShape.from_hf_config(hf_cfg)) if tp == 1 and \
+    # Where the layout is known, an 'hf' pull lands straight in the parameters (staging 'none': no copy), and
+    # at TP>1 each rank reads only its slices of the HF tensors.
+    views = hf_views(params, DecoderShape.from_hf_config(hf_cfg), tp, rank) if \
         hf_cfg.model_type in SUPPORTED_ARCHES else None
     cfg = th.ClientConfig(**(ENGINE_CLIENT_DEFAULTS | (client_config or {})))
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,

@@ -286,6 +286,8 @@ class EngineHolder:
         for spec in manifest.tensors:
             if spec.name in views:
                 targets[spec.name] = views[spec.name]
+            elif spec.name in self._hf_views.unused and self._hf_views.slices:
+                continue  # a TP rank reads only what it uses
             elif spec.name in self._hf_views.unused:
                 scratch = self._hf_scratch.get(spec.name)
                 if scratch is None or tuple(scratch.shape) != spec.shape or dtype_name(scratch.dtype) != spec.dtype:
@@ -301,7 +303,7 @@ class EngineHolder:
     def hf_digests(self) -> dict:
         """``{"version", "digests": {hf_name: digest}, "unused": [...]}`` of the served weights, read through the
         HF views (``integrity.tensor_digests``), to compare end to end with what the trainer published."""
-        if self._hf_views is None:
+        if self._hf_views is None or self._hf_views.slices:
             raise errors.ConfigError(f"{self.worker}: no HF mapping of this engine's layout "
                                      f"({self.config.layout}); digests in HF terms need a TP=1 llama/qwen2 engine")
         with self._lock:
@@ -483,10 +485,17 @@ class EngineHolder:
         targets = self._hf_targets(version)
         if targets is None:
             raise errors.ManifestMismatch(f"v{version}'s HF tensors do not map onto this engine's parameters")
-        # hold=True: the parameters also serve this version in 'hf' (to replicas of other layouts, and to peers
-        # pulling the same version right now); ``_unpublish_served`` drops both holdings before they change.
-        stats = self.client.fetch(self.config.model, version, into=targets, layout=HF_LAYOUT, hold=True,
-                                  timeout=self.config.fetch_timeout_s)
+        if self._hf_views.slices:
+            # A TP rank reads only its slice of each HF tensor (rows, or a row-parallel weight's columns) and
+            # nothing of what it does not use: a TP=N engine reads ~1x the model, not N copies. Holding only
+            # parts, it cannot serve 'hf'; its peers read its layout raw instead.
+            stats = self.client.fetch_slices(self.config.model, version, into=targets, slices=self._hf_views.slices,
+                                             layout=HF_LAYOUT, timeout=self.config.fetch_timeout_s)
+        else:
+            # hold=True: the parameters also serve this version in 'hf' (to replicas of other layouts, and to
+            # peers pulling it right now); ``_unpublish_served`` drops both holdings before they change.
+            stats = self.client.fetch(self.config.model, version, into=targets, layout=HF_LAYOUT, hold=True,
+                                      timeout=self.config.fetch_timeout_s)
         with torch.no_grad():
             for pad in self._hf_views.padding:
                 pad.zero_()  # what vLLM's loader does to the vocab padding rows

@@ -11,7 +11,7 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.vllm.layout import hf_to_vllm, layout_name, vllm_param_shapes
+from tensorhub_verl.vllm.layout import hf_to_vllm, hf_views, layout_name, vllm_param_shapes
 from tests.vllm.test_holder import SHAPE, hf_version
 
 pytestmark = pytest.mark.vllm
@@ -20,7 +20,7 @@ TP = 2
 LAYOUTS = [layout_name("qwen2", TP, r) for r in range(TP)]
 
 
-def rank_holder(hub, engine: str, rank: int, staging: str, node: str):
+def rank_holder(hub, engine: str, rank: int, staging: str, node: str, views: bool = False):
     client = th.connect(hub.url, worker=f"{engine}/rank{rank}", location={"dc": "dc0", "rack": "r0", "node": node})
     params = {n: torch.zeros(s) for n, s in vllm_param_shapes(SHAPE, TP, rank).items()}
 
@@ -30,7 +30,8 @@ def rank_holder(hub, engine: str, rank: int, staging: str, node: str):
 
     config = HolderConfig(model="policy", layout=LAYOUTS[rank], staging=staging, fetch_timeout_s=30,
                           shard_group=engine, shard_count=TP)
-    return EngineHolder(client, config, params, load), params
+    return EngineHolder(client, config, params, load,
+                        hf_views=hf_views(params, SHAPE, TP, rank) if views else None), params
 
 
 def same(params, v: int, rank: int) -> bool:
@@ -79,6 +80,29 @@ def test_tp_layouts_visible_only_when_every_rank_holds_them_and_peers_read_rank_
         assert trainer.versions("policy", layout=LAYOUTS[1])[v + 1] == [f"tpa-{staging}/rank1"]
     finally:
         for holder, _ in a + b:
+            holder.close()
+            holder.client.close()
+
+
+def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer):
+    """Staging 'none' with HF views: each rank reads its rows/columns of each HF tensor straight into its
+    parameters (``Client.fetch_slices``), so the engine moves about one model's bytes from the trainer, not two."""
+    v = 301
+    hf = hf_version(v)
+    model_bytes = sum(t.numel() * t.element_size() for t in hf.values())
+    trainer.publish("policy", v, hf)
+    ranks = [rank_holder(hub, "tpc", r, "none", "nc", views=True) for r in range(TP)]
+    try:
+        got = [h.update(v) for h, _ in ranks]
+        for r, (h, params) in enumerate(ranks):
+            assert got[r]["source_layout"] == "hf" and same(params, v, r) and h.extra_bytes == 0
+            assert got[r]["sources"] == {"tp-trainer": got[r]["bytes"]}
+            # half the model, plus the KV heads (one KV head here: every rank holds it whole)
+            assert got[r]["bytes"] < 0.6 * model_bytes, (got[r]["bytes"], model_bytes)
+        assert trainer.versions("policy", layout=LAYOUTS[1])[v] == ["tpc/rank1"]
+        assert "tpc/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never an hf holder
+    finally:
+        for holder, _ in ranks:
             holder.close()
             holder.client.close()
 

@@ -65,21 +65,26 @@ def test_roundtrip_is_exact(arch, tp):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_hf_views_land_each_hf_tensor_where_the_loader_puts_it(arch):
-    shape = _shape(arch)
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_hf_views_land_each_hf_slice_where_the_loader_puts_it(arch, tp):
+    """Each rank's slice of each HF tensor, copied into its view, rebuilds exactly that rank's parameters; at
+    TP=1 there are no slices (every HF tensor is read whole)."""
+    shape = _shape(arch, vocab=300 if tp < 4 else 130)  # 130 (padded 192): rank 3 of 4 holds padding only
     hf = _random_hf(shape)
-    params = {n: torch.full(s, 7.0) for n, s in vllm_param_shapes(shape).items()}
-    mapped = hf_views(params, shape)
-    assert set(mapped.views) | set(mapped.unused) >= set(hf)
-    for name, t in hf.items():
-        if name in mapped.views:
-            mapped.views[name].copy_(t)
-    for pad in mapped.padding:
-        pad.zero_()
-    expected = hf_to_vllm(hf, shape)
-    for name, t in expected.items():
-        assert torch.equal(params[name], t), name
-    assert all(v.is_contiguous() for v in mapped.views.values())
+    for rank in range(tp):
+        params = {n: torch.full(s, 7.0) for n, s in vllm_param_shapes(shape, tp, rank).items()}
+        mapped = hf_views(params, shape, tp, rank)
+        assert set(mapped.views) | set(mapped.unused) <= set(hf) | {"lm_head.weight"}
+        assert (tp == 1) == (not mapped.slices)
+        for name, view in mapped.views.items():
+            dim, start, length = mapped.slices.get(name, (0, 0, hf[name].shape[0]))
+            view.copy_(hf[name].narrow(dim, start, length))
+        for pad in mapped.padding:
+            pad.zero_()
+        expected = hf_to_vllm(hf, shape, tp, rank)
+        for name, t in expected.items():
+            assert torch.equal(params[name], t), (rank, name)
+        assert all(v.is_contiguous() for v in mapped.views.values())
 
 
 def test_tp2_splits_heads_and_fuses_in_vllm_order():
