@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import ConfigError, ManifestMismatch
+from tensorhub_verl.vllm.tiny_model import random_hf_weights
 from tensorhub_verl.vllm.layout import (
     DecoderShape,
     hf_to_vllm,
@@ -26,27 +27,7 @@ def _shape(arch: str, vocab: int = 300, heads: int = 4, kv: int = 2) -> DecoderS
 
 
 def _random_hf(shape: DecoderShape, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    d, hd = shape.hidden_size, shape.head_dim
-    out = {"model.embed_tokens.weight": torch.randn(shape.vocab_size, d, generator=g),
-           "model.norm.weight": torch.randn(d, generator=g)}
-    if not shape.tie_word_embeddings:
-        out["lm_head.weight"] = torch.randn(shape.vocab_size, d, generator=g)
-    for i in range(shape.num_layers):
-        p = f"model.layers.{i}."
-        out[p + "self_attn.q_proj.weight"] = torch.randn(shape.num_heads * hd, d, generator=g)
-        out[p + "self_attn.k_proj.weight"] = torch.randn(shape.num_kv_heads * hd, d, generator=g)
-        out[p + "self_attn.v_proj.weight"] = torch.randn(shape.num_kv_heads * hd, d, generator=g)
-        if shape.qkv_bias:
-            for x, n in (("q", shape.num_heads), ("k", shape.num_kv_heads), ("v", shape.num_kv_heads)):
-                out[p + f"self_attn.{x}_proj.bias"] = torch.randn(n * hd, generator=g)
-        out[p + "self_attn.o_proj.weight"] = torch.randn(d, shape.num_heads * hd, generator=g)
-        out[p + "mlp.gate_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
-        out[p + "mlp.up_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
-        out[p + "mlp.down_proj.weight"] = torch.randn(d, shape.intermediate_size, generator=g)
-        out[p + "input_layernorm.weight"] = torch.randn(d, generator=g)
-        out[p + "post_attention_layernorm.weight"] = torch.randn(d, generator=g)
-    return out
+    return random_hf_weights(shape, seed)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
