@@ -13,10 +13,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import tensorhub_verl as th
 from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.vllm.layout import layout_name
-from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
+from tests.vllm.test_engine import loc, outputs, run, trainer  # noqa: F401  (run, trainer: fixtures)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -25,39 +24,17 @@ LAYOUTS = [layout_name("qwen2", 2, r) for r in range(2)]
 TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
-def loc(node: str) -> dict[str, str]:
-    return {"dc": "dc0", "rack": "r0", "node": node}
-
-
-@pytest.fixture(scope="module")
-def trainer(hub):
-    c = th.connect(hub.url, worker="tp-trainer", location=loc("trainer"))
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def run(tiny_models, trainer):
-    r = ToyRun(tiny_models["qwen2"], trainer)
-    r.step_and_publish(1)
-    return r
-
-
 def tp2_engine(hub, tiny_models, worker: str, staging: str) -> EngineProcess:
     return EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker=worker, tp_size=2,
                                     location=loc(worker), staging=staging, env=dict(TP2_ENV),
                                     client_config={"read_timeout_s": 10.0}), start_timeout_s=600)
 
 
-def outputs(engine) -> list[list[int]]:
-    return [engine.generate(p, N_NEW) for p in PROMPTS]
-
-
 def test_tp2_engines_from_trainer_slices_then_rank_to_rank(hub, tiny_models, run, trainer):
     model_bytes = sum(t.numel() * t.element_size() for t in run.weights[1].values())
     with tp2_engine(hub, tiny_models, "t1", "none") as t1:
         res = t1.update("latest")
-        assert res["version"] == 1 and res["source_layouts"] == ["hf", "hf"] and set(res["sources"]) == {"tp-trainer"}
+        assert res["version"] == 1 and res["source_layouts"] == ["hf", "hf"] and set(res["sources"]) == {"trainer"}
         assert res["bytes"] < 1.3 * model_bytes, (res["bytes"], model_bytes)  # ~1 model for the engine, not 2
         assert outputs(t1) == run.refs[1]
         for r in range(2):
@@ -70,5 +47,5 @@ def test_tp2_engines_from_trainer_slices_then_rank_to_rank(hub, tiny_models, run
             assert run.refs[2] != run.refs[1]
             assert t1.update("latest")["version"] == 2 and outputs(t1) == run.refs[2]
             res2 = t2.update("latest")
-            assert res2["version"] == 2 and set(res2["sources"]) <= {"t1/rank0", "t1/rank1", "tp-trainer"}
+            assert res2["version"] == 2 and set(res2["sources"]) <= {"t1/rank0", "t1/rank1", "trainer"}
             assert outputs(t2) == run.refs[2]
