@@ -28,6 +28,7 @@ _BENCHES = {
     "modes": "tensorhub_verl.bench.modes",
     "vllm": "tensorhub_verl.bench.vllm_bench",
     "hub": "tensorhub_verl.bench.hub_load",
+    "tp-bytes": "tensorhub_verl.bench.tp_bytes",
 }
 
 

@@ -34,6 +34,7 @@ from tensorhub_verl.ros.manifest import (
     row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
+from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.ros.transport import Region, Transport
 
@@ -125,6 +126,8 @@ class _InFlightFetch:
     tensors: dict[str, torch.Tensor]
     fetcher: ChunkFetcher | None = None
     have: set[int] = field(default_factory=set)
+    plan: ReadPlan | None = None
+    """Set for a ranged read (``fetch_slices``): ``tensors`` then hold only the selected bytes."""
 
 
 class Client:
@@ -298,6 +301,31 @@ class Client:
             into = manifest.allocate("cpu")
         check_buffers(manifest, into)
         tensors = {spec.name: into[spec.name] for spec in manifest.tensors}
+        stats = self._run_fetch(manifest, tensors, None, hold, started, timeout)
+        stats.buffers = dict(into)
+        return stats
+
+    def fetch_slices(self, model: str, version: int | str = "latest", *, into: Mapping[str, torch.Tensor],
+                     slices: Mapping[str, TensorSlice | tuple[int, int, int]] | None = None, layout: str = "hf",
+                     timeout: float | None = None) -> FetchStats:
+        """Reads only parts of a version: the tensors named in ``into`` (any subset), each whole or, where
+        ``slices[name] = (dim, start, length)``, only ``full.narrow(dim, start, length)``, into the contiguous
+        buffer ``into[name]`` of that shape (a view of a live parameter will do).
+
+        The same chunks as ``fetch``, planned by the hub and served by any holder of them; a chunk is read
+        only for its selected bytes (``ranges.py``), so a tensor-parallel rank reads its slice and no more.
+        Chunks read whole are checked against their digests and served to later readers; partly read ones
+        are neither. It never holds the version (``stats.bytes``: the bytes read)."""
+        self._check_open()
+        started = time.monotonic()
+        manifest = self.manifest(model, version, layout)
+        tensors, plan = _ranged(manifest, into, slices or {})
+        return self._run_fetch(manifest, tensors, plan, False, started, timeout)
+
+    def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,
+                   started: float, timeout: float | None) -> FetchStats:
+        """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion."""
+        model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
         with self._lock:
             if (self.worker, *key) in self._held:
@@ -305,9 +333,9 @@ class Client:
                                             f"unpublish it before fetching it again")
             if key in self._fetches:
                 raise errors.InvalidRequest(f"a fetch of {model} v{manifest.version} ({layout}) is in progress")
-            self._fetches[key] = fetch = _InFlightFetch(manifest, tensors)
+            self._fetches[key] = fetch = _InFlightFetch(manifest, tensors, plan=plan)
         chunks = manifest.chunks()
-        stats = FetchStats(model, manifest.version, layout, chunks=len(chunks))
+        stats = FetchStats(model, manifest.version, layout, chunks=len(chunks) if plan is None else len(plan.pieces))
         ok = False
         try:
             if self._transport.register(tensors.values()):
@@ -318,7 +346,7 @@ class Client:
                                      self.config.wan_reads_posted)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
-                                         digests=manifest.chunk_digests)
+                                         digests=manifest.chunk_digests, plan=plan)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()
@@ -331,14 +359,15 @@ class Client:
         if hold:
             with self._lock:
                 self._held[(self.worker, *key)] = _Held(self.worker, manifest, tensors)
-        stats.buffers = dict(into)
         return stats
 
     def _begin_fetch(self, fetch: _InFlightFetch) -> None:
-        m = fetch.manifest
+        m, plan = fetch.manifest, fetch.plan
+        ranged = {} if plan is None else {"need": sorted(plan.pieces), "unserved": sorted(plan.unserved)}
         self._hub.post("/v1/fetch/begin", msg.BeginFetch(
             worker=self.worker, holder=self.worker, model=m.model, version=m.version, layout=m.layout,
-            digest=m.digest, regions=_regions(fetch.tensors, m), have=sorted(fetch.have)), msg.ManifestMsg)
+            digest=m.digest, regions=_regions(fetch.tensors, m, ranged=plan), have=sorted(fetch.have), **ranged),
+            msg.ManifestMsg)
 
     def _exchange(self, key, *, completed, failed, want, wait_s, known_sources) -> msg.ExchangeReply:
         model, version, layout = key
@@ -564,12 +593,18 @@ def _check_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     return dict(tensors)
 
 
-def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank: int | None = None
-             ) -> list[msg.RegionMsg]:
-    """Where each tensor lives here; a row shard's region starts at its first byte of the tensor."""
+def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank: int | None = None,
+             ranged: ReadPlan | None = None) -> list[msg.RegionMsg]:
+    """Where each tensor lives here; a row shard's region starts at its first byte of the tensor, a ranged
+    reader's at the first byte it holds as one range (none: an empty region)."""
     out = []
-    for spec in manifest.tensors:
+    for i, spec in enumerate(manifest.tensors):
         region = Region.of_tensor(tensors[spec.name])
+        if ranged is not None:
+            start, nbytes = ranged.regions.get(i, (0, 0))
+            out.append(msg.RegionMsg(addr=region.addr if nbytes else 0, device=region.device, mem=region.mem,
+                                     offset=start, nbytes=nbytes))
+            continue
         if shard_rank is None:
             out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem))
             continue
@@ -577,6 +612,38 @@ def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank
         out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem, offset=start,
                                  nbytes=stop - start))
     return out
+
+
+def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
+            slices: Mapping[str, TensorSlice | tuple[int, int, int]]) -> tuple[dict[str, torch.Tensor], ReadPlan]:
+    """Checks a ranged read's buffers against the manifest, before any byte moves; returns one buffer per
+    tensor in manifest order (an empty one for each tensor not read) and the read plan."""
+    if not isinstance(into, Mapping) or not into:
+        raise errors.InvalidRequest("fetch_slices needs into: a non-empty dict of tensor name -> buffer")
+    index = {spec.name: i for i, spec in enumerate(manifest.tensors)}
+    for name in [*into, *slices]:
+        if name not in index:
+            raise errors.ManifestMismatch(f"tensor {name!r} is not in version {manifest.version} ({manifest.layout})",
+                                          tensor=name)
+    extra = [name for name in slices if name not in into]
+    if extra:
+        raise errors.ManifestMismatch(f"slices names {extra[0]!r} but into has no buffer for it", tensor=extra[0])
+    tensors, runs = {}, {}
+    for i, spec in enumerate(manifest.tensors):
+        buf = into.get(spec.name)
+        if buf is None:
+            tensors[spec.name] = torch.empty(0, dtype=torch.uint8)
+            continue
+        sl = slices.get(spec.name)
+        shape = spec.shape if sl is None else TensorSlice.of(sl).shape(spec)
+        if tuple(buf.shape) != shape or dtype_name(buf.dtype) != spec.dtype or not buf.is_contiguous():
+            raise errors.ManifestMismatch(
+                f"tensor {spec.name!r}: buffer is {list(buf.shape)} {dtype_name(buf.dtype)}"
+                f"{'' if buf.is_contiguous() else ' (not contiguous)'}, the selection is {list(shape)} {spec.dtype}, "
+                f"contiguous", tensor=spec.name)
+        tensors[spec.name] = buf
+        runs[i] = Runs.whole(spec) if sl is None else Runs.of_slice(spec, TensorSlice.of(sl))
+    return tensors, plan_reads(manifest, runs)
 
 
 def _is_int(value: object) -> bool:

@@ -39,6 +39,7 @@ from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.integrity import byte_views, chunk_digest
 from tensorhub_verl.ros.manifest import Chunk, Segment
+from tensorhub_verl.ros.ranges import Piece, ReadPlan
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
 
@@ -100,13 +101,18 @@ class FetchSettings:
 
 
 class ChunkFetcher:
-    """Runs one fetch to completion. ``exchange`` is the hub call (bound to model, version, layout)."""
+    """Runs one fetch to completion. ``exchange`` is the hub call (bound to model, version, layout).
+
+    With a ``plan`` (a ranged read, ``ranges.py``) only the plan's chunks are read, each only for its pieces,
+    into ``local`` buffers that hold the selected bytes back to back; its partly read chunks are not checked
+    against their digest (which covers the whole chunk)."""
 
     def __init__(self, transport: Transport, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
                  exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
-                 digests: tuple[str, ...] = ()):
+                 digests: tuple[str, ...] = (), plan: ReadPlan | None = None):
         self._transport = transport
         self._chunks = chunks
+        self._plan = plan
         self._local = [Region.of_tensor(t) for t in local]
         self._digests = digests
         self._views = byte_views(local) if digests else []
@@ -137,7 +143,7 @@ class ChunkFetcher:
         asked_for = 0
         starved_until = 0.0
         last_exchange = time.monotonic()
-        total = len(self._chunks)
+        total = len(self._chunks) if self._plan is None else len(self._plan.pieces)
         window = self._settings.window
         while True:
             now = time.monotonic()
@@ -193,8 +199,8 @@ class ChunkFetcher:
                 continue
             self._transport.release(read.handle)
             del self._inflight[lease]
-            if state == "DONE" and self._digests and self._digests[read.chunk] and \
-                    chunk_digest(self._chunks[read.chunk], self._views) != self._digests[read.chunk]:
+            if state == "DONE" and self._digests and self._digests[read.chunk] and self._checkable(read.chunk) and \
+                    chunk_digest(self._landing(read.chunk), self._views) != self._digests[read.chunk]:
                 # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
                 logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
                              read.chunk, read.source.holder, read.source.worker)
@@ -218,13 +224,13 @@ class ChunkFetcher:
             if lease in revoked:
                 self.stats.revoked_reads += 1
                 continue
-            chunk = self._chunks[read.chunk]
+            nbytes = sum(p.length for p in self._pieces(read.chunk))
             self.landed.add(read.chunk)
             self.stats.timeline.append((read.started, read.landed, read.chunk, read.source.worker))
-            self.stats.bytes += chunk.nbytes
-            self.stats.sources[read.source.worker] = self.stats.sources.get(read.source.worker, 0) + chunk.nbytes
+            self.stats.bytes += nbytes
+            self.stats.sources[read.source.worker] = self.stats.sources.get(read.source.worker, 0) + nbytes
             if read.source.partial:
-                self.stats.partial_source_bytes += chunk.nbytes
+                self.stats.partial_source_bytes += nbytes
 
     def _load(self, info: msg.SourceInfo) -> None:
         """Loads a source's data-plane metadata (new generation) and merges the addresses sent with it;
@@ -276,23 +282,44 @@ class ChunkFetcher:
             self.stats.failed_reads += 1
             return
         regions = self._regions[a.source]
-        missing = [seg.tensor for seg in self._chunks[a.chunk].segments if seg.tensor not in regions]
+        pieces = self._pieces(a.chunk)
+        missing = [p.tensor for p in pieces if p.tensor not in regions]
         if missing:
             failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: no address for tensor {missing[0]}"))
             self.stats.failed_reads += 1
             return
         try:
             copies = []
-            for seg in self._chunks[a.chunk].segments:
-                local, remote = self._local[seg.tensor], regions[seg.tensor]
-                copies.append(Copy(local.addr + seg.offset, local.device, local.mem,
-                                   remote_address(remote, seg, local.nbytes), remote.device, remote.mem, seg.length))
+            for p in pieces:
+                local, remote = self._local[p.tensor], regions[p.tensor]
+                seg = Segment(p.tensor, p.offset, p.length)
+                copies.append(Copy(local.addr + p.local, local.device, local.mem,
+                                   remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
+                                   remote.mem, p.length))
             handle = self._transport.start_read(source.agent_name, copies)
         except ReadError as e:
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1
             return
         self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic(), a.distance == Distance.WAN)
+
+    def _pieces(self, chunk: int) -> tuple[Piece, ...]:
+        if self._plan is not None:
+            return self._plan.pieces[chunk]
+        return tuple(Piece(seg.tensor, seg.offset, seg.length, seg.offset) for seg in self._chunks[chunk].segments)
+
+    def _tensor_nbytes(self, tensor: int) -> int:
+        """The whole tensor's bytes (a ranged read's buffer holds fewer)."""
+        return self._local[tensor].nbytes if self._plan is None else self._plan.tensor_nbytes[tensor]
+
+    def _checkable(self, chunk: int) -> bool:
+        return self._plan is None or chunk in self._plan.whole
+
+    def _landing(self, chunk: int) -> Chunk:
+        """The chunk's bytes as they lie in the local buffers, in the chunk's order (for its digest)."""
+        if self._plan is None:
+            return self._chunks[chunk]
+        return Chunk(chunk, tuple(Segment(p.tensor, p.local, p.length) for p in self._plan.pieces[chunk]))
 
     @property
     def deadline(self) -> float:

@@ -97,6 +97,14 @@ class Holding:
     served_bytes: int = 0
     shard_rank: int | None = None
     """Set for a row shard: it holds that rank's chunks of the version's chunk map."""
+    need: frozenset[int] | None = None
+    """A ranged reader's chunks (None: all of them)."""
+    unserved: frozenset[int] = frozenset()
+    """Chunks a ranged reader reads only in part: never planned from it."""
+
+    def complete(self, total: int) -> bool:
+        """A filling reader has every chunk it reads."""
+        return len(self.chunks) == total if self.need is None else self.need <= self.chunks
 
 
 @dataclass(slots=True)
@@ -413,7 +421,7 @@ class HubState:
             if req.digest != record.manifest.digest:
                 raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
                                        f"{record.manifest.digest}; the buffers do not describe this layout")
-            check_regions(req.regions, record.manifest, None)
+            check_regions(req.regions, record.manifest, None, ranged=req.need is not None)
             existing = record.holdings.get(req.holder)
             if existing is not None and existing.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -421,8 +429,9 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
             chunks = {c for c in req.have if c < len(record.chunks)}
+            need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
             record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, "filling",
-                                                  next(self._ids))
+                                                  next(self._ids), need=need, unserved=frozenset(req.unserved))
             self._revoked.pop(req.holder, None)
             return record.manifest
 
@@ -443,7 +452,7 @@ class HubState:
             while True:
                 assignments, view, needed = self._plan(key, record, holding, reader.location, req.want)
                 mine = any(lease.reader == req.holder and lease.key == key for lease in self._leases.values())
-                if assignments or mine or self._clock() >= deadline or len(holding.chunks) == len(record.chunks):
+                if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
                     break
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
                 self._expire_leases()
@@ -543,6 +552,8 @@ class HubState:
             if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
             chunks = h.chunks if h.chunks is None or isinstance(h.chunks, frozenset) else frozenset(h.chunks)
+            if chunks is not None and h.unserved:
+                chunks = chunks - h.unserved  # a ranged reader's partly read chunks are never served
             view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes,
                                  published=h.state == "active")
             (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
@@ -550,7 +561,8 @@ class HubState:
         view = SwarmView(holders, pulling, wan)
         # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
         everyone = SwarmView(holders + suspects, pulling, wan)
-        needed = [c for c in range(len(record.chunks)) if c not in holding.chunks and c not in mine]
+        wanted = range(len(record.chunks)) if holding.need is None else sorted(holding.need)
+        needed = [c for c in wanted if c not in holding.chunks and c not in mine]
         seeds = record.seeds[location.dc]
         seeds[:] = [s for s in seeds if s in record.holdings]
         if holding.holder not in seeds and len(seeds) < self.config.planner.seeds_per_dc:
@@ -572,9 +584,11 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
-            if req.ok and holding.chunks is not None and len(holding.chunks) != len(record.chunks):
+            if req.ok and holding.chunks is not None and not holding.complete(len(record.chunks)):
                 raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
-                                     f"{len(record.chunks)} chunks")
+                                     f"{len(record.chunks) if holding.need is None else len(holding.need)} chunks")
+            if req.ok and req.hold and holding.need is not None:
+                raise InvalidRequest(f"{req.holder} read parts of {key}: a ranged reader cannot hold the version")
             for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
                 del self._leases[lease_id]
             self._revoked.pop(req.holder, None)

@@ -110,14 +110,21 @@ def _check_digests(digests: list[str], own: range | None) -> None:
             raise InvalidRequest(f"chunk digest {index} is {'set' if digest else 'empty'}; send a digest for {what}")
 
 
-def check_regions(regions: list[msg.RegionMsg], manifest: Manifest, shard_rank: int | None) -> None:
+def check_regions(regions: list[msg.RegionMsg], manifest: Manifest, shard_rank: int | None,
+                  ranged: bool = False) -> None:
     """One region per tensor, covering exactly what the holder holds: the whole tensor (offset 0), or for
-    row shard ``shard_rank`` its rows of it. Readers compute remote addresses from these, so a region that
-    claims other bytes would make them read the wrong memory."""
+    row shard ``shard_rank`` its rows of it, or for a ``ranged`` reader any byte range inside the tensor.
+    Readers compute remote addresses from these, so a region that claims other bytes would make them read the
+    wrong memory."""
     if len(regions) != len(manifest.tensors):
         raise InvalidRequest(f"{len(regions)} memory regions for {len(manifest.tensors)} tensors; send one "
                              f"region per tensor")
     for spec, region in zip(manifest.tensors, regions):
+        if ranged:
+            if region.nbytes is None or region.offset + region.nbytes > spec.nbytes:
+                raise InvalidRequest(f"tensor {spec.name!r}: a ranged reader's region must name a byte range "
+                                     f"inside the tensor's {spec.nbytes} bytes")
+            continue
         start, stop = (0, spec.nbytes) if shard_rank is None else shard_bytes(spec, shard_rank, manifest.row_shards)
         nbytes = stop - start if region.nbytes is None and shard_rank is None else region.nbytes
         if region.offset != start or nbytes != stop - start:

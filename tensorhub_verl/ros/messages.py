@@ -177,6 +177,11 @@ class BeginFetch(Strict):
     regions: list[RegionMsg] = Field(max_length=MAX_TENSORS)
     have: list[Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]] = Field(default=[], max_length=MAX_CHUNKS)
     """Chunks already landed: a fetch re-registered after a hub restart keeps its progress."""
+    need: list[Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]] | None = Field(default=None, max_length=MAX_CHUNKS)
+    """A ranged read (``ranges.py``): only these chunks are planned for it; None: every chunk. Its regions
+    then cover the byte range of each tensor its buffers hold ((0, 0): none), and it never holds the version."""
+    unserved: list[Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]] = Field(default=[], max_length=MAX_CHUNKS)
+    """Chunks of ``need`` this reader reads only in part (or into strided buffers): never served from it."""
 
 
 class FailedRead(Strict):

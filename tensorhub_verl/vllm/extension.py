@@ -58,15 +58,19 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     params = compat.live_parameters(compat.worker_model(worker_obj))
     hf_cfg = compat.hf_config(worker_obj)
     layout = engine_layout(hf_cfg, tp, rank, params)
-    # Where the layout is known, an 'hf' pull lands straight in the parameters (staging 'none': no copy).
-    views = hf_views(params, DecoderShape.from_hf_config(hf_cfg)) if tp == 1 and \
+    # Where the layout is known, an 'hf' pull lands straight in the parameters (staging 'none': no copy), and
+    # at TP>1 each rank reads only its slices of the HF tensors.
+    views = hf_views(params, DecoderShape.from_hf_config(hf_cfg), tp, rank) if \
         hf_cfg.model_type in SUPPORTED_ARCHES else None
     cfg = th.ClientConfig(**(ENGINE_CLIENT_DEFAULTS | (client_config or {})))
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
                         config=cfg)
     try:
-        return EngineHolder(client, HolderConfig(model=model, layout=layout, staging=staging,
-                                                 fetch_timeout_s=fetch_timeout_s),
+        # The engine's ranks are one shard group, named by its base worker id: a version in their layouts is
+        # visible only once every rank holds it.
+        config = HolderConfig(model=model, layout=layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
+                              shard_group=worker if tp > 1 else None, shard_count=tp)
+        return EngineHolder(client, config,
                             params, lambda weights: compat.load_hf_weights(worker_obj, weights), hf_views=views)
     except BaseException:
         client.close()

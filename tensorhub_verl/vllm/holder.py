@@ -21,6 +21,10 @@ Invariants:
 - Source layout: the engine's own layout when some other worker holds that version in it (raw one-sided
   reads), else the trainer's ``hf`` layout through the engine's loader. Which holders serve a read is the
   ROS planner's choice.
+- TP>1: the ranks of one engine publish their layouts as one shard group (``shard_group``, ``shard_count``):
+  no rank's layout of a version is visible before every rank holds it, so a peer never starts a raw read of
+  a half-published engine. A raw pull therefore never holds through ``fetch(hold=True)`` (that would turn the
+  rank's layout visible alone); the rank publishes in its group once the bytes are in place.
 """
 
 from __future__ import annotations
@@ -80,8 +84,15 @@ class HolderConfig:
     """Limit of one pull."""
     unpublish_timeout_s: float = 120.0
     """Limit of the wait for in-flight reads of the old version before its bytes are overwritten."""
+    shard_group: str | None = None
+    """The engine this shard belongs to (e.g. its base worker id) when it has ``shard_count`` > 1 ranks."""
+    shard_count: int = 1
+    """The engine's TP ranks: a version in their layouts becomes visible only when all of them hold it."""
 
     def __post_init__(self) -> None:
+        if self.shard_count < 1 or (self.shard_count > 1) != (self.shard_group is not None):
+            raise errors.ConfigError(f"an engine of shard_count {self.shard_count} needs a shard_group exactly "
+                                     f"when shard_count > 1 (got {self.shard_group!r})")
         if self.staging not in STAGING_MODES:
             raise errors.ConfigError(f"staging must be one of {STAGING_MODES}, got {self.staging!r}")
         if self.fetch_timeout_s <= 0 or self.unpublish_timeout_s <= 0:
@@ -199,9 +210,26 @@ class EngineHolder:
             if self._pull is not None and self._pull.state is PullState.PULLING:
                 raise errors.InvalidRequest("a pull is running; wait for it or abort it first")
             self._unpublish_served()
-            self.client.publish(self.config.model, version, self.params, layout=self.config.layout)
+            self._publish_params(version)
             self.served = version
             self.broken = False
+
+    def _publish_params(self, version: int) -> None:
+        """Holds the parameters as ``version`` in the engine's layout, as one shard of the engine's group."""
+        kw = {} if self.config.shard_count == 1 else {"shard_group": self.config.shard_group,
+                                                     "shard_count": self.config.shard_count}
+        self.client.publish(self.config.model, version, self.params, layout=self.config.layout, **kw)
+
+    def _fetch_raw_into_params(self, version: int, layout: str):
+        """Raw read of ``version`` straight into the parameters, which then hold it in the engine's layout.
+        At TP>1 the fetch itself does not hold (its holding would be visible before the other ranks'):
+        the parameters are published in the engine's shard group once every byte is in."""
+        single = self.config.shard_count == 1
+        stats = self.client.fetch(self.config.model, version, into=self.params, layout=layout, hold=single,
+                                  timeout=self.config.fetch_timeout_s)
+        if not single:
+            self._publish_params(version)
+        return stats
 
     def _unpublish_served(self) -> None:
         if self.served is None:
@@ -258,6 +286,8 @@ class EngineHolder:
         for spec in manifest.tensors:
             if spec.name in views:
                 targets[spec.name] = views[spec.name]
+            elif spec.name in self._hf_views.unused and self._hf_views.slices:
+                continue  # a TP rank reads only what it uses
             elif spec.name in self._hf_views.unused:
                 scratch = self._hf_scratch.get(spec.name)
                 if scratch is None or tuple(scratch.shape) != spec.shape or dtype_name(scratch.dtype) != spec.dtype:
@@ -273,7 +303,7 @@ class EngineHolder:
     def hf_digests(self) -> dict:
         """``{"version", "digests": {hf_name: digest}, "unused": [...]}`` of the served weights, read through the
         HF views (``integrity.tensor_digests``), to compare end to end with what the trainer published."""
-        if self._hf_views is None:
+        if self._hf_views is None or self._hf_views.slices:
             raise errors.ConfigError(f"{self.worker}: no HF mapping of this engine's layout "
                                      f"({self.config.layout}); digests in HF terms need a TP=1 llama/qwen2 engine")
         with self._lock:
@@ -303,7 +333,10 @@ class EngineHolder:
         for i, layout in enumerate(layouts):
             try:
                 bufs = self._buffers_for(layout, pull.version)
-                stats = self.client.fetch(self.config.model, pull.version, into=bufs, layout=layout, hold=True,
+                # A staging copy in the engine's layout serves peers only at TP=1: at TP>1 it would be one
+                # rank's layout visible outside the engine's shard group.
+                hold = layout == HF_LAYOUT or self.config.shard_count == 1
+                stats = self.client.fetch(self.config.model, pull.version, into=bufs, layout=layout, hold=hold,
                                           timeout=self.config.fetch_timeout_s)
             except (errors.TransferFailed, errors.VersionNotFound, errors.ManifestMismatch) as e:
                 pull.error = e
@@ -315,7 +348,7 @@ class EngineHolder:
                 pull.error = e
             else:
                 with self._lock:
-                    pull.source_layout, pull.stats, pull.buffers, pull.held = layout, stats, bufs, True
+                    pull.source_layout, pull.stats, pull.buffers, pull.held = layout, stats, bufs, hold
                     pull.error = None
                     pull.seconds = time.monotonic() - pull.started
                     pull.state = PullState.READY
@@ -414,7 +447,7 @@ class EngineHolder:
         self._release_pull_hold(pull)
         self.last_phases["release_staging_s"] = time.monotonic() - t
         t = time.monotonic()
-        self.client.publish(self.config.model, pull.version, self.params, layout=self.config.layout)
+        self._publish_params(pull.version)
         self.last_phases["publish_s"] = time.monotonic() - t
         self.served = pull.version
         self.broken = False
@@ -437,9 +470,7 @@ class EngineHolder:
             if pull.source_layout == HF_LAYOUT:
                 pull.stats = self._fetch_hf_in_place(pull.version)
             else:
-                pull.stats = self.client.fetch(self.config.model, pull.version, into=self.params,
-                                               layout=self.config.layout, hold=True,
-                                               timeout=self.config.fetch_timeout_s)
+                pull.stats = self._fetch_raw_into_params(pull.version, self.config.layout)
         except errors.TensorHubError as e:
             pull.seconds = time.monotonic() - started
             self._restore(old, e)
@@ -454,15 +485,22 @@ class EngineHolder:
         targets = self._hf_targets(version)
         if targets is None:
             raise errors.ManifestMismatch(f"v{version}'s HF tensors do not map onto this engine's parameters")
-        # hold=True: the parameters also serve this version in 'hf' (to replicas of other layouts, and to peers
-        # pulling the same version right now); ``_unpublish_served`` drops both holdings before they change.
-        stats = self.client.fetch(self.config.model, version, into=targets, layout=HF_LAYOUT, hold=True,
-                                  timeout=self.config.fetch_timeout_s)
+        if self._hf_views.slices:
+            # A TP rank reads only its slice of each HF tensor (rows, or a row-parallel weight's columns) and
+            # nothing of what it does not use: a TP=N engine reads ~1x the model, not N copies. Holding only
+            # parts, it cannot serve 'hf'; its peers read its layout raw instead.
+            stats = self.client.fetch_slices(self.config.model, version, into=targets, slices=self._hf_views.slices,
+                                             layout=HF_LAYOUT, timeout=self.config.fetch_timeout_s)
+        else:
+            # hold=True: the parameters also serve this version in 'hf' (to replicas of other layouts, and to
+            # peers pulling it right now); ``_unpublish_served`` drops both holdings before they change.
+            stats = self.client.fetch(self.config.model, version, into=targets, layout=HF_LAYOUT, hold=True,
+                                      timeout=self.config.fetch_timeout_s)
         with torch.no_grad():
             for pad in self._hf_views.padding:
                 pad.zero_()  # what vLLM's loader does to the vocab padding rows
         sync_device(self.params.values())
-        self.client.publish(self.config.model, version, self.params, layout=self.config.layout)
+        self._publish_params(version)
         return stats
 
     def _restore(self, old: int | None, cause: BaseException) -> None:
@@ -481,10 +519,9 @@ class EngineHolder:
                                   timeout=self.config.fetch_timeout_s)
                 with torch.no_grad():
                     self._load_hf(iter(bufs.items()))
-                self.client.publish(self.config.model, old, self.params, layout=self.config.layout)
+                self._publish_params(old)
             else:
-                self.client.fetch(self.config.model, old, into=self.params, layout=layout, hold=True,
-                                  timeout=self.config.fetch_timeout_s)
+                self._fetch_raw_into_params(old, layout)
         except errors.TensorHubError as e:
             raise EngineStateLost(f"{self.worker}: direct pull failed midway ({cause!r}) and restoring v{old} "
                                   f"failed too ({e!r})") from cause

@@ -13,7 +13,7 @@ When tp > K (fewer KV heads than ranks), each KV head is replicated on tp/K cons
 head r // (tp/K), as vLLM's QKVParallelLinear does. With tied embeddings (Qwen2 small models) vLLM has no
 separate ``lm_head.weight`` parameter.
 
-Invariant (tested against a live vLLM engine at TP=1): ``hf_to_vllm(hf, shape, tp, r)`` equals, byte for byte,
+Invariant (tested against a live vLLM engine at TP=1 and TP=2): ``hf_to_vllm(hf, shape, tp, r)`` equals, byte for byte,
 the parameters of rank r of a vLLM engine that loaded ``hf`` through its own ``load_weights``.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -197,48 +197,73 @@ def hf_to_vllm(hf: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int
 
 @dataclass(frozen=True, slots=True)
 class HFViews:
-    """Where each full HF tensor lives inside a TP=1 engine's parameters, so an ``hf`` pull can land there
-    directly (no staging copy): every HF tensor of these architectures is a contiguous row range of one vLLM
-    parameter (q/k/v of ``qkv_proj``, gate/up of ``gate_up_proj``, the first ``vocab_size`` rows of the padded
-    embedding; the rest one to one)."""
+    """Where each HF tensor's bytes for one TP rank live inside that rank's parameters, so an ``hf`` pull can land
+    there directly (no staging copy). For these architectures a rank's part of every HF tensor is one slice of it
+    (``slices``) landing in a contiguous row range of one vLLM parameter: q/k/v rows in ``qkv_proj``, gate/up
+    rows in ``gate_up_proj``, its vocab rows in the padded embedding, the columns of ``o_proj``/``down_proj``
+    (row-parallel: a strided column range of the HF tensor) in the whole parameter, norms one to one. At TP=1
+    every slice is the whole tensor and ``slices`` is empty."""
 
     views: dict[str, torch.Tensor]
-    """HF name -> a view of the live parameter its bytes belong in."""
+    """HF name -> a view of the live parameter its (sliced) bytes belong in."""
     unused: tuple[str, ...]
-    """HF names the engine has no parameter for (a tied ``lm_head.weight``): read into scratch, dropped."""
+    """HF names the rank has no parameter for (a tied ``lm_head.weight``): not needed at all."""
     padding: tuple[torch.Tensor, ...]
     """Views of the vocab padding rows, which vLLM's loader zeroes and an HF pull never writes."""
+    slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """HF name -> ``(dim, start, length)``: the rank reads ``full.narrow(dim, start, length)``; absent: whole."""
 
 
-def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape) -> HFViews:
-    """The ``HFViews`` of TP=1 ``params`` (as ``vllm_param_shapes(shape)`` names them)."""
-    expected = vllm_param_shapes(shape, 1, 0)
+def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int = 1, rank: int = 0) -> HFViews:
+    """The ``HFViews`` of rank ``rank`` of ``tp_size``'s ``params`` (as ``vllm_param_shapes`` names them).
+    The same arithmetic as ``hf_to_vllm``, as views and slices instead of copies."""
+    expected = vllm_param_shapes(shape, tp_size, rank)
     live = {n: tuple(t.shape) for n, t in params.items()}
     if live != expected:
-        raise ConfigError("the parameters do not have this architecture's TP=1 vLLM layout; cannot map HF views")
+        raise ConfigError(f"the parameters do not have this architecture's TP={tp_size} vLLM layout (rank {rank}); "
+                          f"cannot map HF views")
     hd = shape.head_dim
-    q_rows, kv_rows, inter = shape.num_heads * hd, shape.num_kv_heads * hd, shape.intermediate_size
+    q_rows = shape.num_heads // tp_size * hd
+    kv_first, kv_count = _kv_slot(shape, tp_size, rank)
+    kv_rows = kv_count * hd
+    inter = shape.intermediate_size // tp_size
     views: dict[str, torch.Tensor] = {}
+    slices: dict[str, tuple[int, int, int]] = {}
     padding: list[torch.Tensor] = []
+
+    def put(hf_name: str, view: torch.Tensor, dim: int, start: int, full: int) -> None:
+        views[hf_name] = view
+        if view.shape[dim] != full:
+            slices[hf_name] = (dim, start, view.shape[dim])
+
     for name, p in params.items():
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            views[name] = _rows(p, 0, shape.vocab_size)
-            if shape.padded_vocab > shape.vocab_size:
-                padding.append(_rows(p, shape.vocab_size, shape.padded_vocab - shape.vocab_size))
+            per = shape.padded_vocab // tp_size
+            start = rank * per
+            n = max(0, min(per, shape.vocab_size - start))
+            # A rank of padding rows only reads nothing of it (an empty slice).
+            put(name, _rows(p, 0, n), 0, start if n else 0, shape.vocab_size)
+            if n < per:
+                padding.append(_rows(p, n, per - n))
         elif name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
             kind = name.rsplit(".", 1)[1]
             pre = name.replace("qkv_proj." + kind, "")
-            views[f"{pre}q_proj.{kind}"] = _rows(p, 0, q_rows)
-            views[f"{pre}k_proj.{kind}"] = _rows(p, q_rows, kv_rows)
-            views[f"{pre}v_proj.{kind}"] = _rows(p, q_rows + kv_rows, kv_rows)
+            put(f"{pre}q_proj.{kind}", _rows(p, 0, q_rows), 0, rank * q_rows, shape.num_heads * hd)
+            put(f"{pre}k_proj.{kind}", _rows(p, q_rows, kv_rows), 0, kv_first * hd, shape.num_kv_heads * hd)
+            put(f"{pre}v_proj.{kind}", _rows(p, q_rows + kv_rows, kv_rows), 0, kv_first * hd,
+                shape.num_kv_heads * hd)
         elif name.endswith("gate_up_proj.weight"):
             pre = name.replace("gate_up_proj.weight", "")
-            views[pre + "gate_proj.weight"] = _rows(p, 0, inter)
-            views[pre + "up_proj.weight"] = _rows(p, inter, inter)
+            put(pre + "gate_proj.weight", _rows(p, 0, inter), 0, rank * inter, shape.intermediate_size)
+            put(pre + "up_proj.weight", _rows(p, inter, inter), 0, rank * inter, shape.intermediate_size)
+        elif name.endswith("o_proj.weight"):
+            put(name, p, 1, rank * q_rows, shape.num_heads * hd)
+        elif name.endswith("down_proj.weight"):
+            put(name, p, 1, rank * inter, shape.intermediate_size)
         else:
             views[name] = p
     unused = ("lm_head.weight",) if shape.tie_word_embeddings else ()
-    return HFViews(views, unused, tuple(padding))
+    return HFViews(views, unused, tuple(padding), slices)
 
 
 def vllm_to_hf(shards: list[Mapping[str, torch.Tensor]], shape: DecoderShape) -> dict[str, torch.Tensor]:

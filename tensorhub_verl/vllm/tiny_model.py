@@ -176,4 +176,28 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
 
 
 __all__ = ["ARCHITECTURES", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
-           "hf_greedy", "hf_state_dict", "load_hf_model", "make_config", "toy_training_step"]
+           "hf_greedy", "hf_state_dict", "load_hf_model", "make_config", "random_hf_weights", "toy_training_step"]
+
+
+def random_hf_weights(shape, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random HF state dict of a ``layout.DecoderShape`` (the names and shapes ``layout.py`` maps), float32."""
+    g = torch.Generator().manual_seed(seed)
+    d, hd = shape.hidden_size, shape.head_dim
+    out = {"model.embed_tokens.weight": torch.randn(shape.vocab_size, d, generator=g)}
+    for i in range(shape.num_layers):
+        p = f"model.layers.{i}."
+        rows = {"q": shape.num_heads * hd, "k": shape.num_kv_heads * hd, "v": shape.num_kv_heads * hd}
+        for x, n in rows.items():
+            out[p + f"self_attn.{x}_proj.weight"] = torch.randn(n, d, generator=g)
+            if shape.qkv_bias:
+                out[p + f"self_attn.{x}_proj.bias"] = torch.randn(n, generator=g)
+        out[p + "self_attn.o_proj.weight"] = torch.randn(d, shape.num_heads * hd, generator=g)
+        out[p + "mlp.gate_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
+        out[p + "mlp.up_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
+        out[p + "mlp.down_proj.weight"] = torch.randn(d, shape.intermediate_size, generator=g)
+        out[p + "input_layernorm.weight"] = torch.randn(d, generator=g)
+        out[p + "post_attention_layernorm.weight"] = torch.randn(d, generator=g)
+    out["model.norm.weight"] = torch.randn(d, generator=g)
+    if not shape.tie_word_embeddings:
+        out["lm_head.weight"] = torch.randn(shape.vocab_size, d, generator=g)
+    return out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import ConfigError, ManifestMismatch
+from tensorhub_verl.vllm.tiny_model import random_hf_weights
 from tensorhub_verl.vllm.layout import (
     DecoderShape,
     hf_to_vllm,
@@ -26,27 +27,7 @@ def _shape(arch: str, vocab: int = 300, heads: int = 4, kv: int = 2) -> DecoderS
 
 
 def _random_hf(shape: DecoderShape, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    d, hd = shape.hidden_size, shape.head_dim
-    out = {"model.embed_tokens.weight": torch.randn(shape.vocab_size, d, generator=g),
-           "model.norm.weight": torch.randn(d, generator=g)}
-    if not shape.tie_word_embeddings:
-        out["lm_head.weight"] = torch.randn(shape.vocab_size, d, generator=g)
-    for i in range(shape.num_layers):
-        p = f"model.layers.{i}."
-        out[p + "self_attn.q_proj.weight"] = torch.randn(shape.num_heads * hd, d, generator=g)
-        out[p + "self_attn.k_proj.weight"] = torch.randn(shape.num_kv_heads * hd, d, generator=g)
-        out[p + "self_attn.v_proj.weight"] = torch.randn(shape.num_kv_heads * hd, d, generator=g)
-        if shape.qkv_bias:
-            for x, n in (("q", shape.num_heads), ("k", shape.num_kv_heads), ("v", shape.num_kv_heads)):
-                out[p + f"self_attn.{x}_proj.bias"] = torch.randn(n * hd, generator=g)
-        out[p + "self_attn.o_proj.weight"] = torch.randn(d, shape.num_heads * hd, generator=g)
-        out[p + "mlp.gate_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
-        out[p + "mlp.up_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
-        out[p + "mlp.down_proj.weight"] = torch.randn(d, shape.intermediate_size, generator=g)
-        out[p + "input_layernorm.weight"] = torch.randn(d, generator=g)
-        out[p + "post_attention_layernorm.weight"] = torch.randn(d, generator=g)
-    return out
+    return random_hf_weights(shape, seed)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -65,21 +46,26 @@ def test_roundtrip_is_exact(arch, tp):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_hf_views_land_each_hf_tensor_where_the_loader_puts_it(arch):
-    shape = _shape(arch)
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_hf_views_land_each_hf_slice_where_the_loader_puts_it(arch, tp):
+    """Each rank's slice of each HF tensor, copied into its view, rebuilds exactly that rank's parameters; at
+    TP=1 there are no slices (every HF tensor is read whole)."""
+    shape = _shape(arch, vocab=300 if tp < 4 else 130)  # 130 (padded 192): rank 3 of 4 holds padding only
     hf = _random_hf(shape)
-    params = {n: torch.full(s, 7.0) for n, s in vllm_param_shapes(shape).items()}
-    mapped = hf_views(params, shape)
-    assert set(mapped.views) | set(mapped.unused) >= set(hf)
-    for name, t in hf.items():
-        if name in mapped.views:
-            mapped.views[name].copy_(t)
-    for pad in mapped.padding:
-        pad.zero_()
-    expected = hf_to_vllm(hf, shape)
-    for name, t in expected.items():
-        assert torch.equal(params[name], t), name
-    assert all(v.is_contiguous() for v in mapped.views.values())
+    for rank in range(tp):
+        params = {n: torch.full(s, 7.0) for n, s in vllm_param_shapes(shape, tp, rank).items()}
+        mapped = hf_views(params, shape, tp, rank)
+        assert set(mapped.views) | set(mapped.unused) <= set(hf) | {"lm_head.weight"}
+        assert (tp == 1) == (not mapped.slices)
+        for name, view in mapped.views.items():
+            dim, start, length = mapped.slices.get(name, (0, 0, hf[name].shape[0]))
+            view.copy_(hf[name].narrow(dim, start, length))
+        for pad in mapped.padding:
+            pad.zero_()
+        expected = hf_to_vllm(hf, shape, tp, rank)
+        for name, t in expected.items():
+            assert torch.equal(params[name], t), (rank, name)
+        assert all(v.is_contiguous() for v in mapped.views.values())
 
 
 def test_tp2_splits_heads_and_fuses_in_vllm_order():

@@ -1,0 +1,51 @@
+"""TP=2 vLLM engines (CPU build, float32, each rank pinned to its own core) updated through ROS: greedy output
+must equal HF transformers token for token after each of two versions.
+
+  trainer (this process) publishes the HF weights of a toy training run (v1, v2)
+  t1: TP=2, staging 'none' -> each rank reads only its slices of the trainer's 'hf' tensors, straight into its
+      parameters; both ranks' layouts turn visible together (one shard group)
+  t2: TP=2, staging 'cpu'  -> each rank reads its own layout raw from the same rank of t1, not the trainer
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
+from tensorhub_verl.vllm.layout import layout_name
+from tests.vllm.test_engine import loc, outputs, run, trainer  # noqa: F401  (run, trainer: fixtures)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+LAYOUTS = [layout_name("qwen2", 2, r) for r in range(2)]
+# vLLM's CPU build pins each rank's threads to its cores: one core per rank, or both ranks share core 0.
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def tp2_engine(hub, tiny_models, worker: str, staging: str) -> EngineProcess:
+    return EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker=worker, tp_size=2,
+                                    location=loc(worker), staging=staging, env=dict(TP2_ENV),
+                                    client_config={"read_timeout_s": 10.0}), start_timeout_s=600)
+
+
+def test_tp2_engines_from_trainer_slices_then_rank_to_rank(hub, tiny_models, run, trainer):
+    model_bytes = sum(t.numel() * t.element_size() for t in run.weights[1].values())
+    with tp2_engine(hub, tiny_models, "t1", "none") as t1:
+        res = t1.update("latest")
+        assert res["version"] == 1 and res["source_layouts"] == ["hf", "hf"] and set(res["sources"]) == {"trainer"}
+        assert res["bytes"] < 1.3 * model_bytes, (res["bytes"], model_bytes)  # ~1 model for the engine, not 2
+        assert outputs(t1) == run.refs[1]
+        for r in range(2):
+            assert trainer.versions("policy", layout=LAYOUTS[r])[1] == [f"t1/rank{r}"]
+        with tp2_engine(hub, tiny_models, "t2", "cpu") as t2:
+            res2 = t2.update(1)
+            assert res2["source_layouts"] == LAYOUTS and set(res2["sources"]) == {"t1/rank0", "t1/rank1"}
+            assert outputs(t2) == run.refs[1]
+            run.step_and_publish(2)
+            assert run.refs[2] != run.refs[1]
+            assert t1.update("latest")["version"] == 2 and outputs(t1) == run.refs[2]
+            res2 = t2.update("latest")
+            assert res2["version"] == 2 and set(res2["sources"]) <= {"t1/rank0", "t1/rank1", "trainer"}
+            assert outputs(t2) == run.refs[2]

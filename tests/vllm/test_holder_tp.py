@@ -1,0 +1,112 @@
+"""TP>1 engines as EngineHolders, no vLLM: two holders are the two ranks of one TP=2 engine (plain tensors in
+vLLM's TP=2 layout; the 'engine loader' is layout.hf_to_vllm for that rank), against a real hub and real clients.
+
+What it proves: a version in an engine's TP layouts is never visible before every rank holds it (the ranks are
+one shard group), and a second TP=2 engine reads rank to rank, raw, from the first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tensorhub_verl as th
+from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
+from tensorhub_verl.vllm.layout import hf_to_vllm, hf_views, layout_name, vllm_param_shapes
+from tests.vllm.test_holder import SHAPE, hf_version
+
+pytestmark = pytest.mark.vllm
+
+TP = 2
+LAYOUTS = [layout_name("qwen2", TP, r) for r in range(TP)]
+
+
+def rank_holder(hub, engine: str, rank: int, staging: str, node: str, views: bool = False):
+    client = th.connect(hub.url, worker=f"{engine}/rank{rank}", location={"dc": "dc0", "rack": "r0", "node": node})
+    params = {n: torch.zeros(s) for n, s in vllm_param_shapes(SHAPE, TP, rank).items()}
+
+    def load(weights):
+        for name, t in hf_to_vllm(dict(weights), SHAPE, TP, rank).items():
+            params[name].copy_(t)
+
+    config = HolderConfig(model="policy", layout=LAYOUTS[rank], staging=staging, fetch_timeout_s=30,
+                          shard_group=engine, shard_count=TP)
+    return EngineHolder(client, config, params, load,
+                        hf_views=hf_views(params, SHAPE, TP, rank) if views else None), params
+
+
+def same(params, v: int, rank: int) -> bool:
+    ref = hf_to_vllm(hf_version(v), SHAPE, TP, rank)
+    return all(torch.equal(params[n], ref[n]) for n in ref)
+
+
+@pytest.fixture
+def trainer(hub):
+    c = th.connect(hub.url, worker="tp-trainer", location={"dc": "dc0", "rack": "r0", "node": "n0"})
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("staging", ["cpu", "none"])
+def test_tp_layouts_visible_only_when_every_rank_holds_them_and_peers_read_rank_to_rank(hub, trainer, staging):
+    v = 101 if staging == "cpu" else 201
+    trainer.publish("policy", v, hf_version(v))
+    a = [rank_holder(hub, f"tpa-{staging}", r, "cpu", "na") for r in range(TP)]
+    b = [rank_holder(hub, f"tpb-{staging}", r, staging, "nb") for r in range(TP)]
+    try:
+        ra0 = a[0][0].update(v)
+        assert ra0["source_layout"] == "hf" and same(a[0][1], v, 0)
+        # rank 0 holds v, rank 1 not yet: nobody sees rank 0's layout of v, so no peer starts a raw read of it
+        assert v not in trainer.versions("policy", layout=LAYOUTS[0])
+        assert b[0][0].plan_source_layout(v) == "hf"
+        a[1][0].update(v)
+        for r in range(TP):
+            assert trainer.versions("policy", layout=LAYOUTS[r])[v] == [f"tpa-{staging}/rank{r}"]
+        # engine B: each rank reads its own layout raw from the same rank of engine A
+        rb0 = b[0][0].update(v)
+        assert rb0["source_layout"] == LAYOUTS[0] and set(rb0["sources"]) == {f"tpa-{staging}/rank0"}
+        assert same(b[0][1], v, 0)
+        assert trainer.versions("policy", layout=LAYOUTS[0])[v] == [f"tpa-{staging}/rank0"]  # B's rank 0 pending
+        rb1 = b[1][0].update(v)
+        assert rb1["source_layout"] == LAYOUTS[1] and set(rb1["sources"]) == {f"tpa-{staging}/rank1"}
+        assert same(b[1][1], v, 1)
+        for r in range(TP):
+            assert sorted(trainer.versions("policy", layout=LAYOUTS[r])[v]) == [f"tpa-{staging}/rank{r}",
+                                                                               f"tpb-{staging}/rank{r}"]
+        # the next version: A's rank 0 moves first; its old layout is gone, its new one waits for rank 1
+        trainer.publish("policy", v + 1, hf_version(v + 1))
+        a[0][0].update(v + 1)
+        assert v + 1 not in trainer.versions("policy", layout=LAYOUTS[0])
+        a[1][0].update(v + 1)
+        assert trainer.versions("policy", layout=LAYOUTS[1])[v + 1] == [f"tpa-{staging}/rank1"]
+    finally:
+        for holder, _ in a + b:
+            holder.close()
+            holder.client.close()
+
+
+def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer):
+    """Staging 'none' with HF views: each rank reads its rows/columns of each HF tensor straight into its
+    parameters (``Client.fetch_slices``), so the engine moves about one model's bytes from the trainer, not two."""
+    v = 301
+    hf = hf_version(v)
+    model_bytes = sum(t.numel() * t.element_size() for t in hf.values())
+    trainer.publish("policy", v, hf)
+    ranks = [rank_holder(hub, "tpc", r, "none", "nc", views=True) for r in range(TP)]
+    try:
+        got = [h.update(v) for h, _ in ranks]
+        for r, (h, params) in enumerate(ranks):
+            assert got[r]["source_layout"] == "hf" and same(params, v, r) and h.extra_bytes == 0
+            assert got[r]["sources"] == {"tp-trainer": got[r]["bytes"]}
+            # half the model, plus the KV heads (one KV head here: every rank holds it whole)
+            assert got[r]["bytes"] < 0.6 * model_bytes, (got[r]["bytes"], model_bytes)
+        assert trainer.versions("policy", layout=LAYOUTS[1])[v] == ["tpc/rank1"]
+        assert "tpc/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never an hf holder
+    finally:
+        for holder, _ in ranks:
+            holder.close()
+            holder.client.close()
+
+
+def test_tp_config_needs_a_group():
+    with pytest.raises(th.errors.ConfigError, match="shard_group"):
+        HolderConfig(model="policy", layout=LAYOUTS[0], shard_count=2)
