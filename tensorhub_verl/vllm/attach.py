@@ -165,6 +165,8 @@ async def _serve(ns: argparse.Namespace) -> int:
                 raise Cancelled("stopped before serving")
             follower.start()
             compat.before_engine_shutdown(engine, node.leave)
+            logger.info("ready: %s serves %s v%s on http://%s:%d (OpenAI API /v1/..., GET /tensorhub/status)",
+                        worker, ns.model, state.as_dict().get("served"), ns.host, ns.port)
             shutdown = await compat.serve_openai(engine, listen_address, sock, args, router)
             await shutdown
         finally:

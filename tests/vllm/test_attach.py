@@ -66,7 +66,7 @@ class AttachNode:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         cmd = [*tensorhub_cmd(), "attach-vllm", "--hub", hub_url, "--model-dir", model_dir, "--port",
                str(self.port), "--location", f"dc=dc0,rack=r0,node={node}", "--worker", worker,
-               "--max-model-len", "256", "--fetch-timeout", "120"]
+               "--fetch-timeout", "120"]  # no --max-model-len: derived from the model (512 < vLLM's usual 2048)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
@@ -141,6 +141,7 @@ def test_attach_vllm_nodes_follow_versions_and_fetch_from_peers(hub, tiny_models
         assert set(st["first"]["sources"]) == {"trainer"} and st["first"]["source_layouts"] == ["hf"]
         assert node1.outputs() == run.refs[1]
         assert "node1" in trainer_client.versions("policy", layout=LAYOUT)[1]
+        assert "ready: node1 serves policy v1" in node1.log_path.read_text(errors="replace")
 
         # a new version: node1 follows it on its own
         run.step_and_publish(2)
