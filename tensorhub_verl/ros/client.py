@@ -91,8 +91,10 @@ class ClientConfig:
     tcp_host: str | None = None
     """Address the TCP plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
     else this host's address on the route to the hub."""
-    tcp_streams: int = 4
-    """TCP connections a reader keeps to each peer it reads from (each carries one chunk read at a time)."""
+    tcp_streams: int = 2
+    """TCP connections a reader keeps to each peer it reads from. Each has the next read's request sent ahead
+    of the reply it receives, so one stream keeps the wire busy; more spread a fast link's copies over cores
+    (on this 2-core test machine 1-2 beat 4)."""
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_bytes <= 1 << 31:

@@ -233,6 +233,10 @@ class NixlTransport:
                 # a peer must not be able to redirect reads meant for someone else.
                 raise ReadError(f"metadata registered as agent {agent_name!r} describes agent {loaded!r}")
             self._peers[agent_name] = metadata
+            try:  # starts UCX's wire-up now (it returns at once), not inside the first read of this peer
+                self._agent.make_connection(agent_name)
+            except Exception as e:  # the first read connects instead, and reports what is wrong
+                logger.debug("connecting to %s ahead of its first read failed: %s", agent_name, e)
 
     def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> list[object]:
         """``grant`` is unused: a NIXL reader can only address memory the hub gave it metadata for."""

@@ -1,7 +1,7 @@
 """The TCP data plane: reads of peers' registered CPU memory over plain TCP streams, for hosts without RDMA.
 
 UCX's TCP transport emulates a one-sided GET with active messages and segment copies on both sides (measured
-here: 0.37 of a raw socket copy with UCX's defaults, 0.6-0.68 tuned, see nixl_transport.tcp_defaults). This
+here: 0.37 of a raw socket copy with UCX's defaults, 0.6-0.68 tuned, see nixl_transport.TCP_DEFAULTS). This
 plane moves a chunk the way a raw socket does: the holder ``sendall``s it from the registered tensor, the reader
 ``recv_into``s it straight into its destination tensor.
 
@@ -9,8 +9,9 @@ plane moves a chunk the way a raw socket does: the holder ``sendall``s it from t
     holder: ReadServer (tcp_server.py): check the grant, then send the ranges from the live tensors
 
 Connections to a peer are opened in the background as soon as its metadata arrives (``load_peer``, with the
-first lease on it), so the first chunk does not wait for TCP's handshake. Several streams per peer keep the
-window of reads moving when one stream is stalled on a slow chunk. CPU memory only: GPU memory goes over NIXL.
+first lease on it), so the first chunk does not wait for TCP's handshake. Each stream sends the next read's
+request ahead of the reply it is receiving, so the holder sends chunk after chunk with no gap; several streams
+spread a fast link's copies over cores. CPU memory only: GPU memory goes over NIXL.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class TcpTransport:
     """The Transport protocol over TCP (see the module docstring). ``host`` is the address peers reach this
     process on (the server listens there only)."""
 
-    def __init__(self, agent_name: str, host: str, *, streams: int = 4, io_timeout_s: float = 30.0,
+    def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0):
         if streams < 1:
             raise errors.ConfigError(f"streams must be >= 1, got {streams}")
