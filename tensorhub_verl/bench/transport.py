@@ -2,8 +2,9 @@
 
 For each wire (``--wire tcp,ucx-tcp,...``) and reader count (``--readers 1,4``): a ROS fetch of the same version by
 every reader at once, then a plain TCP socket copy of the same bytes from one server process to as many client
-processes. Aggregate GB/s = bytes delivered to all readers / (last end - first start), median over rounds; CPU
-seconds per GB = user+system time of the holder and readers (server and clients) over the rounds / GB moved.
+processes. Rounds alternate (TensorHub, raw, TensorHub, ...), so that both sides see the same load on a shared machine.
+Aggregate GB/s = bytes delivered to all readers / (last end - first start), median over rounds; CPU
+seconds per GB = user+system time of the holder, readers and hub (server and clients) in the rounds / GB moved.
 First read: a fresh reader process's first fetch of a ``--first-mb`` version vs its later fetches of it.
 """
 
@@ -80,22 +81,35 @@ def _touched(buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return buffers
 
 
-def _rounds(readers: list[Role], others: list[Role], repeats: int) -> dict:
-    """Runs ``repeats`` rounds of every reader at once; aggregate GB/s and CPU of all the processes."""
-    procs = [psutil.Process(r.process.pid) for r in readers + others]
-    cpu_before = sum(sum(p.cpu_times()[:2]) for p in procs)
-    gbps, moved, peer_bytes, each = [], 0, 0, 0
-    for _ in range(repeats):
-        for r in readers:
+class _Side:
+    """One side of the comparison (TensorHub or raw sockets): its reader processes, all its processes, totals."""
+
+    def __init__(self, readers: list[Role], others: list[Role], with_this_process: bool = False):
+        """``with_this_process``: count this process's CPU too (the hub runs here)."""
+        self.readers = readers
+        self._procs = [psutil.Process(r.process.pid) for r in readers + others] + \
+            ([psutil.Process()] if with_this_process else [])
+        self.gbps: list[float] = []
+        self.cpu_s = self.moved = self.peer_bytes = self.each = 0
+
+    def round(self) -> float:
+        """Every reader at once; returns the aggregate GB/s of this round."""
+        cpu_before = self._cpu()
+        for r in self.readers:
             r.send("go")
-        rows = [r.result(_TIMEOUT_S) for r in readers]
-        total, each = sum(row["bytes"] for row in rows), rows[0]["bytes"]
-        gbps.append(total / (max(row["end"] for row in rows) - min(row["start"] for row in rows)) / 1e9)
-        moved += total
-        peer_bytes += sum(n for row in rows for src, n in row.get("sources", {}).items() if src != "bench-holder")
-    cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu_before
-    return {"gbps": statistics.median(gbps), "cpu_s_per_gb": cpu / (moved / 1e9),
-            "peer_fraction": peer_bytes / moved, "bytes": each}
+        rows = [r.result(_TIMEOUT_S) for r in self.readers]
+        self.cpu_s += self._cpu() - cpu_before
+        total, self.each = sum(row["bytes"] for row in rows), rows[0]["bytes"]
+        self.gbps.append(total / (max(row["end"] for row in rows) - min(row["start"] for row in rows)) / 1e9)
+        self.moved += total
+        self.peer_bytes += sum(n for row in rows for src, n in row.get("sources", {}).items() if src != "bench-holder")
+        return self.gbps[-1]
+
+    def _cpu(self) -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in self._procs)
+
+    def cpu_s_per_gb(self) -> float:
+        return self.cpu_s / (self.moved / 1e9)
 
 
 def _stop(roles: list[Role]) -> None:
@@ -107,28 +121,34 @@ def _stop(roles: list[Role]) -> None:
 
 def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: int, chunk_mb: float, window: int,
             progress: str) -> dict:
+    """Rounds alternate, TensorHub then raw sockets, so both see the same load on a shared machine; the ratio
+    is the median of the rounds' ratios."""
     import tensorhub_verl as th
 
     transport, env = WIRES[wire]
     hub = th.start_hub()
+    roles: list[Role] = []
     try:
         holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress)
         holder.result(120)
         roles = [Role(_reader, hub.url, i, window, transport, env, progress, repeats if i == 0 and first_mb else 0)
                  for i in range(readers)]
         first = [r.result(_TIMEOUT_S) for r in roles][0]
-        ours = _rounds(roles, [holder], repeats)
+        ours = _Side(roles, [holder], with_this_process=True)
+        ours.round()  # the size of a version, for the raw side
+        server, clients = raw_socket.start(ours.each, readers)
+        raw = _Side(clients, [server])
+        ratios = [ours.round() / raw.round() for _ in range(repeats)]
+        _stop(clients)
+        server.stop()
         _stop(roles + [holder])
     finally:
         hub.stop()
-    server, clients = raw_socket.start(ours["bytes"], readers)
-    raw = _rounds(clients, [server], repeats)
-    _stop(clients)
-    server.stop()
-    row = {"wire": wire, "readers": readers, "tensorhub_gbps": round(ours["gbps"], 3),
-           "raw_socket_gbps": round(raw["gbps"], 3), "ratio": round(ours["gbps"] / raw["gbps"], 3),
-           "cpu_s_per_gb": round(ours["cpu_s_per_gb"], 3), "raw_cpu_s_per_gb": round(raw["cpu_s_per_gb"], 3),
-           "peer_fraction": round(ours["peer_fraction"], 3)}
+    row = {"wire": wire, "readers": readers, "tensorhub_gbps": round(statistics.median(ours.gbps[1:]), 3),
+           "raw_socket_gbps": round(statistics.median(raw.gbps), 3), "ratio": round(statistics.median(ratios), 3),
+           "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+           "cpu_s_per_gb": round(ours.cpu_s_per_gb(), 3), "raw_cpu_s_per_gb": round(raw.cpu_s_per_gb(), 3),
+           "peer_fraction": round(ours.peer_bytes / ours.moved, 3)}
     if first is not None:
         row["first_read"] = first
     return row
@@ -142,7 +162,8 @@ def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, r
     return {"bench": "transport", "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
             "window": window, "progress": progress, "tensorhub_gbps": head["tensorhub_gbps"],
             "raw_socket_gbps": head["raw_socket_gbps"], "ratio": head["ratio"], "rows": rows,
-            "unit": "GB/s (1e9 bytes/s) delivered to all readers, median of rounds; CPU s/GB: holder+readers"}
+            "unit": "GB/s (1e9 bytes/s) delivered to all readers, median of rounds (rounds alternate with raw sockets); "
+                    "ratio: median of the rounds' ratios; CPU s/GB: holder+readers+hub (server+clients)"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     result = run(wires, [int(n) for n in args.readers.split(",")], args.size_mb, args.first_mb, args.repeats,
                  args.chunk_mb, args.window, args.progress)
     if not args.json:
-        print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'CPU s/GB':>9} "
+        print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "
               f"{'raw CPU s/GB':>12} {'peer %':>6}  first read")
         for row in result["rows"]:
             first = row.get("first_read")
             note = f"{first['first_s']:.3f} s vs later {first['later_s']:.3f} s ({first['ratio']:.2f}x)" if first else ""
             print(f"{row['wire']:8} {row['readers']:>7} {row['tensorhub_gbps']:>14.2f} {row['raw_socket_gbps']:>9.2f} "
-                  f"{row['ratio']:>6.2f} {row['cpu_s_per_gb']:>9.2f} {row['raw_cpu_s_per_gb']:>12.2f} "
+                  f"{row['ratio']:>6.2f} {row['ratio_range'][0]:>5.2f}-{row['ratio_range'][1]:<5.2f} {row['cpu_s_per_gb']:>9.2f} {row['raw_cpu_s_per_gb']:>12.2f} "
                   f"{100 * row['peer_fraction']:>6.0f}  {note}")
     print(json.dumps(result))
     return 0
