@@ -1,111 +1,179 @@
-"""`tensorhub bench transport`: one holder, one reader, separate processes, warm connection.
+"""`tensorhub bench transport`: one holder, 1 and N readers, separate processes, against raw sockets in the same run.
 
-Compares a ROS fetch with a plain TCP socket copy of the same bytes between two processes, in the same run.
+For each wire (``--wire tcp,ucx-tcp,...``) and reader count (``--readers 1,4``): a ROS fetch of the same version by
+every reader at once, then a plain TCP socket copy of the same bytes from one server process to as many client
+processes. Rounds alternate (TensorHub, raw, TensorHub, ...), so that both sides see the same load on a shared machine.
+Aggregate GB/s = bytes delivered to all readers / (last end - first start), median over rounds; CPU
+seconds per GB = user+system time of the holder, readers and hub (server and clients) in the rounds / GB moved.
+First read: a fresh reader process's first fetch of a ``--first-mb`` version vs its later fetches of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
 import statistics
 import time
 
+import psutil
 import torch
 
+from tensorhub_verl.bench import raw_socket
 from tensorhub_verl.bench.procs import Role, random_weights
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 
+WIRES = {
+    "auto": ("auto", {}),
+    "tcp": ("tcp", {}),
+    "ucx-tcp": ("nixl", {"UCX_TLS": "tcp"}),
+    "ucx": ("nixl", {}),
+}
+"""--wire name -> (ClientConfig.transport, environment of the holder and readers)."""
+_TIMEOUT_S = 600.0
 
-def _holder(results, control, hub_url: str, size_mb: float, chunk_mb: float, progress: str) -> None:
+
+def _holder(results, control, hub_url: str, size_mb: float, first_mb: float, chunk_mb: float, transport: str,
+            env: dict, progress: str) -> None:
+    os.environ.update(env)
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, "bench-holder", chunk_bytes=int(chunk_mb * (1 << 20)), progress=progress)
+    client = th.connect(hub_url, "bench-holder", chunk_bytes=int(chunk_mb * (1 << 20)), progress=progress,
+                        transport=transport)
     client.publish("bench", 1, random_weights(size_mb))
+    if first_mb:
+        client.publish("first", 1, random_weights(first_mb, seed=1))
     results.put(("ok", "ready"))
-    control.get(timeout=600)
+    control.get(timeout=_TIMEOUT_S)
     client.close()
 
 
-def _reader(results, control, hub_url: str, repeats: int, window: int, progress: str) -> None:
+def _reader(results, control, hub_url: str, index: int, window: int, transport: str, env: dict, progress: str,
+            first_repeats: int) -> None:
+    os.environ.update(env)
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, "bench-reader", window=window, progress=progress)
-    buffers = client.manifest("bench", 1).allocate()
-    client.fetch("bench", 1, into=buffers, hold=False)  # warm-up: connection set-up, registration
-    seconds = []
-    for _ in range(repeats):
+    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport)
+    first = _first_read(client, first_repeats) if first_repeats else None
+    buffers = _touched(client.manifest("bench", 1).allocate())
+    client.fetch("bench", 1, into=buffers, hold=False)  # warm-up: connections, registration
+    results.put(("ok", first))
+    while control.get(timeout=_TIMEOUT_S) == "go":
+        start = time.time()
         stats = client.fetch("bench", 1, into=buffers, hold=False)
-        seconds.append(stats.seconds)
+        results.put(("ok", {"start": start, "end": time.time(), "bytes": stats.bytes, "sources": stats.sources}))
     client.close()
-    results.put(("ok", {"seconds": seconds, "bytes": stats.bytes}))
 
 
-def _socket_server(results, control, nbytes: int, repeats: int) -> None:
-    payload = memoryview(torch.randint(0, 255, (nbytes,), dtype=torch.uint8).numpy())
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        results.put(("ok", server.getsockname()[1]))
-        conn, _ = server.accept()
-        with conn:
-            for _ in range(repeats + 1):
-                conn.recv(1)
-                conn.sendall(payload)
-    results.put(("ok", "done"))
+def _first_read(client, repeats: int) -> dict:
+    """A joiner's first fetch (nothing connected or exchanged yet) vs its later ones, same buffers."""
+    buffers = _touched(client.manifest("first", 1).allocate())
+    seconds = [client.fetch("first", 1, into=buffers, hold=False).seconds for _ in range(repeats + 1)]
+    later = statistics.median(seconds[1:])
+    return {"first_s": round(seconds[0], 4), "later_s": round(later, 4), "ratio": round(seconds[0] / later, 3)}
 
 
-def _socket_client(results, control, port: int, nbytes: int, repeats: int) -> None:
-    buffer = torch.empty(nbytes, dtype=torch.uint8).numpy()
-    view = memoryview(buffer)
-    seconds = []
-    with socket.create_connection(("127.0.0.1", port)) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i in range(repeats + 1):
-            start = time.perf_counter()
-            conn.sendall(b"g")
-            received = 0
-            while received < nbytes:
-                n = conn.recv_into(view[received:], nbytes - received)
-                if n == 0:
-                    raise ConnectionError("server closed early")
-                received += n
-            if i:  # the first copy is the warm-up
-                seconds.append(time.perf_counter() - start)
-    results.put(("ok", seconds))
+def _touched(buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Buffers whose pages exist, as an engine's live weights do: a fresh allocation would add its page faults
+    to whichever fetch writes it first."""
+    for t in buffers.values():
+        t.zero_()
+    return buffers
 
 
-def run(size_mb: float, repeats: int, chunk_mb: float, window: int, progress: str = "events") -> dict:
+class _Side:
+    """One side of the comparison (TensorHub or raw sockets): its reader processes, all its processes, totals."""
+
+    def __init__(self, readers: list[Role], others: list[Role], with_this_process: bool = False):
+        """``with_this_process``: count this process's CPU too (the hub runs here)."""
+        self.readers = readers
+        self._procs = [psutil.Process(r.process.pid) for r in readers + others] + \
+            ([psutil.Process()] if with_this_process else [])
+        self.gbps: list[float] = []
+        self.cpu_s = self.moved = self.peer_bytes = self.each = 0
+
+    def round(self) -> float:
+        """Every reader at once; returns the aggregate GB/s of this round."""
+        cpu_before = self._cpu()
+        for r in self.readers:
+            r.send("go")
+        rows = [r.result(_TIMEOUT_S) for r in self.readers]
+        self.cpu_s += self._cpu() - cpu_before
+        total, self.each = sum(row["bytes"] for row in rows), rows[0]["bytes"]
+        self.gbps.append(total / (max(row["end"] for row in rows) - min(row["start"] for row in rows)) / 1e9)
+        self.moved += total
+        self.peer_bytes += sum(n for row in rows for src, n in row.get("sources", {}).items() if src != "bench-holder")
+        return self.gbps[-1]
+
+    def _cpu(self) -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in self._procs)
+
+    def cpu_s_per_gb(self) -> float:
+        return self.cpu_s / (self.moved / 1e9)
+
+
+def _stop(roles: list[Role]) -> None:
+    for role in roles:
+        role.send("stop")
+    for role in roles:
+        role.stop()
+
+
+def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: int, chunk_mb: float, window: int,
+            progress: str) -> dict:
+    """Rounds alternate, TensorHub then raw sockets, so both see the same load on a shared machine; the ratio
+    is the median of the rounds' ratios."""
     import tensorhub_verl as th
 
+    transport, env = WIRES[wire]
     hub = th.start_hub()
+    roles: list[Role] = []
     try:
-        holder = Role(_holder, hub.url, size_mb, chunk_mb, progress)
+        holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress)
         holder.result(120)
-        reader = Role(_reader, hub.url, repeats, window, progress)
-        th_result = reader.result(600)
-        holder.send("stop")
-        for role in (reader, holder):
-            role.stop()
+        roles = [Role(_reader, hub.url, i, window, transport, env, progress, repeats if i == 0 and first_mb else 0)
+                 for i in range(readers)]
+        first = [r.result(_TIMEOUT_S) for r in roles][0]
+        ours = _Side(roles, [holder], with_this_process=True)
+        ours.round()  # the size of a version, for the raw side
+        server, clients = raw_socket.start(ours.each, readers)
+        raw = _Side(clients, [server])
+        ratios = [ours.round() / raw.round() for _ in range(repeats)]
+        _stop(clients)
+        server.stop()
+        _stop(roles + [holder])
     finally:
         hub.stop()
-    nbytes = th_result["bytes"]
-    server = Role(_socket_server, nbytes, repeats)
-    port = server.result(60)
-    client = Role(_socket_client, port, nbytes, repeats)
-    raw_seconds = client.result(600)
-    server.result(60)
-    for role in (client, server):
-        role.stop()
-    th_gbps = nbytes / statistics.median(th_result["seconds"]) / 1e9
-    raw_gbps = nbytes / statistics.median(raw_seconds) / 1e9
-    return {"bench": "transport", "size_mb": size_mb, "bytes": nbytes, "repeats": repeats,
-            "chunk_mb": chunk_mb, "window": window, "progress": progress,
-            "tensorhub_gbps": round(th_gbps, 3), "raw_socket_gbps": round(raw_gbps, 3),
-            "ratio": round(th_gbps / raw_gbps, 3), "unit": "GB/s (1e9 bytes/s), median of repeats"}
+    row = {"wire": wire, "readers": readers, "tensorhub_gbps": round(statistics.median(ours.gbps[1:]), 3),
+           "raw_socket_gbps": round(statistics.median(raw.gbps), 3), "ratio": round(statistics.median(ratios), 3),
+           "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+           "cpu_s_per_gb": round(ours.cpu_s_per_gb(), 3), "raw_cpu_s_per_gb": round(raw.cpu_s_per_gb(), 3),
+           "peer_fraction": round(ours.peer_bytes / ours.moved, 3)}
+    if first is not None:
+        row["first_read"] = first
+    return row
+
+
+def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, repeats: int, chunk_mb: float,
+        window: int, progress: str = "events") -> dict:
+    rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress)
+            for wire in wires for n in readers]
+    head = rows[0]
+    return {"bench": "transport", "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
+            "window": window, "progress": progress, "tensorhub_gbps": head["tensorhub_gbps"],
+            "raw_socket_gbps": head["raw_socket_gbps"], "ratio": head["ratio"], "rows": rows,
+            "unit": "GB/s (1e9 bytes/s) delivered to all readers, median of rounds (rounds alternate with raw sockets); "
+                    "ratio: median of the rounds' ratios; CPU s/GB: holder+readers+hub (server+clients)"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tensorhub bench transport", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tensorhub bench transport", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wire", default="auto",
+                        help=f"comma-separated, of {', '.join(WIRES)} (ucx-tcp: NIXL with UCX_TLS=tcp)")
+    parser.add_argument("--readers", default="1", help="comma-separated reader counts, e.g. 1,4")
     parser.add_argument("--size-mb", type=float, default=256)
+    parser.add_argument("--first-mb", type=float, default=64, help="size of the first-read version (0: skip)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mb", type=float, default=8)
     parser.add_argument("--window", type=int, default=8)
@@ -113,9 +181,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="who drives UCX in the holder (see NixlTransport)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
-    result = run(args.size_mb, args.repeats, args.chunk_mb, args.window, args.progress)
+    wires = args.wire.split(",")
+    if unknown := [w for w in wires if w not in WIRES]:
+        parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
+    result = run(wires, [int(n) for n in args.readers.split(",")], args.size_mb, args.first_mb, args.repeats,
+                 args.chunk_mb, args.window, args.progress)
     if not args.json:
-        print(f"tensorhub {result['tensorhub_gbps']:.2f} GB/s   raw socket {result['raw_socket_gbps']:.2f} GB/s   "
-              f"ratio {result['ratio']:.2f}  ({result['bytes'] / 1e6:.0f} MB, median of {args.repeats})")
+        print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "
+              f"{'raw CPU s/GB':>12} {'peer %':>6}  first read")
+        for row in result["rows"]:
+            first = row.get("first_read")
+            note = f"{first['first_s']:.3f} s vs later {first['later_s']:.3f} s ({first['ratio']:.2f}x)" if first else ""
+            print(f"{row['wire']:8} {row['readers']:>7} {row['tensorhub_gbps']:>14.2f} {row['raw_socket_gbps']:>9.2f} "
+                  f"{row['ratio']:>6.2f} {row['ratio_range'][0]:>5.2f}-{row['ratio_range'][1]:<5.2f} {row['cpu_s_per_gb']:>9.2f} {row['raw_cpu_s_per_gb']:>12.2f} "
+                  f"{100 * row['peer_fraction']:>6.0f}  {note}")
     print(json.dumps(result))
     return 0

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import ipaddress
 import itertools
 import logging
-import os
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -25,6 +22,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros import transports
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.hub_state import manifest_to_msg
@@ -36,6 +34,7 @@ from tensorhub_verl.ros.manifest import (
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.transports import TRANSPORTS
 from tensorhub_verl.ros.transport import Region, Transport
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
@@ -86,6 +85,18 @@ class ClientConfig:
     """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'
     (a Python thread polling every 0.5 ms) or 'thread' (NIXL's thread as its binding sets it: spinning).
     See NixlTransport."""
+    transport: str = "auto"
+    """The data plane: 'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams, CPU
+    memory only; ~0.9-1.0 of a raw socket where UCX's TCP reaches 0.6-0.7), or 'auto': TCP streams when the
+    wire between peers can only be TCP (no RDMA, no CUDA, peers on other hosts, or UCX_TLS=tcp), else NIXL.
+    Every worker of one hub must use the same plane. See transports.py."""
+    tcp_host: str | None = None
+    """Address the TCP plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
+    else this host's address on the route to the hub."""
+    tcp_streams: int = 2
+    """TCP connections a reader keeps to each peer it reads from. Each has the next read's request sent ahead
+    of the reply it receives, so one stream keeps the wire busy; more spread a fast link's copies over cores
+    (on this 2-core test machine 1-2 beat 4)."""
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_bytes <= 1 << 31:
@@ -94,6 +105,10 @@ class ClientConfig:
             raise errors.ConfigError(f"window must be >= 1, got {self.window}")
         if self.wan_reads_posted < 1:
             raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
+        if self.transport not in TRANSPORTS:
+            raise errors.ConfigError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.tcp_streams < 1:
+            raise errors.ConfigError(f"tcp_streams must be >= 1, got {self.tcp_streams}")
         if self.progress not in PROGRESS_MODES:
             raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
         if self.fingerprint not in ("sample", "full", "none"):
@@ -145,12 +160,7 @@ class Client:
         self._held: dict[tuple[str, str, int, str], _Held] = {}
         self._fetches: dict[tuple[str, int, str], _InFlightFetch] = {}
         self._closed = False
-        if transport is None:
-            from tensorhub_verl.ros.nixl_transport import NixlTransport
-
-            transport = NixlTransport(f"{worker}-{uuid.uuid4().hex[:8]}", progress=self.config.progress,
-                                      net_devices=_net_devices(self.config.net_devices, hub_url))
-        self._transport = transport
+        self._transport = transport or transports.create(self.config, worker, hub_url)
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
                               on_new_instance=self._reregister, ca_file=self.config.tls_ca_file)
         self.hub_url = self._hub.url
@@ -320,6 +330,10 @@ class Client:
         started = time.monotonic()
         manifest = self.manifest(model, version, layout)
         tensors, plan = _ranged(manifest, into, slices or {})
+        if getattr(self._transport, "grant_key", b"") and set(plan.pieces) - plan.whole:
+            # The TCP plane's holders serve exactly the byte ranges a lease's grant signs: whole chunks.
+            raise errors.ConfigError("reading parts of chunks needs the NIXL data plane; this client uses the TCP "
+                                     "plane (ClientConfig.transport): set transport='nixl', or read whole tensors")
         return self._run_fetch(manifest, tensors, plan, False, started, timeout)
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,
@@ -444,9 +458,11 @@ class Client:
     # ------------------------------------------------------------------------- worker lifecycle
     def _register_worker(self) -> msg.WorkerAck:
         metadata = base64.b64encode(self._transport.metadata()).decode()
+        grant_key = getattr(self._transport, "grant_key", None)  # only a plane whose server checks reads has one
         return self._hub.post("/v1/workers/register", msg.RegisterWorker(
             worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
-            agent_name=self._transport.agent_name, agent_metadata_b64=metadata), msg.WorkerAck)
+            agent_name=self._transport.agent_name, agent_metadata_b64=metadata,
+            grant_key_b64=base64.b64encode(grant_key).decode() if grant_key else None), msg.WorkerAck)
 
     def _first_registration(self) -> msg.WorkerAck:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
@@ -547,18 +563,6 @@ def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | 
             raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
         config = ClientConfig(**config_fields)
     return Client(hub_url, worker, location, token, config)
-
-
-def _net_devices(configured: str | None, hub_url: str) -> str | None:
-    """The explicit setting, else the environment's (None: UCX reads it), else loopback for a loopback hub."""
-    if configured is not None or "UCX_NET_DEVICES" in os.environ:
-        return configured
-    host = hub_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    return "lo" if loopback else None
 
 
 def _check_name(what: str, value: object) -> None:

@@ -67,6 +67,8 @@ class FetchStats:
     """Reads still in flight when the hub revoked their lease (e.g. it dropped their source): abandoned
     and re-planned without waiting for their timeout."""
     chunks: int = 0
+    exchanges: int = 0
+    """Hub exchanges this fetch made (each costs the hub and the reader a request)."""
     timeline: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
     """(posted, landed, chunk, source worker) per landed chunk in landing order, monotonic times: where a
     fetch spent its time."""
@@ -182,6 +184,7 @@ class ChunkFetcher:
                     idle = not self._inflight and not done and not failed
                     reported, asked_for = done, max(room, 0)
                     last_exchange = now
+                    self.stats.exchanges += 1
                     pending = hub.submit(self._exchange, completed=done, failed=failed, want=asked_for,
                                          wait_s=0.2 if idle else 0.0, known_sources=self._known())
                     done, failed = [], []
@@ -296,7 +299,7 @@ class ChunkFetcher:
                 copies.append(Copy(local.addr + p.local, local.device, local.mem,
                                    remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
                                    remote.mem, p.length))
-            handle = self._transport.start_read(source.agent_name, copies)
+            handle = self._transport.start_read(source.agent_name, copies, a.grant)
         except ReadError as e:
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1

@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -40,6 +41,7 @@ from typing import Callable
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
+from tensorhub_verl.ros import grants
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
 from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
@@ -83,6 +85,8 @@ class WorkerRecord:
     bytes_served: int = 0
     credential_hash: bytes = b""
     """sha256 of the worker's credential: a leaked status dump or core file does not leak the secret."""
+    grant_key: bytes = b""
+    """The key this worker's data-plane server checks read grants with (grants.py); empty: it needs none."""
 
 
 @dataclass(slots=True)
@@ -182,7 +186,8 @@ class HubState:
                 self._drop_worker(req.worker)
                 old = None
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
-                                  old.bytes_served if old else 0, _hash(secret))
+                                  old.bytes_served if old else 0, _hash(secret),
+                                  base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"")
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -463,7 +468,7 @@ class HubState:
                               record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
                 self._leases[lease.id] = lease
                 replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
-                                                 distance=int(a.distance)))
+                                                 distance=int(a.distance), grant=self._grant(record, lease)))
                 tensors[a.source].update(seg.tensor for seg in record.chunks[a.chunk].segments)
             # A holder's data-plane metadata and addresses go only to a reader it now has a lease to serve, and
             # only the addresses of the tensors those leases read; the metadata only once per generation.
@@ -478,6 +483,17 @@ class HubState:
             return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
                                      have=len(holding.chunks), total=len(record.chunks),
                                      unservable=[] if assignments else unservable(needed, view, req.holder))
+
+    def _grant(self, record: VersionRecord, lease: Lease) -> str:
+        """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""
+        source = record.holdings[lease.source]
+        key = self._workers[source.worker].grant_key
+        if not key:
+            return ""
+        # A row shard's region starts at byte ``offset`` of its tensor (the fetcher's ``remote_address``).
+        ranges = [(source.regions[seg.tensor].addr + seg.offset - source.regions[seg.tensor].offset, seg.length)
+                  for seg in record.chunks[lease.chunk].segments]
+        return grants.sign(key, lease.id, grants.expiry_ms(self.config.lease_ttl_s), ranges)
 
     def _settle(self, req: msg.Exchange, record: VersionRecord, holding: Holding) -> set[int]:
         """Books the reader's finished and failed reads; returns the leases it must redo."""

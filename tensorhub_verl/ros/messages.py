@@ -107,6 +107,9 @@ class RegisterWorker(Strict):
     spot: bool = False
     agent_name: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[\x21-\x7e]+$")]
     agent_metadata_b64: Base64
+    grant_key_b64: Annotated[str, Field(min_length=44, max_length=44), AfterValidator(_is_base64)] | None = None
+    """A data plane whose server checks each read (TCP) gives the hub this 32-byte key: every lease on this
+    worker's memory then carries a grant signed with it (grants.py). Never sent to anyone else."""
 
 
 class WorkerAck(Reply):
@@ -222,6 +225,8 @@ class AssignmentMsg(Reply):
     chunk: int
     source: Name
     distance: int
+    grant: str = ""
+    """The lease's proof for the source's data-plane server (grants.py); empty when the source needs none."""
 
 
 class ExchangeReply(Reply):

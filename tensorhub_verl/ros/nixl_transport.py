@@ -74,7 +74,7 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
     if "NIXL_LOG_LEVEL" not in os.environ:  # NIXL logs every agent creation at INFO (set after its import)
         logging.getLogger("nixl").setLevel(logging.WARNING)
     config = nixl_api.nixl_agent_config(enable_prog_thread=progress != "pump", backends=list(backends))
-    with _AGENT_CONFIG_LOCK, _ucx_net_devices(net_devices):
+    with _AGENT_CONFIG_LOCK, _ucx_env(ucx_environment(net_devices)):
         if progress != "events":
             return nixl_api.nixl_agent(agent_name, config)
         binding_config = nixl_api.nixlBind.nixlAgentConfig
@@ -90,22 +90,37 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
             nixl_api.nixlBind.nixlAgentConfig = binding_config
 
 
+TCP_DEFAULTS = {"UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
+"""UCX settings for its TCP transport unless the environment sets them. UCX emulates a GET over TCP with
+active messages of one segment each (8 KiB by default), copied on both sides; 512 KiB segments move a chunk
+in 64x fewer messages. Measured here (256 MiB, loopback, UCX_TLS=tcp, ratio to a raw socket in the same run):
+defaults 0.37, 512k 0.68, 2m 0.60, 512k with put_zcopy rendezvous 0.68, with 4 rendezvous lanes and 8 MB
+socket buffers 0.67. They touch only UCX's TCP transport, so they are set whatever wire UCX picks."""
+
+
+def ucx_environment(net_devices: str | None) -> dict[str, str]:
+    """What to set while an agent is built: TCP_DEFAULTS the environment leaves unset, and the devices."""
+    settings = {name: value for name, value in TCP_DEFAULTS.items() if name not in os.environ}
+    if net_devices is not None:
+        settings["UCX_NET_DEVICES"] = net_devices
+    return settings
+
+
 @contextlib.contextmanager
-def _ucx_net_devices(devices: str | None):
-    """UCX_NET_DEVICES for the agents built inside (UCX reads it when it builds a context), then restored.
-    Callers hold _AGENT_CONFIG_LOCK, so this process's agents never see each other's setting."""
-    if devices is None:
-        yield
-        return
-    before = os.environ.get("UCX_NET_DEVICES")
-    os.environ["UCX_NET_DEVICES"] = devices
+def _ucx_env(settings: dict[str, str]):
+    """Sets ``settings`` for the agents built inside (UCX reads its variables when it builds a context), then
+    restores the environment. Callers hold _AGENT_CONFIG_LOCK, so this process's agents never see each
+    other's settings."""
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("UCX_NET_DEVICES", None)
-        else:
-            os.environ["UCX_NET_DEVICES"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class NixlTransport:
@@ -218,8 +233,13 @@ class NixlTransport:
                 # a peer must not be able to redirect reads meant for someone else.
                 raise ReadError(f"metadata registered as agent {agent_name!r} describes agent {loaded!r}")
             self._peers[agent_name] = metadata
+            try:  # starts UCX's wire-up now (it returns at once), not inside the first read of this peer
+                self._agent.make_connection(agent_name)
+            except Exception as e:  # the first read connects instead, and reports what is wrong
+                logger.debug("connecting to %s ahead of its first read failed: %s", agent_name, e)
 
-    def start_read(self, peer: str, copies: list[Copy]) -> list[object]:
+    def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> list[object]:
+        """``grant`` is unused: a NIXL reader can only address memory the hub gave it metadata for."""
         groups: dict[tuple[str, str], list[Copy]] = defaultdict(list)
         for c in copies:
             groups[(c.local_mem, c.remote_mem)].append(c)

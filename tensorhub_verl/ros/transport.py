@@ -1,4 +1,5 @@
-"""The data-plane seam: register memory once, read remote memory one-sided. NIXL implements it.
+"""The data-plane seam: register memory once, read remote memory one-sided. NIXL (nixl_transport.py) and
+plain TCP streams (tcp_transport.py) implement it; transports.py picks one.
 
 Kept narrow so the fetch loop can be tested against any implementation of the same Protocol.
 """
@@ -54,8 +55,9 @@ class Transport(Protocol):
     def load_peer(self, agent_name: str, metadata: bytes) -> None:
         """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
-    def start_read(self, peer: str, copies: list[Copy]) -> object:
-        """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError."""
+    def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> object:
+        """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError.
+        ``grant`` is the hub's proof of the lease (grants.py), for a data plane whose holder checks reads."""
 
     def poll(self, handle: object) -> str:
         """'DONE', 'PROC' (in progress) or 'ERR'."""

@@ -101,15 +101,16 @@ def reader(results, control, hub_url, worker, version="latest", hold=True, windo
 
 
 class GatedTransport:
-    """Real NIXL transfers, but the test decides when reads may start or finish.
+    """Real transfers (NIXL unless ``inner`` is given), but the test decides when reads may start or finish.
 
     ``start_gate`` blocks every read after the first ``hold_after``; ``finish_gate`` makes polls report
     "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted.
     """
 
-    def __init__(self, name: str, hold_after: int | None = None, on_read=None):
-        self.inner = NixlTransport(name)
+    def __init__(self, name: str, hold_after: int | None = None, on_read=None, inner=None):
+        self.inner = inner or NixlTransport(name)
         self.agent_name = self.inner.agent_name
+        self.grant_key = getattr(self.inner, "grant_key", None)
         self.hold_after = hold_after
         self.on_read = on_read
         self.reads = 0
@@ -127,14 +128,14 @@ class GatedTransport:
     def load_peer(self, agent_name, metadata):
         self.inner.load_peer(agent_name, metadata)
 
-    def start_read(self, peer, copies):
+    def start_read(self, peer, copies, grant=""):
         self.reads += 1
         if self.on_read is not None:
             self.on_read(self.reads)
         if self.hold_after is not None and self.reads > self.hold_after:
             self.holding.set()
             self.start_gate.wait(120)
-        return self.inner.start_read(peer, copies)
+        return self.inner.start_read(peer, copies, grant)
 
     def poll(self, handle):
         return self.inner.poll(handle) if self.finish_gate.is_set() else "PROC"

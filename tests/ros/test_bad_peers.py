@@ -10,6 +10,7 @@ import pytest
 import tensorhub_verl as th
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros import transports
 from tensorhub_verl.ros.nixl_transport import NixlTransport
 
 from tests.ros.roles import GatedTransport, digest, holder, make_weights
@@ -69,7 +70,9 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
             os.kill(frozen["pid"], signal.SIGSTOP)
             stopped.append(True)
 
-    transport = GatedTransport("reader-agent", on_read=freeze_h1)
+    # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
+    transport = GatedTransport("reader-agent", on_read=freeze_h1,
+                               inner=transports.create(ClientConfig(), "reader", hub.url))
     # A read timeout far beyond the fetch timeout: only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", transport=transport,
                     config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))

@@ -1,0 +1,113 @@
+"""A holder's TCP read server: sends registered CPU memory to readers that present a valid grant.
+
+One thread accepts; one thread per connection reads a request, checks it and ``sendall``s the ranges
+straight from the registered tensors (no copy in user space; the kernel copies into the socket). Every check
+happens before a byte is sent: the grant (grants.py: the hub signed exactly these ranges for a live lease) and
+that each range lies inside memory this process registered and still holds. A refused request gets its reason
+and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Callable
+
+from tensorhub_verl.ros import grants
+from tensorhub_verl.ros import tcp_wire as wire
+
+logger = logging.getLogger("tensorhub_verl.ros.tcp")
+
+_ACCEPT_POLL_S = 0.5
+
+
+class ReadServer:
+    def __init__(self, host: str, key: bytes, covers: Callable[[int, int], bool], *, io_timeout_s: float = 30.0,
+                 idle_timeout_s: float = 600.0, max_connections: int = 256, name: str = "tensorhub-tcp"):
+        """``covers(addr, nbytes)``: whether that span lies in registered, live CPU memory of this process."""
+        self._key = key
+        self._covers = covers
+        self._io_timeout_s = io_timeout_s
+        self._idle_timeout_s = idle_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._listener = socket.create_server((host, 0), backlog=128)
+        self._listener.settimeout(_ACCEPT_POLL_S)
+        self.host, self.port = host, self._listener.getsockname()[1]
+        self._name = name
+        self._acceptor = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            if not self._slots.acquire(blocking=False):
+                logger.warning("%s: refusing a connection from %s: too many open", self._name, peer)
+                conn.close()
+                continue
+            with self._lock:
+                self._connections.add(conn)
+            threading.Thread(target=self._serve, args=(conn, peer), name=f"{self._name}-serve", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, peer) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while not self._stop.is_set():
+                conn.settimeout(self._idle_timeout_s)  # between requests a reader's pooled connection idles
+                try:
+                    header = wire.recv_exact(conn, wire.REQUEST.size)
+                except ConnectionError:
+                    return  # the reader closed its connection: the normal end
+                conn.settimeout(self._io_timeout_s)
+                if not self._answer(conn, header, peer):
+                    return
+        except OSError as e:  # timeouts, resets, a reader that hung up mid-reply
+            logger.debug("%s: connection from %s ended: %s", self._name, peer, e)
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, header: bytes, peer) -> bool:
+        magic, grant_len, count = wire.REQUEST.unpack(header)
+        if magic != wire.MAGIC or grant_len > wire.MAX_GRANT or not 0 < count <= wire.MAX_RANGES:
+            return self._refuse(conn, peer, "malformed request")
+        grant = wire.recv_exact(conn, grant_len).decode("ascii", errors="replace")
+        raw = wire.recv_exact(conn, count * wire.RANGE.size)
+        ranges = [wire.RANGE.unpack_from(raw, i * wire.RANGE.size) for i in range(count)]
+        why = grants.check(self._key, grant, ranges)
+        if why is None and not all(self._covers(addr, nbytes) for addr, nbytes in ranges):
+            why = "a range lies outside this holder's registered memory"
+        if why is not None:
+            return self._refuse(conn, peer, why)
+        conn.sendall(wire.REPLY.pack(wire.OK, sum(n for _, n in ranges)))
+        for addr, nbytes in ranges:
+            conn.sendall(wire.memory(addr, nbytes))
+        return True
+
+    def _refuse(self, conn: socket.socket, peer, why: str) -> bool:
+        logger.warning("%s: refused a read from %s: %s", self._name, peer, why)
+        reason = why.encode()[:wire.MAX_REASON]
+        conn.sendall(wire.REPLY.pack(wire.REFUSED, len(reason)) + reason)
+        return False
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._listener.close()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._acceptor.join(timeout)

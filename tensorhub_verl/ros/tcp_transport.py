@@ -1,0 +1,299 @@
+"""The TCP data plane: reads of peers' registered CPU memory over plain TCP streams, for hosts without RDMA.
+
+UCX's TCP transport emulates a one-sided GET with active messages and segment copies on both sides (measured
+here: 0.37 of a raw socket copy with UCX's defaults, 0.6-0.68 tuned, see nixl_transport.TCP_DEFAULTS). This
+plane moves a chunk the way a raw socket does: the holder ``sendall``s it from the registered tensor, the reader
+``recv_into``s it straight into its destination tensor.
+
+    reader: fetch loop --start_read--> per-peer queue --> ``streams`` connections (threads)  ==TCP==>
+    holder: ReadServer (tcp_server.py): check the grant, then send the ranges from the live tensors
+
+Connections to a peer are opened in the background as soon as its metadata arrives (``load_peer``, with the
+first lease on it), so the first chunk does not wait for TCP's handshake. Each stream sends the next read's
+request ahead of the reply it is receiving, so the holder sends chunk after chunk with no gap; several streams
+spread a fast link's copies over cores. CPU memory only: GPU memory goes over NIXL.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from tensorhub_verl import errors
+from tensorhub_verl.ros import grants
+from tensorhub_verl.ros import tcp_wire as wire
+from tensorhub_verl.ros.tcp_server import ReadServer
+from tensorhub_verl.ros.transport import Copy, ReadError, Region
+
+logger = logging.getLogger("tensorhub_verl.ros.tcp")
+
+_QUEUE_POLL_S = 0.5
+_AHEAD = 1
+"""Requests a stream sends ahead of the reply it is receiving."""
+_DOWN_S = 1.0
+"""After a failed connect, reads of that peer fail at once (a re-plan) for this long, then connects are tried again."""
+
+
+class _Read:
+    """One chunk's read on one stream: posted, then done or failed; ``cancel`` hangs its stream up."""
+
+    def __init__(self, request: bytes, copies: list[Copy]):
+        self.request = request
+        self.copies = copies
+        self.state = "PROC"
+        self.reason = ""
+        self.cancelled = False
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.attempts = 0
+
+    def finish(self, state: str, reason: str = "") -> None:
+        with self.lock:
+            if self.state == "PROC":
+                self.state, self.reason = state, reason
+
+    def cancel(self) -> None:
+        """Stops the read: its stream is shut down, so no more bytes land in the reader's buffer after the
+        current recv (at most wire.RECV_PIECE bytes)."""
+        with self.lock:
+            self.cancelled = True
+            if self.state == "PROC":
+                self.state, self.reason = "ERR", "cancelled"
+                if self.sock is not None:
+                    _shutdown(self.sock)
+
+
+class _Peer:
+    """The streams to one holder: ``streams`` threads, each with its own connection, taking reads in turn."""
+
+    def __init__(self, agent: str, host: str, port: int, streams: int, io_timeout_s: float, connect_timeout_s: float):
+        self.agent, self.address = agent, (host, port)
+        self._io_timeout_s, self._connect_timeout_s = io_timeout_s, connect_timeout_s
+        self.reads: queue.Queue[_Read] = queue.Queue()
+        self._down: tuple[float, str] | None = None
+        """(until, why) after a connection attempt failed: new reads fail at once for _DOWN_S."""
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._stream, name=f"tensorhub-tcp-{agent}-{i}", daemon=True)
+                         for i in range(streams)]
+        for thread in self._threads:
+            thread.start()
+
+    def _connect(self) -> socket.socket:
+        try:
+            sock = socket.create_connection(self.address, timeout=self._connect_timeout_s)
+        except OSError as e:
+            self._down = (time.monotonic() + _DOWN_S, f"peer {self.agent} at {self.address[0]}:{self.address[1]} "
+                                                      f"is unreachable: {e}")
+            raise
+        self._down = None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self._io_timeout_s)
+        return sock
+
+    def _stream(self) -> None:
+        """Sends each read's request one read ahead of the reply it is receiving, so that the holder goes from
+        one chunk straight to the next (no round trip, no wake-up of this thread, between them on the wire)."""
+        sock: socket.socket | None = None
+        try:
+            sock = self._connect()  # in the background, before the first read needs it
+        except OSError:
+            pass
+        sent: deque[_Read] = deque()
+        """Reads whose requests are on this connection, in order; their replies come in the same order."""
+        while not self._stop.is_set():
+            if not sent:
+                try:
+                    read = self.reads.get(timeout=_QUEUE_POLL_S)
+                except queue.Empty:
+                    continue
+                sock = self._send(read, sock, sent)
+                continue
+            if len(sent) < _AHEAD + 1:
+                try:
+                    sock = self._send(self.reads.get_nowait(), sock, sent)
+                except queue.Empty:
+                    pass
+            if sent:
+                sock = self._receive(sent.popleft(), sock, sent)
+        if sock is not None:
+            sock.close()
+        self._broken(sent, "the transport closed")
+
+    def _send(self, read: _Read, sock: socket.socket | None, sent: deque[_Read]) -> socket.socket | None:
+        if read.cancelled:
+            return sock
+        try:
+            if sock is None:
+                sock = self._connect()
+        except OSError as e:
+            read.finish("ERR", f"{type(e).__name__}: {e}")
+            return None
+        read.attempts += 1
+        with read.lock:
+            read.sock = sock
+        try:
+            sock.sendall(read.request)
+        except OSError as e:
+            return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
+        sent.append(read)
+        return sock
+
+    def _receive(self, read: _Read, sock: socket.socket, sent: deque[_Read]) -> socket.socket | None:
+        try:
+            status, length = wire.REPLY.unpack(wire.recv_exact(sock, wire.REPLY.size))
+            if status != wire.OK:
+                why = wire.recv_exact(sock, min(length, wire.MAX_REASON)).decode(errors="replace")
+                read.finish("ERR", f"peer {self.agent} refused the read: {why}")
+                return self._broken(sent, "the holder refused an earlier read on this connection", sock, sent)
+            for c in read.copies:
+                wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length))
+        except OSError as e:
+            return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
+        read.finish("DONE")
+        return sock
+
+    def _broken(self, reads, why: str, sock: socket.socket | None = None, sent: deque[_Read] | None = None) -> None:
+        """After a connection failed: closes it; its reads go back in the queue for one more try on a fresh
+        connection (a pooled one may have idled out at the holder, or one read was cancelled), or fail."""
+        if sock is not None:
+            sock.close()
+        for read in list(reads):
+            if read.cancelled:
+                continue
+            if read.attempts < 2 and not self._stop.is_set():
+                self.reads.put(read)
+            else:
+                read.finish("ERR", why)
+        if sent is not None:
+            sent.clear()
+        return None
+
+    def unreachable(self) -> str:
+        """Why this peer could not be reached just now; empty when it may be."""
+        down = self._down
+        return down[1] if down is not None and time.monotonic() < down[0] else ""
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+@dataclass(slots=True)
+class _Registration:
+    region: Region
+    storage: StorageWeakRef
+
+
+class TcpTransport:
+    """The Transport protocol over TCP (see the module docstring). ``host`` is the address peers reach this
+    process on (the server listens there only)."""
+
+    def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
+                 connect_timeout_s: float = 5.0):
+        if streams < 1:
+            raise errors.ConfigError(f"streams must be >= 1, got {streams}")
+        self.agent_name = agent_name
+        self.grant_key = grants.new_key()
+        """Given to the hub at registration (only): it signs each lease's grant with it."""
+        self._streams, self._io_timeout_s, self._connect_timeout_s = streams, io_timeout_s, connect_timeout_s
+        self._lock = threading.Lock()
+        self._registered: list[_Registration] = []
+        self._peers: dict[str, tuple[bytes, _Peer]] = {}
+        self._server = ReadServer(host, self.grant_key, self._covers, io_timeout_s=io_timeout_s,
+                                  name=f"tensorhub-tcp-{agent_name}")
+
+    def register(self, tensors: Iterable[torch.Tensor]) -> bool:
+        """Records the tensors' storages as servable; the metadata never changes, so this returns False."""
+        with self._lock:
+            self._registered = [r for r in self._registered if not r.storage.expired()]
+            for tensor in tensors:
+                if tensor.numel() == 0:
+                    continue
+                if tensor.device.type != "cpu":
+                    raise errors.ConfigError(f"the TCP data plane serves CPU memory only, not {tensor.device}; "
+                                             f"use ClientConfig(transport='nixl') for GPU memory")
+                storage = tensor.untyped_storage()
+                whole = Region(storage.data_ptr(), storage.nbytes(), 0, "DRAM")
+                if not any(_inside(r.region, whole.addr, whole.nbytes) for r in self._registered):
+                    self._registered.append(_Registration(whole, StorageWeakRef(storage)))
+        return False
+
+    def _covers(self, addr: int, nbytes: int) -> bool:
+        with self._lock:
+            return any(not r.storage.expired() and _inside(r.region, addr, nbytes) for r in self._registered)
+
+    def metadata(self) -> bytes:
+        return wire.encode_metadata(self.agent_name, self._server.host, self._server.port)
+
+    def load_peer(self, agent_name: str, metadata: bytes) -> None:
+        try:
+            agent, host, port = wire.decode_metadata(metadata)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ReadError(f"metadata of peer {agent_name} is unusable: {e}") from e
+        if agent != agent_name:
+            raise ReadError(f"metadata registered as agent {agent_name!r} describes agent {agent!r}")
+        with self._lock:
+            known = self._peers.get(agent_name)
+            if known is not None and known[0] == metadata:
+                return
+            peer = _Peer(agent, host, port, self._streams, self._io_timeout_s, self._connect_timeout_s)
+            self._peers[agent_name] = (metadata, peer)
+        if known is not None:
+            known[1].close()
+
+    def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> _Read:
+        with self._lock:
+            known = self._peers.get(peer)
+        if known is None:
+            raise ReadError(f"no metadata for peer {peer}")
+        if why := known[1].unreachable():
+            raise ReadError(why)
+        if any(c.local_mem != "DRAM" or c.remote_mem != "DRAM" for c in copies):
+            raise ReadError("the TCP data plane reads CPU memory into CPU memory only")
+        if not copies or len(copies) > wire.MAX_RANGES or len(grant) > wire.MAX_GRANT:
+            raise ReadError(f"a read of {len(copies)} ranges with a {len(grant)}-character grant cannot be sent")
+        encoded = grant.encode("ascii")
+        request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(copies)) + encoded + \
+            b"".join(wire.RANGE.pack(c.remote_addr, c.length) for c in copies)
+        read = _Read(request, copies)
+        known[1].reads.put(read)
+        return read
+
+    def poll(self, handle: _Read) -> str:
+        return handle.state
+
+    def failure(self, handle: _Read) -> str:
+        """Why a read whose state is 'ERR' failed."""
+        return handle.reason
+
+    def release(self, handle: _Read) -> None:
+        handle.cancel()
+
+    def close(self) -> None:
+        self._server.close()
+        with self._lock:
+            peers = [peer for _, peer in self._peers.values()]
+            self._peers.clear()
+        for peer in peers:
+            peer.close()
+
+
+def _inside(region: Region, addr: int, nbytes: int) -> bool:
+    return region.addr <= addr and addr + nbytes <= region.addr + region.nbytes
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -1,0 +1,250 @@
+"""The TCP data plane (tcp_transport.py): real processes, real sockets, the hub's grants, dead and silent peers."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+import tensorhub_verl as th
+from tensorhub_verl import errors
+from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.tcp_transport import TcpTransport
+from tensorhub_verl.ros.transport import Copy, ReadError, Transport
+from tensorhub_verl.ros import transports
+
+from tests.ros.roles import digest, make_weights
+
+CHUNK = 256 << 10
+NBYTES = 1 << 20
+
+
+def tcp_holder(results, control, hub_url, worker, seed, size_mb):
+    client = th.connect(hub_url, worker, chunk_bytes=CHUNK, transport="tcp", hub_retry_s=60.0)
+    weights = make_weights(seed, size_mb)
+    client.publish("policy", 1, weights)
+    results.put(("ok", {"pid": os.getpid(), "digest": digest(weights)}))
+    control.get(timeout=600)
+    client.close()
+
+
+def bare_holder(results, control):
+    """A TcpTransport serving one registered 1 MiB tensor; hands the test its key so it can sign grants."""
+    transport = TcpTransport("bare-holder", "127.0.0.1")
+    tensor = torch.arange(NBYTES, dtype=torch.uint8)
+    transport.register([tensor])
+    results.put(("ok", {"metadata": transport.metadata(), "key": transport.grant_key, "addr": tensor.data_ptr(),
+                        "pid": os.getpid()}))
+    control.get(timeout=600)
+    transport.close()
+
+
+def _read(transport: TcpTransport, peer: str, into: torch.Tensor, remote: int, nbytes: int, grant: str,
+          timeout: float = 30.0) -> str:
+    handle = transport.start_read(peer, [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant)
+    deadline = time.monotonic() + timeout
+    while transport.poll(handle) == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    state = transport.poll(handle)
+    transport.release(handle)
+    return state if state != "ERR" else f"ERR {transport.failure(handle)}"
+
+
+@pytest.fixture
+def bare(roles):
+    info = roles(bare_holder).result(60)
+    reader = TcpTransport("bare-reader", "127.0.0.1")
+    reader.load_peer("bare-holder", info["metadata"])
+    yield info, reader
+    reader.close()
+
+
+def test_tcp_transport_satisfies_the_protocol():
+    transport = TcpTransport("protocol-check-tcp", "127.0.0.1")
+    assert isinstance(transport, Transport)
+    transport.close()
+
+
+def test_a_fetch_over_tcp_moves_the_same_bytes_from_every_holder(hub, roles):
+    published = roles(tcp_holder, hub.url, "trainer", 3, 4.0).result(120)
+    with th.connect(hub.url, "reader-1", transport="tcp", window=4) as first:
+        stats = first.fetch("policy", 1)
+        assert digest(stats.buffers) == published["digest"]
+        assert stats.sources == {"trainer": stats.bytes} and stats.failed_reads == 0
+        with th.connect(hub.url, "reader-2", transport="tcp", window=4) as second:
+            again = second.fetch("policy", 1)  # now from the trainer and reader-1
+            assert digest(again.buffers) == published["digest"]
+
+
+def test_a_granted_read_gets_exactly_the_granted_bytes(bare):
+    info, reader = bare
+    into = torch.zeros(4096, dtype=torch.uint8)
+    ranges = [(info["addr"] + 8192, 4096)]
+    grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
+    assert _read(reader, "bare-holder", into, *ranges[0], grant) == "DONE"
+    assert torch.equal(into, torch.arange(8192, 8192 + 4096, dtype=torch.int64).to(torch.uint8))
+
+
+@pytest.mark.parametrize("case", ["no grant", "forged", "other range", "expired", "outside memory"])
+def test_a_read_without_a_valid_grant_is_refused(bare, case):
+    info, reader = bare
+    into = torch.zeros(4096, dtype=torch.uint8)
+    addr, key = info["addr"], info["key"]
+    grant = {
+        "no grant": "",
+        "forged": grants.sign(os.urandom(32), 1, grants.expiry_ms(30), [(addr, 4096)]),
+        "other range": grants.sign(key, 1, grants.expiry_ms(30), [(addr + 4096, 4096)]),
+        "expired": grants.sign(key, 1, grants.expiry_ms(-grants.CLOCK_SKEW_S - 1), [(addr, 4096)]),
+        "outside memory": grants.sign(key, 1, grants.expiry_ms(30), [(addr + NBYTES, 4096)]),
+    }[case]
+    remote = addr + NBYTES if case == "outside memory" else addr
+    state = _read(reader, "bare-holder", into, remote, 4096, grant)
+    assert state.startswith("ERR") and "refused" in state, state
+    assert not into.any(), "a refused read wrote bytes"
+    # The refusal closed only that connection: a granted read still works.
+    good = grants.sign(key, 2, grants.expiry_ms(30), [(addr, 4096)])
+    assert _read(reader, "bare-holder", into, addr, 4096, good) == "DONE"
+
+
+def test_grants_cover_exact_ranges_until_they_expire():
+    key = grants.new_key()
+    grant = grants.sign(key, 7, 1_000_000, [(4096, 10), (8192, 20)])
+    assert grants.check(key, grant, [(4096, 10), (8192, 20)], now=999.0) is None
+    assert "does not cover" in grants.check(key, grant, [(4096, 10), (8192, 21)], now=999.0)
+    assert "does not cover" in grants.check(key, grant, [(4096, 10)], now=999.0)
+    assert "expired" in grants.check(key, grant, [(4096, 10), (8192, 20)], now=1000.0 + grants.CLOCK_SKEW_S + 1)
+    assert grants.check(key, "7.1000000.zz", [(4096, 10)], now=0) is not None
+    assert grants.check(key, "garbage", [], now=0) == "malformed grant"
+
+
+def test_the_hub_signs_grants_only_for_holders_that_gave_it_a_key(hub, roles):
+    roles(tcp_holder, hub.url, "tcp-trainer", 1, 1.0).result(120)
+    reader = TcpTransport("grant-reader", "127.0.0.1")
+    try:
+        client = Client(hub.url, "reader", transport=reader, config=ClientConfig(window=2))
+        stats = client.fetch("policy", 1)
+        assert stats.failed_reads == 0 and stats.sources == {"tcp-trainer": stats.bytes}
+        client.close()
+    finally:
+        reader.close()
+    with th.connect(hub.url, "nixl-trainer", transport="nixl") as nixl:  # no key: no grant, reads unchanged
+        nixl.publish("other", 1, make_weights(2, 1.0))
+        with th.connect(hub.url, "nixl-reader", transport="nixl") as nixl_reader:
+            assert nixl_reader.fetch("other", 1).failed_reads == 0
+
+
+def test_a_dead_peer_fails_reads_with_read_error(bare, roles):
+    info, reader = bare
+    os.kill(info["pid"], signal.SIGKILL)
+    into = torch.zeros(4096, dtype=torch.uint8)
+    grant = grants.sign(info["key"], 1, grants.expiry_ms(30), [(info["addr"], 4096)])
+    deadline = time.monotonic() + 30
+    while True:  # a read posted before the kill is noticed fails; once noticed, start_read raises at once
+        try:
+            state = _read(reader, "bare-holder", into, info["addr"], 4096, grant)
+        except ReadError as e:
+            assert "unreachable" in str(e)
+            break
+        assert state.startswith("ERR"), state
+        assert time.monotonic() < deadline
+
+
+def test_a_holder_killed_mid_fetch_costs_a_re_plan(hub, roles):
+    doomed = roles(tcp_holder, hub.url, "h1", 5, 4.0).result(120)
+    survivor = roles(tcp_holder, hub.url, "h2", 5, 4.0).result(120)
+    killed = []
+
+    class KillingTransport(TcpTransport):
+        def start_read(self, peer, copies, grant=""):
+            if not killed:
+                os.kill(doomed["pid"], signal.SIGKILL)
+                killed.append(peer)
+            return super().start_read(peer, copies, grant)
+
+    transport = KillingTransport("killing-reader", "127.0.0.1")
+    client = Client(hub.url, "reader", transport=transport,
+                    config=ClientConfig(window=4, read_timeout_s=20, fetch_timeout_s=90))
+    try:
+        stats = client.fetch("policy", 1)
+        assert digest(stats.buffers) == survivor["digest"]
+        assert stats.sources.get("h1", 0) == 0 and stats.failed_reads >= 1
+    finally:
+        client.close()
+        transport.close()
+
+
+def test_a_silent_holder_times_out(roles):
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    reader = TcpTransport("timeout-reader", "127.0.0.1", io_timeout_s=0.5)
+    try:
+        from tensorhub_verl.ros import tcp_wire
+
+        reader.load_peer("silent", tcp_wire.encode_metadata("silent", "127.0.0.1", listener.getsockname()[1]))
+        into = torch.zeros(4096, dtype=torch.uint8)
+        state = _read(reader, "silent", into, 4096, 4096, "1.1.00", timeout=20)
+        assert state.startswith("ERR") and "timed out" in state, state
+    finally:
+        reader.close()
+        listener.close()
+
+
+def test_metadata_of_another_plane_or_agent_is_unusable():
+    from tensorhub_verl.ros import tcp_wire
+    from tensorhub_verl.ros.nixl_transport import NixlTransport
+
+    reader = TcpTransport("meta-reader", "127.0.0.1")
+    nixl = NixlTransport("a-nixl-agent")
+    try:
+        with pytest.raises(ReadError, match="another data plane"):
+            reader.load_peer("a-nixl-agent", nixl.metadata())
+        with pytest.raises(ReadError, match="describes agent"):
+            reader.load_peer("liar", tcp_wire.encode_metadata("someone-else", "127.0.0.1", 9))
+        with pytest.raises(ReadError):
+            nixl.load_peer("meta-reader", reader.metadata())
+    finally:
+        reader.close()
+        nixl.close()
+
+
+def test_the_tcp_plane_refuses_gpu_memory_in_its_own_words():
+    reader = TcpTransport("cpu-only", "127.0.0.1")
+    try:
+        assert reader.register([torch.zeros(16)]) is False  # metadata never changes: nothing to re-send
+        if torch.cuda.is_available():
+            with pytest.raises(errors.ConfigError, match="CPU memory only"):
+                reader.register([torch.zeros(16, device="cuda")])
+    finally:
+        reader.close()
+
+
+def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_path):
+    monkeypatch.delenv("UCX_TLS", raising=False)
+    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: shared memory
+    assert transports.choose("tcp", "http://127.0.0.1:7777")[0] == "tcp"  # configured wins
+    assert transports.choose("nixl", "http://10.1.2.3:7777")[0] == "nixl"
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
+    monkeypatch.setenv("UCX_TLS", "tcp,self")
+    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
+    monkeypatch.setenv("UCX_TLS", "tcp,sm,self")
+    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
+    monkeypatch.setenv("UCX_TLS", "^sm")
+    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
+    monkeypatch.delenv("UCX_TLS")
+    rdma = tmp_path / "infiniband"
+    rdma.mkdir()
+    monkeypatch.setattr(transports, "_RDMA_SYSFS", rdma)
+    remote = "http://10.1.2.3:7777"
+    assert transports.choose("auto", remote)[0] == ("nixl" if torch.cuda.is_available() else "tcp")
+    (rdma / "mlx5_0").mkdir()
+    assert transports.choose("auto", remote) == ("nixl", "RDMA devices present")
+    with pytest.raises(errors.ConfigError):
+        transports.choose("rdma", remote)
+    with pytest.raises(errors.ConfigError):
+        ClientConfig(transport="udp")
