@@ -93,8 +93,6 @@ class HubClient:
                 # Sent just before a re-registration replaced the credential: repeat it with the new one.
                 if attempt == 1 or sent_with == self._credential:
                     raise
-        if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
-            self._credential = data["credential"]
         return reply.model_validate(data) if reply is not None else data
 
     def _send(self, method: str, path: str, body, params, timeout):
@@ -123,10 +121,17 @@ class HubClient:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            self._check_instance(response.headers.get(INSTANCE_HEADER))
             if response.status_code >= 400:
+                self._check_instance(response.headers.get(INSTANCE_HEADER))
                 raise _error_of(response)
-            return response.json()
+            data = response.json()
+            if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
+                # Kept before looking at the instance: when this reply is the first from a restarted hub, the
+                # re-registration that follows must present the credential that hub just issued (else the
+                # hub holds one this client never kept, and refuses it until the id times out).
+                self._credential = data["credential"]
+            self._check_instance(response.headers.get(INSTANCE_HEADER))
+            return data
 
     def _check_instance(self, instance: str | None) -> None:
         if instance is None or instance == self._instance:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -10,6 +9,7 @@ import time
 import torch
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.procs import content_digest as digest
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.nixl_transport import NixlTransport
 
@@ -26,14 +26,6 @@ def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]
         "step": torch.tensor([seed], dtype=torch.int64),
         "lm_head.weight": torch.randn(n, generator=g),
     }
-
-
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1, token=None):

@@ -1,15 +1,13 @@
 """Dead, frozen and lying peers cost a reader a re-plan, never a raw data-plane exception or a read timeout."""
 
-import base64
 import os
 import signal
 
-import httpx
 import pytest
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.soak_roles import impostor
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 from tensorhub_verl.ros import transports
 from tensorhub_verl.ros.nixl_transport import NixlTransport
 
@@ -18,26 +16,12 @@ from tests.ros.roles import GatedTransport, digest, holder, make_weights
 CHUNK = 256 << 10
 
 
-def _impostor(url: str, worker: str, agent_name: str, metadata: bytes) -> None:
-    """A worker that registers data-plane metadata nobody can use and claims to hold policy v1."""
-    manifest = httpx.get(f"{url}/v1/manifest", params={"model": "policy", "version": "1"}, timeout=10).json()
-    registered = httpx.post(f"{url}/v1/workers/register", timeout=10, json={
-        "worker": worker, "location": {}, "agent_name": agent_name,
-        "agent_metadata_b64": base64.b64encode(metadata).decode()})
-    assert registered.status_code == 200, registered.text
-    regions = [{"addr": 4096 * (i + 1)} for i in range(len(manifest["tensors"]))]
-    published = httpx.post(f"{url}/v1/publish", timeout=10, json={
-        "worker": worker, "holder": worker, "manifest": manifest, "regions": regions},
-        headers={CREDENTIAL_HEADER: registered.json()["credential"]})
-    assert published.status_code == 200, published.text
-
-
 def test_peers_with_unusable_metadata_cost_a_re_plan(hub, roles):
     published = roles(holder, hub.url, "trainer", 5, 4.0, CHUNK).result(120)
-    _impostor(hub.url, "garbage", "garbage-agent", os.urandom(300))  # NIXL: nixlMismatchError
+    impostor(hub.url, "garbage", os.urandom(300))  # NIXL: nixlMismatchError
     other = NixlTransport("someone-else")
     try:
-        _impostor(hub.url, "liar", "liar-agent", other.metadata())  # metadata of another agent
+        impostor(hub.url, "liar", other.metadata())  # metadata of another agent
         client = Client(hub.url, "reader", config=ClientConfig(window=4, fetch_timeout_s=60))
         assert sorted(client.versions("policy")[1]) == ["garbage", "liar", "trainer"]
         stats = client.fetch("policy", 1)

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-import tensorhub_verl as th
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client import Client, ClientConfig
