@@ -61,6 +61,7 @@ class HubClient:
         self._retry_s = retry_s
         self._on_new_instance = on_new_instance
         self._instance: str | None = None
+        self._restarted_at: float | None = None
         self._recovering = threading.Lock()
         self._recovering_thread: int | None = None
         self._recoveries = 0
@@ -139,6 +140,7 @@ class HubClient:
         first = self._instance is None
         self._instance = instance
         if not first:
+            self._restarted_at = time.monotonic()
             logger.warning("hub %s restarted (instance %s); re-registering", self.url, instance)
             self._recover()
 
@@ -163,6 +165,10 @@ class HubClient:
         finally:
             self._recovering_thread = None
             self._recovering.release()
+
+    def since_restart(self) -> float | None:
+        """Seconds since this client last saw the hub come back as a new instance (None: never)."""
+        return None if self._restarted_at is None else time.monotonic() - self._restarted_at
 
     def close(self) -> None:
         self._http.close()

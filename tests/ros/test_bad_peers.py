@@ -57,9 +57,10 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
     # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
     transport = GatedTransport("reader-agent", on_read=freeze_h1,
                                inner=transports.create(ClientConfig(), "reader", hub.url))
-    # A read timeout far beyond the fetch timeout: only the hub's verdict on h1 can save this fetch.
+    # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
+    # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", transport=transport,
-                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
+                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90, straggler_factor=0))
     try:
         stats = client.fetch("policy", 1)
         assert stopped
@@ -68,4 +69,38 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
         assert "h1" not in client.versions("policy")[1]
     finally:
         os.kill(frozen["pid"], signal.SIGKILL)
+        client.close()
+
+
+class _NeverFrom(GatedTransport):
+    """Reads from agents whose name starts with ``prefix`` never finish: a holder far slower than its peers."""
+
+    def __init__(self, name: str, prefix: str):
+        super().__init__(name)
+        self.prefix = prefix
+        self.stuck: list[object] = []
+
+    def start_read(self, peer, copies):
+        handle = super().start_read(peer, copies)
+        if peer.startswith(self.prefix):
+            self.stuck.append(handle)
+        return handle
+
+    def poll(self, handle):
+        return "PROC" if any(handle is h for h in self.stuck) else super().poll(handle)
+
+
+def test_a_straggler_holder_costs_a_re_plan_not_a_read_timeout(hub, roles):
+    published = roles(holder, hub.url, "trainer", 11, 4.0, CHUNK).result(120)
+    roles(holder, hub.url, "slow", 11, 4.0, CHUNK).result(120)  # the same bytes, on a hopeless link
+    transport = _NeverFrom("reader-agent", prefix="slow-")
+    # A read timeout beyond the fetch timeout: only abandoning the straggler's reads can finish this fetch.
+    client = Client(hub.url, "reader", transport=transport,
+                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
+    try:
+        stats = client.fetch("policy", 1)
+        assert transport.stuck, "the straggler was never asked for a chunk"
+        assert digest(stats.buffers) == published["digest"]
+        assert set(stats.sources) == {"trainer"} and stats.failed_reads >= 1
+    finally:
         client.close()
