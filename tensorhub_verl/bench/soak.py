@@ -11,7 +11,8 @@ trainer), and on a seeded share of versions one fault strikes:
     bad_peer_garbage    an impostor registers unusable NIXL metadata and claims the version
     bad_peer_tamper     a holder publishes the version's bytes, then changes them
 
-Readers also leave and new ones join (``--churn``); killed readers are replaced. Every reader checks every
+Readers also leave and new ones join (``--churn``); killed readers are replaced. A quarter of the first
+readers are spared by faults and churn, so that their memory is measured over the whole run. Every reader checks every
 byte it fetched against the version's expected content (a pure function of seed and version): a mismatch
 is a torn read. Every fetch has a timeout, and the orchestrator waits for each answer with a bound: a
 reader that does not answer is a hang. Reports versions delivered, faults injected and survived, torn
@@ -112,6 +113,8 @@ class _Reader:
     frozen_until: float = 0.0
     rss_start: int | None = None
     first_version: int | None = None
+    keep: bool = False
+    """Spared by faults and churn: it lives through the whole run, so its memory growth is measured."""
 
 
 @dataclass(slots=True)
@@ -139,7 +142,8 @@ class Soak:
         self.joining: list[_Reader] = []
         self.names = (f"reader-{i}" for i in range(10**9))
         self.report = _Report()
-        self.pending_reader_kill = False
+        self.pending: list[str] = []
+        """Faults that could not strike their version (no victim, or it had finished): tried on the next."""
         self.hub_rss: dict = {}
         self._timers: list[threading.Timer] = []
 
@@ -153,8 +157,8 @@ class Soak:
         try:
             trainer_pid = self.trainer.result(_START_S)["pid"]
             self.tamperer.result(_START_S)
-            for _ in range(self.c.readers):
-                self._join()
+            for i in range(self.c.readers):
+                self._join(keep=i < max(1, self.c.readers // 4))
             self._admit(wait=True)
             published, trainer_rss = 0, None
             for version in range(1, self.c.versions + 1):
@@ -175,8 +179,8 @@ class Soak:
     def _version(self, version: int) -> None:
         began = time.monotonic()
         fault = self.plan.get(version)
-        if self.pending_reader_kill and fault is None:
-            fault = "reader_kill"  # the last try found its victim already done: try again
+        if fault is None and self.pending:
+            fault = self.pending.pop(0)  # a fault that found no victim last time: try again
         self._call(self.trainer, ("publish", version), "published")
         victims: set[str] = set()
         entry = {"version": version, "fault": fault}
@@ -187,8 +191,12 @@ class Soak:
         if len(ready) < 2:  # most were killed or frozen: wait for the replacements
             self._admit(wait=True)
             ready = [r for r in self.readers.values() if r.frozen_until <= time.monotonic()]
+        # Spared readers go last, into the second wave: both waves keep victims for the faults.
+        spared = [r for r in ready if r.keep]
+        ready = [r for r in ready if not r.keep]
         self.rng.shuffle(ready)
-        first, second = ready[:max(1, len(ready) // 2)], ready[max(1, len(ready) // 2):]
+        split = max(1, (len(ready) + 1) // 2)
+        first, second = ready[:split], ready[split:] + spared
         outcomes = self._wave(first, version)
         for r in second:
             r.role.send(("fetch", version))
@@ -221,7 +229,12 @@ class Soak:
             return set()
         if fault == "reader_kill":
             return self._kill_mid_fetch(second, entry)
-        victim = self.rng.choice(first)
+        candidates = [r for r in first if not r.keep]
+        if not candidates:
+            self.pending.append(fault)
+            entry["injected"] = False
+            return set()
+        victim = self.rng.choice(candidates)
         if fault == "holder_kill":
             self._kill(victim)
         else:
@@ -237,10 +250,12 @@ class Soak:
         return set()
 
     def _kill_mid_fetch(self, second: list[_Reader], entry: dict) -> set[str]:
-        if not second:
-            self.pending_reader_kill, entry["injected"] = True, False
+        candidates = [r for r in second if not r.keep]
+        if not candidates:
+            self.pending.append("reader_kill")
+            entry["injected"] = False
             return set()
-        victim = self.rng.choice(second)
+        victim = self.rng.choice(candidates)
         event = victim.role.result(self.c.fetch_timeout_s)
         if event["event"] != "started":
             raise RuntimeError(f"{victim.name} answered {event} before starting its fetch")
@@ -251,9 +266,9 @@ class Soak:
             done = None
         self._forget(victim)
         entry["victim"] = victim.name
-        self.pending_reader_kill = done is not None
         entry["injected"] = done is None
         if done is not None:
+            self.pending.append("reader_kill")
             self._record(done[1])  # not mid-fetch after all: its fetch counts, the fault is tried again
         return {victim.name}
 
@@ -270,10 +285,10 @@ class Soak:
         self._join()  # a replacement joins
 
     # --------------------------------------------------------------------------------------- readers
-    def _join(self) -> None:
+    def _join(self, keep: bool = False) -> None:
         name = next(self.names)
         role = Role(soak_roles.reader, self.hub.url, name, self.c.seed, self.c.size_mb, self.c.fetch_timeout_s)
-        self.joining.append(_Reader(name, role))
+        self.joining.append(_Reader(name, role, keep=keep))
 
     def _admit(self, wait: bool = False) -> None:
         """Readers that finished starting join the swarm (without waiting for the slow ones, unless told)."""
@@ -287,7 +302,7 @@ class Soak:
             self.readers[r.name] = r
 
     def _churn(self) -> None:
-        idle = [r for r in self.readers.values() if r.frozen_until <= time.monotonic()]
+        idle = [r for r in self.readers.values() if r.frozen_until <= time.monotonic() and not r.keep]
         if idle and self.rng.random() < self.c.churn:
             leaving = self.rng.choice(idle)
             leaving.role.send("stop")  # close(): unpublishes what it holds, says goodbye
@@ -353,7 +368,7 @@ class Soak:
                                  published - self.hub_rss.get("from_version", 1) + 1),
                   "trainer": _growth(trainer_rss, rss_bytes(trainer_pid), published)}
         for r in sorted(self.readers.values(), key=lambda r: r.name):
-            if r.first_version is not None and published - r.first_version + 1 >= published // 2:
+            if r.first_version is not None and (r.keep or published - r.first_version + 1 >= published // 2):
                 memory[r.name] = _growth(r.rss_start, rss_bytes(r.pid), published - r.first_version + 1)
         injected = sum(rep.injected.values())
         return {
