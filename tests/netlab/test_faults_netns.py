@@ -68,7 +68,7 @@ def _fetched(phase: modes.Phase) -> dict:
 def test_a_holder_link_cut_and_restored_mid_fetch_costs_seconds(swarm):
     lab, start = swarm
     phase = start()
-    time.sleep(0.3)  # the reader prefers the peer (it has served the least): cut it mid-fetch
+    time.sleep(0.3)  # the reader reads from both holders: cut the peer mid-fetch
     lab.set_link("peer", up=False)
     time.sleep(3.0)
     lab.set_link("peer", up=True)
@@ -96,7 +96,7 @@ def test_a_straggler_holder_does_not_hold_the_reader_hostage(swarm):
     print(f"one copy at the reader's NIC rate: {one_copy_s:.2f} s")
     assert sum(result["sources"].values()) == result["bytes"] >= SIZE_MB << 20
     # A straggler's reads are abandoned once they take 4x the median read (ClientConfig.straggler_factor)
-    # and re-planned on the trainer. (Without that, the peer's first reads set the pace: it served 4 chunks
-    # and the fetch took 8.9 s instead of 1.6 s.)
-    assert result["sources"].get("peer-0", 0) <= 2 << 20
+    # and re-planned on the trainer: here 1.65 s and nothing from the straggler. Without that, its first reads
+    # set the pace: it served 2 chunks (1 MiB each) and the fetch took 4.3 s.
+    assert result["sources"].get("peer-0", 0) <= 1 << 20
     assert result["seconds"] < BOUND_S
