@@ -29,6 +29,7 @@ _BENCHES = {
     "vllm": "tensorhub_verl.bench.vllm_bench",
     "hub": "tensorhub_verl.bench.hub_load",
     "tp-bytes": "tensorhub_verl.bench.tp_bytes",
+    "soak": "tensorhub_verl.bench.soak",
 }
 
 

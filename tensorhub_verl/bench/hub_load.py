@@ -17,13 +17,12 @@ import json
 import os
 import logging
 import random
-import socket
-import subprocess
 import sys
 import time
 
 import httpx
 
+from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 
@@ -49,15 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    port = _free_port()
-    hub = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--port", str(port),
-                            "--worker-timeout", str(args.worker_timeout), "--keep-versions", str(args.versions)],
-                           stdout=subprocess.DEVNULL, stderr=open(os.environ.get("HUB_LOG", os.devnull), "w"))
+    hub = HubProcess(args=("--worker-timeout", str(args.worker_timeout), "--keep-versions", str(args.versions)),
+                     stderr_path=os.environ.get("HUB_LOG")).start()
     try:
-        report = asyncio.run(_run(f"http://127.0.0.1:{port}", args))
+        report = asyncio.run(_run(hub.url, args))
     finally:
-        hub.terminate()
-        hub.wait(10)
+        hub.stop()
     if not args.json:
         for key, value in report.items():
             print(f"{key:>28}: {value}")
@@ -242,12 +238,6 @@ def _ms(samples: list[float], pct: int) -> float | None:
         return None
     ordered = sorted(samples)
     return round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))], 2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import queue
 from typing import Any, Callable
@@ -61,3 +62,12 @@ def random_weights(size_mb: float, seed: int = 0, tensors: int = 8) -> dict[str,
 
 def checksum(tensors: dict[str, torch.Tensor]) -> float:
     return float(sum(t.double().sum() for t in tensors.values()))
+
+
+def content_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """Every byte of every tensor, with its name: equal digests mean equal contents."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

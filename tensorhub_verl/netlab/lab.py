@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from tensorhub_verl.netlab import iproute
 from tensorhub_verl.netlab.errors import NetlabError
-from tensorhub_verl.netlab.spec import HostPlan, LabPlan, LabSpec, plan_lab, tbf_args
+from tensorhub_verl.netlab.spec import HostPlan, LabPlan, LabSpec, VethPlan, plan_lab, tbf_args
 
 log = logging.getLogger("tensorhub_verl.netlab")
 
@@ -204,6 +204,23 @@ class Lab:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=_TERM_GRACE_S)
+
+    # ---- faults ---------------------------------------------------------------------------------
+    def set_link(self, host: str, up: bool) -> None:
+        """Cut (or restore) a host's NIC at the rack's end: like a pulled cable, its eth0 loses carrier but
+        keeps its address and routes, so TCP connections over it stall instead of being reset."""
+        nic = self._nic(host)
+        iproute.ip("link", "set", nic.b_if, "up" if up else "down", netns=nic.b_ns)
+
+    def shape(self, host: str, mbit: float) -> None:
+        """Re-shape a host's NIC, both directions (a straggler: a degraded or congested link)."""
+        nic = self._nic(host)
+        for ns, ifname in ((nic.a_ns, nic.a_if), (nic.b_ns, nic.b_if)):
+            iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit), netns=ns)
+
+    def _nic(self, host: str) -> VethPlan:
+        netns = self.host(host).netns
+        return next(v for v in self.plan.veths if v.a_ns == netns and v.a_if == HOST_IFACE)
 
     # ---- counters -------------------------------------------------------------------------------
     def wan_tx_bytes_by_dc(self) -> dict[str, int]:

@@ -41,6 +41,9 @@ logger = logging.getLogger("tensorhub_verl.ros.client")
 
 _NAME = re.compile(r"^[A-Za-z0-9._:/@~+=-]{1,256}$")
 ARCHIVE_SUFFIX = "~cpu"
+_RESTART_GRACE_S = 10.0
+"""After a hub restart, holders re-register on their next heartbeat (about a second, longer on a loaded
+host): for this long a version the new hub does not know yet is waited for, not reported missing."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +73,10 @@ class ClientConfig:
     """A spot worker may vanish any time; its copies never count as reliable for retention."""
     preserve_on_unpublish: bool = True
     """Copy a retained version to CPU memory before its last reliable copy is unpublished."""
+    straggler_factor: float = 4.0
+    """A read slower than this many times the median of the fetch's landed reads at the same distance (and
+    than 1 s) is abandoned once and re-planned elsewhere, so one slow holder does not set the pace of the
+    fetch; 0 turns it off (reads then wait up to ``read_timeout_s``)."""
     poll_interval_s: float = 0.0005
     """How often the fetch loop checks its reads."""
     wan_reads_posted: int = 1
@@ -113,6 +120,8 @@ class ClientConfig:
             raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
         if self.fingerprint not in ("sample", "full", "none"):
             raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
+        if self.straggler_factor < 0:
+            raise errors.ConfigError(f"straggler_factor must be >= 0 (0: off), got {self.straggler_factor}")
         for name in ("read_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "request_timeout_s", "hub_retry_s"):
             if getattr(self, name) <= 0:
                 raise errors.ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -306,7 +315,8 @@ class Client:
         """
         self._check_open()
         started = time.monotonic()
-        manifest = self.manifest(model, version, layout)
+        deadline = started + (timeout or self.config.fetch_timeout_s)
+        manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         if into is None:
             into = manifest.allocate("cpu")
         check_buffers(manifest, into)
@@ -328,7 +338,8 @@ class Client:
         are neither. It never holds the version (``stats.bytes``: the bytes read)."""
         self._check_open()
         started = time.monotonic()
-        manifest = self.manifest(model, version, layout)
+        deadline = started + (timeout or self.config.fetch_timeout_s)
+        manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         tensors, plan = _ranged(manifest, into, slices or {})
         if getattr(self._transport, "grant_key", b"") and set(plan.pieces) - plan.whole:
             # The TCP plane's holders serve exactly the byte ranges a lease's grant signs: whole chunks.
@@ -341,6 +352,7 @@ class Client:
         """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion."""
         model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
+        deadline = started + (timeout or self.config.fetch_timeout_s)
         with self._lock:
             if (self.worker, *key) in self._held:
                 raise errors.InvalidRequest(f"{self.worker} already holds {model} v{manifest.version} ({layout}); "
@@ -354,10 +366,10 @@ class Client:
         try:
             if self._transport.register(tensors.values()):
                 self._register_worker()
-            self._begin_fetch(fetch)
-            settings = FetchSettings(self.config.window, self.config.read_timeout_s,
-                                     started + (timeout or self.config.fetch_timeout_s), self.config.poll_interval_s,
-                                     self.config.wan_reads_posted)
+            self._through_restart(lambda: self._begin_fetch(fetch), deadline)
+            settings = FetchSettings(self.config.window, self.config.read_timeout_s, deadline,
+                                     self.config.poll_interval_s, self.config.wan_reads_posted,
+                                     straggler_factor=self.config.straggler_factor)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
                                          digests=manifest.chunk_digests, plan=plan)
@@ -374,6 +386,20 @@ class Client:
             with self._lock:
                 self._held[(self.worker, *key)] = _Held(self.worker, manifest, tensors)
         return stats
+
+    def _through_restart(self, call, deadline: float):
+        """Runs ``call``, retrying a VersionNotFound met within _RESTART_GRACE_S of a hub restart: the
+        version's holders may not have re-registered with the new instance yet."""
+        delay = 0.05
+        while True:
+            try:
+                return call()
+            except errors.VersionNotFound:
+                since = self._hub.since_restart()
+                if since is None or since > _RESTART_GRACE_S or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def _begin_fetch(self, fetch: _InFlightFetch) -> None:
         m, plan = fetch.manifest, fetch.plan

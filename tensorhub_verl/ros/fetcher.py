@@ -16,6 +16,13 @@ reads are in flight the loop exchanges at least every ``refresh_s``, so that whe
 source (missed heartbeats: frozen or dead) the reads it owed are cancelled within about one heartbeat
 timeout, instead of each waiting out ``read_timeout_s``.
 
+A straggler (a holder on a slow or congested link) does not hold a fetch hostage: a read that takes more
+than ``straggler_factor`` times the median of this fetch's landed reads at the same distance (and at least
+``straggler_floor_s``) is abandoned and re-planned like a timed-out one; the hub then plans around that
+source for a moment. Each chunk is abandoned this way at most once, so a fetch whose only remaining
+source is slow still finishes (its second read of a chunk waits up to ``read_timeout_s``). An abandoned
+read may still land later: it writes the bytes that every holder of the version holds.
+
 A seed posts its WAN reads ``wan_reads_posted`` at a time and queues the rest of its WAN assignments
 here, starting the next the moment one lands. Over TCP, reads posted together share one stream and land
 together at the end; one after another, each chunk lands (and starts spreading through the datacenter)
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import logging
 import time
 from collections import deque
@@ -86,8 +94,12 @@ class _Read:
     chunk: int
     source: msg.SourceInfo
     started: float
-    crosses_wan: bool
+    distance: Distance
     landed: float = 0.0
+
+    @property
+    def crosses_wan(self) -> bool:
+        return self.distance == Distance.WAN
 
 
 @dataclass(slots=True)
@@ -100,6 +112,12 @@ class FetchSettings:
     """WAN reads posted at once; further WAN assignments wait in a local queue."""
     refresh_s: float = 0.5
     """With reads in flight, exchange with the hub at least this often, to learn of revoked leases."""
+    straggler_factor: float = 4.0
+    """A read slower than this many times the median landed read at its distance is abandoned (0: never)."""
+    straggler_floor_s: float = 1.0
+    """...but never before this long."""
+    straggler_samples: int = 4
+    """...and only once this many reads at that distance have landed (a median to compare with)."""
 
 
 class ChunkFetcher:
@@ -128,6 +146,10 @@ class ChunkFetcher:
         self._unusable: dict[str, str] = {}
         """holder -> why its metadata could not be loaded (until the hub sends a new generation)."""
         self._inflight: dict[int, _Read] = {}
+        self._durations: dict[Distance, list[float]] = {}
+        """distance -> durations of the landed reads at that distance, sorted (for the median)."""
+        self._abandoned: set[int] = set()
+        """Chunks whose read was abandoned as a straggler once already: their next read is not."""
         self._wan_queue: deque[msg.AssignmentMsg] = deque()
 
     def run(self) -> None:
@@ -194,10 +216,12 @@ class ChunkFetcher:
     def _poll(self, now: float, done: list[int], failed: list[msg.FailedRead], finished: dict[int, _Read]) -> None:
         for lease, read in list(self._inflight.items()):
             state = self._transport.poll(read.handle)
+            reason = "transfer error"
             if state == "PROC" and now - read.started > self._settings.read_timeout_s:
                 state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
-            else:
-                reason = "transfer error"
+            elif state == "PROC" and now - read.started > self._straggler_limit(read):
+                self._abandoned.add(read.chunk)
+                state, reason = "ERR", f"straggler: {now - read.started:.1f} s, its peers' reads took {self._median(read):.2f} s"
             if state == "PROC":
                 continue
             self._transport.release(read.handle)
@@ -213,6 +237,7 @@ class ChunkFetcher:
                 self.stats.failed_reads += 1
             elif state == "DONE":
                 read.landed = now
+                bisect.insort(self._durations.setdefault(read.distance, []), now - read.started)
                 done.append(lease)
                 finished[lease] = read
             else:
@@ -220,6 +245,17 @@ class ChunkFetcher:
                 self.stats.failed_reads += 1
             if read.crosses_wan and self._wan_queue:
                 self._post(self._wan_queue.popleft(), failed)
+
+    def _straggler_limit(self, read: _Read) -> float:
+        landed = self._durations.get(read.distance, ())
+        if (not self._settings.straggler_factor or read.chunk in self._abandoned
+                or len(landed) < self._settings.straggler_samples):
+            return float("inf")
+        return max(self._settings.straggler_floor_s, self._settings.straggler_factor * self._median(read))
+
+    def _median(self, read: _Read) -> float:
+        landed = self._durations[read.distance]
+        return landed[len(landed) // 2]
 
     def _book(self, done: list[int], finished: dict[int, _Read], revoked: set[int]) -> None:
         for lease in done:
@@ -304,7 +340,7 @@ class ChunkFetcher:
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1
             return
-        self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic(), a.distance == Distance.WAN)
+        self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic(), Distance(a.distance))
 
     def _pieces(self, chunk: int) -> tuple[Piece, ...]:
         if self._plan is not None:

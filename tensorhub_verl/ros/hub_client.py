@@ -61,6 +61,7 @@ class HubClient:
         self._retry_s = retry_s
         self._on_new_instance = on_new_instance
         self._instance: str | None = None
+        self._restarted_at: float | None = None
         self._recovering = threading.Lock()
         self._recovering_thread: int | None = None
         self._recoveries = 0
@@ -93,8 +94,6 @@ class HubClient:
                 # Sent just before a re-registration replaced the credential: repeat it with the new one.
                 if attempt == 1 or sent_with == self._credential:
                     raise
-        if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
-            self._credential = data["credential"]
         return reply.model_validate(data) if reply is not None else data
 
     def _send(self, method: str, path: str, body, params, timeout):
@@ -123,10 +122,17 @@ class HubClient:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            self._check_instance(response.headers.get(INSTANCE_HEADER))
             if response.status_code >= 400:
+                self._check_instance(response.headers.get(INSTANCE_HEADER))
                 raise _error_of(response)
-            return response.json()
+            data = response.json()
+            if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
+                # Kept before looking at the instance: when this reply is the first from a restarted hub, the
+                # re-registration that follows must present the credential that hub just issued (else the
+                # hub holds one this client never kept, and refuses it until the id times out).
+                self._credential = data["credential"]
+            self._check_instance(response.headers.get(INSTANCE_HEADER))
+            return data
 
     def _check_instance(self, instance: str | None) -> None:
         if instance is None or instance == self._instance:
@@ -134,6 +140,7 @@ class HubClient:
         first = self._instance is None
         self._instance = instance
         if not first:
+            self._restarted_at = time.monotonic()
             logger.warning("hub %s restarted (instance %s); re-registering", self.url, instance)
             self._recover()
 
@@ -158,6 +165,10 @@ class HubClient:
         finally:
             self._recovering_thread = None
             self._recovering.release()
+
+    def since_restart(self) -> float | None:
+        """Seconds since this client last saw the hub come back as a new instance (None: never)."""
+        return None if self._restarted_at is None else time.monotonic() - self._restarted_at
 
     def close(self) -> None:
         self._http.close()

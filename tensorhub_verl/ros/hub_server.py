@@ -5,6 +5,7 @@ The same ``HubServer`` object is what a Ray actor wraps to run the hub inside a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -17,6 +18,7 @@ import uvicorn
 from tensorhub_verl.errors import ConfigError, HubUnavailable
 from tensorhub_verl.ros.hub_app import DEFAULT_MAX_BODY_BYTES, create_app
 from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.liveness import StallMeter
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
@@ -62,7 +64,7 @@ class HubServer:
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._socket.getsockname()[:2]
         app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
-        self._server = uvicorn.Server(uvicorn.Config(
+        self._server = _ProbedServer(self.state.stall, uvicorn.Config(
             app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off",
             ssl_certfile=str(tls_cert) if tls_cert else None, ssl_keyfile=str(tls_key) if tls_key else None))
         self._stop = threading.Event()
@@ -118,6 +120,30 @@ class HubServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class _ProbedServer(uvicorn.Server):
+    """uvicorn's server plus a probe on its event loop, which answers heartbeats: the probe's late ticks
+    measure how long the hub itself could not hear anyone (``liveness.StallMeter``)."""
+
+    def __init__(self, stall: StallMeter, config: uvicorn.Config):
+        super().__init__(config)
+        self._stall = stall
+        self._probe: asyncio.Task | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        self._probe = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def shutdown(self, sockets=None) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        await super().shutdown(sockets)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            self._stall.tick()
+            await asyncio.sleep(self._stall.tick_s)
 
 
 def start_hub(host: str = "127.0.0.1", port: int = 0, token: str | None = None,

@@ -44,6 +44,7 @@ from tensorhub_verl.errors import (
 from tensorhub_verl.ros import grants
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
+from tensorhub_verl.ros.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
 from tensorhub_verl.ros.topology import Distance, Location
@@ -87,6 +88,8 @@ class WorkerRecord:
     """sha256 of the worker's credential: a leaked status dump or core file does not leak the secret."""
     grant_key: bytes = b""
     """The key this worker's data-plane server checks read grants with (grants.py); empty: it needs none."""
+    stall_at_seen: float = 0.0
+    """The hub's own stall total (StallMeter.stalled) when this worker was last heard."""
 
 
 @dataclass(slots=True)
@@ -137,6 +140,8 @@ class HubState:
         self.config = config or HubConfig()
         self.instance = uuid.uuid4().hex[:12]
         self._clock = clock
+        self.stall = StallMeter(clock)
+        """Ticked by the server's event-loop probe: silence while the hub itself was stalled is not the workers'."""
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._workers: dict[str, WorkerRecord] = {}
@@ -187,7 +192,8 @@ class HubState:
                 old = None
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
                                   old.bytes_served if old else 0, _hash(secret),
-                                  base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"")
+                                  base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
+                                  self.stall.stalled())
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -210,6 +216,7 @@ class HubState:
         with self._lock:
             record = self._require_worker(worker)
             record.last_seen = self._clock()
+            record.stall_at_seen = self.stall.stalled()
             self._suspect_until.pop(worker, None)
             return self._ack(worker)
 
@@ -620,13 +627,19 @@ class HubState:
 
     # ------------------------------------------------------------------------------------ upkeep
     def sweep(self) -> None:
-        """Expires silent workers and overdue leases. The server calls it a few times a second."""
+        """Expires silent workers and overdue leases. The server calls it a few times a second.
+
+        A worker's silence is counted in the hub's awake time (see ``liveness``): heartbeats that queued
+        while the hub's own event loop was stalled do not count against the worker that sent them."""
         with self._lock:
             now = self._clock()
-            for worker in [w for w, r in self._workers.items() if now - r.last_seen > self.config.worker_timeout_s]:
-                logger.warning("worker %s sent no heartbeat for %.1f s; dropping it and its holdings",
-                               worker, now - self._workers[worker].last_seen)
-                self._drop_worker(worker)
+            stalled = self.stall.stalled()
+            for worker, r in list(self._workers.items()):
+                silence = now - r.last_seen - (stalled - r.stall_at_seen)
+                if silence > self.config.worker_timeout_s:
+                    logger.warning("worker %s sent no heartbeat for %.1f s (%.1f s of it while the hub was "
+                                   "awake); dropping it and its holdings", worker, now - r.last_seen, silence)
+                    self._drop_worker(worker)
             self._expire_leases()
             for entry in [e for e, until in self._quarantined_until.items() if until <= now]:
                 del self._quarantined_until[entry]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
+import time
 
 import torch
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.procs import content_digest as digest
+from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.nixl_transport import NixlTransport
 
 
@@ -24,14 +26,6 @@ def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]
         "step": torch.tensor([seed], dtype=torch.int64),
         "lm_head.weight": torch.randn(n, generator=g),
     }
-
-
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1, token=None):
@@ -98,6 +92,21 @@ def reader(results, control, hub_url, worker, version="latest", hold=True, windo
                         "partial_source_bytes": stats.partial_source_bytes}))
     control.get(timeout=600)
     client.close()
+
+
+def stalling_reader(results, control, hub_url, worker, announce):
+    """Fetches policy v1 one read at a time; after ``announce`` reads it stops noticing that reads finish, so
+    the next chunk lands in its buffers unverified and unannounced (a fetch caught mid-way). Then it waits
+    to be killed."""
+    transport = GatedTransport(f"{worker}-agent")
+    transport.on_read = lambda n: n > announce and transport.finish_gate.clear()
+    client = Client(hub_url, worker, transport=transport, config=ClientConfig(window=1, hub_retry_s=60.0))
+    threading.Thread(target=client.fetch, args=("policy", 1), daemon=True).start()
+    deadline = time.monotonic() + 120
+    while transport.reads <= announce and time.monotonic() < deadline:
+        time.sleep(0.01)
+    results.put(("ok", {"pid": os.getpid(), "reads": transport.reads}))
+    control.get(timeout=600)
 
 
 class GatedTransport:

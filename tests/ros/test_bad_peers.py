@@ -1,15 +1,13 @@
 """Dead, frozen and lying peers cost a reader a re-plan, never a raw data-plane exception or a read timeout."""
 
-import base64
 import os
 import signal
 
-import httpx
 import pytest
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.soak_roles import impostor
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 from tensorhub_verl.ros import transports
 from tensorhub_verl.ros.nixl_transport import NixlTransport
 
@@ -18,26 +16,12 @@ from tests.ros.roles import GatedTransport, digest, holder, make_weights
 CHUNK = 256 << 10
 
 
-def _impostor(url: str, worker: str, agent_name: str, metadata: bytes) -> None:
-    """A worker that registers data-plane metadata nobody can use and claims to hold policy v1."""
-    manifest = httpx.get(f"{url}/v1/manifest", params={"model": "policy", "version": "1"}, timeout=10).json()
-    registered = httpx.post(f"{url}/v1/workers/register", timeout=10, json={
-        "worker": worker, "location": {}, "agent_name": agent_name,
-        "agent_metadata_b64": base64.b64encode(metadata).decode()})
-    assert registered.status_code == 200, registered.text
-    regions = [{"addr": 4096 * (i + 1)} for i in range(len(manifest["tensors"]))]
-    published = httpx.post(f"{url}/v1/publish", timeout=10, json={
-        "worker": worker, "holder": worker, "manifest": manifest, "regions": regions},
-        headers={CREDENTIAL_HEADER: registered.json()["credential"]})
-    assert published.status_code == 200, published.text
-
-
 def test_peers_with_unusable_metadata_cost_a_re_plan(hub, roles):
     published = roles(holder, hub.url, "trainer", 5, 4.0, CHUNK).result(120)
-    _impostor(hub.url, "garbage", "garbage-agent", os.urandom(300))  # NIXL: nixlMismatchError
+    impostor(hub.url, "garbage", os.urandom(300))  # NIXL: nixlMismatchError
     other = NixlTransport("someone-else")
     try:
-        _impostor(hub.url, "liar", "liar-agent", other.metadata())  # metadata of another agent
+        impostor(hub.url, "liar", other.metadata())  # metadata of another agent
         client = Client(hub.url, "reader", config=ClientConfig(window=4, fetch_timeout_s=60))
         assert sorted(client.versions("policy")[1]) == ["garbage", "liar", "trainer"]
         stats = client.fetch("policy", 1)
@@ -73,9 +57,10 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
     # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
     transport = GatedTransport("reader-agent", on_read=freeze_h1,
                                inner=transports.create(ClientConfig(), "reader", hub.url))
-    # A read timeout far beyond the fetch timeout: only the hub's verdict on h1 can save this fetch.
+    # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
+    # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", transport=transport,
-                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
+                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90, straggler_factor=0))
     try:
         stats = client.fetch("policy", 1)
         assert stopped
@@ -84,4 +69,38 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
         assert "h1" not in client.versions("policy")[1]
     finally:
         os.kill(frozen["pid"], signal.SIGKILL)
+        client.close()
+
+
+class _NeverFrom(GatedTransport):
+    """Reads from agents whose name starts with ``prefix`` never finish: a holder far slower than its peers."""
+
+    def __init__(self, name: str, prefix: str):
+        super().__init__(name)
+        self.prefix = prefix
+        self.stuck: list[object] = []
+
+    def start_read(self, peer, copies, grant=""):
+        handle = super().start_read(peer, copies, grant)
+        if peer.startswith(self.prefix):
+            self.stuck.append(handle)
+        return handle
+
+    def poll(self, handle):
+        return "PROC" if any(handle is h for h in self.stuck) else super().poll(handle)
+
+
+def test_a_straggler_holder_costs_a_re_plan_not_a_read_timeout(hub, roles):
+    published = roles(holder, hub.url, "trainer", 11, 4.0, CHUNK).result(120)
+    roles(holder, hub.url, "slow", 11, 4.0, CHUNK).result(120)  # the same bytes, on a hopeless link
+    transport = _NeverFrom("reader-agent", prefix="slow-")
+    # A read timeout beyond the fetch timeout: only abandoning the straggler's reads can finish this fetch.
+    client = Client(hub.url, "reader", transport=transport,
+                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
+    try:
+        stats = client.fetch("policy", 1)
+        assert transport.stuck, "the straggler was never asked for a chunk"
+        assert digest(stats.buffers) == published["digest"]
+        assert set(stats.sources) == {"trainer"} and stats.failed_reads >= 1
+    finally:
         client.close()

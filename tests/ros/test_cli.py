@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.hub_proc import free_port
 from tensorhub_verl.cli import hub_parser, hub_seeds_per_dc
 from tests.ros.roles import make_weights
-from tests.ros.test_faults import _free_port
 
 TENSORHUB = str(Path(sys.executable).parent / "tensorhub")
 
@@ -45,7 +45,7 @@ def test_status_without_a_hub_says_how_to_fix_it():
 def test_hub_command_reads_its_token_from_a_file(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("from-a-file\n")
-    port = _free_port()
+    port = free_port()
     hub = subprocess.Popen([TENSORHUB, "hub", "--port", str(port), "--token-file", str(token_file)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -1,21 +1,17 @@
-"""Holders that die mid-read, and a hub that restarts mid-fetch."""
+"""Holders that die mid-read, a reader that dies mid-fetch, and a hub that restarts or freezes mid-fetch."""
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import pytest
 
-import tensorhub_verl as th
+from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client import Client, ClientConfig
 
-from tests.ros.roles import GatedTransport, digest, holder, make_weights
+from tests.ros.roles import GatedTransport, digest, holder, make_weights, stalling_reader
 
 CHUNK = 256 << 10
 
@@ -54,30 +50,9 @@ def test_a_fetch_fails_cleanly_when_its_only_holder_dies(hub, roles):
     client.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_hub_process(port: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--port", str(port),
-                                "--worker-timeout", "10"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("hub process did not start")
-
-
 def test_a_hub_restart_mid_fetch_loses_nothing(roles):
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    hub_process = _start_hub_process(port)
+    hub_process = HubProcess(args=("--worker-timeout", "10")).start()
+    url = hub_process.url
     try:
         published = roles(holder, url, "trainer", 6, 4.0, CHUNK).result(120)
         gated = GatedTransport("reader-agent", hold_after=3)
@@ -87,8 +62,7 @@ def test_a_hub_restart_mid_fetch_loses_nothing(roles):
         fetch.start()
         assert gated.holding.wait(60)
         hub_process.kill()
-        hub_process.wait(10)
-        hub_process = _start_hub_process(port)  # a new instance: it knows nothing
+        hub_process.start()  # a new instance at the same URL: it knows nothing
         gated.start_gate.set()
         fetch.join(120)
         assert "stats" in result, "the fetch did not survive the hub restart"
@@ -97,4 +71,67 @@ def test_a_hub_restart_mid_fetch_loses_nothing(roles):
         client.close()
     finally:
         hub_process.kill()
-        hub_process.wait(10)
+
+
+def _holdings(client: Client, worker: str) -> list[dict]:
+    return [h for v in client.status()["models"].get("policy", []) for h in v["holders"] if h["worker"] == worker]
+
+
+def _wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
+    published = roles(holder, hub.url, "trainer", 8, 4.0, CHUNK).result(120)
+    victim = roles(stalling_reader, hub.url, "victim", 3).result(120)
+    observer = Client(hub.url, "observer")
+    try:
+        # The victim announced 3 verified chunks; a 4th has landed in its memory, unverified and unannounced.
+        _wait_until(lambda: [h["chunks"] for h in _holdings(observer, "victim")] == [3], 60,
+                    "the victim's 3 announced chunks did not show at the hub")
+        assert _holdings(observer, "victim")[0]["state"] == "filling"
+        os.kill(victim["pid"], signal.SIGKILL)
+
+        # Before the hub notices: reads planned on the dead reader fail and are re-planned; bytes are right.
+        early = Client(hub.url, "early", config=ClientConfig(window=4, read_timeout_s=5.0, fetch_timeout_s=90))
+        stats = early.fetch("policy", 1)
+        assert digest(stats.buffers) == published["digest"]
+        early.close()
+
+        # At its heartbeat timeout the hub forgets the dead reader and its holding; nobody reads from it again.
+        _wait_until(lambda: "victim" not in observer.status()["workers"], 60, "the hub did not drop the dead reader")
+        assert _holdings(observer, "victim") == []
+        late = Client(hub.url, "late", config=ClientConfig(window=4, fetch_timeout_s=90))
+        stats = late.fetch("policy", 1)
+        assert digest(stats.buffers) == published["digest"]
+        assert "victim" not in stats.sources and stats.failed_reads == 0
+        late.close()
+    finally:
+        observer.close()
+
+
+def test_a_hub_frozen_past_the_worker_timeout_drops_nobody(roles, tmp_path):
+    # The hub's own stall is not its workers' silence (ros/liveness.py): after SIGCONT the sweeper must not
+    # drop workers whose heartbeats sat unread in the hub's socket buffers. (Dropped workers would come back
+    # by re-registering, so the hub's log is what tells.)
+    log = tmp_path / "hub.log"
+    hub_process = HubProcess(args=("--worker-timeout", "3"), stderr_path=str(log)).start()
+    try:
+        roles(holder, hub_process.url, "trainer", 9, 1.0, CHUNK).result(120)
+        reader = Client(hub_process.url, "reader")
+        stats = reader.fetch("policy", 1)
+        hub_process.signal(signal.SIGSTOP)
+        time.sleep(8)
+        hub_process.signal(signal.SIGCONT)
+        time.sleep(3)  # a few sweeps, and heartbeats, after the thaw
+        assert "dropping it" not in log.read_text()
+        assert sorted(reader.status()["workers"]) == ["reader", "trainer"]
+        assert reader.versions("policy") == {1: ["reader", "trainer"]}
+        assert stats.bytes > 0
+        reader.close()
+    finally:
+        hub_process.stop()

@@ -147,6 +147,42 @@ def test_silent_workers_expire_with_their_holdings():
     state.heartbeat("reader")
 
 
+def _loop_turns(state, clock, seconds, heartbeat=()):
+    """The hub's event loop turning normally for ``seconds``: the probe ticks, the sweeper sweeps."""
+    for _ in range(round(seconds / 0.1)):
+        clock.now += 0.1
+        state.stall.tick()
+        for worker in heartbeat:
+            state.heartbeat(worker)
+        state.sweep()
+
+
+def test_a_hub_whose_own_loop_stalled_does_not_drop_the_workers_it_could_not_hear():
+    state, clock = make_state(worker_timeout_s=10.0)
+    m = manifest()
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    _loop_turns(state, clock, 1.0, heartbeat=["trainer", "reader"])
+    clock.now += 15.0  # the hub starved of CPU: no tick, no heartbeat read, but the sweeper thread runs
+    state.sweep()
+    assert state.versions("policy") == {1: ["trainer"]}, "live workers were dropped for the hub's own stall"
+    state.stall.tick()  # the loop turns again and reads the trainer's queued heartbeat; the reader has died
+    state.heartbeat("trainer")
+    _loop_turns(state, clock, 9.0, heartbeat=["trainer"])
+    assert sorted(state.status()["workers"]) == ["reader", "trainer"]  # 9 s awake: within the timeout
+    _loop_turns(state, clock, 1.5, heartbeat=["trainer"])
+    assert sorted(state.status()["workers"]) == ["trainer"]  # a dead worker still goes after 10 s awake
+
+
+def test_without_a_loop_probe_silence_is_wall_clock_silence():
+    state, clock = make_state(worker_timeout_s=10.0)
+    register(state, "trainer")
+    clock.now += 10.5
+    state.sweep()
+    assert state.status()["workers"] == {}
+
+
 def test_retention_asks_holders_to_drop_old_versions():
     state, _ = make_state(keep_versions=2)
     register(state, "trainer")
