@@ -74,6 +74,7 @@ def test_the_reward_rises_over_a_longer_run(task, tmp_path):
     assert last > first + 0.05, f"reward did not rise: {rewards}"
 
 
+@pytest.mark.slow  # ~3 min; the default suite's real loop is the separate_async test above
 def test_fully_async_syncs_through_tensorhub(task, tmp_path):
     """verl's fully async policy (its own entry point, rollouter and trainer as separate actors)."""
     result, metrics = _run(task, tmp_path, steps=3, trainer_mode="fully_async")
