@@ -6,8 +6,11 @@ For each model (the tiny one, and a larger random one that fits a small CPU host
   then for ``--updates`` new versions: A applies each from the publisher, B applies it from A with staging
   ``cpu`` (pull while generating; stall = the copy-in), then again with staging ``none`` (pull straight
   into the parameters; stall = the whole pull).
-Reports per model: attach seconds from peer vs publisher (fetch+apply, engine start excluded), B's median
-stall per update with staging on vs off, and their ratios. The last stdout line is one JSON object.
+Reports per model and TP size (``--tp 1,2`` runs both, side by side in one run): attach seconds from peer vs
+publisher (fetch+apply, engine start excluded), the bytes each rank read on attach (at TP>1 a rank reads only
+its slices from the publisher's 'hf' tensors, and its own shard raw from the same rank of its peer), B's
+median stall per update with staging on vs off, and their ratios. At TP>1 each rank runs on its own core
+(``VLLM_CPU_OMP_THREADS_BIND``). The last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -39,7 +42,15 @@ def _perturbed(weights: dict, step: int) -> dict:
     return {n: (t + 0.01 * torch.randn(t.shape, generator=g)).contiguous() for n, t in weights.items()}
 
 
-def bench_model(name: str, model_dir: str, updates: int, arch: str) -> dict:
+def _cpu_binding(tp: int) -> dict[str, str]:
+    """vLLM's CPU build pins each rank's threads: one core per rank (wrapping when there are fewer cores)."""
+    import os
+
+    cores = max(1, os.cpu_count() or 1)
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(tp))} if tp > 1 else {}
+
+
+def bench_model(name: str, model_dir: str, updates: int, arch: str, tp: int = 1) -> dict:
     import tensorhub_verl as th
     from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
     from tensorhub_verl.vllm.tiny_model import hf_state_dict, load_hf_model
@@ -49,8 +60,9 @@ def bench_model(name: str, model_dir: str, updates: int, arch: str) -> dict:
     base = hf_state_dict(load_hf_model(model_dir))
     versions: dict[int, dict] = {1: copy.copy(base)}
     trainer.publish("policy", 1, versions[1])
-    out: dict = {"model": name, "arch": arch, "bytes": sum(t.numel() * t.element_size() for t in base.values())}
-    spec = dict(model_dir=model_dir, hub_url=hub.url, model="policy")
+    out: dict = {"model": name, "arch": arch, "tp": tp,
+                 "bytes": sum(t.numel() * t.element_size() for t in base.values())}
+    spec = dict(model_dir=model_dir, hub_url=hub.url, model="policy", tp_size=tp, env=_cpu_binding(tp))
     try:
         with EngineProcess(EngineSpec(worker="A", location={"dc": "dc0", "rack": "r0", "node": "a"}, **spec)) as a, \
                 EngineProcess(EngineSpec(worker="B", location={"dc": "dc0", "rack": "r0", "node": "b"},
@@ -61,6 +73,8 @@ def bench_model(name: str, model_dir: str, updates: int, arch: str) -> dict:
             out["attach_from_publisher_s"] = ra["seconds"]
             out["attach_from_peer_s"] = rb["seconds"]
             out["attach_sources"] = {"publisher_path": sorted(ra["sources"]), "peer_path": sorted(rb["sources"])}
+            out["attach_rank_bytes"] = {"from_publisher": ra["rank_bytes"], "from_peer": rb["rank_bytes"]}
+            out["attach_rank_over_model"] = max(ra["rank_bytes"]) / out["bytes"]
             stalls: dict[str, list[float]] = {"cpu": [], "none": []}
             pulls: dict[str, list[float]] = {"cpu": [], "none": []}
             v = 1
@@ -80,7 +94,7 @@ def bench_model(name: str, model_dir: str, updates: int, arch: str) -> dict:
                         r = b.request("update_while_generating", 600, version=v, prompt_ids=PROMPT, max_tokens=4)
                     else:
                         r = b.update(v)
-                    if set(r["sources"]) != {"A"}:
+                    if not set(r["sources"]) <= {"A", *(f"A/rank{i}" for i in range(tp))}:
                         logger.warning("update v%d of B read from %s (expected A)", v, sorted(r["sources"]))
                     stalls[staging].append(r["stall_s"])
                     pulls[staging].append(r["pull_s"])
@@ -102,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="tiny,larger", help=f"comma list of {sorted(MODELS)}")
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--arch", default="qwen2", choices=("llama", "qwen2"))
+    p.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes, e.g. 1,2 (each its own engines)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     ns = p.parse_args(argv)
     if not ns.json:
@@ -112,14 +127,28 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in names if m not in MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; choose from {sorted(MODELS)}")
+    try:
+        tps = [int(x) for x in ns.tp.split(",") if x]
+    except ValueError:
+        tps = []
+    if not tps or any(t < 1 for t in tps):
+        p.error(f"--tp {ns.tp!r}: give positive tensor-parallel sizes, e.g. --tp 1,2")
     results = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tensorhub-bench-vllm-") as tmp:
         for name in names:
             d = build_tiny_model(Path(tmp) / name, TinyModelSpec(arch=ns.arch, **MODELS[name]))
-            results.append(bench_model(name, str(d), ns.updates, ns.arch))
+            for tp in tps:
+                results.append(bench_model(name, str(d), ns.updates, ns.arch, tp))
     result = {"bench": "vllm", "updates_per_mode": ns.updates, "seconds": time.monotonic() - t0,
               "models": results}
+    if not ns.json:
+        print(f"{'model':7} {'TP':>3} {'attach pub s':>12} {'attach peer s':>13} {'rank/model':>10} "
+              f"{'stall cpu s':>11} {'stall none s':>12}")
+        for r in results:
+            print(f"{r['model']:7} {r['tp']:>3} {r['attach_from_publisher_s']:>12.2f} {r['attach_from_peer_s']:>13.2f} "
+                  f"{r['attach_rank_over_model']:>10.2f} {r['stall_staging_cpu_s']:>11.3f} "
+                  f"{r['stall_staging_none_s']:>12.3f}")
     line = json.dumps(result)
     if ns.out:
         Path(ns.out).write_text(line + "\n")

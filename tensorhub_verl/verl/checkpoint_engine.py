@@ -132,7 +132,10 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             raise ConfigError("tensorhub.staging='none' with FSDP shards would publish the live parameters, which "
                               "the next optimizer step changes under readers; use tensorhub.staging=cpu or gpu")
         publisher = await asyncio.to_thread(self._ensure_publisher, shards.rank, shards.ranks)
-        digests = _full_tensor_digests(shards) if self.config.verify_digests else None  # collective: all ranks
+        # With one rank the publisher digests what it stages; with several, the full tensors need a gather,
+        # a collective that every rank joins (even one that already holds this version).
+        gather = self.config.verify_digests and shards.ranks > 1
+        digests = _full_tensor_digests(shards) if gather else None
         if version in publisher.held_versions:
             return {}
         await asyncio.to_thread(publisher.begin, version)
@@ -143,7 +146,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         except BaseException:
             publisher.abort()
             raise
-        stats.digests = digests if shards.rank == 0 else None
+        if gather:
+            stats.digests = digests if shards.rank == 0 else None
         return stats.as_metrics()
 
     # -------------------------------------------------------------------------------- rollout side

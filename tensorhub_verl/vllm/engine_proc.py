@@ -162,6 +162,20 @@ def _child(conn, spec_dict: dict) -> None:
             conn.send((False, f"{type(e).__name__}: {e}"))
 
 
+def _reap(processes: list, grace_s: float = 10.0) -> None:
+    """Kills what outlived its parent engine: a closed TP>1 engine otherwise leaves vLLM's EngineCore and its
+    workers behind, several GB each, and later engines on the machine get killed for memory."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
 class EngineError(errors.TensorHubError):
     """The engine process reported an error; the message starts with the remote exception's type name."""
 
@@ -211,6 +225,7 @@ class EngineProcess:
         return self.request("rpc", timeout, method=method, **kwargs)
 
     def close(self, timeout: float = 60.0) -> None:
+        descendants = self._descendants()
         if self._proc.is_alive():
             try:
                 self.request("close", timeout)
@@ -219,11 +234,24 @@ class EngineProcess:
             self._proc.join(timeout)
         if self._proc.is_alive():
             self.kill()
+        _reap(descendants)
 
     def kill(self) -> None:
+        descendants = self._descendants()
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(10)
+        _reap(descendants)
+
+    def _descendants(self) -> list:
+        """The child's own children (at TP>1 vLLM's EngineCore and its workers), found while it is alive:
+        once the child is gone they are re-parented and can no longer be told apart from strangers."""
+        import psutil
+
+        try:
+            return psutil.Process(self._proc.pid).children(recursive=True) if self._proc.is_alive() else []
+        except psutil.Error:
+            return []
 
     def __enter__(self) -> EngineProcess:
         return self

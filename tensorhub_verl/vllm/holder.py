@@ -111,6 +111,8 @@ class _Pull:
     stats: object | None = None
     buffers: dict[str, torch.Tensor] | None = None
     held: bool = False
+    in_engine_layout: bool = False
+    """The buffers are in the engine's layout although the source was 'hf' (a TP rank's slices, staged)."""
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
 
@@ -278,11 +280,11 @@ class EngineHolder:
         tensors map onto views of the parameters (``layout.hf_views``); otherwise through a staging copy."""
         return self.config.staging == "none" and (source_layout != HF_LAYOUT or self._hf_views is not None)
 
-    def _hf_targets(self, version: int) -> dict[str, torch.Tensor] | None:
-        """Views of the parameters for each HF tensor of ``version`` (scratch for the ones the engine does not
-        use), or None when some HF tensor has no place in the parameters."""
+    def _hf_targets(self, version: int, hf_views: HFViews | None = None) -> dict[str, torch.Tensor] | None:
+        """Views of the parameters (or of ``hf_views``' tensors) for each HF tensor of ``version`` (scratch for
+        the ones the engine does not use), or None when some HF tensor has no place in the parameters."""
         manifest = self.client.manifest(self.config.model, version, layout=HF_LAYOUT)
-        views, targets = self._hf_views.views, {}
+        views, targets = (hf_views or self._hf_views).views, {}
         for spec in manifest.tensors:
             if spec.name in views:
                 targets[spec.name] = views[spec.name]
@@ -316,11 +318,34 @@ class EngineHolder:
         sets = [self._staging or {}, self._hf_scratch, *self._hf_staging.values()]
         return sum(t.numel() * t.element_size() for bufs in sets for t in bufs.values())
 
+    @property
+    def _reads_hf_slices(self) -> bool:
+        """A TP>1 rank whose layout maps onto HF slices: it reads only its slices of 'hf', staged or not."""
+        return self._hf_views is not None and bool(self._hf_views.slices)
+
+    def _engine_staging(self) -> dict[str, torch.Tensor]:
+        if self._staging is None:
+            self._staging = {n: torch.empty_like(t, device=self._staging_device) for n, t in self.params.items()}
+        return self._staging
+
+    def _fetch_hf_slices_staged(self, version: int):
+        """A TP rank's slices of ``version``'s HF tensors, read into its staging copy in the engine's layout
+        (``apply`` then copies it in like a raw pull): ~1/N of the model per rank, not the whole of it."""
+        staging = self._engine_staging()
+        views = self._hf_views.onto(self.params, staging)
+        targets = self._hf_targets(version, views)
+        if targets is None:
+            raise errors.ManifestMismatch(f"v{version}'s HF tensors do not map onto this engine's parameters")
+        stats = self.client.fetch_slices(self.config.model, version, into=targets, slices=views.slices,
+                                         layout=HF_LAYOUT, timeout=self.config.fetch_timeout_s)
+        with torch.no_grad():
+            for pad in views.padding:
+                pad.zero_()
+        return stats, staging
+
     def _buffers_for(self, layout: str, version: int) -> dict[str, torch.Tensor]:
         if layout != HF_LAYOUT:
-            if self._staging is None:
-                self._staging = {n: torch.empty_like(t, device=self._staging_device) for n, t in self.params.items()}
-            return self._staging
+            return self._engine_staging()
         manifest = self.client.manifest(self.config.model, version, layout=HF_LAYOUT)
         key = manifest.digest
         if key not in self._hf_staging:
@@ -331,13 +356,18 @@ class EngineHolder:
     def _run_pull(self, pull: _Pull) -> None:
         layouts = [pull.source_layout] + ([HF_LAYOUT] if pull.source_layout != HF_LAYOUT else [])
         for i, layout in enumerate(layouts):
+            sliced = layout == HF_LAYOUT and self._reads_hf_slices
             try:
-                bufs = self._buffers_for(layout, pull.version)
-                # A staging copy in the engine's layout serves peers only at TP=1: at TP>1 it would be one
-                # rank's layout visible outside the engine's shard group.
-                hold = layout == HF_LAYOUT or self.config.shard_count == 1
-                stats = self.client.fetch(self.config.model, pull.version, into=bufs, layout=layout, hold=hold,
-                                          timeout=self.config.fetch_timeout_s)
+                if sliced:
+                    hold = False  # parts of tensors: nothing whole to serve
+                    stats, bufs = self._fetch_hf_slices_staged(pull.version)
+                else:
+                    bufs = self._buffers_for(layout, pull.version)
+                    # A staging copy in the engine's layout serves peers only at TP=1: at TP>1 it would be one
+                    # rank's layout visible outside the engine's shard group.
+                    hold = layout == HF_LAYOUT or self.config.shard_count == 1
+                    stats = self.client.fetch(self.config.model, pull.version, into=bufs, layout=layout,
+                                              hold=hold, timeout=self.config.fetch_timeout_s)
             except (errors.TransferFailed, errors.VersionNotFound, errors.ManifestMismatch) as e:
                 pull.error = e
                 if i + 1 < len(layouts):
@@ -349,6 +379,7 @@ class EngineHolder:
             else:
                 with self._lock:
                     pull.source_layout, pull.stats, pull.buffers, pull.held = layout, stats, bufs, hold
+                    pull.in_engine_layout = layout != HF_LAYOUT or sliced
                     pull.error = None
                     pull.seconds = time.monotonic() - pull.started
                     pull.state = PullState.READY
@@ -431,7 +462,7 @@ class EngineHolder:
         t = time.monotonic()
         try:
             with torch.no_grad():
-                if pull.source_layout == HF_LAYOUT:
+                if not pull.in_engine_layout:
                     self._load_hf(iter(bufs.items()))
                 else:
                     for name, p in self.params.items():

@@ -213,6 +213,23 @@ class HFViews:
     slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     """HF name -> ``(dim, start, length)``: the rank reads ``full.narrow(dim, start, length)``; absent: whole."""
 
+    def onto(self, params: Mapping[str, torch.Tensor], others: Mapping[str, torch.Tensor]) -> HFViews:
+        """The same views over ``others``: tensors shaped and strided as ``params`` (a staging copy of them),
+        so that a staged pull lands each HF slice where ``apply`` then copies it from, in the engine's layout."""
+        owner = {p.untyped_storage().data_ptr(): (n, p) for n, p in params.items()}
+
+        def moved(view: torch.Tensor) -> torch.Tensor:
+            name, p = owner[view.untyped_storage().data_ptr()]
+            other = others[name]
+            if other.shape != p.shape or other.stride() != p.stride():
+                raise ConfigError(f"{name}: the copy is {tuple(other.shape)}/{other.stride()}, the parameter "
+                                  f"{tuple(p.shape)}/{p.stride()}; views need the same shape and strides")
+            offset = other.storage_offset() + view.storage_offset() - p.storage_offset()
+            return other.as_strided(view.shape, view.stride(), offset)
+
+        return HFViews({n: moved(v) for n, v in self.views.items()}, self.unused,
+                       tuple(moved(v) for v in self.padding), dict(self.slices))
+
 
 def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int = 1, rank: int = 0) -> HFViews:
     """The ``HFViews`` of rank ``rank`` of ``tp_size``'s ``params`` (as ``vllm_param_shapes`` names them).

@@ -38,6 +38,8 @@ class UpdateResult:
     pull_s: float = 0.0
     seconds: float = 0.0
     bytes: int = 0
+    rank_bytes: list[int] = field(default_factory=list)
+    """Bytes each rank read, in rank order (at TP>1 each rank reads only its own slices)."""
     sources: dict[str, int] = field(default_factory=dict)
     source_layouts: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
@@ -45,7 +47,7 @@ class UpdateResult:
 
     def as_dict(self) -> dict:
         return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
-                "seconds": self.seconds, "bytes": self.bytes, "sources": dict(self.sources),
+                "seconds": self.seconds, "bytes": self.bytes, "rank_bytes": list(self.rank_bytes), "sources": dict(self.sources),
                 "source_layouts": list(self.source_layouts), "phases": dict(self.phases)}
 
 
@@ -129,6 +131,7 @@ class EngineUpdater:
         res = UpdateResult(version=results[0]["version"], applied=True,
                            stall_s=max(r["stall_s"] for r in results), pull_s=max(r["pull_s"] for r in results),
                            seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
+                           rank_bytes=[r["bytes"] for r in results],
                            source_layouts=[r["source_layout"] for r in results])
         for r in results:
             for k, x in r.get("phases", {}).items():

@@ -51,4 +51,4 @@ def test_a_short_soak_survives_every_kind_of_fault(capsys):
 def test_a_long_soak(capsys):
     report = _run(capsys, "--versions", "200", "--readers", "8", "--seed", "7", "--seconds", "1200", "--churn", "0.1")
     _check(report, 200)
-    assert report["faults_survived"] == report["faults_injected"], report["fault_log"]
+    assert report["faults_survived"] == report["faults_injected"], (report["errors"], report["fault_log"])

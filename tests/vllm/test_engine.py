@@ -23,7 +23,7 @@ from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, layout_name
 from tensorhub_verl.vllm.tiny_model import hf_state_dict, toy_training_step
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 FAST_CLIENT = {"read_timeout_s": 5.0}
 

@@ -5,6 +5,7 @@ must equal HF transformers token for token after each of two versions.
   t1: TP=2, staging 'none' -> each rank reads only its slices of the trainer's 'hf' tensors, straight into its
       parameters; both ranks' layouts turn visible together (one shard group)
   t2: TP=2, staging 'cpu'  -> each rank reads its own layout raw from the same rank of t1, not the trainer
+  Llama, another model on the same hub: a TP=1 and a TP=2 engine follow the same trainer versions
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ pytest.importorskip("vllm")
 from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.test_engine import loc, outputs, run, trainer  # noqa: F401  (run, trainer: fixtures)
+from tests.vllm.toy_run import ToyRun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -24,10 +26,22 @@ LAYOUTS = [layout_name("qwen2", 2, r) for r in range(2)]
 TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
-def tp2_engine(hub, tiny_models, worker: str, staging: str) -> EngineProcess:
-    return EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker=worker, tp_size=2,
-                                    location=loc(worker), staging=staging, env=dict(TP2_ENV),
+LLAMA = "llama-policy"
+
+
+def tp2_engine(hub, tiny_models, worker: str, staging: str, arch: str = "qwen2", model: str = "policy",
+               tp: int = 2) -> EngineProcess:
+    return EngineProcess(EngineSpec(model_dir=tiny_models[arch], hub_url=hub.url, worker=worker, tp_size=tp,
+                                    model=model, location=loc(worker), staging=staging,
+                                    env=dict(TP2_ENV) if tp > 1 else {},
                                     client_config={"read_timeout_s": 10.0}), start_timeout_s=600)
+
+
+@pytest.fixture(scope="module")
+def llama_run(tiny_models, trainer):
+    r = ToyRun(tiny_models["llama"], trainer)
+    r.step_and_publish(1, model=LLAMA)
+    return r
 
 
 def test_tp2_engines_from_trainer_slices_then_rank_to_rank(hub, tiny_models, run, trainer):
@@ -49,3 +63,28 @@ def test_tp2_engines_from_trainer_slices_then_rank_to_rank(hub, tiny_models, run
             res2 = t2.update("latest")
             assert res2["version"] == 2 and set(res2["sources"]) <= {"t1/rank0", "t1/rank1", "trainer"}
             assert outputs(t2) == run.refs[2]
+
+
+def test_llama_tp1_and_tp2_engines_follow_the_same_trainer_versions(hub, tiny_models, llama_run, trainer):
+    """The TP=1 engine (staging 'none') reads whole 'hf' tensors into its parameters, which then hold them;
+    the TP=2 engine's ranks (staging 'cpu') read only their slices into a staging copy, from the trainer, the TP=1 engine's 'hf' holding (its shape differs, so never raw), or each other
+    (a rank serves the whole chunks it has landed, e.g. of replicated tensors, while it is still reading)."""
+    model_bytes = sum(t.numel() * t.element_size() for t in llama_run.weights[1].values())
+    with tp2_engine(hub, tiny_models, "s1", "none", arch="llama", model=LLAMA, tp=1) as s1, \
+            tp2_engine(hub, tiny_models, "w2", "cpu", arch="llama", model=LLAMA) as w2:
+        for version in (1, 2):
+            if version == 2:
+                llama_run.step_and_publish(2, model=LLAMA)
+                assert llama_run.refs[2] != llama_run.refs[1]
+            res1 = s1.update("latest")
+            assert res1["version"] == version and res1["source_layouts"] == ["hf"]
+            assert set(res1["sources"]) <= {"trainer", "w2/rank0", "w2/rank1"}, res1["sources"]
+            res2 = w2.update("latest")
+            assert res2["version"] == version and res2["source_layouts"] == ["hf", "hf"]
+            assert set(res2["sources"]) <= {"trainer", "s1", "w2/rank0", "w2/rank1"}, res2["sources"]
+            # each rank reads its slices (half the projections, the replicated norms whole), not the model
+            assert all(b < 0.8 * model_bytes for b in res2["rank_bytes"]), (res2["rank_bytes"], model_bytes)
+            assert outputs(s1) == llama_run.refs[version]
+            assert outputs(w2) == llama_run.refs[version]
+        assert "s1" in trainer.versions(LLAMA, layout="hf")[2]
+        assert trainer.versions(LLAMA, layout=layout_name("llama", 2, 1))[2] == ["w2/rank1"]

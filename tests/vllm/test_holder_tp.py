@@ -84,23 +84,34 @@ def test_tp_layouts_visible_only_when_every_rank_holds_them_and_peers_read_rank_
             holder.client.close()
 
 
-def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer):
-    """Staging 'none' with HF views: each rank reads its rows/columns of each HF tensor straight into its
-    parameters (``Client.fetch_slices``), so the engine moves about one model's bytes from the trainer, not two."""
-    v = 301
+@pytest.mark.parametrize("staging", ["none", "cpu"])
+def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer, staging):
+    """With HF views each rank reads its rows/columns of each HF tensor (``Client.fetch_slices``): straight into
+    its parameters (staging 'none'), or into a staging copy in the engine's layout while the engine keeps
+    generating (staging 'cpu'). Either way the engine moves about one model's bytes, not two."""
+    v = 301 if staging == "none" else 311
     hf = hf_version(v)
     model_bytes = sum(t.numel() * t.element_size() for t in hf.values())
     trainer.publish("policy", v, hf)
-    ranks = [rank_holder(hub, "tpc", r, "none", "nc", views=True) for r in range(TP)]
+    engine = f"tpc-{staging}"
+    ranks = [rank_holder(hub, engine, r, staging, "nc", views=True) for r in range(TP)]
     try:
-        got = [h.update(v) for h, _ in ranks]
+        got = []
         for r, (h, params) in enumerate(ranks):
-            assert got[r]["source_layout"] == "hf" and same(params, v, r) and h.extra_bytes == 0
-            assert got[r]["sources"] == {"tp-trainer": got[r]["bytes"]}
+            h.begin_pull(v)
+            if staging == "cpu":
+                h.wait_ready(30)
+                assert not same(params, v, r)  # pulled into staging; the parameters change only in apply
+            got.append(h.apply())
+        for r, (h, params) in enumerate(ranks):
+            param_bytes = sum(t.numel() * t.element_size() for t in params.values())
+            assert got[r]["source_layout"] == "hf" and same(params, v, r)
+            assert h.extra_bytes == (0 if staging == "none" else param_bytes)  # a copy of the rank, not of hf
+            assert set(got[r]["sources"]) <= {"tp-trainer", f"{engine}/rank0"}, got[r]["sources"]
             # half the model, plus the KV heads (one KV head here: every rank holds it whole)
             assert got[r]["bytes"] < 0.6 * model_bytes, (got[r]["bytes"], model_bytes)
-        assert trainer.versions("policy", layout=LAYOUTS[1])[v] == ["tpc/rank1"]
-        assert "tpc/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never an hf holder
+        assert trainer.versions("policy", layout=LAYOUTS[1])[v] == [f"{engine}/rank1"]
+        assert f"{engine}/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never hf
     finally:
         for holder, _ in ranks:
             holder.close()
