@@ -89,6 +89,7 @@ def _hub_command(argv: list[str]) -> int:
 
 def _status_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.hub_client import HubClient
+    from tensorhub_verl.ros.messages import StatusReply
 
     parser = argparse.ArgumentParser(prog="tensorhub status", description="Show models, versions, holders.")
     parser.add_argument("--hub", default=os.environ.get("TENSORHUB_HUB"), help="hub URL ($TENSORHUB_HUB)")
@@ -101,7 +102,7 @@ def _status_command(argv: list[str]) -> int:
         parser.error("no hub given: pass --hub URL or set TENSORHUB_HUB")
     client = HubClient(args.hub, args.token, retry_s=5.0, ca_file=args.ca_file)
     try:
-        status = client.get("/v1/status")
+        status = client.get("/v1/status", StatusReply).model_dump()
     finally:
         client.close()
     if args.json:

@@ -25,7 +25,6 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros import transports
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.hub_state import manifest_to_msg
 from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_from_name, dtype_name,
@@ -36,6 +35,7 @@ from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.ros.transports import TRANSPORTS
 from tensorhub_verl.ros.transport import Region, Transport
+from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -240,7 +240,7 @@ class Client:
     def _publish(self, held: "_Held") -> None:
         if self._transport.register(held.tensors.values()):
             self._register_worker()
-        self._hub.post("/v1/publish", held.message(self.worker))
+        self._hub.post("/v1/publish", held.message(self.worker), msg.OkReply)
         holder, manifest = held.holder, held.manifest
         with self._lock:
             self._held[(holder, manifest.model, manifest.version, manifest.layout)] = held
@@ -302,7 +302,7 @@ class Client:
         _check_key(model, version, layout)
         reply = self._hub.get("/v1/manifest", msg.ManifestMsg,
                               params={"model": model, "version": str(version), "layout": layout})
-        return _manifest_of(reply)
+        return manifest_from_msg(reply)
 
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
               layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
@@ -439,7 +439,7 @@ class Client:
             while True:
                 ack = self._hub.post("/v1/fetch/end", msg.EndFetch(
                     worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
-                    ok=ok, hold=hold, seconds=seconds, wait_s=5.0), msg.UnpublishAck)
+                    ok=ok, hold=hold, seconds=seconds, wait_s=5.0), msg.EndFetchAck)
                 if ack.drained or time.monotonic() > deadline:
                     break
         except errors.TensorHubError as e:
@@ -453,9 +453,7 @@ class Client:
     # --------------------------------------------------------------------------------- queries
     def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
         self._check_open()
-        params = {"model": model} | ({"layout": layout} if layout else {})
-        reply = self._hub.get("/v1/versions", msg.VersionsReply, params=params)
-        return {int(v): holders for v, holders in reply.versions.items()}
+        return self._hub.versions(model, layout)
 
     def latest(self, model: str, layout: str = "hf") -> int | None:
         return max(self.versions(model, layout), default=None)
@@ -468,14 +466,13 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no version of {model!r} newer than {newer_than} within {timeout} s")
-            reply = self._hub.get("/v1/wait", params={
-                "model": model, "newer_than": -1 if newer_than is None else newer_than, "layout": layout,
-                "timeout": min(remaining, 10.0)}, timeout=min(remaining, 10.0) + self.config.request_timeout_s)
-            if reply["version"] is not None:
-                return int(reply["version"])
+            version = self._hub.wait(model, newer_than, layout, min(remaining, 10.0))
+            if version is not None:
+                return version
 
     def status(self) -> dict:
-        return self._hub.get("/v1/status")
+        """The hub's ``/v1/status`` (``messages.StatusReply``) as plain JSON data."""
+        return self._hub.get("/v1/status", msg.StatusReply).model_dump()
 
     def holdings(self) -> list[tuple[str, int, str]]:
         with self._lock:
@@ -512,7 +509,7 @@ class Client:
             held = list(self._held.values())
             fetches = list(self._fetches.values())
         for h in held:
-            self._hub.post("/v1/publish", h.message(self.worker))
+            self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)
         for f in fetches:
             try:
                 self._begin_fetch(f)
@@ -564,7 +561,7 @@ class Client:
                 logger.warning("%s could not unpublish %s v%d on close: %s", self.worker, h.manifest.model,
                                h.manifest.version, e)
         try:
-            self._hub.post("/v1/workers/leave", params={"worker": self.worker})
+            self._hub.post("/v1/workers/leave", params={"worker": self.worker}, reply=msg.OkReply)
         except errors.TensorHubError as e:  # the hub forgets us at our heartbeat timeout anyway
             logger.debug("%s could not say goodbye to the hub: %s", self.worker, e)
         self._hub.close()
@@ -727,9 +724,3 @@ def _check_pieces(pieces: Mapping[str, torch.Tensor], specs: tuple[TensorSpec, .
                 f"tensor {spec.name!r}: rank {rank} of {ranks} holds {rows} (torch.chunk of dim 0, as FSDP2 "
                 f"shards), shape {list(expected)}; got a piece of shape {list(piece.shape)}: pass "
                 f"full[start:stop] or an FSDP2 Shard(0) parameter's to_local()", tensor=spec.name)
-
-
-def _manifest_of(m: msg.ManifestMsg) -> Manifest:
-    return Manifest(m.model, m.version, m.layout,
-                    tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors),
-                    m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests), m.row_shards)

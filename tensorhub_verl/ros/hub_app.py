@@ -26,8 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
-from tensorhub_verl.ros.hub_state import HubState, manifest_to_msg
+from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
+from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
@@ -103,7 +104,7 @@ class _TooLarge(Exception):
 
 
 async def _send_error(send, status: int, error: str, detail: str) -> None:
-    body = json.dumps({"error": error, "detail": detail}).encode()
+    body = json.dumps(msg.ErrorReply(error=error, detail=detail).body()).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -167,17 +168,15 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     @app.exception_handler(errors.TensorHubError)
     async def typed_error(_request: Request, exc: errors.TensorHubError):
         status = next((code for cls, code in _STATUS_OF if isinstance(exc, cls)), 400)
-        name = type(exc).__name__
-        body = {"error": name, "detail": str(exc)}
-        if isinstance(exc, errors.ManifestMismatch) and exc.tensor:
-            body["tensor"] = exc.tensor
-        return JSONResponse(body, status_code=status, headers={INSTANCE_HEADER: state.instance})
+        tensor = exc.tensor if isinstance(exc, errors.ManifestMismatch) and exc.tensor else None
+        body = msg.ErrorReply(error=type(exc).__name__, detail=str(exc), tensor=tensor)
+        return JSONResponse(body.body(), status_code=status, headers={INSTANCE_HEADER: state.instance})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        return JSONResponse({"error": "InvalidRequest", "detail": f"malformed request: {problems}"},
-                            status_code=422, headers={INSTANCE_HEADER: state.instance})
+        body = msg.ErrorReply(error="InvalidRequest", detail=f"malformed request: {problems}")
+        return JSONResponse(body.body(), status_code=422, headers={INSTANCE_HEADER: state.instance})
 
     @app.get("/healthz")
     def healthz() -> dict:
@@ -197,17 +196,17 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             return state.heartbeat(worker)
 
     @app.post("/v1/workers/leave")
-    def leave(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> dict:
+    def leave(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> msg.OkReply:
         with state.acting_as(worker, credential):
             state.leave(worker)
-        return {"ok": True}
+        return msg.OkReply()
 
     @app.post("/v1/publish")
-    def publish(req: msg.Publish, credential: Credential = "") -> dict:
+    def publish(req: msg.Publish, credential: Credential = "") -> msg.OkReply:
         prepared = state.prepare(req)  # validation and the chunk map: before the lock, never under it
         with state.acting_as(req.worker, credential):
             state.publish(req, prepared)
-        return {"ok": True}
+        return msg.OkReply()
 
     @app.post("/v1/unpublish")
     def unpublish(req: msg.Unpublish, credential: Credential = "") -> msg.UnpublishAck:
@@ -229,7 +228,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             return state.exchange(req)
 
     @app.post("/v1/fetch/end")
-    def end(req: msg.EndFetch, credential: Credential = "") -> msg.UnpublishAck:
+    def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:
         with state.acting_as(req.worker, credential):
             return state.end_fetch(req)
 
@@ -245,7 +244,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     @app.get("/v1/wait")
     async def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
-                   layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> dict:
+                   layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> msg.WaitReply:
         # A long-poll parks on the event loop, not in the thread pool the sync routes share: a thousand idle
         # followers hold no threads. It re-reads the versions only when the hub's change counter moved.
         deadline = time.monotonic() + timeout
@@ -255,14 +254,14 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
                 seen = state.model_seq.get(model, 0)
                 newest = max(state.versions(model, layout), default=None)
                 if newest is not None and newest > newer_than:
-                    return {"version": newest}
+                    return msg.WaitReply(version=newest)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return {"version": None}
+                return msg.WaitReply(version=None)
             await asyncio.sleep(min(remaining, _WAIT_POLL_S))
 
     @app.get("/v1/status")
-    def status() -> dict:
+    def status() -> msg.StatusReply:
         return state.status()
 
     @app.get("/metrics")

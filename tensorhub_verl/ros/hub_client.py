@@ -18,10 +18,11 @@ import time
 from typing import Callable, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
+from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, REGISTER_PATH
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
@@ -54,6 +55,7 @@ class HubClient:
             raise errors.ConfigError(f"cannot load CA file {ca_file}: {e}") from e
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
+        self.request_timeout_s = request_timeout_s
         # TCP_NODELAY: without it, a request's header and body writes meet delayed ACKs (~40 ms per call).
         transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], verify=verify,
                                         limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
@@ -80,6 +82,22 @@ class HubClient:
     def get(self, path: str, reply: type[R] | None = None, params: dict | None = None,
             timeout: float | None = None):
         return self._call("GET", path, None, reply, params, timeout)
+
+    # ------------------------------------------------------------ queries: no worker identity needed
+    def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
+        """The versions of ``model`` that some holder has (in ``layout``; None: in any layout) -> holders."""
+        params = {"model": model} | ({"layout": layout} if layout else {})
+        reply = self.get("/v1/versions", msg.VersionsReply, params=params)
+        return {int(v): holders for v, holders in reply.versions.items()}
+
+    def wait(self, model: str, newer_than: int | None, layout: str, timeout: float) -> int | None:
+        """One long poll: the newest ``layout`` version newer than ``newer_than`` (any, if None), or None when
+        none appeared within ``timeout`` s (at most 30: the hub's cap). The reply may take the request
+        timeout on top."""
+        reply = self.get("/v1/wait", msg.WaitReply, params={
+            "model": model, "newer_than": -1 if newer_than is None else newer_than, "layout": layout,
+            "timeout": timeout}, timeout=timeout + self.request_timeout_s)
+        return reply.version
 
     def _call(self, method: str, path: str, body, reply, params, timeout):
         for attempt in range(2):
@@ -185,13 +203,12 @@ def _tls_refused(error: Exception) -> bool:
 
 def _error_of(response: httpx.Response) -> errors.TensorHubError:
     try:
-        body = response.json()
-        name, detail = body.get("error", ""), body.get("detail", response.text)
-    except ValueError:
-        name, detail, body = "", response.text[:500], {}
+        body = msg.ErrorReply.model_validate_json(response.content)
+    except ValidationError:  # not the hub's error body (a proxy's page, a framework's default reply)
+        body = msg.ErrorReply(detail=response.text[:500])
     if response.status_code == 401:
-        return errors.Unauthorized(detail)
-    cls = _ERRORS.get(name, errors.InvalidRequest)
+        return errors.Unauthorized(body.detail)
+    cls = _ERRORS.get(body.error, errors.InvalidRequest)
     if cls is errors.ManifestMismatch:
-        return errors.ManifestMismatch(detail, tensor=body.get("tensor"))
-    return cls(f"{detail} (HTTP {response.status_code})" if cls is errors.InvalidRequest else detail)
+        return errors.ManifestMismatch(body.detail, tensor=body.tensor)
+    return cls(f"{body.detail} (HTTP {response.status_code})" if cls is errors.InvalidRequest else body.detail)

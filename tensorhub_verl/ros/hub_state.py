@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, TypeVar
 
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
@@ -54,6 +54,7 @@ logger = logging.getLogger("tensorhub_verl.ros.hub")
 Key = tuple[str, int, str]  # (model, version, layout)
 GroupKey = tuple[str, int, str]  # (model, version, shard group)
 Member = tuple[Key, str]  # (layout key, holder): the row shards of one group share one key
+Ack = TypeVar("Ack", bound=msg.DrainAck)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -372,9 +373,9 @@ class HubState:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             holding.state = "draining"
             self._holdings_changed(req.model)
-            return self._drain(key, req.holder, req.wait_s)
+            return self._drain(key, req.holder, req.wait_s, msg.UnpublishAck)
 
-    def _drain(self, key: Key, holder: str, wait_s: float) -> msg.UnpublishAck:
+    def _drain(self, key: Key, holder: str, wait_s: float, reply: type[Ack]) -> Ack:
         deadline = self._clock() + wait_s
         while True:
             self._expire_leases()
@@ -385,10 +386,10 @@ class HubState:
                     record.holdings.pop(holder, None)
                     self._forget_if_empty(key)
                 self._holdings_changed(key[0])
-                return msg.UnpublishAck(drained=True, inflight=0)
+                return reply(drained=True, inflight=0)
             remaining = deadline - self._clock()
             if remaining <= 0:
-                return msg.UnpublishAck(drained=False, inflight=inflight)
+                return reply(drained=False, inflight=inflight)
             self._changed.wait(min(remaining, 0.05))
 
     def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
@@ -597,7 +598,7 @@ class HubState:
                               fair_share=max(1, cap // max(1, filling)))
         return plan_chunks(request, view, self.config.planner), everyone, needed
 
-    def end_fetch(self, req: msg.EndFetch) -> msg.UnpublishAck:
+    def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)
         with self._lock:
             _check_holder(req.worker, req.holder)
@@ -621,9 +622,9 @@ class HubState:
             if req.ok and req.hold:
                 holding.state, holding.chunks = "active", None
                 self._holdings_changed(req.model)
-                return msg.UnpublishAck(drained=True, inflight=0)
+                return msg.EndFetchAck(drained=True, inflight=0)
             holding.state = "draining"
-            return self._drain(key, req.holder, req.wait_s)
+            return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
 
     # ------------------------------------------------------------------------------------ upkeep
     def sweep(self) -> None:
@@ -748,23 +749,22 @@ class HubState:
         with self._lock:
             self._changed.wait(timeout)
 
-    def status(self) -> dict:
+    def status(self) -> msg.StatusReply:
         with self._lock:
             now = self._clock()
-            workers = {w: {"location": r.location.as_dict(), "spot": r.spot, "bytes_served": r.bytes_served,
-                           "last_seen_s": round(now - r.last_seen, 3)} for w, r in self._workers.items()}
-            models: dict[str, list[dict]] = defaultdict(list)
+            workers = {w: msg.WorkerStatus(location=r.location.as_dict(), spot=r.spot, bytes_served=r.bytes_served,
+                                           last_seen_s=round(now - r.last_seen, 3)) for w, r in self._workers.items()}
+            models: dict[str, list[msg.VersionStatus]] = defaultdict(list)
             for (model, version, layout), record in sorted(self._versions.items()):
-                models[model].append({
-                    "version": version, "layout": layout, "bytes": record.manifest.nbytes,
-                    "chunks": len(record.chunks),
-                    "holders": [{"holder": h.holder, "worker": h.worker, "state": h.state,
-                                 "quarantined": self._quarantined((model, version, layout), h.holder, now),
-                                 "chunks": len(record.chunks) if h.chunks is None else len(h.chunks),
-                                 "served_bytes": h.served_bytes} for h in record.holdings.values()],
-                })
-            return {"hub_instance": self.instance, "workers": workers, "models": dict(models),
-                    "leases_in_flight": len(self._leases), "leases_revoked": self.leases_revoked}
+                models[model].append(msg.VersionStatus(
+                    version=version, layout=layout, bytes=record.manifest.nbytes, chunks=len(record.chunks),
+                    holders=[msg.HolderStatus(holder=h.holder, worker=h.worker, state=h.state,
+                                              quarantined=self._quarantined((model, version, layout), h.holder, now),
+                                              chunks=len(record.chunks) if h.chunks is None else len(h.chunks),
+                                              served_bytes=h.served_bytes) for h in record.holdings.values()],
+                ))
+            return msg.StatusReply(hub_instance=self.instance, workers=workers, models=dict(models),
+                                   leases_in_flight=len(self._leases), leases_revoked=self.leases_revoked)
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
@@ -816,10 +816,3 @@ def _merge_digests(existing: Manifest, incoming: Manifest) -> Manifest:
     old = existing.chunk_digests or ("",) * len(incoming.chunk_digests)
     merged = tuple(a or b for a, b in zip(old, incoming.chunk_digests))
     return existing if merged == existing.chunk_digests else replace(existing, chunk_digests=merged)
-
-
-def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
-    return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
-                           fingerprint=m.fingerprint, chunk_digests=list(m.chunk_digests), row_shards=m.row_shards,
-                           tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
-                                                      nbytes=t.nbytes) for t in m.tensors])

@@ -14,7 +14,8 @@ import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest, ManifestMismatch
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorSpec, dtype_from_name, rank_chunk_counts, shard_bytes
+from tensorhub_verl.ros.manifest import Chunk, Manifest, dtype_from_name, rank_chunk_counts, shard_bytes
+from tensorhub_verl.ros.wire_convert import manifest_from_msg
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +62,8 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
     if len(m.tensors) * m.row_shards > limits.max_shard_pieces:
         raise InvalidRequest(f"{len(m.tensors)} tensors in {m.row_shards} row shards exceed the hub's limit of "
                              f"{limits.max_shard_pieces} pieces (HubLimits.max_shard_pieces)")
-    specs = tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors)
+    manifest = manifest_from_msg(m)
+    specs = manifest.tensors
     total = 0
     for spec in specs:
         expected = _numel(spec.shape) * _itemsize(spec.dtype)
@@ -94,8 +96,6 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
                              f"(0..{m.row_shards - 1})")
     own = None if shard_rank is None else range(sum(counts[:shard_rank]), sum(counts[:shard_rank + 1]))
     _check_digests(m.chunk_digests, own)
-    manifest = Manifest(m.model, m.version, m.layout, specs, m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests),
-                        m.row_shards)
     return PreparedVersion(manifest, manifest.chunks(), None if own is None else frozenset(own))
 
 

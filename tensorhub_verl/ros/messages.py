@@ -152,10 +152,26 @@ class Unpublish(Strict):
     wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
 
 
-class UnpublishAck(Reply):
+class DrainAck(Reply):
+    """A holder's reads drained (or still ``inflight`` when the call's wait ran out)."""
+
     drained: bool
     inflight: int
     revoked: int = 0
+
+
+class UnpublishAck(DrainAck):
+    """Reply of ``/v1/unpublish``."""
+
+
+class EndFetchAck(DrainAck):
+    """Reply of ``/v1/fetch/end``: a fetch that does not keep the version drains like an unpublish."""
+
+
+class OkReply(Reply):
+    """Reply of the calls that only succeed or raise: ``/v1/publish``, ``/v1/workers/leave``."""
+
+    ok: bool = True
 
 
 class PreserveQuery(Strict):
@@ -256,6 +272,54 @@ class VersionsReply(Reply):
     versions: dict[int, list[str]]
 
 
+class WaitReply(Reply):
+    """Reply of the ``/v1/wait`` long-poll: the newest version newer than asked, None when none came in time."""
+
+    version: int | None
+
+
+class HolderStatus(Reply):
+    holder: str
+    worker: str
+    state: str
+    quarantined: bool
+    chunks: int
+    served_bytes: int
+
+
+class VersionStatus(Reply):
+    version: int
+    layout: str
+    bytes: int
+    chunks: int
+    holders: list[HolderStatus]
+
+
+class WorkerStatus(Reply):
+    location: dict[str, str]
+    """``Location.as_dict()``: dc, rack, node, and gpu only when set."""
+    spot: bool
+    bytes_served: int
+    last_seen_s: float
+
+
+class StatusReply(Reply):
+    """Reply of ``/v1/status`` (``tensorhub status``)."""
+
+    hub_instance: str
+    workers: dict[str, WorkerStatus]
+    models: dict[str, list[VersionStatus]]
+    leases_in_flight: int
+    leases_revoked: int
+
+
 class ErrorReply(Reply):
-    error: str
+    """Body of every error reply. ``tensor``: set by a ManifestMismatch that names one (absent otherwise)."""
+
+    error: str = ""
     detail: str
+    tensor: str | None = None
+
+    def body(self) -> dict:
+        """The JSON object sent: ``tensor`` only when set."""
+        return self.model_dump(exclude_none=True)

@@ -45,7 +45,8 @@ class FollowerState:
 
 
 class HubWatch:
-    """Newest published version of one model, by long polls on the hub (no worker identity needed)."""
+    """Newest published version of one model, by long polls on the hub (no worker identity needed: the
+    hub's queries that ``Client.versions``/``wait_for_version`` make too, on a bare ``HubClient``)."""
 
     def __init__(self, hub_url: str, model: str, token: str | None = None, poll_s: float = 2.0):
         from tensorhub_verl.ros.hub_client import HubClient
@@ -58,16 +59,11 @@ class HubWatch:
 
     def newest(self) -> int | None:
         """Newest version in any layout (versions only peers still hold count too)."""
-        reply = self._hub.get("/v1/versions", params={"model": self.model})
-        return max((int(v) for v in reply["versions"]), default=None)
+        return max(self._hub.versions(self.model), default=None)
 
     def wait_newer(self, newer_than: int | None, timeout: float) -> int | None:
         """A version newer than ``newer_than``, waiting at most ``timeout`` s (None if none appeared)."""
-        t = max(0.1, min(timeout, self.poll_s))
-        reply = self._hub.get("/v1/wait", params={"model": self.model, "layout": HF_LAYOUT, "timeout": t,
-                                                  "newer_than": -1 if newer_than is None else newer_than},
-                              timeout=t + 15.0)
-        v = reply.get("version")
+        v = self._hub.wait(self.model, newer_than, HF_LAYOUT, max(0.1, min(timeout, self.poll_s)))
         if v is None:  # no new 'hf' version: a version may still exist only in engine layouts
             v = self.newest()
         return None if v is None or (newer_than is not None and v <= newer_than) else int(v)

@@ -26,7 +26,7 @@ _credential = {"w": ""}
 
 def _seed() -> str:
     """Worker ``w`` holding m v1 (hf): re-made whenever a case removed it (a leave, an unpublish)."""
-    status = state.status()
+    status = state.status().model_dump()
     if "w" not in status["workers"]:
         ack = state.register_worker(msg.RegisterWorker(worker="w", location=msg.LocationMsg(),
                                                        agent_name="w-agent", agent_metadata_b64="AAAA"))
@@ -62,7 +62,7 @@ def _focus(value, rng: random.Random):
 
 
 def _snapshot() -> tuple:
-    status = state.status()
+    status = state.status().model_dump()
     workers = {w: (r["location"], r["spot"], r["bytes_served"]) for w, r in status["workers"].items()}
     return status["models"], workers, status["leases_in_flight"], status["leases_revoked"]
 

@@ -4,7 +4,8 @@ import pytest
 
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_state import HubConfig, HubState, manifest_to_msg
+from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.wire_convert import manifest_to_msg
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
 from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.ros.topology import Distance
@@ -170,9 +171,9 @@ def test_a_hub_whose_own_loop_stalled_does_not_drop_the_workers_it_could_not_hea
     state.stall.tick()  # the loop turns again and reads the trainer's queued heartbeat; the reader has died
     state.heartbeat("trainer")
     _loop_turns(state, clock, 9.0, heartbeat=["trainer"])
-    assert sorted(state.status()["workers"]) == ["reader", "trainer"]  # 9 s awake: within the timeout
+    assert sorted(state.status().workers) == ["reader", "trainer"]  # 9 s awake: within the timeout
     _loop_turns(state, clock, 1.5, heartbeat=["trainer"])
-    assert sorted(state.status()["workers"]) == ["trainer"]  # a dead worker still goes after 10 s awake
+    assert sorted(state.status().workers) == ["trainer"]  # a dead worker still goes after 10 s awake
 
 
 def test_without_a_loop_probe_silence_is_wall_clock_silence():
@@ -180,7 +181,7 @@ def test_without_a_loop_probe_silence_is_wall_clock_silence():
     register(state, "trainer")
     clock.now += 10.5
     state.sweep()
-    assert state.status()["workers"] == {}
+    assert state.status().workers == {}
 
 
 def test_retention_asks_holders_to_drop_old_versions():

@@ -16,7 +16,8 @@ import tensorhub_verl as th
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, TransferFailed, VersionNotFound
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.fetcher import remote_address
-from tensorhub_verl.ros.hub_state import HubConfig, HubState, manifest_to_msg
+from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.wire_convert import manifest_to_msg
 from tensorhub_verl.ros.manifest import Manifest, Segment, TensorSpec, shard_bytes, shard_chunks, split_into_chunks
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 from tensorhub_verl.ros.transport import ReadError
@@ -192,8 +193,8 @@ def test_a_dead_rank_hides_the_version_unless_a_full_copy_covers_it():
     assert state.versions("policy") == {}
     state.publish(_shard_publish(2, 3))
     assert state.versions("policy") == {1: ["rank-0", "rank-1", "rank-2"]}
-    holders = state.status()["models"]["policy"][0]["holders"]
-    assert [h["chunks"] for h in holders] == [1, 1, 1]
+    holders = state.status().models["policy"][0].holders
+    assert [h.chunks for h in holders] == [1, 1, 1]
     assert not state.must_preserve(msg.PreserveQuery(holder="rank-0", model="policy", version=1,
                                                      layout="hf")).must_preserve
     now[0] += 3

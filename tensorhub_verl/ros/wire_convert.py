@@ -1,0 +1,20 @@
+"""Manifests on the wire: ``Manifest`` (manifest.py) <-> ``ManifestMsg`` (messages.py), both ways, for the hub
+and its clients alike (a client never imports the hub's state to speak to it)."""
+
+from __future__ import annotations
+
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+
+
+def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:
+    return msg.ManifestMsg(model=m.model, version=m.version, layout=m.layout, chunk_bytes=m.chunk_bytes,
+                           fingerprint=m.fingerprint, chunk_digests=list(m.chunk_digests), row_shards=m.row_shards,
+                           tensors=[msg.TensorSpecMsg(name=t.name, shape=list(t.shape), dtype=t.dtype,
+                                                      nbytes=t.nbytes) for t in m.tensors])
+
+
+def manifest_from_msg(m: msg.ManifestMsg) -> Manifest:
+    return Manifest(m.model, m.version, m.layout,
+                    tuple(TensorSpec(t.name, tuple(t.shape), t.dtype, t.nbytes) for t in m.tensors),
+                    m.chunk_bytes, m.fingerprint, tuple(m.chunk_digests), m.row_shards)
