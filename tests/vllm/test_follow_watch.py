@@ -1,0 +1,40 @@
+"""HubWatch (the elastic follower's long poll) on a real hub: no engine, no vLLM."""
+
+import time
+
+import httpx
+
+import tensorhub_verl as th
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.vllm.follow import HubWatch
+
+
+def _publish(http, version, layout):
+    manifest = {"model": "m", "version": version, "layout": layout, "chunk_bytes": 4096,
+                "tensors": [{"name": "w", "shape": [1024], "dtype": "float32", "nbytes": 4096}]}
+    reply = http.post("/v1/publish", json={"worker": "w", "holder": "w", "manifest": manifest,
+                                           "regions": [{"addr": 4096}]})
+    assert reply.status_code == 200, reply.text
+
+
+def test_watch_sees_hf_versions_and_versions_only_in_engine_layouts():
+    server = th.start_hub()
+    http = httpx.Client(base_url=server.url, timeout=10)
+    watch = HubWatch(server.url, "m", poll_s=0.2)
+    try:
+        joined = http.post("/v1/workers/register", json={"worker": "w", "location": {}, "agent_name": "w-agent",
+                                                         "agent_metadata_b64": "AAAA"})
+        http.headers[CREDENTIAL_HEADER] = joined.json()["credential"]
+        assert watch.newest() is None
+        t0 = time.monotonic()
+        assert watch.wait_newer(None, 5.0) is None
+        assert time.monotonic() - t0 < 3.0  # one poll of at most poll_s, never the whole timeout
+        _publish(http, 1, "hf")
+        assert watch.wait_newer(None, 5.0) == 1 and watch.wait_newer(0, 5.0) == 1
+        assert watch.wait_newer(1, 0.1) is None
+        _publish(http, 2, "vllm-tp1")  # no newer 'hf' version: the newest in any layout counts
+        assert watch.newest() == 2 and watch.wait_newer(1, 0.1) == 2
+    finally:
+        watch.close()
+        http.close()
+        server.stop()
