@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tensorhub_verl.errors import ConfigError, TensorHubError
-from tensorhub_verl.netlab import DatacenterSpec, Lab, LabSpec, NetlabError, RackSpec
-from tensorhub_verl.sim.calibrate import LabWorkload
+from tensorhub_verl.netlab import Lab, NetlabError
+from tensorhub_verl.sim.calibrate import LabWorkload, lab_spec
 
 log = logging.getLogger("tensorhub_verl.bench")
 
@@ -235,15 +235,8 @@ def _broadcast(lab: Lab, workdir: Path, p: LabBenchParams, hosts: list[str]) -> 
 
 
 def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, ...]) -> dict:
-    n = max(p.rollouts, p.holders + p.joiners)
-    half = (n + 1) // 2
-    spec = LabSpec(datacenters=(DatacenterSpec(name="dc0", racks=(
-        RackSpec(name="r0", hosts=("trainer", "hub", "sink")),
-        RackSpec(name="r1", hosts=tuple(f"a{i}" for i in range(half))),
-        RackSpec(name="r2", hosts=tuple(f"b{i}" for i in range(n - half))))),), nic_mbit=p.nic_mbit)
+    spec, rollout_hosts = lab_spec(p, "standalone")  # elastic runs in the same lab
     with Lab(spec) as lab:
-        racks = spec.datacenters[0].racks
-        rollout_hosts = _interleave(racks[1].hosts, racks[2].hosts)
         url, control = _start_control(lab, workdir, p, copies=max(p.rollouts, p.joiners))
         out = {}
         try:
@@ -262,12 +255,6 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
         finally:
             _stop_control(control)
     return out
-
-
-def _interleave(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
-    """a0, b0, a1, b1, ...: consecutive readers sit in different racks, so every rack gets holders and joiners."""
-    out = [h for pair in zip(a, b) for h in pair]
-    return out + list(a[len(b):]) + list(b[len(a):])
 
 
 
@@ -319,14 +306,11 @@ def _busy_flows(lab: Lab, p: LabBenchParams) -> list[subprocess.Popen]:
 
 
 def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
-    spec = LabSpec(datacenters=(
-        DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=("trainer", "hub")),)),
-        DatacenterSpec(name="dc1", racks=(RackSpec(name="r0", hosts=tuple(f"c{i}" for i in range(p.rollouts))),))),
-        nic_mbit=p.nic_mbit, wan_mbit=p.wan_mbit)
+    spec, rollout_hosts = lab_spec(p, "cross_dc")
     with Lab(spec) as lab:
         url, control = _start_control(lab, workdir, p, copies=p.rollouts)
         try:
-            runs = _ab(lab, workdir, url, p, [f"c{i}" for i in range(p.rollouts)], "cross_dc")
+            runs = _ab(lab, workdir, url, p, rollout_hosts, "cross_dc")
         finally:
             _stop_control(control)
     version = p.size_mb * (1 << 20)

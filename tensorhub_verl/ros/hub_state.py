@@ -46,7 +46,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
 from tensorhub_verl.ros.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
-from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
+from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request, unservable
 from tensorhub_verl.ros.topology import Distance, Location
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
@@ -587,15 +587,11 @@ class HubState:
         everyone = SwarmView(holders + suspects, pulling, wan)
         wanted = range(len(record.chunks)) if holding.need is None else sorted(holding.need)
         needed = [c for c in wanted if c not in holding.chunks and c not in mine]
-        seeds = record.seeds[location.dc]
-        seeds[:] = [s for s in seeds if s in record.holdings]
-        if holding.holder not in seeds and len(seeds) < self.config.planner.seeds_per_dc:
-            seeds.append(holding.holder)
         filling = sum(1 for h in record.holdings.values() if h.state == "filling")
-        cap = self.config.planner.max_inflight_per_source
-        request = PlanRequest(holding.holder, location, needed, want, may_cross_wan=holding.holder in seeds,
-                              own_inflight=own_inflight, own_wan_reads=own_wan,
-                              fair_share=max(1, cap // max(1, filling)))
+        seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
+        request, record.seeds[location.dc] = reader_request(
+            holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
+            own_wan_reads=own_wan, config=self.config.planner)
         return plan_chunks(request, view, self.config.planner), everyone, needed
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:

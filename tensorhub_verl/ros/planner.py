@@ -110,6 +110,23 @@ class Assignment:
     distance: Distance
 
 
+def reader_request(reader: str, location: Location, needed: Sequence[int], want: int, *, seeds: Sequence[str],
+                   filling: int, own_inflight: Mapping[str, int], own_wan_reads: int, config: PlannerConfig,
+                   fair_share: bool = True) -> tuple[PlanRequest, list[str]]:
+    """What the hub asks the planner for one reader, and its datacenter's ``seeds`` once it asked. The hub
+    (``HubState._plan``) and the simulator (``sim.tensorhub``) both build their requests here.
+
+    The first ``seeds_per_dc`` readers of a datacenter to ask become its seeds: the only ones that may cross
+    the WAN (rule 4). ``filling``: readers of the version filling at once; with ``fair_share`` they share
+    each source's ``max_inflight_per_source`` slots (rule 5)."""
+    seeds = list(seeds)
+    if reader not in seeds and len(seeds) < config.seeds_per_dc:
+        seeds.append(reader)
+    share = max(1, config.max_inflight_per_source // max(1, filling)) if fair_share else None
+    return PlanRequest(reader, location, needed, want, may_cross_wan=reader in seeds, own_inflight=own_inflight,
+                       own_wan_reads=own_wan_reads, fair_share=share), seeds
+
+
 def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
     inflight = {h.holder: h.inflight for h in view.holders}
     own = Counter(request.own_inflight)

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, fields
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.netlab.spec import DatacenterSpec, LabSpec, RackSpec
 from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.sim.engine import FlowSim
@@ -79,25 +80,43 @@ class LabWorkload:
         return self.size_mb * MIB / self.nchunks
 
 
-def lab_cluster(w: LabWorkload, mode: str) -> tuple[Cluster, list[str]]:
-    """The lab's topology as a simulator cluster; returns it and the rollout hosts in bench order."""
-    nic = w.nic_mbit * MBIT
+def lab_spec(w: LabWorkload, mode: str) -> tuple[LabSpec, list[str]]:
+    """The network lab that `bench modes` runs ``mode`` in (standalone and elastic share one), and its rollout
+    hosts in bench order. The benchmark builds this lab; the simulator models it (``lab_cluster``).
+
+    standalone/elastic: trainer, hub and the busy flows' sink in rack r0; the readers split over racks r1 and
+    r2, interleaved. cross_dc: trainer and hub in dc0, the readers in dc1 behind the WAN."""
     if mode == "cross_dc":
-        nodes = {TRAINER: Location(dc="dc0", rack="r0", node=TRAINER)}
-        rollouts = [f"c{i}" for i in range(w.rollouts)]
-        nodes.update({h: Location(dc="dc1", rack="r0", node=h) for h in rollouts})
-        return Cluster(nodes=nodes, nic_Bps={n: nic for n in nodes}, wan_Bps=w.wan_mbit * MBIT), rollouts
+        rollouts = tuple(f"c{i}" for i in range(w.rollouts))
+        return LabSpec(datacenters=(
+            DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=(TRAINER, "hub")),)),
+            DatacenterSpec(name="dc1", racks=(RackSpec(name="r0", hosts=rollouts),))),
+            nic_mbit=w.nic_mbit, wan_mbit=w.wan_mbit), list(rollouts)
     if mode not in ("standalone", "elastic"):
         raise ConfigError(f"unknown mode {mode!r}")
     n = max(w.rollouts, w.holders + w.joiners)
     half = (n + 1) // 2
-    a = [f"a{i}" for i in range(half)]
-    b = [f"b{i}" for i in range(n - half)]
-    nodes = {TRAINER: Location(dc="dc0", rack="r0", node=TRAINER), "sink": Location(dc="dc0", rack="r0", node="sink")}
-    nodes.update({h: Location(dc="dc0", rack="r1", node=h) for h in a})
-    nodes.update({h: Location(dc="dc0", rack="r2", node=h) for h in b})
-    order = [h for pair in zip(a, b) for h in pair] + a[len(b):] + b[len(a):]  # bench.modes._interleave
-    return Cluster(nodes=nodes, nic_Bps={n: nic for n in nodes}), order
+    a, b = tuple(f"a{i}" for i in range(half)), tuple(f"b{i}" for i in range(n - half))
+    return LabSpec(datacenters=(DatacenterSpec(name="dc0", racks=(
+        RackSpec(name="r0", hosts=(TRAINER, "hub", "sink")),
+        RackSpec(name="r1", hosts=a),
+        RackSpec(name="r2", hosts=b))),), nic_mbit=w.nic_mbit), interleave(a, b)
+
+
+def interleave(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
+    """a0, b0, a1, b1, ...: consecutive readers sit in different racks, so every rack gets holders and joiners."""
+    out = [h for pair in zip(a, b) for h in pair]
+    return out + list(a[len(b):]) + list(b[len(a):])
+
+
+def lab_cluster(w: LabWorkload, mode: str) -> tuple[Cluster, list[str]]:
+    """The lab's topology (``lab_spec``) as a simulator cluster; returns it and the rollout hosts in bench order."""
+    spec, rollouts = lab_spec(w, mode)
+    nodes = {host: Location(dc=dc.name, rack=rack.name, node=host)
+             for dc in spec.datacenters for rack in dc.racks for host in rack.hosts}
+    return Cluster(nodes=nodes, nic_Bps={n: spec.nic_mbit * MBIT for n in nodes},
+                   rack_uplink_Bps=None if spec.rack_uplink_mbit is None else spec.rack_uplink_mbit * MBIT,
+                   wan_Bps=None if spec.wan_mbit is None else spec.wan_mbit * MBIT), rollouts
 
 
 def _strategy(name: str, swarm: Swarm, w: LabWorkload, readers: list[str], report_lag_s: float):

@@ -1,6 +1,6 @@
 """TensorHub in the simulator: the REAL planner (`tensorhub_verl.ros.planner.plan_chunks`) picks sources.
 
-This mirrors `HubState._plan`: holders are the complete members plus the members holding part of the
+This mirrors `HubState._plan`, and builds its requests with the hub's own `planner.reader_request`: holders are the complete members plus the members holding part of the
 version (readers still filling, and a sharded trainer's ranks, each with its shard's chunks), `inflight`
 counts every lease of the version per source, `pulling` lists the other readers' in-flight chunks by
 location, `wan_pulling` the chunks crossing into each datacenter, and the first `seeds_per_dc` readers of
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 
-from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks
+from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.sim.swarm import Member, Swarm
 
@@ -116,25 +116,22 @@ class TensorHub:
 
     def _plan_one(self, reader: Member) -> None:
         dc = reader.location.dc
-        seeds = self.seeds[dc]
-        if reader.name not in seeds and len(seeds) < self.config.seeds_per_dc:
-            seeds.append(reader.name)
         queued = {c for c, _ in self._wan_queue[reader.name]}
         needed = [c for c in range(self.swarm.nchunks)
                   if c not in reader.have and c not in reader.inflight and c not in queued]
+        room = self.window - self._occupied(reader)
+        filling = sum(1 for r in self.swarm.readers() if r.done_at is None)
+        own_wan = self._wan_active[reader.name] + len(self._wan_queue[reader.name])
+        # Built (and the reader made a seed while there is room) before the early return, as the hub does.
+        request, self.seeds[dc] = reader_request(reader.name, reader.location, needed, room, seeds=self.seeds[dc],
+                                                 filling=filling, own_inflight=Counter(reader.inflight.values()),
+                                                 own_wan_reads=own_wan, config=self.config,
+                                                 fair_share=self.fair_share)
         if not needed:
             return
         pulling = {c: [loc for r, loc in by.items() if r != reader.name] for c, by in self.pulling.items() if by}
         wan = {d: frozenset(c for c, n in cnt.items() if n > 0) for d, cnt in self.wan_pulling.items()}
         view = SwarmView(self._holder_views(), pulling, wan)
-        room = self.window - self._occupied(reader)
-        filling = sum(1 for r in self.swarm.readers() if r.done_at is None)
-        own_wan = self._wan_active[reader.name] + len(self._wan_queue[reader.name])
-        request = PlanRequest(reader.name, reader.location, needed, room,
-                              may_cross_wan=reader.name in seeds, own_inflight=Counter(reader.inflight.values()),
-                              own_wan_reads=own_wan,
-                              fair_share=max(1, self.config.max_inflight_per_source // max(1, filling))
-                              if self.fair_share else None)
         self.plan_calls += 1
         for a in plan_chunks(request, view, self.config):
             self.inflight_src[a.source] += 1

@@ -8,10 +8,24 @@ import pytest
 
 from tensorhub_verl.bench import modes
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.sim.calibrate import interleave, lab_cluster, lab_spec
 
 
 def test_interleave_alternates_racks():
-    assert modes._interleave(("a0", "a1", "a2"), ("b0",)) == ["a0", "b0", "a1", "a2"]
+    assert interleave(("a0", "a1", "a2"), ("b0",)) == ["a0", "b0", "a1", "a2"]
+
+
+def test_bench_and_simulator_share_one_lab():
+    p = modes.LabBenchParams(rollouts=3, holders=2, joiners=3, nic_mbit=150, wan_mbit=50)
+    spec, hosts = lab_spec(p, "standalone")
+    assert [[r.hosts for r in dc.racks] for dc in spec.datacenters] == \
+        [[("trainer", "hub", "sink"), ("a0", "a1", "a2"), ("b0", "b1")]]
+    assert hosts == ["a0", "b0", "a1", "b1", "a2"] and spec.nic_mbit == 150 and spec.wan_mbit is None
+    cluster, sim_hosts = lab_cluster(p, "standalone")
+    assert sim_hosts == hosts and set(cluster.nodes) == {h for dc in spec.datacenters for r in dc.racks for h in r.hosts}
+    xdc, hosts = lab_spec(p, "cross_dc")
+    assert [dc.name for dc in xdc.datacenters] == ["dc0", "dc1"] and hosts == ["c0", "c1", "c2"]
+    assert xdc.wan_mbit == 50 and lab_cluster(p, "cross_dc")[0].nodes["c1"].dc == "dc1"
 
 
 def test_summary_adds_sources():
