@@ -13,10 +13,10 @@ N_GPUS_TRAINING=${N_GPUS_TRAINING:-$((NGPUS_PER_NODE - N_GPUS_ROLLOUT))}
 TRAINER_NNODES=${TRAINER_NNODES:-1}
 ROLLOUT_NNODES=${ROLLOUT_NNODES:-1}
 
-# TensorHub on: the repo's conf/ on Hydra's search path, plus ONE group override. With the
+# TensorHub on: the package's Hydra configs (tensorhub_verl/conf/; the repo's conf/ links there) on Hydra's search path, plus ONE group override. With the
 # hydra_plugins search-path shim installed, TENSORHUB_SEARCHPATH can be left empty.
 TENSORHUB_PROFILE=${TENSORHUB_PROFILE:-standalone}               # standalone | elastic | cross_dc
-TENSORHUB_SEARCHPATH=${TENSORHUB_SEARCHPATH-"hydra.searchpath=[pkg://verl.trainer.config,file://${REPO_ROOT}/conf]"}
+TENSORHUB_SEARCHPATH=${TENSORHUB_SEARCHPATH-"hydra.searchpath=[pkg://verl.trainer.config,file://${REPO_ROOT}/tensorhub_verl/conf]"}
 TENSORHUB_ARGS=(${TENSORHUB_SEARCHPATH} "+tensorhub=${TENSORHUB_PROFILE}")
 
 # Fail before Ray starts if the installed verl does not take our patches (prints one line per patch).

@@ -2,7 +2,7 @@
 
 One home for what the demo, its tests and ``recipes/grpo_tiny_cpu.sh`` run: verl's own trainer
 (``python -m verl.trainer.main_ppo``), v1 ``separate_async``, ``+tensorhub=<mode>``, and the Hydra preset
-``conf/tensorhub_cpu/tiny_grpo.yaml`` for everything that makes it fit a 2-core machine with no GPU.
+``tensorhub_verl/conf/tensorhub_cpu/tiny_grpo.yaml`` for everything that makes it fit a 2-core machine with no GPU.
 """
 
 from __future__ import annotations

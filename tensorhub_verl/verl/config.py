@@ -2,7 +2,7 @@
 
 It reaches the workers as ``actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.tensorhub``
 (verl passes ``engine_kwargs[backend]`` to the engine's constructor), composed by the Hydra group
-``conf/tensorhub/*.yaml``. Every field is checked here, once, so that a typo fails at startup with
+``tensorhub_verl/conf/tensorhub/*.yaml``. Every field is checked here, once, so that a typo fails at startup with
 the field's name instead of mid-run on a rollout node.
 """
 

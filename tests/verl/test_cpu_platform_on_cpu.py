@@ -109,8 +109,8 @@ def test_a_cpu_job_missing_settings_is_refused_with_every_fix_named():
     for fix in ("rollout.dtype=float32", "enable_sleep_mode=False", "free_cache_engine=False",
                 "use_remove_padding=False", "use_torch_compile=False", "attn_implementation=eager", "tiny_grpo"):
         assert fix in str(info.value)
-    preset = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "conf", "tensorhub_cpu",
-                                         "tiny_grpo.yaml"))
+    preset = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "tensorhub_verl", "conf",
+                                         "tensorhub_cpu", "tiny_grpo.yaml"))
     check_cpu_job(preset)  # the preset passes its own check
 
 

@@ -47,7 +47,7 @@ def _compose(*overrides, env=None):
 
 
 def test_standalone_and_cross_dc_compose_with_ppo_trainer():
-    searchpath = f"hydra.searchpath=[file://{REPO}/conf]"
+    searchpath = f"hydra.searchpath=[file://{REPO}/conf]"  # the top-level link to tensorhub_verl/conf
     out = _compose(searchpath, "+tensorhub=standalone", "tensorhub.keep_versions=4")
     assert out["backend"] == "tensorhub" and out["module"] == "tensorhub_verl.verl.checkpoint_engine"
     assert out["th"]["keep_versions"] == 4 and out["th"]["staging"] == "cpu" and out["th"]["hub_address"] is None

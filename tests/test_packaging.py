@@ -1,0 +1,74 @@
+"""A wheel (non-editable) install carries the Hydra configs, and the search-path plugin finds them there.
+
+The wheel is built offline from a copy of the sources (no build isolation, no index) and "installed" by
+unzipping it: a wheel is a zip laid out as site-packages. The check runs in a fresh interpreter that imports
+the package from that directory only, never from this checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = ["tensorhub_verl/conf/tensorhub/cross_dc.yaml", "tensorhub_verl/conf/tensorhub/elastic.yaml",
+           "tensorhub_verl/conf/tensorhub/standalone.yaml", "tensorhub_verl/conf/tensorhub_cpu/tiny_grpo.yaml"]
+
+LOOKUP = textwrap.dedent("""
+    import json
+    import tensorhub_verl
+    from hydra.core.config_search_path import ConfigSearchPath
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    from hydra_plugins.tensorhub_verl_searchpath import TensorHubSearchPathPlugin
+    from tensorhub_verl.verl.hydra_searchpath import conf_dir
+    search_path = ConfigSearchPathImpl()
+    TensorHubSearchPathPlugin().manipulate_search_path(search_path)
+    print(json.dumps({"package": tensorhub_verl.__file__, "conf": str(conf_dir()),
+                      "search_path": [e.path for e in search_path.get_path()]}))
+""")
+
+
+@pytest.mark.timeout(180)
+def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
+    pytest.importorskip("hydra")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for name in ("tensorhub_verl", "hydra_plugins"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                            "-q", "-w", str(tmp_path / "dist"), "."], cwd=src, capture_output=True, text=True,
+                           timeout=150)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("tensorhub_verl-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        z.extractall(site)
+    assert set(CONFIGS) <= names and "hydra_plugins/tensorhub_verl_searchpath/__init__.py" in names
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", LOOKUP], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    conf = site / "tensorhub_verl" / "conf"
+    assert found["package"] == str(site / "tensorhub_verl" / "__init__.py")
+    assert found["conf"] == str(conf) and f"file://{conf}" in found["search_path"]
+
+
+def test_the_checkout_finds_the_configs_too():
+    pytest.importorskip("hydra")
+    from tensorhub_verl.verl.hydra_searchpath import conf_dir
+
+    assert conf_dir() == REPO / "tensorhub_verl" / "conf"
+    assert all((REPO / name).is_file() for name in CONFIGS)
+    assert (REPO / "conf" / "tensorhub" / "standalone.yaml").is_file()  # the old path still works (a link)
