@@ -366,13 +366,13 @@ class Client:
         try:
             if self._transport.register(tensors.values()):
                 self._register_worker()
-            self._through_restart(lambda: self._begin_fetch(fetch), deadline)
+            first = self._through_restart(lambda: self._begin_fetch(fetch, want=self.config.window), deadline)
             settings = FetchSettings(self.config.window, self.config.read_timeout_s, deadline,
                                      self.config.poll_interval_s, self.config.wan_reads_posted,
                                      straggler_factor=self.config.straggler_factor)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
-                                         digests=manifest.chunk_digests, plan=plan)
+                                         digests=manifest.chunk_digests, plan=plan, first=first)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()
@@ -401,13 +401,15 @@ class Client:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def _begin_fetch(self, fetch: _InFlightFetch) -> None:
+    def _begin_fetch(self, fetch: _InFlightFetch, want: int = 0) -> msg.ExchangeReply | None:
+        """Registers the fetch at the hub; with ``want``, the reply brings its first assignments too."""
         m, plan = fetch.manifest, fetch.plan
         ranged = {} if plan is None else {"need": sorted(plan.pieces), "unserved": sorted(plan.unserved)}
-        self._hub.post("/v1/fetch/begin", msg.BeginFetch(
+        reply = self._hub.post("/v1/fetch/begin", msg.BeginFetch(
             worker=self.worker, holder=self.worker, model=m.model, version=m.version, layout=m.layout,
-            digest=m.digest, regions=_regions(fetch.tensors, m, ranged=plan), have=sorted(fetch.have), **ranged),
-            msg.ManifestMsg)
+            digest=m.digest, regions=_regions(fetch.tensors, m, ranged=plan), have=sorted(fetch.have), want=want,
+            **ranged), msg.BeginFetchReply)
+        return reply.first
 
     def _exchange(self, key, *, completed, failed, want, wait_s, known_sources) -> msg.ExchangeReply:
         model, version, layout = key

@@ -129,8 +129,11 @@ class ChunkFetcher:
 
     def __init__(self, transport: Transport, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
                  exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
-                 digests: tuple[str, ...] = (), plan: ReadPlan | None = None):
+                 digests: tuple[str, ...] = (), plan: ReadPlan | None = None,
+                 first: msg.ExchangeReply | None = None):
+        """``first``: the assignments that came with the fetch's begin (``BeginFetchReply.first``), if any."""
         self._transport = transport
+        self._first = first
         self._chunks = chunks
         self._plan = plan
         self._local = [Region.of_tensor(t) for t in local]
@@ -165,6 +168,10 @@ class ChunkFetcher:
         pending: Future | None = None
         reported: list[int] = []
         asked_for = 0
+        if self._first is not None:  # the begin's reply was this fetch's first exchange
+            pending, asked_for = Future(), self._settings.window
+            pending.set_result(self._first)
+            self.stats.exchanges += 1
         starved_until = 0.0
         last_exchange = time.monotonic()
         total = len(self._chunks) if self._plan is None else len(self._plan.pieces)

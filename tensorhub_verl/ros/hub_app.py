@@ -218,9 +218,15 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return state.must_preserve(req)
 
     @app.post("/v1/fetch/begin")
-    def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.ManifestMsg:
+    def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.BeginFetchReply:
         with state.acting_as(req.worker, credential):
-            return manifest_to_msg(state.begin_fetch(req))
+            manifest = state.begin_fetch(req)
+            first = None
+            if req.want:
+                first = state.exchange(msg.Exchange(
+                    worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
+                    want=req.want))
+            return msg.BeginFetchReply(manifest=manifest_to_msg(manifest), first=first)
 
     @app.post("/v1/fetch/exchange")
     def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:

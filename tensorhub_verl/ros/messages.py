@@ -201,6 +201,9 @@ class BeginFetch(Strict):
     then cover the byte range of each tensor its buffers hold ((0, 0): none), and it never holds the version."""
     unserved: list[Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]] = Field(default=[], max_length=MAX_CHUNKS)
     """Chunks of ``need`` this reader reads only in part (or into strided buffers): never served from it."""
+    want: Annotated[int, Field(ge=0, le=1024)] = 0
+    """Assignments wanted in the reply (``BeginFetchReply.first``), as an ``Exchange`` would ask: the reads
+    start one hub round trip sooner. 0: none, the reply is only the manifest."""
 
 
 class FailedRead(Strict):
@@ -253,6 +256,14 @@ class ExchangeReply(Reply):
     have: int
     total: int
     unservable: list[int] = []
+
+
+class BeginFetchReply(Reply):
+    """Reply of ``/v1/fetch/begin``: the version's manifest and, when the request wanted some, the fetch's first
+    exchange (assignments and their sources), so the first reads need no second round trip."""
+
+    manifest: ManifestMsg
+    first: ExchangeReply | None = None
 
 
 class EndFetch(Strict):
