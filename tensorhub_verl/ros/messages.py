@@ -155,7 +155,6 @@ class Unpublish(Strict):
 class UnpublishAck(Reply):
     drained: bool
     inflight: int
-    revoked: int = 0
 
 
 class PreserveQuery(Strict):

@@ -49,7 +49,9 @@ class TensorHubVerlConfig:
     """This job's location labels (dc, rack, node, gpu). 'node' defaults to the Ray node's IP,
     so that workers on one node read from each other first."""
     link_capacities: dict[str, float] = field(default_factory=dict)
-    """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps); used by the hub's planner."""
+    """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps). A job uses nic_gbps and wan_gbps only: to size
+    seeds_per_dc when it is null (``wan_seeds``). rack_uplink_gbps is checked and accepted, as in
+    ``LinkCapacities`` (the simulator's topology uses it), but nothing in a job reads it."""
     seeds_per_dc: int | None = None
     """Readers per datacenter that may pull a version across the WAN; the rest read locally. None: as many
     as it takes for the WAN, not one reader's NIC, to be the limit (link_capacities: ceil(WAN / NIC)), 1
