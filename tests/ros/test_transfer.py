@@ -1,5 +1,6 @@
 """Publish and fetch across real processes with real NIXL/UCX transfers; bytes compared exactly."""
 
+import contextlib
 import threading
 import time
 
@@ -92,10 +93,11 @@ def test_unpublish_waits_for_reads_in_flight(hub):
     trainer.close()
 
 
+@contextlib.contextmanager
 def _gated_fetch(hub_url: str, reader_config: ClientConfig):
     """A trainer holding policy v1 and a reader whose reads of it are posted but never finish (until the test
     opens ``gated.finish_gate``); the reader's fetch runs on a thread and leaves its stats or its error in
-    ``outcome``."""
+    ``outcome``. Opens the gate and closes both clients on the way out."""
     trainer = th.connect(hub_url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False,
                          unpublish_timeout_s=0.5)
     trainer.publish("policy", 1, make_weights(2, 1.0))
@@ -112,31 +114,30 @@ def _gated_fetch(hub_url: str, reader_config: ClientConfig):
 
     fetch = threading.Thread(target=run, daemon=True)
     fetch.start()
-    wait_until(lambda: trainer.status()["leases_in_flight"] > 0, 30, "the reader's reads were not in flight")
-    return trainer, reader_client, gated, fetch, outcome
-
-
-def test_a_fetch_whose_holder_never_answers_fails_at_its_fetch_timeout(hub):
-    """ClientConfig.fetch_timeout_s bounds a fetch whose reads never finish (read timeout and straggler cut-off
-    out of the way): TransferFailed, not a hang."""
-    trainer, reader_client, gated, fetch, outcome = _gated_fetch(
-        hub.url, ClientConfig(fetch_timeout_s=1.0, read_timeout_s=600, straggler_factor=0))
     try:
-        fetch.join(60)
-        assert not fetch.is_alive(), "the fetch did not give up at its fetch_timeout_s"
-        assert "fetch timed out" in str(outcome.get("error")), outcome
+        wait_until(lambda: trainer.status()["leases_in_flight"] > 0, 30, "the reader's reads were not in flight")
+        yield trainer, gated, fetch, outcome
     finally:
         gated.finish_gate.set()
         reader_client.close()
         trainer.close()
 
 
+def test_a_fetch_whose_holder_never_answers_fails_at_its_fetch_timeout(hub):
+    """ClientConfig.fetch_timeout_s bounds a fetch whose reads never finish (read timeout and straggler cut-off
+    out of the way): TransferFailed, not a hang."""
+    config = ClientConfig(fetch_timeout_s=1.0, read_timeout_s=600, straggler_factor=0)
+    with _gated_fetch(hub.url, config) as (_, _, fetch, outcome):
+        fetch.join(60)
+        assert not fetch.is_alive(), "the fetch did not give up at its fetch_timeout_s"
+        assert "fetch timed out" in str(outcome.get("error")), outcome
+
+
 def test_an_unpublish_with_reads_in_flight_fails_at_its_unpublish_timeout(hub):
     """ClientConfig.unpublish_timeout_s bounds the wait for in-flight reads: TransferFailed, not a hang. The reads
     in flight still complete (the bytes stayed put), and a later unpublish, with nothing in flight, returns."""
     weights = make_weights(2, 1.0)
-    trainer, reader_client, gated, fetch, outcome = _gated_fetch(hub.url, ClientConfig(fetch_timeout_s=60))
-    try:
+    with _gated_fetch(hub.url, ClientConfig(fetch_timeout_s=60)) as (trainer, gated, fetch, outcome):
         with pytest.raises(TransferFailed, match="timed out with"):
             trainer.unpublish("policy", 1)  # unpublish_timeout_s=0.5 from the trainer's config
         gated.finish_gate.set()
@@ -144,10 +145,6 @@ def test_an_unpublish_with_reads_in_flight_fails_at_its_unpublish_timeout(hub):
         assert not fetch.is_alive() and "stats" in outcome, outcome
         assert digest(outcome["stats"].buffers) == digest(weights)
         trainer.unpublish("policy", 1)
-    finally:
-        gated.finish_gate.set()
-        reader_client.close()
-        trainer.close()
 
 
 def test_a_lease_past_its_deadline_is_revoked():
