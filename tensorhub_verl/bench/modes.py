@@ -41,13 +41,13 @@ from pathlib import Path
 from tensorhub_verl.errors import ConfigError, TensorHubError
 from tensorhub_verl.netlab import Lab, NetlabError
 from tensorhub_verl.sim.calibrate import LabWorkload, lab_spec
+from tensorhub_verl.sim.modes import PAPER
 
 log = logging.getLogger("tensorhub_verl.bench")
 
 _ROLES = [sys.executable, "-m", "tensorhub_verl.bench.modes_roles"]
 _PROBE = [sys.executable, "-m", "tensorhub_verl.netlab.probe"]
 HUB_PORT = 47900
-PAPER = {"standalone": 6.7, "elastic": 4.8, "cross_dc": 19.0}
 
 
 class BenchError(TensorHubError):
@@ -68,8 +68,8 @@ class LabBenchParams(LabWorkload):
     timeout_s: float = 300.0
 
 
-class Role:
-    """A role process in a lab host; reads its JSON event lines with deadlines."""
+class LabProcess:
+    """One `modes_roles` role running as a process in a lab host; reads its JSON event lines with deadlines."""
 
     def __init__(self, lab: Lab, host: str, argv: list[str], name: str):
         self.name = name
@@ -124,7 +124,7 @@ class Phase:
         self.dir = workdir / name
         self.dir.mkdir()
         self.stop_file = self.dir / "stop"
-        self.readers: list[Role] = []
+        self.readers: list[LabProcess] = []
 
     def add_reader(self, host: str, model: str, hold: bool = True) -> Path:
         i = len(self.readers)
@@ -135,14 +135,14 @@ class Phase:
                 "--model", model, "--window", str(self.p.window),
                 "--progress", self.p.progress, "--go", str(go),
                 "--stop", str(self.stop_file), "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else [])]
-        self.readers.append(Role(self.lab, host, argv, f"{self.name}-{i}@{host}"))
+        self.readers.append(LabProcess(self.lab, host, argv, f"{self.name}-{i}@{host}"))
         return go
 
     def ready(self) -> None:
         for r in self.readers:
             r.expect("ready", self.p.timeout_s)
 
-    def collect(self, roles: list[Role] | None = None) -> list[dict]:
+    def collect(self, roles: list[LabProcess] | None = None) -> list[dict]:
         return [r.expect("fetched", self.p.timeout_s) for r in (roles or self.readers)]
 
     def stop(self) -> None:
@@ -163,18 +163,18 @@ def _summary(fetched: list[dict]) -> dict:
             "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched)}
 
 
-def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[Role, Path]]]:
+def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[LabProcess, Path]]]:
     """Hub (lab host "hub") and trainer (lab host "trainer"). Returns the hub URL and (role, stop file) in
     stop order: the trainer first (its close() unpublishes through the hub), the hub last."""
     host = lab.host("trainer")
     hub_host = "trainer" if p.hub_on_trainer else "hub"
     ctl = Path(tempfile.mkdtemp(prefix="control-", dir=workdir))  # fresh stop files for every lab
-    hub = Role(lab, hub_host, [*_ROLES, "hub", "--host", lab.host(hub_host).ip, "--port", str(HUB_PORT),
+    hub = LabProcess(lab, hub_host, [*_ROLES, "hub", "--host", lab.host(hub_host).ip, "--port", str(HUB_PORT),
                                 "--stop", str(ctl / "hub-stop"), "--timeout", str(p.timeout_s * 4),
                                 "--max-inflight-per-source", str(p.max_inflight_per_source)], "hub")
     url = hub.expect("ready", 120)["url"]
     loc = ",".join(f"{k}={v}" for k, v in host.location.items())
-    trainer = Role(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
+    trainer = LabProcess(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
                                     "--chunk-mb", str(p.chunk_mb), "--private-copies", str(copies),
                                     "--progress", p.progress,
                                     "--stop", str(ctl / "trainer-stop"), "--timeout", str(p.timeout_s * 4)], "trainer")
@@ -187,7 +187,7 @@ def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> t
     return url, control
 
 
-def _stop_control(control: list[tuple[Role, Path]]) -> None:
+def _stop_control(control: list[tuple[LabProcess, Path]]) -> None:
     for role, stop in control:
         stop.touch()
         role.wait(60)
@@ -222,7 +222,7 @@ def _broadcast(lab: Lab, workdir: Path, p: LabBenchParams, hosts: list[str]) -> 
         for rank, host in enumerate(["trainer", *hosts]):
             argv = [*_ROLES, "bcast", "--master", master, "--rank", str(rank), "--world", str(len(hosts) + 1),
                     "--size-mb", str(p.size_mb), "--go", str(go), "--stop", str(stop), "--timeout", str(p.timeout_s)]
-            ranks.append(Role(lab, host, argv, f"bcast-{rank}@{host}"))
+            ranks.append(LabProcess(lab, host, argv, f"bcast-{rank}@{host}"))
         for r in ranks:
             r.expect("ready", p.timeout_s)
         go.touch()

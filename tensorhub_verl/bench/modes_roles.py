@@ -22,19 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-_POLL_S = 0.02
+from tensorhub_verl.netlab.lab import wait_file
 
 
 def _say(**event) -> None:
     print(json.dumps(event), flush=True)
-
-
-def _wait_file(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path.name} did not appear within {timeout:.0f}s")
-        time.sleep(_POLL_S)
 
 
 def _cpu_s() -> float:
@@ -43,10 +35,6 @@ def _cpu_s() -> float:
 
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _location(text: str) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in text.split(","))
 
 
 def hub(a: argparse.Namespace) -> None:
@@ -60,7 +48,7 @@ def hub(a: argparse.Namespace) -> None:
     server = th.start_hub(host=a.host, port=a.port, config=config)
     _say(event="ready", url=server.url)
     try:
-        _wait_file(a.stop, a.timeout)
+        wait_file(a.stop, a.timeout)
     finally:
         server.stop()
 
@@ -69,7 +57,7 @@ def trainer(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
     from tensorhub_verl.bench.procs import random_weights
 
-    client = th.connect(a.hub, "trainer", _location(a.location), chunk_bytes=int(a.chunk_mb * (1 << 20)),
+    client = th.connect(a.hub, "trainer", a.location, chunk_bytes=int(a.chunk_mb * (1 << 20)),
                         progress=a.progress)
     weights = random_weights(a.size_mb, seed=1)
     client.publish("policy", 1, weights)
@@ -77,7 +65,7 @@ def trainer(a: argparse.Namespace) -> None:
         client.publish(f"pull-{i}", 1, weights)
     _say(event="ready", bytes=sum(t.numel() * t.element_size() for t in weights.values()))
     try:
-        _wait_file(a.stop, a.timeout)
+        wait_file(a.stop, a.timeout)
     finally:
         client.close()
 
@@ -85,7 +73,7 @@ def trainer(a: argparse.Namespace) -> None:
 def reader(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(a.hub, a.worker, _location(a.location), window=a.window, preserve_on_unpublish=False,
+    client = th.connect(a.hub, a.worker, a.location, window=a.window, preserve_on_unpublish=False,
                         progress=a.progress)
     try:
         buffers = client.manifest(a.model, 1).allocate()
@@ -95,7 +83,7 @@ def reader(a: argparse.Namespace) -> None:
         client.publish(warm, 0, buffers)
         client.unpublish(warm, 0)
         _say(event="ready")
-        _wait_file(a.go, a.timeout)
+        wait_file(a.go, a.timeout)
         started, t0 = time.time(), time.monotonic()
         cpu0 = _cpu_s()
         stats = client.fetch(a.model, 1, into=buffers, hold=a.hold, timeout=a.timeout)
@@ -105,7 +93,7 @@ def reader(a: argparse.Namespace) -> None:
              bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
              cpu_s=_cpu_s() - cpu0, timeline=timeline)
         if a.hold:
-            _wait_file(a.stop, a.timeout)
+            wait_file(a.stop, a.timeout)
     finally:
         client.close()
 
@@ -128,7 +116,7 @@ def bcast(a: argparse.Namespace) -> None:
             flat = torch.empty(numel)
         dist.barrier()  # the group is up: every rank is ready to receive
         _say(event="ready", rank=a.rank)
-        _wait_file(a.go, a.timeout)
+        wait_file(a.go, a.timeout)
         started = time.time()
         t0, cpu0 = time.monotonic(), _cpu_s()
         dist.broadcast(flat, src=0)
@@ -136,7 +124,7 @@ def bcast(a: argparse.Namespace) -> None:
         _say(event="fetched", worker=f"bcast-{a.rank}", model="bcast", started=started, seconds=seconds,
              bytes=flat.numel() * 4, sources={"trainer": flat.numel() * 4} if a.rank else {},
              partial_source_bytes=0, cpu_s=_cpu_s() - cpu0)
-        _wait_file(a.stop, a.timeout)
+        wait_file(a.stop, a.timeout)
         dist.barrier()
     finally:
         dist.destroy_process_group()

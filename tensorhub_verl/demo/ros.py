@@ -10,7 +10,8 @@ import argparse
 import json
 import time
 
-from tensorhub_verl.bench.procs import Role, checksum, random_weights
+from tensorhub_verl.bench.procs import Role, random_weights
+from tensorhub_verl.ros.integrity import tensor_digests
 
 
 def _trainer(results, control, hub_url: str, size_mb: float, versions: int) -> None:
@@ -24,7 +25,7 @@ def _trainer(results, control, hub_url: str, size_mb: float, versions: int) -> N
             for t in weights.values():  # stands in for an optimizer step, in place
                 t.mul_(0.99).add_(0.01)
         client.publish("policy", version, weights)
-        results.put(("ok", {"version": version, "checksum": checksum(weights)}))
+        results.put(("ok", {"version": version, "digests": tensor_digests(weights)}))
         control.get(timeout=600)
     client.close()
 
@@ -42,7 +43,7 @@ def _rollout(results, control, hub_url: str, name: str, node: str, versions: int
             client.unpublish("policy", seen)
         seen = version
         results.put(("ok", {"worker": name, "version": version, "bytes": stats.bytes, "seconds": stats.seconds,
-                            "sources": stats.sources, "checksum": checksum(buffers)}))
+                            "sources": stats.sources, "digests": tensor_digests(buffers)}))
         control.get(timeout=600)
     client.close()
 
@@ -62,7 +63,7 @@ def run(readers: int, size_mb: float, versions: int) -> list[dict]:
             print(f"\nversion {published['version']}:")
             print(f"  {'reader':<11} {'MB':>7} {'seconds':>8} {'GB/s':>6}  sources (MB)")
             for f in fetched:
-                ok = abs(f["checksum"] - published["checksum"]) <= 1e-6 * max(1.0, abs(published["checksum"]))
+                ok = f["digests"] == published["digests"]  # every tensor's dtype, shape and bytes
                 sources = ", ".join(f"{w}={b / 1e6:.0f}" for w, b in sorted(f["sources"].items()))
                 print(f"  {f['worker']:<11} {f['bytes'] / 1e6:>7.1f} {f['seconds']:>8.3f} "
                       f"{f['bytes'] / f['seconds'] / 1e9:>6.2f}  {sources}  {'bytes OK' if ok else 'BYTES DIFFER'}")

@@ -24,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tensorhub_verl.netlab import iproute
 from tensorhub_verl.netlab.errors import NetlabError
@@ -40,6 +41,16 @@ _PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "ftp_proxy"}
 def new_prefix() -> str:
     """Unique per run; carries the creator's pid so `cleanup_stale` can tell live labs from leftovers."""
     return f"{PREFIX_ROOT}{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def wait_file(path: Path, timeout: float, poll_s: float = 0.02) -> None:
+    """Waits for `path` to exist: how processes in a lab's hosts take orders (namespaces share the filesystem,
+    not a network the orchestrator is on). Raises TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f}s")
+        time.sleep(poll_s)
 
 
 def ucx_env(iface: str = HOST_IFACE) -> dict[str, str]:

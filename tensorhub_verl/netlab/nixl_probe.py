@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from tensorhub_verl.netlab.lab import wait_file
+
 _POLL_S = 0.001
 
 
@@ -44,14 +46,6 @@ def hold(workdir: Path, nbytes: int, timeout: float) -> dict:
     return {"role": "holder", "ok": True}
 
 
-def _wait_file(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout:.0f}s")
-        time.sleep(0.05)
-
-
 def _read_once(agent, local, remote, peer: str, timeout: float) -> float:
     t0 = time.perf_counter()
     handle = agent.initialize_xfer("READ", local, remote, peer)
@@ -73,7 +67,7 @@ def read(workdir: Path, reps: int, timeout: float) -> dict:
     import torch
 
     try:
-        _wait_file(workdir / "holder.json", timeout)
+        wait_file(workdir / "holder.json", timeout, poll_s=0.05)
         desc = json.loads((workdir / "holder.json").read_text())
         agent = _agent("reader")
         peer = agent.add_remote_agent((workdir / "holder.meta").read_bytes())

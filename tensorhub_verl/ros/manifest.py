@@ -20,6 +20,8 @@ import torch
 from tensorhub_verl.errors import ManifestMismatch
 
 DEFAULT_CHUNK_BYTES = 8 << 20
+HF_LAYOUT = "hf"
+"""The trainer's layout: HF checkpoint names and shapes, what every engine can load."""
 _SAMPLE_WINDOW = 4096
 _SAMPLE_COUNT = 16
 

@@ -157,7 +157,6 @@ class DrainAck(Reply):
 
     drained: bool
     inflight: int
-    revoked: int = 0
 
 
 class UnpublishAck(DrainAck):

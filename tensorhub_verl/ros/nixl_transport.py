@@ -58,6 +58,21 @@ PROGRESS_MODES = ("events", "pump", "thread")
 _EVENTS_WAKEUP_US = 100_000
 """NIXL's progress thread waits this long in poll() when no UCX event comes (events mode)."""
 _AGENT_CONFIG_LOCK = threading.Lock()
+_nixl_logger_quieted = False
+
+
+def _quiet_nixl_logger() -> None:
+    """Once per process, before its first agent: NIXL's import configures its own ``nixl`` logger (INFO, a
+    stdout handler of its own, no propagation) and then logs every agent creation on stdout. Unless
+    ``NIXL_LOG_LEVEL`` chooses a level (NIXL honours it), that logger is lowered to WARNING here: the one
+    logging setting this library makes, on NIXL's logger only, and only once, so that an application that
+    sets the level itself afterwards keeps it. Callers hold _AGENT_CONFIG_LOCK."""
+    global _nixl_logger_quieted
+    if _nixl_logger_quieted:
+        return
+    _nixl_logger_quieted = True
+    if "NIXL_LOG_LEVEL" not in os.environ:
+        logging.getLogger("nixl").setLevel(logging.WARNING)
 
 
 def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_devices: str | None = None):
@@ -71,12 +86,13 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
         import nixl_cu12._api as nixl_api
     except ImportError as e:  # surface the real reason: a broken NIXL install is not "no backend"
         raise ImportError(f"NIXL is required for TensorHub's data plane ({e}); pip install nixl-cu12") from e
-    if "NIXL_LOG_LEVEL" not in os.environ:  # NIXL logs every agent creation at INFO (set after its import)
-        logging.getLogger("nixl").setLevel(logging.WARNING)
     config = nixl_api.nixl_agent_config(enable_prog_thread=progress != "pump", backends=list(backends))
     with _AGENT_CONFIG_LOCK, _ucx_env(ucx_environment(net_devices)):
+        _quiet_nixl_logger()
         if progress != "events":
             return nixl_api.nixl_agent(agent_name, config)
+        # The binding's config class is swapped for this one construction and restored in `finally`; the lock
+        # keeps this package's other agents from being built meanwhile (every agent here is built in this function).
         binding_config = nixl_api.nixlBind.nixlAgentConfig
 
         class _SleepingThreadConfig(binding_config):  # type: ignore[misc, valid-type]

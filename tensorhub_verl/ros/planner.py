@@ -16,10 +16,12 @@ holders and readers that are still filling), and:
   5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
      (readers filling at once share a holder's slots instead of the first one taking them all);
      a seed crossing the WAN is exempt;
-  6. among the eligible holders picks the one with the fewest reads in flight, then the one that
-     served the fewest bytes of this version, capped at ``max_inflight_per_source`` reads per source.
+  6. among the nearest holders with a free slot (fewer than ``max_inflight_per_source`` reads in flight,
+     and within the reader's ``fair_share``) picks the least of the key (reads in flight, bytes of this
+     version it has served, holder id): the fewest reads in flight first, then the least served, then the
+     smallest id so that a plan is deterministic. (The naive baseline's key is (reads in flight, holder id).)
      A new read on a holder serving k reads gets 1/(k+1) of its link, and bytes served count only
-     finished reads: ranking by them first (as this rule did) stacked reads up to the cap on the
+     finished reads: ranking by bytes served first (as this rule once did) stacked reads up to the cap on the
      least-served holder while equally near holders had idle links. Simulated with the real planner:
      64 rollouts reading 64 chunks of 100 GB from a trainer of 64 nodes, each serving its shard, worst
      rollout 2.52 s instead of 2.78 s (the floor is 2.0 s); the lab workload (8 readers of 32 chunks

@@ -13,7 +13,10 @@ from typing import Mapping
 
 from tensorhub_verl.errors import ConfigError
 
-_LABEL_KEYS = ("dc", "rack", "node", "gpu")
+LABEL_KEYS = ("dc", "rack", "node", "gpu")
+"""The location labels a worker may carry, outermost first."""
+LINK_KEYS = ("nic_gbps", "rack_uplink_gbps", "wan_gbps")
+"""The link rates (Gbit/s) LinkCapacities takes."""
 
 
 class Distance(enum.IntEnum):
@@ -62,9 +65,9 @@ class Location:
                     raise ConfigError(f"location item {item!r} is not key=value; use e.g. dc=dc0,rack=r0,node=n0")
                 pairs[key.strip()] = label.strip()
             value = pairs
-        unknown = set(value) - set(_LABEL_KEYS)
+        unknown = set(value) - set(LABEL_KEYS)
         if unknown:
-            raise ConfigError(f"unknown location label(s) {sorted(unknown)}; accepted: {list(_LABEL_KEYS)}")
+            raise ConfigError(f"unknown location label(s) {sorted(unknown)}; accepted: {list(LABEL_KEYS)}")
         for key, label in value.items():
             if not isinstance(label, str) or not label or len(label) > 128:
                 raise ConfigError(f"location label {key}={label!r} must be a non-empty string of at most 128 chars")
@@ -74,7 +77,7 @@ class Location:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Location":
         """Labels from TENSORHUB_DC / TENSORHUB_RACK / TENSORHUB_NODE / TENSORHUB_GPU (used by launch scripts)."""
         env = os.environ if environ is None else environ
-        labels = {key: env[f"TENSORHUB_{key.upper()}"] for key in _LABEL_KEYS if env.get(f"TENSORHUB_{key.upper()}")}
+        labels = {key: env[f"TENSORHUB_{key.upper()}"] for key in LABEL_KEYS if env.get(f"TENSORHUB_{key.upper()}")}
         return cls.parse(labels)
 
 
@@ -90,7 +93,7 @@ class LinkCapacities:
     """The link between two datacenters."""
 
     def __post_init__(self) -> None:
-        for name in ("nic_gbps", "rack_uplink_gbps", "wan_gbps"):
+        for name in LINK_KEYS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"LinkCapacities.{name} must be > 0, got {getattr(self, name)}")
 

@@ -31,8 +31,7 @@ def summary(result: dict) -> list[dict]:
             rows.append({"mode": mode, "baseline": base, "metric": metric,
                          "tensorhub_s": round(r["runs"]["tensorhub"][metric], 3),
                          "baseline_s": round(r["runs"][base][metric], 3), "ratio": round(ratio, 2),
-                         "paper_ratio": PAPER[{"standalone": "standalone_stall_ratio", "elastic": "elastic_update_ratio",
-                                               "cross_dc": "cross_dc_stall_ratio"}[mode]]})
+                         "paper_ratio": PAPER[mode]})
     return rows
 
 

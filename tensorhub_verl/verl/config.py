@@ -12,10 +12,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.topology import LABEL_KEYS, LINK_KEYS
 
 STAGING_MODES = ("none", "cpu", "gpu")
-_LOCATION_KEYS = ("dc", "rack", "node", "gpu")
-_LINK_KEYS = ("nic_gbps", "rack_uplink_gbps", "wan_gbps")
+"""Where a held version's bytes live: the tensors themselves (none), pinned CPU or GPU buffers. The one list
+for the trainer (``staging``), rollout engines (``rollout_staging``, ``HolderConfig``) and ``attach-vllm``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,7 +49,9 @@ class TensorHubVerlConfig:
     """This job's location labels (dc, rack, node, gpu). 'node' defaults to the Ray node's IP,
     so that workers on one node read from each other first."""
     link_capacities: dict[str, float] = field(default_factory=dict)
-    """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps); used by the hub's planner."""
+    """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps). A job uses nic_gbps and wan_gbps only: to size
+    seeds_per_dc when it is null (``wan_seeds``). rack_uplink_gbps is checked and accepted, as in
+    ``LinkCapacities`` (the simulator's topology uses it), but nothing in a job reads it."""
     seeds_per_dc: int | None = None
     """Readers per datacenter that may pull a version across the WAN; the rest read locally. None: as many
     as it takes for the WAN, not one reader's NIC, to be the limit (link_capacities: ceil(WAN / NIC)), 1
@@ -100,13 +103,13 @@ class TensorHubVerlConfig:
                               f"got {self.rollout_staging!r}")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
-        unknown = set(self.location) - set(_LOCATION_KEYS)
+        unknown = set(self.location) - set(LABEL_KEYS)
         if unknown:
-            raise ConfigError(f"tensorhub.location has unknown label(s) {sorted(unknown)}; accepted: {_LOCATION_KEYS}")
-        unknown = set(self.link_capacities) - set(_LINK_KEYS)
+            raise ConfigError(f"tensorhub.location has unknown label(s) {sorted(unknown)}; accepted: {LABEL_KEYS}")
+        unknown = set(self.link_capacities) - set(LINK_KEYS)
         if unknown:
             raise ConfigError(
-                f"tensorhub.link_capacities has unknown key(s) {sorted(unknown)}; accepted: {_LINK_KEYS}"
+                f"tensorhub.link_capacities has unknown key(s) {sorted(unknown)}; accepted: {LINK_KEYS}"
             )
         for key, rate in self.link_capacities.items():
             if not isinstance(rate, (int, float)) or rate <= 0:

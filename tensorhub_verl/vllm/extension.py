@@ -19,7 +19,7 @@ from typing import Any
 
 from tensorhub_verl import errors
 from tensorhub_verl.vllm import compat
-from tensorhub_verl.vllm.holder import ENGINE_CLIENT_DEFAULTS, EngineHolder, HolderConfig
+from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, hf_views, layout_name, vllm_param_shapes
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
@@ -62,7 +62,9 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     # at TP>1 each rank reads only its slices of the HF tensors.
     views = hf_views(params, DecoderShape.from_hf_config(hf_cfg), tp, rank) if \
         hf_cfg.model_type in SUPPORTED_ARCHES else None
-    cfg = th.ClientConfig(**(ENGINE_CLIENT_DEFAULTS | (client_config or {})))
+    # Engines take the client's defaults, the UCX pump included: NIXL's own progress thread ("thread") kept
+    # engine processes from exiting on vLLM's CPU build (a worker spinning after shutdown).
+    cfg = th.ClientConfig(**(client_config or {}))
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
                         config=cfg)
     try:

@@ -18,10 +18,9 @@ import time
 from dataclasses import dataclass, field
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.manifest import HF_LAYOUT
 
 logger = logging.getLogger("tensorhub_verl.vllm.follow")
-
-HF_LAYOUT = "hf"
 
 
 @dataclass(slots=True)

@@ -40,22 +40,14 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
-from tensorhub_verl.ros.manifest import dtype_from_name, dtype_name
+from tensorhub_verl.ros.manifest import HF_LAYOUT, dtype_from_name, dtype_name
+from tensorhub_verl.verl.config import STAGING_MODES
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews
 
 logger = logging.getLogger("tensorhub_verl.vllm.holder")
 
-HF_LAYOUT = "hf"
-STAGING_MODES = ("cpu", "gpu", "none")
-
 LoadHF = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
-
-
-# Client settings for engine processes. NIXL's own progress thread ("thread") would serve peers without
-# the GIL, but on vLLM's CPU build it kept engine processes from exiting (a zombie worker spinning after
-# shutdown), so engines use the default UCX pump like every other client.
-ENGINE_CLIENT_DEFAULTS: dict = {}
 
 
 class EngineStateLost(errors.TransferFailed):
@@ -583,4 +575,4 @@ class EngineHolder:
                 self._unpublish_served()
 
 
-__all__ = ["HF_LAYOUT", "STAGING_MODES", "EngineHolder", "EngineStateLost", "HolderConfig", "PullState"]
+__all__ = ["EngineHolder", "EngineStateLost", "HolderConfig", "PullState"]

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from tensorhub_verl import errors
+from tensorhub_verl.verl.config import STAGING_MODES
 from tensorhub_verl.vllm import compat
-from tensorhub_verl.vllm.holder import ENGINE_CLIENT_DEFAULTS, STAGING_MODES, EngineHolder
+from tensorhub_verl.vllm.holder import EngineHolder
 
 logger = logging.getLogger("tensorhub_verl.vllm.weight_transfer")
 
@@ -98,7 +99,7 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
         layout = engine_layout(self.model_config.hf_config, tp, rank, params)
         client = th.connect(init_info.hub_url, worker=rank_worker_id(init_info.worker, rank, tp),
                             location=init_info.location, token=init_info.token,
-                            config=th.ClientConfig(**(ENGINE_CLIENT_DEFAULTS | init_info.client_config)))
+                            config=th.ClientConfig(**init_info.client_config))
         try:
             self.holder = EngineHolder(client, HolderConfig(model=init_info.model, layout=layout,
                                                             staging=init_info.staging,

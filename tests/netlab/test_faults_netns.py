@@ -2,7 +2,8 @@
 mid-fetch (restored, or not), and a straggler holder on a slow link.
 
 Needs root and iproute2 (markers `netns`, `slow`); skips with the reason otherwise. Times are printed
-(`-s`) for the README, and bounded only generously: these tests catch hangs, not slowness.
+(`-s`) for the README and never asserted: a fetch that hangs fails at its phase's deadline
+(`LabBenchParams.timeout_s`, 180 s; one copy takes ~1.4 s at NIC_MBIT, the hub drops a silent holder after 10 s).
 
     rack r0: trainer (holder, 100 Mbit/s) -- hub -- peer (holder, fetched v1 from the trainer) -- reader
 """
@@ -20,9 +21,6 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 NIC_MBIT = 100
 SIZE_MB = 16
-BOUND_S = 60.0
-"""A fetch that has not finished by then is stuck (one copy takes ~1.4 s at NIC_MBIT; the hub drops a silent
-holder after 10 s)."""
 
 
 @pytest.fixture
@@ -74,7 +72,6 @@ def test_a_holder_link_cut_and_restored_mid_fetch_costs_seconds(swarm):
     lab.set_link("peer", up=True)
     result = _fetched(phase)
     assert sum(result["sources"].values()) == result["bytes"] >= SIZE_MB << 20
-    assert result["seconds"] < BOUND_S
 
 
 def test_a_holder_cut_for_good_mid_fetch_is_planned_around(swarm):
@@ -85,7 +82,6 @@ def test_a_holder_cut_for_good_mid_fetch_is_planned_around(swarm):
     result = _fetched(phase)
     assert sum(result["sources"].values()) == result["bytes"] >= SIZE_MB << 20
     assert result["sources"].get("trainer", 0) > 0
-    assert result["seconds"] < BOUND_S
 
 
 def test_a_straggler_holder_does_not_hold_the_reader_hostage(swarm):
@@ -99,4 +95,3 @@ def test_a_straggler_holder_does_not_hold_the_reader_hostage(swarm):
     # and re-planned on the trainer: here 1.65 s and nothing from the straggler. Without that, its first reads
     # set the pace: it served 2 chunks (1 MiB each) and the fetch took 4.3 s.
     assert result["sources"].get("peer-0", 0) <= 1 << 20
-    assert result["seconds"] < BOUND_S

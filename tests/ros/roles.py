@@ -156,6 +156,15 @@ class GatedTransport:
         self.inner.close()
 
 
+def wait_until(condition, timeout: float, what: str, poll_s: float = 0.05) -> None:
+    """Polls ``condition`` until it holds; fails the test with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout:.0f} s")
+        time.sleep(poll_s)
+
+
 def listening_addresses(pid: int) -> list[str]:
     """IPv4 addresses on which process ``pid`` has TCP sockets listening (from /proc, no tools needed)."""
     inodes = set()

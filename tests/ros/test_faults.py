@@ -11,7 +11,7 @@ from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client import Client, ClientConfig
 
-from tests.ros.roles import GatedTransport, digest, holder, make_weights, stalling_reader
+from tests.ros.roles import GatedTransport, digest, holder, make_weights, stalling_reader, wait_until
 
 CHUNK = 256 << 10
 
@@ -41,11 +41,9 @@ def test_a_fetch_fails_cleanly_when_its_only_holder_dies(hub, roles):
                                on_read=lambda n: n == 2 and os.kill(only["pid"], signal.SIGKILL))
     client = Client(hub.url, "reader", config=ClientConfig(read_timeout_s=2.0, window=2, fetch_timeout_s=60),
                     transport=transport)
-    started = time.monotonic()
+    # It fails once the holder is proven dead ("no holder"), not at the fetch timeout ("fetch timed out").
     with pytest.raises(TransferFailed, match="no holder"):
         client.fetch("policy", 1)
-    # It waited for the holder to prove dead (heartbeat timeout), not for the whole fetch timeout.
-    assert time.monotonic() - started < 45
     assert all("reader" not in holders for holders in client.versions("policy").values())
     client.close()
 
@@ -77,21 +75,13 @@ def _holdings(client: Client, worker: str) -> list[dict]:
     return [h for v in client.status()["models"].get("policy", []) for h in v["holders"] if h["worker"] == worker]
 
 
-def _wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout:.0f} s")
-        time.sleep(0.2)
-
-
 def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
     published = roles(holder, hub.url, "trainer", 8, 4.0, CHUNK).result(120)
     victim = roles(stalling_reader, hub.url, "victim", 3).result(120)
     observer = Client(hub.url, "observer")
     try:
         # The victim announced 3 verified chunks; a 4th has landed in its memory, unverified and unannounced.
-        _wait_until(lambda: [h["chunks"] for h in _holdings(observer, "victim")] == [3], 60,
+        wait_until(lambda: [h["chunks"] for h in _holdings(observer, "victim")] == [3], 60,
                     "the victim's 3 announced chunks did not show at the hub")
         assert _holdings(observer, "victim")[0]["state"] == "filling"
         os.kill(victim["pid"], signal.SIGKILL)
@@ -103,7 +93,7 @@ def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
         early.close()
 
         # At its heartbeat timeout the hub forgets the dead reader and its holding; nobody reads from it again.
-        _wait_until(lambda: "victim" not in observer.status()["workers"], 60, "the hub did not drop the dead reader")
+        wait_until(lambda: "victim" not in observer.status()["workers"], 60, "the hub did not drop the dead reader")
         assert _holdings(observer, "victim") == []
         late = Client(hub.url, "late", config=ClientConfig(window=4, fetch_timeout_s=90))
         stats = late.fetch("policy", 1)

@@ -1,5 +1,6 @@
 """Publish and fetch across real processes with real NIXL/UCX transfers; bytes compared exactly."""
 
+import contextlib
 import threading
 import time
 
@@ -10,7 +11,7 @@ import tensorhub_verl as th
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client import Client, ClientConfig
 
-from tests.ros.roles import GatedTransport, digest, holder, make_weights, reader
+from tests.ros.roles import GatedTransport, digest, holder, make_weights, reader, wait_until
 
 CHUNK = 256 << 10
 
@@ -55,9 +56,7 @@ def test_a_late_reader_reads_from_a_reader_still_filling(hub, roles):
     late = roles(reader, hub.url, "late")
     late.result(120)
     late.send("go")
-    deadline = time.monotonic() + 60
-    while _served(early, "early") == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: _served(early, "early") > 0, 60, "the late reader read nothing from the early one")
     gated.start_gate.set()
     outcome = late.result(120)
     fetch.join(60)
@@ -80,8 +79,7 @@ def test_unpublish_waits_for_reads_in_flight(hub):
     buffers = reader_client.manifest("policy", 1).allocate()
     fetch = threading.Thread(target=reader_client.fetch, args=("policy", 1, buffers), daemon=True)
     fetch.start()
-    while trainer.status()["leases_in_flight"] == 0:
-        time.sleep(0.05)
+    wait_until(lambda: trainer.status()["leases_in_flight"] > 0, 30, "the reader's reads were not in flight")
     unpublish = threading.Thread(target=trainer.unpublish, args=("policy", 1), daemon=True)
     unpublish.start()
     unpublish.join(1.5)
@@ -93,6 +91,60 @@ def test_unpublish_waits_for_reads_in_flight(hub):
     assert digest(buffers) == digest(weights)
     reader_client.close()
     trainer.close()
+
+
+@contextlib.contextmanager
+def _gated_fetch(hub_url: str, reader_config: ClientConfig):
+    """A trainer holding policy v1 and a reader whose reads of it are posted but never finish (until the test
+    opens ``gated.finish_gate``); the reader's fetch runs on a thread and leaves its stats or its error in
+    ``outcome``. Opens the gate and closes both clients on the way out."""
+    trainer = th.connect(hub_url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False,
+                         unpublish_timeout_s=0.5)
+    trainer.publish("policy", 1, make_weights(2, 1.0))
+    gated = GatedTransport("reader-agent")
+    gated.finish_gate.clear()
+    reader_client = Client(hub_url, "reader", config=reader_config, transport=gated)
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["stats"] = reader_client.fetch("policy", 1)
+        except TransferFailed as e:
+            outcome["error"] = e
+
+    fetch = threading.Thread(target=run, daemon=True)
+    fetch.start()
+    try:
+        wait_until(lambda: trainer.status()["leases_in_flight"] > 0, 30, "the reader's reads were not in flight")
+        yield trainer, gated, fetch, outcome
+    finally:
+        gated.finish_gate.set()
+        reader_client.close()
+        trainer.close()
+
+
+def test_a_fetch_whose_holder_never_answers_fails_at_its_fetch_timeout(hub):
+    """ClientConfig.fetch_timeout_s bounds a fetch whose reads never finish (read timeout and straggler cut-off
+    out of the way): TransferFailed, not a hang."""
+    config = ClientConfig(fetch_timeout_s=1.0, read_timeout_s=600, straggler_factor=0)
+    with _gated_fetch(hub.url, config) as (_, _, fetch, outcome):
+        fetch.join(60)
+        assert not fetch.is_alive(), "the fetch did not give up at its fetch_timeout_s"
+        assert "fetch timed out" in str(outcome.get("error")), outcome
+
+
+def test_an_unpublish_with_reads_in_flight_fails_at_its_unpublish_timeout(hub):
+    """ClientConfig.unpublish_timeout_s bounds the wait for in-flight reads: TransferFailed, not a hang. The reads
+    in flight still complete (the bytes stayed put), and a later unpublish, with nothing in flight, returns."""
+    weights = make_weights(2, 1.0)
+    with _gated_fetch(hub.url, ClientConfig(fetch_timeout_s=60)) as (trainer, gated, fetch, outcome):
+        with pytest.raises(TransferFailed, match="timed out with"):
+            trainer.unpublish("policy", 1)  # unpublish_timeout_s=0.5 from the trainer's config
+        gated.finish_gate.set()
+        fetch.join(60)
+        assert not fetch.is_alive() and "stats" in outcome, outcome
+        assert digest(outcome["stats"].buffers) == digest(weights)
+        trainer.unpublish("policy", 1)
 
 
 def test_a_lease_past_its_deadline_is_revoked():
@@ -113,11 +165,9 @@ def test_a_lease_past_its_deadline_is_revoked():
 
         fetch = threading.Thread(target=run, daemon=True)
         fetch.start()
-        while trainer.status()["leases_in_flight"] == 0:
-            time.sleep(0.05)
-        started = time.monotonic()
+        wait_until(lambda: trainer.status()["leases_in_flight"] > 0, 30, "the reader's reads were not in flight")
         trainer.unpublish("policy", 1)  # returns once the overdue leases are revoked
-        assert time.monotonic() - started >= 1.0
+        assert trainer.status()["leases_revoked"] >= 1, "unpublish returned before the overdue leases were revoked"
         gated.finish_gate.set()
         fetch.join(30)
         # Its reads were revoked, so they do not count; with no holder left the fetch fails cleanly.
@@ -163,9 +213,8 @@ def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queue
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
         fetch.start()
-        deadline = time.monotonic() + 30
-        while trainer.status()["leases_in_flight"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: trainer.status()["leases_in_flight"] >= 2, 30, "the seed was not leased two WAN reads",
+                   poll_s=0.02)
         time.sleep(0.3)  # time enough for a wrongly posted second read to show up
         assert trainer.status()["leases_in_flight"] == 2 and gated.reads == 1
         gated.finish_gate.set()

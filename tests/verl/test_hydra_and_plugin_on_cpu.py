@@ -57,12 +57,14 @@ def test_standalone_and_cross_dc_compose_with_ppo_trainer():
     assert out["th"]["link_capacities"]["wan_gbps"] == 100.0 and out["th"]["seeds_per_dc"] is None
 
 
-def test_one_override_with_the_search_path_plugin(tmp_path):
-    """With the hydra_plugins shim importable, '+tensorhub=elastic' alone is enough."""
-    shim = tmp_path / "hydra_plugins" / "tensorhub_verl_searchpath"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("from tensorhub_verl.verl.hydra_searchpath import TensorHubSearchPathPlugin\n")
-    out = _compose("+tensorhub=elastic", env={"PYTHONPATH": str(tmp_path), "TENSORHUB_HUB_FILE": "/x/url"})
+def test_one_override_with_the_search_path_plugin():
+    """With the repository's own ``hydra_plugins/`` importable (as an install provides it), '+tensorhub=elastic'
+    alone is enough: no hydra.searchpath override."""
+    env = {"PYTHONPATH": str(REPO), "TENSORHUB_HUB_FILE": "/x/url"}
+    found = _run("import hydra_plugins.tensorhub_verl_searchpath as m; print(m.__file__)", env=env)
+    assert Path(found.stdout.strip().splitlines()[-1]) == REPO / "hydra_plugins" / "tensorhub_verl_searchpath" / \
+        "__init__.py"
+    out = _compose("+tensorhub=elastic", env=env)
     assert out["backend"] == "tensorhub" and out["th"]["keep_versions"] == 3
     assert out["th"]["hub_url_file"] == "/x/url" and out["th"]["min_replica_fraction"] == 0.5
 

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from tensorhub_verl import errors
-from tensorhub_verl.vllm.attach import build_parser, parse_location
+from tensorhub_verl.vllm.attach import build_parser, location_labels
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "scripts" / "attach_vllm_node.sh"
 
 
-def test_parse_location():
-    assert parse_location("dc=dc1, rack=r2 ,node=n3") == {"dc": "dc1", "rack": "r2", "node": "n3"}
-    assert parse_location(None) is None
-    for bad in ("dc", "dc=", "=x", "dc=a,,rack=b"):
+def test_location_labels():
+    assert location_labels("dc=dc1, rack=r2 ,node=n3") == {"dc": "dc1", "rack": "r2", "node": "n3"}
+    assert location_labels(None) is None
+    for bad in ("dc", "dc=", "=x", "color=red"):
         with pytest.raises(errors.ConfigError):
-            parse_location(bad)
+            location_labels(bad)
 
 
 def test_hub_and_token_come_from_the_environment(monkeypatch):

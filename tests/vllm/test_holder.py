@@ -4,7 +4,6 @@ parameters are plain tensors in the vLLM layout; the 'engine loader' is layout.h
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -174,10 +173,9 @@ def test_wait_ready_timeout_fires(hub, trainer):
     client.fetch = slow_fetch
     try:
         h.begin_pull(31)
-        t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             h.wait_ready(0.3)
-        assert time.monotonic() - t0 < 2
+        assert h.status()["pull"]["state"] == "pulling"  # it gave up at its own timeout, not when the pull ended
         with pytest.raises(errors.InvalidRequest):
             h.begin_pull(31)  # one pull at a time
         gate.set()
