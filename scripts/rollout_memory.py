@@ -59,7 +59,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from tensorhub_verl.demo.task import CHAT_TEMPLATE, build_task
-    from tensorhub_verl.vllm.tiny_model import TinyModelSpec, build_tiny_model
+    from tensorhub_verl.testing.tiny_model import TinyModelSpec, build_tiny_model
 
     out = Path(args.out)
     model_dir = out / "task" / "model"

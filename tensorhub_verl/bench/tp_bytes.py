@@ -3,7 +3,7 @@
 A publisher holds a random Llama- or Qwen2-shaped model (float32, 'hf' layout); for each TP size, every rank
 of one engine reads its slices of it with ``Client.fetch_slices`` into plain tensors in vLLM's layout for that
 rank (``layout.hf_views``), over the real data plane, and the result is checked byte for byte against
-``layout.hf_to_vllm``. Reported per TP size: the model's bytes, each rank's bytes read, and the engine's total
+``layout_oracle.hf_to_vllm``. Reported per TP size: the model's bytes, each rank's bytes read, and the engine's total
 over the model (1.0: the engine moved one model; KV heads replicated across ranks, when there are more ranks
 than KV heads, are read once per rank that holds them). The last stdout line is one JSON object.
 """
@@ -30,8 +30,9 @@ def measure(arch: str, tps: tuple[int, ...] = (1, 2, 4), timeout_s: float = 300.
     import torch
 
     import tensorhub_verl as th
-    from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, hf_views, vllm_param_shapes
-    from tensorhub_verl.vllm.tiny_model import random_hf_weights
+    from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+    from tensorhub_verl.vllm.layout import DecoderShape, hf_views, vllm_param_shapes
+    from tensorhub_verl.testing.tiny_model import random_hf_weights
 
     shape = DecoderShape(arch=arch, **SHAPES[arch])
     hf = random_hf_weights(shape)

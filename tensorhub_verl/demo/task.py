@@ -1,7 +1,7 @@
 """The toy RL task of the main job: a tiny model learns to answer in digits.
 
 Everything is built locally in seconds, nothing is downloaded:
-- a tiny random Qwen2 (``tensorhub_verl.vllm.tiny_model``) with a chat template on its tokenizer (verl
+- a tiny random Qwen2 (``tensorhub_verl.testing.tiny_model``) with a chat template on its tokenizer (verl
   applies the chat template to every prompt);
 - train/val parquet files in verl's RL dataset format (``prompt`` as chat messages, ``data_source``,
   ``reward_model.ground_truth``);
@@ -53,7 +53,7 @@ def build_task(out_dir: str | Path, *, train_prompts: int = 512, val_prompts: in
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from tensorhub_verl.vllm.tiny_model import TinyModelSpec, build_tiny_model
+    from tensorhub_verl.testing.tiny_model import TinyModelSpec, build_tiny_model
 
     out = Path(out_dir)
     model_dir = out / "model"

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import tensorhub_verl as th
-from tensorhub_verl.vllm.engine_proc import ENGINE_ENV
+from tensorhub_verl.testing.engine_proc import ENGINE_ENV
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 

@@ -18,9 +18,10 @@ import pytest
 pytest.importorskip("vllm")
 
 import tensorhub_verl as th
-from tensorhub_verl.vllm.engine_proc import EngineError, EngineProcess, EngineSpec
-from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, layout_name
-from tensorhub_verl.vllm.tiny_model import hf_state_dict, toy_training_step
+from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
+from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_verl.vllm.layout import DecoderShape, layout_name
+from tensorhub_verl.testing.tiny_model import hf_state_dict, toy_training_step
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
+from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.test_engine import loc, outputs, run, trainer  # noqa: F401  (run, trainer: fixtures)
 from tests.vllm.toy_run import ToyRun

@@ -1,5 +1,5 @@
 """EngineHolder (one engine shard's holder/updater) against a real hub and real ROS clients, no vLLM:
-parameters are plain tensors in the vLLM layout; the 'engine loader' is layout.hf_to_vllm."""
+parameters are plain tensors in the vLLM layout; the 'engine loader' is layout_oracle.hf_to_vllm."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.vllm.layout import DecoderShape, hf_to_vllm, hf_views, layout_name, vllm_param_shapes
+from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_verl.vllm.layout import DecoderShape, hf_views, layout_name, vllm_param_shapes
 
 pytestmark = pytest.mark.vllm
 

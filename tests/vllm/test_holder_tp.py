@@ -1,5 +1,5 @@
 """TP>1 engines as EngineHolders, no vLLM: two holders are the two ranks of one TP=2 engine (plain tensors in
-vLLM's TP=2 layout; the 'engine loader' is layout.hf_to_vllm for that rank), against a real hub and real clients.
+vLLM's TP=2 layout; the 'engine loader' is layout_oracle.hf_to_vllm for that rank), against a real hub and real clients.
 
 What it proves: a version in an engine's TP layouts is never visible before every rank holds it (the ranks are
 one shard group), and a second TP=2 engine reads rank to rank, raw, from the first."""
@@ -11,7 +11,8 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.vllm.layout import hf_to_vllm, hf_views, layout_name, vllm_param_shapes
+from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_verl.vllm.layout import hf_views, layout_name, vllm_param_shapes
 from tests.vllm.test_holder import SHAPE, hf_version
 
 pytestmark = pytest.mark.vllm

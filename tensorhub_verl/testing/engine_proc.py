@@ -21,7 +21,7 @@ from typing import Any
 
 from tensorhub_verl import errors
 
-logger = logging.getLogger("tensorhub_verl.vllm.engine_proc")
+logger = logging.getLogger("tensorhub_verl.testing.engine_proc")
 
 ENGINE_ENV = {
     "HF_HUB_OFFLINE": "1",

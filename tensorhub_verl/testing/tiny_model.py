@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-logger = logging.getLogger("tensorhub_verl.vllm.tiny_model")
+logger = logging.getLogger("tensorhub_verl.testing.tiny_model")
 
 TRAINING_LINES = (
     "the quick brown fox jumps over the lazy dog",
