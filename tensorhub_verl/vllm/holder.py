@@ -402,13 +402,8 @@ class EngineHolder:
 
     def _release_pull(self) -> None:
         pull, self._pull = self._pull, None
-        if pull is not None and pull.held:
-            try:
-                self.client.unpublish(self.config.model, pull.version, layout=pull.source_layout,
-                                      timeout=self.config.unpublish_timeout_s)
-            except errors.VersionNotFound:
-                pass
-            pull.held = False
+        if pull is not None:
+            self._release_pull_hold(pull)
 
     # ------------------------------------------------------------------ apply
     def apply(self, timeout: float | None = None) -> dict:
