@@ -341,10 +341,6 @@ class Client:
         deadline = started + (timeout or self.config.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         tensors, plan = _ranged(manifest, into, slices or {})
-        if getattr(self._transport, "grant_key", b"") and set(plan.pieces) - plan.whole:
-            # The TCP plane's holders serve exactly the byte ranges a lease's grant signs: whole chunks.
-            raise errors.ConfigError("reading parts of chunks needs the NIXL data plane; this client uses the TCP "
-                                     "plane (ClientConfig.transport): set transport='nixl', or read whole tensors")
         return self._run_fetch(manifest, tensors, plan, False, started, timeout)
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,

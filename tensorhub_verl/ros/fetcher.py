@@ -340,7 +340,9 @@ class ChunkFetcher:
             return
         regions = self._regions[a.source]
         pieces = self._pieces(a.chunk)
-        missing = [p.tensor for p in pieces if p.tensor not in regions]
+        needed = {p.tensor for p in pieces} | ({seg.tensor for seg in self._chunks[a.chunk].segments}
+                                               if not self._checkable(a.chunk) else set())
+        missing = sorted(t for t in needed if t not in regions)
         if missing:
             failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: no address for tensor {missing[0]}"))
             self.stats.failed_reads += 1
@@ -353,7 +355,11 @@ class ChunkFetcher:
                 copies.append(Copy(local.addr + p.local, local.device, local.mem,
                                    remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
                                    remote.mem, p.length))
-            handle = self._transport.start_read(source.agent_name, copies, a.grant)
+            granted = ()
+            if not self._checkable(a.chunk):  # parts of the chunk: the grant signs its whole segments
+                granted = [(remote_address(regions[seg.tensor], seg, self._tensor_nbytes(seg.tensor)), seg.length)
+                           for seg in self._chunks[a.chunk].segments]
+            handle = self._transport.start_read(source.agent_name, copies, a.grant, granted)
         except ReadError as e:
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1

@@ -23,7 +23,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -254,8 +254,10 @@ class NixlTransport:
             except Exception as e:  # the first read connects instead, and reports what is wrong
                 logger.debug("connecting to %s ahead of its first read failed: %s", agent_name, e)
 
-    def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> list[object]:
-        """``grant`` is unused: a NIXL reader can only address memory the hub gave it metadata for."""
+    def start_read(self, peer: str, copies: list[Copy], grant: str = "",
+                   granted: Sequence[tuple[int, int]] = ()) -> list[object]:
+        """``grant`` and ``granted`` are unused: a NIXL reader can only address memory the hub gave it
+        metadata for."""
         groups: dict[tuple[str, str], list[Copy]] = defaultdict(list)
         for c in copies:
             groups[(c.local_mem, c.remote_mem)].append(c)

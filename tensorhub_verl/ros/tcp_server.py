@@ -78,13 +78,16 @@ class ReadServer:
             self._slots.release()
 
     def _answer(self, conn: socket.socket, header: bytes, peer) -> bool:
-        magic, grant_len, count = wire.REQUEST.unpack(header)
-        if magic != wire.MAGIC or grant_len > wire.MAX_GRANT or not 0 < count <= wire.MAX_RANGES:
+        magic, grant_len, count, wanted_count = wire.REQUEST.unpack(header)
+        if magic != wire.MAGIC or grant_len > wire.MAX_GRANT or not 0 < count <= wire.MAX_RANGES or \
+                wanted_count > wire.MAX_RANGES:
             return self._refuse(conn, peer, "malformed request")
         grant = wire.recv_exact(conn, grant_len).decode("ascii", errors="replace")
-        raw = wire.recv_exact(conn, count * wire.RANGE.size)
-        ranges = [wire.RANGE.unpack_from(raw, i * wire.RANGE.size) for i in range(count)]
-        why = grants.check(self._key, grant, ranges)
+        granted = _ranges(wire.recv_exact(conn, count * wire.RANGE.size), count)
+        ranges = _ranges(wire.recv_exact(conn, wanted_count * wire.RANGE.size), wanted_count) or granted
+        why = grants.check(self._key, grant, granted)
+        if why is None and not all(_within(granted, addr, nbytes) for addr, nbytes in ranges):
+            why = "a wanted range lies outside the ranges its grant signs"
         if why is None and not all(self._covers(addr, nbytes) for addr, nbytes in ranges):
             why = "a range lies outside this holder's registered memory"
         if why is not None:
@@ -111,3 +114,11 @@ class ReadServer:
             except OSError:
                 pass
         self._acceptor.join(timeout)
+
+
+def _ranges(raw: bytes, count: int) -> list[tuple[int, int]]:
+    return [wire.RANGE.unpack_from(raw, i * wire.RANGE.size) for i in range(count)]
+
+
+def _within(granted: list[tuple[int, int]], addr: int, nbytes: int) -> bool:
+    return nbytes > 0 and any(start <= addr and addr + nbytes <= start + length for start, length in granted)

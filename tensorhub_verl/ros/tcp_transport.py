@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -251,7 +251,8 @@ class TcpTransport:
         if known is not None:
             known[1].close()
 
-    def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> _Read:
+    def start_read(self, peer: str, copies: list[Copy], grant: str = "",
+                   granted: Sequence[tuple[int, int]] = ()) -> _Read:
         with self._lock:
             known = self._peers.get(peer)
         if known is None:
@@ -260,11 +261,15 @@ class TcpTransport:
             raise ReadError(why)
         if any(c.local_mem != "DRAM" or c.remote_mem != "DRAM" for c in copies):
             raise ReadError("the TCP data plane reads CPU memory into CPU memory only")
-        if not copies or len(copies) > wire.MAX_RANGES or len(grant) > wire.MAX_GRANT:
+        wanted = [(c.remote_addr, c.length) for c in copies]
+        signed = list(granted) or wanted
+        if not copies or len(signed) > wire.MAX_RANGES or len(copies) > wire.MAX_RANGES or \
+                len(grant) > wire.MAX_GRANT:
             raise ReadError(f"a read of {len(copies)} ranges with a {len(grant)}-character grant cannot be sent")
         encoded = grant.encode("ascii")
-        request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(copies)) + encoded + \
-            b"".join(wire.RANGE.pack(c.remote_addr, c.length) for c in copies)
+        parts = wanted if signed != wanted else []  # none: all of the granted ranges
+        request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
+            b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
         read = _Read(request, copies)
         known[1].reads.put(read)
         return read

@@ -1,10 +1,13 @@
 """The TCP data plane's frames, and raw-memory views, shared by its server (holder) and its reader.
 
-    reader -> holder   REQUEST  magic "THR1" | grant length u16 | ranges u32 | grant | (addr u64, length u64)*
-    holder -> reader   REPLY    status u8 | length u64 | the ranges' bytes, in order (status OK)
+    reader -> holder   REQUEST  magic "THR2" | grant length u16 | granted u32 | wanted u32 | grant
+                                | granted (addr u64, length u64)* | wanted (addr u64, length u64)*
+    holder -> reader   REPLY    status u8 | length u64 | the wanted ranges' bytes, in order (status OK)
                                                        | why, utf-8 (status REFUSED; then the holder hangs up)
 
-One request is one lease's chunk; a connection carries one request at a time, many one after another.
+One request is one lease's chunk. ``granted`` are the exact ranges the lease's grant signs (the chunk's
+segments); ``wanted`` the parts of them the reader reads (a tensor-parallel rank's slice), each inside one
+granted range; none: all of the granted ranges. A connection carries one request at a time, many in a row.
 Integers are big-endian. No pickle, no JSON on this path: fixed structs, sizes capped before anything is read.
 """
 
@@ -15,8 +18,8 @@ import json
 import socket
 import struct
 
-MAGIC = b"THR1"
-REQUEST = struct.Struct("!4sHI")
+MAGIC = b"THR2"
+REQUEST = struct.Struct("!4sHII")
 RANGE = struct.Struct("!QQ")
 REPLY = struct.Struct("!BQ")
 OK, REFUSED = 0, 1

@@ -7,7 +7,7 @@ Kept narrow so the fetch loop can be tested against any implementation of the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -55,9 +55,12 @@ class Transport(Protocol):
     def load_peer(self, agent_name: str, metadata: bytes) -> None:
         """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
-    def start_read(self, peer: str, copies: list[Copy], grant: str = "") -> object:
+    def start_read(self, peer: str, copies: list[Copy], grant: str = "",
+                   granted: Sequence[tuple[int, int]] = ()) -> object:
         """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError.
-        ``grant`` is the hub's proof of the lease (grants.py), for a data plane whose holder checks reads."""
+        ``grant`` is the hub's proof of the lease (grants.py), for a data plane whose holder checks reads;
+        ``granted``: the exact remote (address, length) ranges it signs, when the copies read only parts of
+        them (a ranged read); empty: the copies' ranges are the granted ones."""
 
     def poll(self, handle: object) -> str:
         """'DONE', 'PROC' (in progress) or 'ERR'."""

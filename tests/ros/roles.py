@@ -137,14 +137,14 @@ class GatedTransport:
     def load_peer(self, agent_name, metadata):
         self.inner.load_peer(agent_name, metadata)
 
-    def start_read(self, peer, copies, grant=""):
+    def start_read(self, peer, copies, grant="", granted=()):
         self.reads += 1
         if self.on_read is not None:
             self.on_read(self.reads)
         if self.hold_after is not None and self.reads > self.hold_after:
             self.holding.set()
             self.start_gate.wait(120)
-        return self.inner.start_read(peer, copies, grant)
+        return self.inner.start_read(peer, copies, grant, granted)
 
     def poll(self, handle):
         return self.inner.poll(handle) if self.finish_gate.is_set() else "PROC"

@@ -80,8 +80,8 @@ class _NeverFrom(GatedTransport):
         self.prefix = prefix
         self.stuck: list[object] = []
 
-    def start_read(self, peer, copies, grant=""):
-        handle = super().start_read(peer, copies, grant)
+    def start_read(self, peer, copies, grant="", granted=()):
+        handle = super().start_read(peer, copies, grant, granted)
         if peer.startswith(self.prefix):
             self.stuck.append(handle)
         return handle

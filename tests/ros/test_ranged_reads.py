@@ -2,7 +2,7 @@
 
 The planning is checked as a pure function against ``torch.narrow`` on many shapes; the hub's side (a ranged
 reader is planned only its chunks, and never serves a chunk it read in part) on ``HubState``; the whole read
-through a real hub and real NIXL/UCX clients, bytes compared exactly.
+through a real hub and real clients on both data planes (NIXL/UCX and TCP streams), bytes compared exactly.
 """
 
 import pytest
@@ -89,10 +89,12 @@ def test_the_hub_plans_only_a_ranged_readers_chunks_and_never_serves_its_partial
                                          regions=[msg.RegionMsg(addr=2000, offset=4096 * 4)]))
 
 
-@pytest.fixture
-def two_clients(hub):
-    a = th.connect(hub.url, "r-trainer", location="dc=dc0,rack=r0,node=n0", chunk_bytes=4096)
-    b = th.connect(hub.url, "r-reader", location="dc=dc0,rack=r0,node=n1")
+@pytest.fixture(params=["nixl", "tcp"])
+def two_clients(hub, request):
+    """Both data planes: on TCP the reader sends the grant's whole-chunk ranges and the parts it wants."""
+    a = th.connect(hub.url, "r-trainer", location="dc=dc0,rack=r0,node=n0", chunk_bytes=4096,
+                   transport=request.param)
+    b = th.connect(hub.url, "r-reader", location="dc=dc0,rack=r0,node=n1", transport=request.param)
     yield a, b
     b.close()
     a.close()

@@ -44,8 +44,9 @@ def bare_holder(results, control):
 
 
 def _read(transport: TcpTransport, peer: str, into: torch.Tensor, remote: int, nbytes: int, grant: str,
-          timeout: float = 30.0) -> str:
-    handle = transport.start_read(peer, [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant)
+          timeout: float = 30.0, granted=()) -> str:
+    handle = transport.start_read(peer, [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant,
+                                  granted)
     deadline = time.monotonic() + timeout
     while transport.poll(handle) == "PROC" and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -87,6 +88,21 @@ def test_a_granted_read_gets_exactly_the_granted_bytes(bare):
     grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
     assert _read(reader, "bare-holder", into, *ranges[0], grant) == "DONE"
     assert torch.equal(into, torch.arange(8192, 8192 + 4096, dtype=torch.int64).to(torch.uint8))
+
+
+def test_a_read_of_part_of_a_granted_range_gets_only_that_part_and_nothing_outside_it(bare):
+    """A ranged reader (a TP rank's slice) reads part of a chunk: it sends the ranges the grant signs and the
+    part it wants; a wanted range reaching outside them is refused, and nothing is written."""
+    info, reader = bare
+    granted = [(info["addr"] + 8192, 4096)]
+    grant = grants.sign(info["key"], 1, grants.expiry_ms(30), granted)
+    into = torch.zeros(1000, dtype=torch.uint8)
+    assert _read(reader, "bare-holder", into, info["addr"] + 8192 + 100, 1000, grant, granted=granted) == "DONE"
+    assert torch.equal(into, torch.arange(8292, 8292 + 1000, dtype=torch.int64).to(torch.uint8))
+    outside = torch.zeros(1000, dtype=torch.uint8)
+    state = _read(reader, "bare-holder", outside, info["addr"] + 8192 + 3500, 1000, grant, granted=granted)
+    assert state.startswith("ERR") and "outside the ranges its grant signs" in state, state
+    assert not outside.any(), "a refused read wrote bytes"
 
 
 @pytest.mark.parametrize("case", ["no grant", "forged", "other range", "expired", "outside memory"])
@@ -159,11 +175,11 @@ def test_a_holder_killed_mid_fetch_costs_a_re_plan(hub, roles):
     killed = []
 
     class KillingTransport(TcpTransport):
-        def start_read(self, peer, copies, grant=""):
+        def start_read(self, peer, copies, grant="", granted=()):
             if not killed:
                 os.kill(doomed["pid"], signal.SIGKILL)
                 killed.append(peer)
-            return super().start_read(peer, copies, grant)
+            return super().start_read(peer, copies, grant, granted)
 
     transport = KillingTransport("killing-reader", "127.0.0.1")
     client = Client(hub.url, "reader", transport=transport,
