@@ -15,6 +15,8 @@ import json
 import logging
 import time
 
+from tensorhub_verl.bench import positive_ints
+
 logger = logging.getLogger("tensorhub_verl.bench.tp_bytes")
 
 SHAPES = {
@@ -71,13 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tensorhub bench tp-bytes", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print only the JSON result line")
     p.add_argument("--arch", default="llama,qwen2", help=f"comma list of {sorted(SHAPES)}")
-    p.add_argument("--tp", default="1,2,4", help="comma list of TP sizes")
+    p.add_argument("--tp", default=(1, 2, 4), type=positive_ints, help="comma list of TP sizes")
     ns = p.parse_args(argv)
     if not ns.json:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     t0 = time.monotonic()
-    tps = tuple(int(x) for x in ns.tp.split(",") if x)
-    results = [measure(arch, tps) for arch in ns.arch.split(",") if arch]
+    results = [measure(arch, ns.tp) for arch in ns.arch.split(",") if arch]
     if not ns.json:
         print(f"{'arch':6} {'TP':>3} {'model MB':>9} {'per rank MB':>24} {'rank/model':>10} {'engine/model':>12}")
         for r in results:

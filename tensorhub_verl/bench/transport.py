@@ -19,7 +19,7 @@ import time
 import psutil
 import torch
 
-from tensorhub_verl.bench import raw_socket
+from tensorhub_verl.bench import positive_ints, raw_socket
 from tensorhub_verl.bench.procs import Role, random_weights
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wire", default="auto",
                         help=f"comma-separated, of {', '.join(WIRES)} (ucx-tcp: NIXL with UCX_TLS=tcp)")
-    parser.add_argument("--readers", default="1", help="comma-separated reader counts, e.g. 1,4")
+    parser.add_argument("--readers", default=(1,), type=positive_ints, help="comma-separated reader counts, e.g. 1,4")
     parser.add_argument("--size-mb", type=float, default=256)
     parser.add_argument("--first-mb", type=float, default=64, help="size of the first-read version (0: skip)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     wires = args.wire.split(",")
     if unknown := [w for w in wires if w not in WIRES]:
         parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
-    result = run(wires, [int(n) for n in args.readers.split(",")], args.size_mb, args.first_mb, args.repeats,
+    result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
                  args.chunk_mb, args.window, args.progress)
     if not args.json:
         print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "

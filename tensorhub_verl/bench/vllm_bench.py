@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tensorhub_verl.bench import positive_ints
+
 logger = logging.getLogger("tensorhub_verl.bench.vllm")
 
 MODELS = {
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="tiny,larger", help=f"comma list of {sorted(MODELS)}")
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--arch", default="qwen2", choices=("llama", "qwen2"))
-    p.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes, e.g. 1,2 (each its own engines)")
+    p.add_argument("--tp", default=(1,), type=positive_ints,
+                   help="comma list of tensor-parallel sizes, e.g. 1,2 (each its own engines)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     ns = p.parse_args(argv)
     if not ns.json:
@@ -127,18 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in names if m not in MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; choose from {sorted(MODELS)}")
-    try:
-        tps = [int(x) for x in ns.tp.split(",") if x]
-    except ValueError:
-        tps = []
-    if not tps or any(t < 1 for t in tps):
-        p.error(f"--tp {ns.tp!r}: give positive tensor-parallel sizes, e.g. --tp 1,2")
     results = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tensorhub-bench-vllm-") as tmp:
         for name in names:
             d = build_tiny_model(Path(tmp) / name, TinyModelSpec(arch=ns.arch, **MODELS[name]))
-            for tp in tps:
+            for tp in ns.tp:
                 results.append(bench_model(name, str(d), ns.updates, ns.arch, tp))
     result = {"bench": "vllm", "updates_per_mode": ns.updates, "seconds": time.monotonic() - t0,
               "models": results}

@@ -84,9 +84,10 @@ class ReadServer:
             return self._refuse(conn, peer, "malformed request")
         grant = wire.recv_exact(conn, grant_len).decode("ascii", errors="replace")
         granted = _ranges(wire.recv_exact(conn, count * wire.RANGE.size), count)
-        ranges = _ranges(wire.recv_exact(conn, wanted_count * wire.RANGE.size), wanted_count) or granted
+        wanted = _ranges(wire.recv_exact(conn, wanted_count * wire.RANGE.size), wanted_count)
+        ranges = wanted or granted
         why = grants.check(self._key, grant, granted)
-        if why is None and not all(_within(granted, addr, nbytes) for addr, nbytes in ranges):
+        if why is None and not all(_within(granted, addr, nbytes) for addr, nbytes in wanted):
             why = "a wanted range lies outside the ranges its grant signs"
         if why is None and not all(self._covers(addr, nbytes) for addr, nbytes in ranges):
             why = "a range lies outside this holder's registered memory"

@@ -19,6 +19,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import psutil
+
 from tensorhub_verl import errors
 
 logger = logging.getLogger("tensorhub_verl.testing.engine_proc")
@@ -165,8 +167,6 @@ def _child(conn, spec_dict: dict) -> None:
 def _reap(processes: list, grace_s: float = 10.0) -> None:
     """Kills what outlived its parent engine: a closed TP>1 engine otherwise leaves vLLM's EngineCore and its
     workers behind, several GB each, and later engines on the machine get killed for memory."""
-    import psutil
-
     _, alive = psutil.wait_procs(processes, timeout=grace_s)
     for proc in alive:
         try:
@@ -246,8 +246,6 @@ class EngineProcess:
     def _descendants(self) -> list:
         """The child's own children (at TP>1 vLLM's EngineCore and its workers), found while it is alive:
         once the child is gone they are re-parented and can no longer be told apart from strangers."""
-        import psutil
-
         try:
             return psutil.Process(self._proc.pid).children(recursive=True) if self._proc.is_alive() else []
         except psutil.Error:
