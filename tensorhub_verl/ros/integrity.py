@@ -42,8 +42,14 @@ def byte_views(tensors: Iterable[torch.Tensor]) -> list:
     return views
 
 
+def new_hasher() -> "xxhash.xxh3_64":
+    """A streaming hasher of ALGORITHM: ``update`` bytes in a chunk's order, then ``hexdigest`` equals
+    ``chunk_digest`` of the same bytes."""
+    return xxhash.xxh3_64()
+
+
 def chunk_digest(chunk: Chunk, views: Sequence) -> str:
-    h = xxhash.xxh3_64()
+    h = new_hasher()
     for seg in chunk.segments:
         h.update(views[seg.tensor][seg.offset:seg.offset + seg.length])
     return h.hexdigest()

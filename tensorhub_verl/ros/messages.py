@@ -258,10 +258,10 @@ class ExchangeReply(Reply):
 
 
 class BeginFetchReply(Reply):
-    """Reply of ``/v1/fetch/begin``: the version's manifest and, when the request wanted some, the fetch's first
-    exchange (assignments and their sources), so the first reads need no second round trip."""
+    """Reply of ``/v1/fetch/begin``: when the request wanted some, the fetch's first exchange (assignments and
+    their sources), so the first reads need no second round trip. No manifest: the reader has it already (the
+    hub checked the request's digest against it), and parsing it again cost each fetch about a millisecond."""
 
-    manifest: ManifestMsg
     first: ExchangeReply | None = None
 
 

@@ -140,6 +140,9 @@ def _ucx_env(settings: dict[str, str]):
 
 
 class NixlTransport:
+    lands_on_own_threads = False
+    """UCX lands reads; the fetch loop polls them (``poll``) and hashes landed chunks itself."""
+
     def __init__(self, agent_name: str, backends: tuple[str, ...] = ("UCX",), progress: str = "events",
                  pump_interval_s: float = 0.0005, net_devices: str | None = None):
         """``progress`` decides who drives UCX when this process serves reads over TCP (one-sided
@@ -255,9 +258,10 @@ class NixlTransport:
                 logger.debug("connecting to %s ahead of its first read failed: %s", agent_name, e)
 
     def start_read(self, peer: str, copies: list[Copy], grant: str = "",
-                   granted: Sequence[tuple[int, int]] = ()) -> list[object]:
+                   granted: Sequence[tuple[int, int]] = (), *, wake: threading.Event | None = None,
+                   digest: bool = False) -> list[object]:
         """``grant`` and ``granted`` are unused: a NIXL reader can only address memory the hub gave it
-        metadata for."""
+        metadata for. ``wake`` and ``digest`` too: NIXL lands reads on its own (the fetch loop polls)."""
         groups: dict[tuple[str, str], list[Copy]] = defaultdict(list)
         for c in copies:
             groups[(c.local_mem, c.remote_mem)].append(c)
@@ -292,6 +296,9 @@ class NixlTransport:
         if "ERR" in states:
             return "ERR"
         return "DONE" if all(s == "DONE" for s in states) else "PROC"
+
+    def landed_digest(self, handle: list[object]) -> None:
+        return None
 
     def release(self, handle: list[object]) -> None:
         with self._lock:

@@ -29,7 +29,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import grants
+from tensorhub_verl.ros import grants, integrity
 from tensorhub_verl.ros import tcp_wire as wire
 from tensorhub_verl.ros.tcp_server import ReadServer
 from tensorhub_verl.ros.transport import Copy, ReadError, Region
@@ -46,9 +46,12 @@ _DOWN_S = 1.0
 class _Read:
     """One chunk's read on one stream: posted, then done or failed; ``cancel`` hangs its stream up."""
 
-    def __init__(self, request: bytes, copies: list[Copy]):
+    def __init__(self, request: bytes, copies: list[Copy], wake: threading.Event | None, digest: bool):
         self.request = request
         self.copies = copies
+        self.wake = wake
+        self.wants_digest = digest
+        self.digest: str | None = None
         self.state = "PROC"
         self.reason = ""
         self.cancelled = False
@@ -56,10 +59,12 @@ class _Read:
         self.sock: socket.socket | None = None
         self.attempts = 0
 
-    def finish(self, state: str, reason: str = "") -> None:
+    def finish(self, state: str, reason: str = "", digest: str | None = None) -> None:
         with self.lock:
             if self.state == "PROC":
-                self.state, self.reason = state, reason
+                self.state, self.reason, self.digest = state, reason, digest
+        if self.wake is not None:
+            self.wake.set()
 
     def cancel(self) -> None:
         """Stops the read: its stream is shut down, so no more bytes land in the reader's buffer after the
@@ -96,7 +101,7 @@ class _Peer:
             raise
         self._down = None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self._io_timeout_s)
+        wire.block_with_timeout(sock, self._io_timeout_s)
         return sock
 
     def _stream(self) -> None:
@@ -154,11 +159,12 @@ class _Peer:
                 why = wire.recv_exact(sock, min(length, wire.MAX_REASON)).decode(errors="replace")
                 read.finish("ERR", f"peer {self.agent} refused the read: {why}")
                 return self._broken(sent, "the holder refused an earlier read on this connection", sock, sent)
+            hasher = integrity.new_hasher() if read.wants_digest else None  # afresh on each attempt
             for c in read.copies:
-                wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length))
+                wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length), hasher)
         except OSError as e:
             return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
-        read.finish("DONE")
+        read.finish("DONE", digest=hasher.hexdigest() if hasher is not None else None)
         return sock
 
     def _broken(self, reads, why: str, sock: socket.socket | None = None, sent: deque[_Read] | None = None) -> None:
@@ -197,6 +203,9 @@ class _Registration:
 class TcpTransport:
     """The Transport protocol over TCP (see the module docstring). ``host`` is the address peers reach this
     process on (the server listens there only)."""
+
+    lands_on_own_threads = True
+    """Reads land on the streams' threads: they wake the fetch loop and hash the bytes as they land."""
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0):
@@ -252,7 +261,8 @@ class TcpTransport:
             known[1].close()
 
     def start_read(self, peer: str, copies: list[Copy], grant: str = "",
-                   granted: Sequence[tuple[int, int]] = ()) -> _Read:
+                   granted: Sequence[tuple[int, int]] = (), *, wake: threading.Event | None = None,
+                   digest: bool = False) -> _Read:
         with self._lock:
             known = self._peers.get(peer)
         if known is None:
@@ -270,7 +280,7 @@ class TcpTransport:
         parts = wanted if signed != wanted else []  # none: all of the granted ranges
         request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
             b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
-        read = _Read(request, copies)
+        read = _Read(request, copies, wake, digest)
         known[1].reads.put(read)
         return read
 
@@ -280,6 +290,9 @@ class TcpTransport:
     def failure(self, handle: _Read) -> str:
         """Why a read whose state is 'ERR' failed."""
         return handle.reason
+
+    def landed_digest(self, handle: _Read) -> str | None:
+        return handle.digest
 
     def release(self, handle: _Read) -> None:
         handle.cancel()

@@ -6,6 +6,7 @@ Kept narrow so the fetch loop can be tested against any implementation of the sa
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
@@ -44,6 +45,10 @@ class Copy:
 @runtime_checkable
 class Transport(Protocol):
     agent_name: str
+    lands_on_own_threads: bool
+    """True when reads land on the transport's own threads (TCP), which then set a read's ``wake`` event when it
+    finishes and hash its bytes as they land, when asked (``landed_digest``). False (NIXL): the fetch loop
+    polls every ``poll_interval_s`` and hashes a landed chunk itself."""
 
     def register(self, tensors: Iterable[torch.Tensor]) -> bool:
         """Makes the tensors' memory readable by peers. Returns True when new memory was registered
@@ -56,14 +61,20 @@ class Transport(Protocol):
         """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
     def start_read(self, peer: str, copies: list[Copy], grant: str = "",
-                   granted: Sequence[tuple[int, int]] = ()) -> object:
+                   granted: Sequence[tuple[int, int]] = (), *, wake: threading.Event | None = None,
+                   digest: bool = False) -> object:
         """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError.
         ``grant`` is the hub's proof of the lease (grants.py), for a data plane whose holder checks reads;
         ``granted``: the exact remote (address, length) ranges it signs, when the copies read only parts of
-        them (a ranged read); empty: the copies' ranges are the granted ones."""
+        them (a ranged read); empty: the copies' ranges are the granted ones. ``wake`` and ``digest``: see
+        ``lands_on_own_threads`` (ignored where it is False)."""
 
     def poll(self, handle: object) -> str:
         """'DONE', 'PROC' (in progress) or 'ERR'."""
+
+    def landed_digest(self, handle: object) -> str | None:
+        """The digest (integrity.py) of a 'DONE' read's bytes, in copy order, hashed as they landed, when the read
+        was started with ``digest=True`` and the transport lands on its own threads; otherwise None."""
 
     def release(self, handle: object) -> None:
         """Frees the handle; cancels the read if it is still in progress."""

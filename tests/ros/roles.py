@@ -116,6 +116,9 @@ class GatedTransport:
     "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted.
     """
 
+    lands_on_own_threads = False
+    """The fetch loop polls: the gate, not the inner transport, decides when a read finishes."""
+
     def __init__(self, name: str, hold_after: int | None = None, on_read=None, inner=None):
         self.inner = inner or NixlTransport(name)
         self.agent_name = self.inner.agent_name
@@ -137,17 +140,20 @@ class GatedTransport:
     def load_peer(self, agent_name, metadata):
         self.inner.load_peer(agent_name, metadata)
 
-    def start_read(self, peer, copies, grant="", granted=()):
+    def start_read(self, peer, copies, grant="", granted=(), **landing):
         self.reads += 1
         if self.on_read is not None:
             self.on_read(self.reads)
         if self.hold_after is not None and self.reads > self.hold_after:
             self.holding.set()
             self.start_gate.wait(120)
-        return self.inner.start_read(peer, copies, grant, granted)
+        return self.inner.start_read(peer, copies, grant, granted)  # no wake: the gate decides when reads finish
 
     def poll(self, handle):
         return self.inner.poll(handle) if self.finish_gate.is_set() else "PROC"
+
+    def landed_digest(self, handle):
+        return None  # the fetch loop hashes what landed
 
     def release(self, handle):
         self.inner.release(handle)

@@ -80,7 +80,7 @@ class _NeverFrom(GatedTransport):
         self.prefix = prefix
         self.stuck: list[object] = []
 
-    def start_read(self, peer, copies, grant="", granted=()):
+    def start_read(self, peer, copies, grant="", granted=(), **landing):
         handle = super().start_read(peer, copies, grant, granted)
         if peer.startswith(self.prefix):
             self.stuck.append(handle)

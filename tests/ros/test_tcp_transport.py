@@ -175,11 +175,11 @@ def test_a_holder_killed_mid_fetch_costs_a_re_plan(hub, roles):
     killed = []
 
     class KillingTransport(TcpTransport):
-        def start_read(self, peer, copies, grant="", granted=()):
+        def start_read(self, peer, copies, grant="", granted=(), **landing):
             if not killed:
                 os.kill(doomed["pid"], signal.SIGKILL)
                 killed.append(peer)
-            return super().start_read(peer, copies, grant, granted)
+            return super().start_read(peer, copies, grant, granted, **landing)
 
     transport = KillingTransport("killing-reader", "127.0.0.1")
     client = Client(hub.url, "reader", transport=transport,
