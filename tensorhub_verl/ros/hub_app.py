@@ -218,10 +218,12 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
 
-    # The fetch path (manifest, begin, exchange, end) is most of a hub's requests. Its routes are async: each is
-    # a short computation under the state's lock, cheaper than the hop to a pool thread and back that a sync
-    # route costs (measured: that hop and FastAPI's work around it were 95% of the hub's CPU per exchange).
-    # Only an exchange that asks to wait for work parks in the pool.
+    # The fetch path (manifest, begin, exchange) is most of a hub's requests. Its routes are async: each is a
+    # short computation under the state's lock, cheaper than the hop to a pool thread and back that a sync route
+    # costs (measured: that hop and FastAPI's work around it were 95% of the hub's CPU per exchange). What may
+    # wait stays in the pool: an exchange that asks to wait for work, and /v1/fetch/end, which drains the reads
+    # peers still make of a holding it gives up (on the event loop, that wait would stop every other request,
+    # the very reports it waits for included).
     @app.post("/v1/fetch/begin")
     async def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.BeginFetchReply:
         with state.acting_as(req.worker, credential):
@@ -244,7 +246,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return exchange_now(req, credential)
 
     @app.post("/v1/fetch/end")
-    async def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:
+    def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:
         with state.acting_as(req.worker, credential):
             return state.end_fetch(req)
 

@@ -334,3 +334,21 @@ def test_a_reader_gets_a_holders_addresses_only_for_its_leases_and_metadata_once
     (again,) = second.sources
     assert again.agent_metadata_b64 == ""  # known generation: no metadata resent
     assert set(again.regions) == {second.assignments[0].chunk}
+
+
+def test_an_exchange_repeated_after_its_reply_was_lost_books_its_reads_once():
+    # The client repeats a request whose reply timed out. The first try already booked the landed reads: the
+    # repeat must not call them revoked, or the reader re-reads chunks the hub will never plan again (it counts
+    # them held) and the fetch starves until its deadline.
+    state, _ = make_state()
+    m = manifest(chunks=4)
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    begin(state, "reader", m)
+    leases = [a.lease for a in exchange(state, "reader", m, want=4).assignments]
+    exchange(state, "reader", m, completed=leases, want=0)  # its reply is lost
+    repeated = exchange(state, "reader", m, completed=leases, want=0)
+    assert repeated.revoked == [] and repeated.have == 4 == repeated.total
+    # A lease that was never issued is still revoked: the reader must read that chunk again.
+    assert exchange(state, "reader", m, completed=[10_000], want=0).revoked == [10_000]

@@ -1,0 +1,65 @@
+"""The hub's HTTP routes over a real server: a route that waits never stops the others."""
+
+import threading
+import time
+
+import tensorhub_verl as th
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub_client import HubClient
+from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.wire_convert import manifest_to_msg
+
+CHUNK = 4096
+M = Manifest("policy", 1, "hf", (TensorSpec("w", (4 * CHUNK,), "uint8", 4 * CHUNK),), CHUNK, "f1")
+
+
+def _worker(url: str, name: str) -> HubClient:
+    hub = HubClient(url, request_timeout_s=30)
+    hub.post(msg.REGISTER_PATH, msg.RegisterWorker(worker=name, location=msg.LocationMsg(), agent_name=f"{name}-agent",
+                                                   agent_metadata_b64="bWV0YQ=="), msg.WorkerAck)
+    return hub
+
+
+def _begin(hub: HubClient, name: str) -> None:
+    hub.post("/v1/fetch/begin", msg.BeginFetch(worker=name, holder=name, model="policy", version=1, layout="hf",
+                                               digest=M.digest, regions=[msg.RegionMsg(addr=2000)]),
+             msg.BeginFetchReply)
+
+
+def _exchange(hub: HubClient, name: str, completed=(), want=0) -> msg.ExchangeReply:
+    return hub.post("/v1/fetch/exchange", msg.Exchange(worker=name, holder=name, model="policy", version=1, layout="hf",
+                                                       completed=list(completed), want=want), msg.ExchangeReply)
+
+
+def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for():
+    server = th.start_hub()
+    try:
+        trainer, early, late = (_worker(server.url, n) for n in ("trainer", "early", "late"))
+        trainer.post("/v1/publish", msg.Publish(worker="trainer", holder="trainer", manifest=manifest_to_msg(M),
+                                                regions=[msg.RegionMsg(addr=1000)]), msg.OkReply)
+        _begin(early, "early")
+        first = _exchange(early, "early", want=1).assignments
+        _exchange(early, "early", completed=[a.lease for a in first])
+        _begin(late, "late")
+        from_early = [a for a in _exchange(late, "late", want=4).assignments if a.source == "early"]
+        assert from_early, "the late reader should read the chunk the early one holds (pipelined replication)"
+
+        # "early" gives its holding up while "late" still reads from it: the end waits for that read to be reported.
+        ended: dict = {}
+
+        def end() -> None:
+            started = time.monotonic()
+            ended["ack"] = early.post("/v1/fetch/end", msg.EndFetch(
+                worker="early", holder="early", model="policy", version=1, layout="hf", ok=False, hold=False,
+                wait_s=20.0), msg.EndFetchAck)
+            ended["s"] = time.monotonic() - started
+
+        ender = threading.Thread(target=end)
+        ender.start()
+        time.sleep(0.3)  # the end is parked in its drain
+        _exchange(late, "late", completed=[a.lease for a in from_early])  # answered while the end waits
+        ender.join(30)
+        assert ended["ack"].drained and ended["ack"].inflight == 0
+        assert ended["s"] < 10, f"the drain took {ended['s']:.1f} s: the report it waited for was held up"
+    finally:
+        server.stop()
