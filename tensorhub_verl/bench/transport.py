@@ -34,12 +34,12 @@ _TIMEOUT_S = 600.0
 
 
 def _holder(results, control, hub_url: str, size_mb: float, first_mb: float, chunk_mb: float, transport: str,
-            env: dict, progress: str) -> None:
+            env: dict, progress: str, digests: bool) -> None:
     os.environ.update(env)
     import tensorhub_verl as th
 
     client = th.connect(hub_url, "bench-holder", chunk_bytes=int(chunk_mb * (1 << 20)), progress=progress,
-                        transport=transport)
+                        transport=transport, chunk_digests=digests)
     client.publish("bench", 1, random_weights(size_mb))
     if first_mb:
         client.publish("first", 1, random_weights(first_mb, seed=1))
@@ -120,7 +120,7 @@ def _stop(roles: list[Role]) -> None:
 
 
 def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: int, chunk_mb: float, window: int,
-            progress: str) -> dict:
+            progress: str, digests: bool = True) -> dict:
     """Rounds alternate, TensorHub then raw sockets, so both see the same load on a shared machine; the ratio
     is the median of the rounds' ratios."""
     import tensorhub_verl as th
@@ -129,7 +129,7 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
     hub = th.start_hub()
     roles: list[Role] = []
     try:
-        holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress)
+        holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress, digests)
         holder.result(120)
         roles = [Role(_reader, hub.url, i, window, transport, env, progress, repeats if i == 0 and first_mb else 0)
                  for i in range(readers)]
@@ -155,12 +155,12 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
 
 
 def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, repeats: int, chunk_mb: float,
-        window: int, progress: str = "events") -> dict:
-    rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress)
+        window: int, progress: str = "events", digests: bool = True) -> dict:
+    rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress, digests)
             for wire in wires for n in readers]
     head = rows[0]
     return {"bench": "transport", "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
-            "window": window, "progress": progress, "tensorhub_gbps": head["tensorhub_gbps"],
+            "window": window, "progress": progress, "chunk_digests": digests, "tensorhub_gbps": head["tensorhub_gbps"],
             "raw_socket_gbps": head["raw_socket_gbps"], "ratio": head["ratio"], "rows": rows,
             "unit": "GB/s (1e9 bytes/s) delivered to all readers, median of rounds (rounds alternate with raw sockets); "
                     "ratio: median of the rounds' ratios; CPU s/GB: holder+readers+hub (server+clients)"}
@@ -179,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="events",
                         help="who drives UCX in the holder (see NixlTransport)")
+    parser.add_argument("--chunk-digests", choices=("on", "off"), default="on",
+                        help="off: publish without chunk digests, so readers check nothing (shows what the check costs)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     wires = args.wire.split(",")
     if unknown := [w for w in wires if w not in WIRES]:
         parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
     result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
-                 args.chunk_mb, args.window, args.progress)
+                 args.chunk_mb, args.window, args.progress, args.chunk_digests == "on")
     if not args.json:
         print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "
               f"{'raw CPU s/GB':>12} {'peer %':>6}  first read")

@@ -28,8 +28,8 @@ def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]
     }
 
 
-def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1, token=None):
-    client = th.connect(hub_url, worker, token=token, chunk_bytes=chunk_bytes, hub_retry_s=60.0)
+def holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1, token=None, transport="auto"):
+    client = th.connect(hub_url, worker, token=token, chunk_bytes=chunk_bytes, hub_retry_s=60.0, transport=transport)
     weights = make_weights(seed, size_mb)
     client.publish("policy", version, weights)
     results.put(("ok", {"pid": os.getpid(), "digest": digest(weights)}))
@@ -67,9 +67,9 @@ def shard_holder(results, control, hub_url, worker, rank, ranks, seed, size_mb, 
     _serve(results, control, client, version)
 
 
-def tampering_holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1):
+def tampering_holder(results, control, hub_url, worker, seed, size_mb, chunk_bytes, version=1, transport="auto"):
     """Publishes the same bytes as ``holder`` with the same seed, then breaks its promise: changes them."""
-    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0)
+    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0, transport=transport)
     weights = make_weights(seed, size_mb)
     client.publish("policy", version, weights)
     for t in weights.values():

@@ -42,10 +42,11 @@ def test_a_second_publish_whose_bytes_differ_anywhere_is_refused(hub):
         assert trainer.versions("policy") == {1: ["trainer"]}
 
 
-def test_a_holder_that_changed_its_bytes_is_caught_read_around_and_quarantined(hub, roles):
-    good = roles(holder, hub.url, "good", 9, 2.0, CHUNK).result(120)
-    roles(tampering_holder, hub.url, "tamperer", 9, 2.0, CHUNK).result(120)
-    with Client(hub.url, "reader", config=ClientConfig(window=8)) as reader:
+@pytest.mark.parametrize("plane", ["auto", "tcp"])  # auto: NIXL here; tcp: the chunk is hashed as it lands
+def test_a_holder_that_changed_its_bytes_is_caught_read_around_and_quarantined(hub, roles, plane):
+    good = roles(holder, hub.url, "good", 9, 2.0, CHUNK, 1, None, plane).result(120)
+    roles(tampering_holder, hub.url, "tamperer", 9, 2.0, CHUNK, 1, plane).result(120)
+    with Client(hub.url, "reader", config=ClientConfig(window=8, transport=plane)) as reader:
         assert sorted(reader.versions("policy")[1]) == ["good", "tamperer"]
         stats = reader.fetch("policy", 1, hold=False)
         assert digest(stats.buffers) == good["digest"]  # never a mix of both holders' bytes

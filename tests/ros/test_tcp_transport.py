@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+import xxhash
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
@@ -88,6 +89,31 @@ def test_a_granted_read_gets_exactly_the_granted_bytes(bare):
     grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
     assert _read(reader, "bare-holder", into, *ranges[0], grant) == "DONE"
     assert torch.equal(into, torch.arange(8192, 8192 + 4096, dtype=torch.int64).to(torch.uint8))
+
+
+def test_a_read_asked_for_its_digest_hashes_the_bytes_as_they_land_and_wakes_its_waiter(bare):
+    info, reader = bare
+    into = torch.zeros(NBYTES // 2, dtype=torch.uint8)
+    ranges = [(info["addr"] + 4096, NBYTES // 2)]
+    grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
+    wake = threading.Event()
+    remote, nbytes = ranges[0]
+    handle = reader.start_read("bare-holder", [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant,
+                               wake=wake, digest=True)
+    assert wake.wait(30), "a finished read must set the event the fetch loop sleeps on"
+    assert reader.poll(handle) == "DONE"
+    assert reader.landed_digest(handle) == xxhash.xxh3_64(into.numpy()).hexdigest()
+    reader.release(handle)
+
+
+def test_a_fetch_over_tcp_is_driven_by_its_reads_not_by_polling(hub, roles):
+    """The fetch loop sleeps until a read lands or an exchange returns: with a poll interval longer than the
+    fetch's timeout, it can only finish if its reads wake it."""
+    published = roles(tcp_holder, hub.url, "trainer", 3, 4.0).result(120)
+    config = ClientConfig(window=4, transport="tcp", poll_interval_s=60.0, fetch_timeout_s=30.0)
+    with Client(hub.url, "woken-reader", config=config) as reader:
+        stats = reader.fetch("policy", 1)
+        assert digest(stats.buffers) == published["digest"] and stats.failed_reads == 0
 
 
 def test_a_read_of_part_of_a_granted_range_gets_only_that_part_and_nothing_outside_it(bare):
