@@ -166,7 +166,10 @@ class HubState:
         self._shard_groups: dict[GroupKey, dict[Member, int | None]] = {}
         """group -> its members and their row shard rank (None: a shard in its own layout, e.g. a TP rank)."""
         self._shard_counts: dict[GroupKey, int] = {}
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(secrets.randbits(40) << 12 | 1)
+        """Lease ids and holding generations, from a random start: a restarted hub must not issue the id of a lease
+        the old instance gave, which a reader may still report (it would book that read for another chunk), nor a
+        generation a reader has cached (it would keep a holder's stale metadata). Below 2**52."""
         # Counters read by /metrics.
         self.leases_revoked = 0
         self.read_failures: dict[str, int] = defaultdict(int)

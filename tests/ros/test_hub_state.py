@@ -352,3 +352,18 @@ def test_an_exchange_repeated_after_its_reply_was_lost_books_its_reads_once():
     assert repeated.revoked == [] and repeated.have == 4 == repeated.total
     # A lease that was never issued is still revoked: the reader must read that chunk again.
     assert exchange(state, "reader", m, completed=[10_000], want=0).revoked == [10_000]
+
+
+def test_a_restarted_hub_never_reissues_the_lease_ids_of_the_instance_before_it():
+    # A reader still reports reads leased by the old instance; the same id from the new one would book the read
+    # for another chunk.
+    issued = []
+    for _instance in range(2):
+        state, _ = make_state()
+        m = manifest(chunks=4)
+        register(state, "trainer")
+        register(state, "reader")
+        publish(state, "trainer", m)
+        begin(state, "reader", m)
+        issued.append({a.lease for a in exchange(state, "reader", m, want=4).assignments})
+    assert len(issued[0]) == len(issued[1]) == 4 and not issued[0] & issued[1]
