@@ -245,7 +245,7 @@ class ChunkFetcher:
     def _sleep(self, now: float, unreported_since: float) -> None:
         """Until something may have changed: a read finished or an exchange returned (the transport and the
         exchange wake this loop), or a landed chunk's report is due. A transport that does not wake it is polled
-        every ``poll_interval_s``: a busy loop that cost a 256 MiB TCP fetch about 10% of its CPU."""
+        every ``poll_interval_s`` (over TCP, 0.5 ms polls cost the reader about 0.03 CPU s/GB of its 0.3)."""
         if not self._transport.lands_on_own_threads:
             time.sleep(self._settings.poll_interval_s)
             return

@@ -109,6 +109,9 @@ class Holding:
     """A ranged reader's chunks (None: all of them)."""
     unserved: frozenset[int] = frozenset()
     """Chunks a ranged reader reads only in part: never planned from it."""
+    settled: set[int] = field(default_factory=set)
+    """A filling reader's leases it reported finished: an exchange the client repeated (its reply was lost) finds
+    them booked, instead of calling them revoked for chunks the hub already counts."""
 
     def complete(self, total: int) -> bool:
         """A filling reader has every chunk it reads."""
@@ -149,9 +152,6 @@ class HubState:
         self._versions: dict[Key, VersionRecord] = {}
         self._leases: dict[int, Lease] = {}
         self._revoked: dict[str, set[int]] = defaultdict(set)
-        self._settled: dict[str, set[int]] = defaultdict(set)
-        """holder -> the leases of its fetch in progress that it reported finished: an exchange the client repeated
-        (its reply was lost) finds them booked, instead of calling them revoked for chunks it already counts."""
         self._suspect_until: dict[str, float] = {}
         self._model_keys: dict[str, set[Key]] = {}
         """model -> keys of its version records: per-model queries never scan every version."""
@@ -452,7 +452,6 @@ class HubState:
             record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, "filling",
                                                   next(self._ids), need=need, unserved=frozenset(req.unserved))
             self._revoked.pop(req.holder, None)
-            self._settled.pop(req.holder, None)
             return record.manifest
 
     def exchange(self, req: msg.Exchange) -> msg.ExchangeReply:
@@ -514,17 +513,16 @@ class HubState:
         """Books the reader's finished and failed reads; returns the leases it must redo."""
         revoked = set()
         past = self._revoked.get(req.holder, set())
-        settled = self._settled[req.holder]
         for lease_id in req.completed:
             lease = self._leases.get(lease_id)
-            if lease is None and lease_id in settled:
+            if lease is None and lease_id in holding.settled:
                 continue  # booked by the first try of a repeated exchange
             if lease is None or lease.reader != req.holder:
                 revoked.add(lease_id)  # revoked, or issued by a hub that has since restarted: read again
                 past.discard(lease_id)
                 continue
             del self._leases[lease_id]
-            settled.add(lease_id)
+            holding.settled.add(lease_id)
             holding.chunks.add(lease.chunk)
             source = record.holdings.get(lease.source)
             if source is not None:
@@ -623,7 +621,7 @@ class HubState:
             for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
                 del self._leases[lease_id]
             self._revoked.pop(req.holder, None)
-            self._settled.pop(req.holder, None)
+            holding.settled = set()
             if req.ok:
                 self.fetch_seconds.append((req.model, req.seconds))
                 del self.fetch_seconds[:-10_000]
@@ -677,7 +675,6 @@ class HubState:
             self._forget_if_empty(key)
         for holder in dropped:
             self._revoked.pop(holder, None)
-            self._settled.pop(holder, None)
         for lease_id, lease in list(self._leases.items()):
             if lease.reader in dropped:
                 del self._leases[lease_id]

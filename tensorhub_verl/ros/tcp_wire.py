@@ -55,8 +55,7 @@ def recv_exact(sock: socket.socket, nbytes: int) -> bytes:
 
 def recv_into_exact(sock: socket.socket, view: memoryview, hasher=None) -> None:
     """Fills ``view`` from ``sock`` (whose timeout bounds each wait). ConnectionError when the peer hangs up.
-    ``hasher``: updated with each piece just after it lands, while the piece is still in the CPU's cache (about
-    a third of the cost of hashing the chunk afterwards, from memory)."""
+    ``hasher``: updated with each piece just after it lands, while the piece is still in the CPU's cache."""
     received, total = 0, len(view)
     while received < total:
         try:

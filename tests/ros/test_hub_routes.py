@@ -31,6 +31,16 @@ def _exchange(hub: HubClient, name: str, completed=(), want=0) -> msg.ExchangeRe
                                                        completed=list(completed), want=want), msg.ExchangeReply)
 
 
+def _wait_until_draining(hub: HubClient, holder: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        holders = hub.get("/v1/status", msg.StatusReply).models["policy"][0].holders
+        if any(h.holder == holder and h.state == "draining" for h in holders):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{holder} did not start draining within {timeout} s")
+
+
 def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for():
     server = th.start_hub()
     try:
@@ -56,7 +66,7 @@ def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for
 
         ender = threading.Thread(target=end)
         ender.start()
-        time.sleep(0.3)  # the end is parked in its drain
+        _wait_until_draining(late, "early")  # the end is parked in its drain
         _exchange(late, "late", completed=[a.lease for a in from_early])  # answered while the end waits
         ender.join(30)
         assert ended["ack"].drained and ended["ack"].inflight == 0

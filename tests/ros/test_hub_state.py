@@ -52,6 +52,17 @@ def exchange(state, worker, m, completed=(), failed=(), want=8):
                                        layout=m.layout, completed=list(completed), failed=list(failed), want=want))
 
 
+def reader_fetching(chunks=4, **config):
+    """A hub where "trainer" published ``chunks`` chunks and "reader" has begun fetching them."""
+    state, clock = make_state(**config)
+    m = manifest(chunks=chunks)
+    register(state, "trainer")
+    register(state, "reader")
+    publish(state, "trainer", m)
+    begin(state, "reader", m)
+    return state, clock, m
+
+
 def test_a_late_reader_reads_chunks_from_a_reader_still_filling():
     state, _ = make_state()
     m = manifest(chunks=8)
@@ -71,12 +82,7 @@ def test_a_late_reader_reads_chunks_from_a_reader_still_filling():
 
 
 def test_unpublish_waits_for_leases_and_a_late_lease_is_revoked():
-    state, clock = make_state(lease_ttl_s=5.0)
-    m = manifest()
-    register(state, "trainer")
-    register(state, "reader")
-    publish(state, "trainer", m)
-    begin(state, "reader", m)
+    state, clock, m = reader_fetching(lease_ttl_s=5.0)
     reply = exchange(state, "reader", m, want=2)
     ack = state.unpublish(msg.Unpublish(worker="trainer", holder="trainer", model="policy", version=1,
                                         layout="hf", wait_s=0.0))
@@ -92,12 +98,7 @@ def test_unpublish_waits_for_leases_and_a_late_lease_is_revoked():
 
 
 def test_finished_reads_release_the_holder():
-    state, _ = make_state()
-    m = manifest(chunks=2)
-    register(state, "trainer")
-    register(state, "reader")
-    publish(state, "trainer", m)
-    begin(state, "reader", m)
+    state, _, m = reader_fetching(chunks=2)
     reply = exchange(state, "reader", m)
     exchange(state, "reader", m, completed=[a.lease for a in reply.assignments], want=0)
     ack = state.unpublish(msg.Unpublish(worker="trainer", holder="trainer", model="policy", version=1,
@@ -120,12 +121,7 @@ def test_a_failed_read_re_plans_on_another_holder():
 
 
 def test_a_fetch_with_no_holder_left_is_unservable():
-    state, clock = make_state(worker_timeout_s=3.0)
-    m = manifest(chunks=2)
-    register(state, "trainer")
-    register(state, "reader")
-    publish(state, "trainer", m)
-    begin(state, "reader", m)
+    state, clock, m = reader_fetching(chunks=2, worker_timeout_s=3.0)
     clock.now += 4.0
     state.heartbeat("reader")
     state.sweep()  # the trainer went silent
@@ -340,12 +336,7 @@ def test_an_exchange_repeated_after_its_reply_was_lost_books_its_reads_once():
     # The client repeats a request whose reply timed out. The first try already booked the landed reads: the
     # repeat must not call them revoked, or the reader re-reads chunks the hub will never plan again (it counts
     # them held) and the fetch starves until its deadline.
-    state, _ = make_state()
-    m = manifest(chunks=4)
-    register(state, "trainer")
-    register(state, "reader")
-    publish(state, "trainer", m)
-    begin(state, "reader", m)
+    state, _, m = reader_fetching(chunks=4)
     leases = [a.lease for a in exchange(state, "reader", m, want=4).assignments]
     exchange(state, "reader", m, completed=leases, want=0)  # its reply is lost
     repeated = exchange(state, "reader", m, completed=leases, want=0)
@@ -359,11 +350,6 @@ def test_a_restarted_hub_never_reissues_the_lease_ids_of_the_instance_before_it(
     # for another chunk.
     issued = []
     for _instance in range(2):
-        state, _ = make_state()
-        m = manifest(chunks=4)
-        register(state, "trainer")
-        register(state, "reader")
-        publish(state, "trainer", m)
-        begin(state, "reader", m)
+        state, _, m = reader_fetching(chunks=4)
         issued.append({a.lease for a in exchange(state, "reader", m, want=4).assignments})
     assert len(issued[0]) == len(issued[1]) == 4 and not issued[0] & issued[1]
