@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 
 import ray
 
@@ -141,14 +142,24 @@ def find_hub(name: str = "tensorhub_hub", namespace: str = "tensorhub", timeout:
 
 
 def stop_hub(name: str = "tensorhub_hub", namespace: str = "tensorhub", timeout: float = 30.0) -> bool:
-    """Stops and removes the hub actor; False if there was none."""
+    """Stops and removes the hub actor; False if there was none. Returns once Ray no longer finds it by name
+    (``ray.kill`` frees the name asynchronously: a caller that starts a new hub, or a node that attaches, right
+    after would otherwise find the dead one)."""
     try:
         actor = ray.get_actor(name, namespace=namespace)
     except ValueError:
         return False
+    deadline = time.monotonic() + timeout
     try:
         ray.get(actor.stop.remote(), timeout=timeout)
     except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
         logger.warning("hub actor %s/%s did not stop cleanly: %s", namespace, name, e)
     ray.kill(actor, no_restart=True)
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return True
+        time.sleep(0.05)
+    logger.warning("hub actor %s/%s was killed but Ray still lists its name after %.0f s", namespace, name, timeout)
     return True
