@@ -49,11 +49,12 @@ def _holder(results, control, hub_url: str, size_mb: float, first_mb: float, chu
 
 
 def _reader(results, control, hub_url: str, index: int, window: int, transport: str, env: dict, progress: str,
-            first_repeats: int) -> None:
+            first_repeats: int, preconnect: int) -> None:
     os.environ.update(env)
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport)
+    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport,
+                        preconnect_peers=preconnect)
     first = _first_read(client, first_repeats) if first_repeats else None
     buffers = _touched(client.manifest("bench", 1).allocate())
     client.fetch("bench", 1, into=buffers, hold=False)  # warm-up: connections, registration
@@ -120,7 +121,7 @@ def _stop(roles: list[Role]) -> None:
 
 
 def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: int, chunk_mb: float, window: int,
-            progress: str, digests: bool = True) -> dict:
+            progress: str, digests: bool = True, preconnect: int = 4) -> dict:
     """Rounds alternate, TensorHub then raw sockets, so both see the same load on a shared machine; the ratio
     is the median of the rounds' ratios."""
     import tensorhub_verl as th
@@ -131,8 +132,8 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
     try:
         holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress, digests)
         holder.result(120)
-        roles = [Role(_reader, hub.url, i, window, transport, env, progress, repeats if i == 0 and first_mb else 0)
-                 for i in range(readers)]
+        roles = [Role(_reader, hub.url, i, window, transport, env, progress, repeats if i == 0 and first_mb else 0,
+                      preconnect) for i in range(readers)]
         first = [r.result(_TIMEOUT_S) for r in roles][0]
         ours = _Side(roles, [holder], with_this_process=True)
         ours.round()  # the size of a version, for the raw side
@@ -155,12 +156,13 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
 
 
 def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, repeats: int, chunk_mb: float,
-        window: int, progress: str = "events", digests: bool = True) -> dict:
-    rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress, digests)
-            for wire in wires for n in readers]
+        window: int, progress: str = "events", digests: bool = True, preconnect: int = 4) -> dict:
+    rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress, digests,
+                    preconnect) for wire in wires for n in readers]
     head = rows[0]
     return {"bench": "transport", "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
-            "window": window, "progress": progress, "chunk_digests": digests, "tensorhub_gbps": head["tensorhub_gbps"],
+            "window": window, "progress": progress, "chunk_digests": digests,
+            "preconnect": preconnect, "tensorhub_gbps": head["tensorhub_gbps"],
             "raw_socket_gbps": head["raw_socket_gbps"], "ratio": head["ratio"], "rows": rows,
             "unit": "GB/s (1e9 bytes/s) delivered to all readers, median of rounds (rounds alternate with raw sockets); "
                     "ratio: median of the rounds' ratios; CPU s/GB: holder+readers+hub (server+clients)"}
@@ -181,13 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="who drives UCX in the holder (see NixlTransport)")
     parser.add_argument("--chunk-digests", choices=("on", "off"), default="on",
                         help="off: publish without chunk digests, so readers check nothing (shows what the check costs)")
+    parser.add_argument("--preconnect", type=int, default=4,
+                        help="peers a reader connects to at registration (ClientConfig.preconnect_peers; 0: at its "
+                             "first lease, which the first read then waits for)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     wires = args.wire.split(",")
     if unknown := [w for w in wires if w not in WIRES]:
         parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
     result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
-                 args.chunk_mb, args.window, args.progress, args.chunk_digests == "on")
+                 args.chunk_mb, args.window, args.progress, args.chunk_digests == "on", args.preconnect)
     if not args.json:
         print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "
               f"{'raw CPU s/GB':>12} {'peer %':>6}  first read")

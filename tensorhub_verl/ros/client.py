@@ -8,6 +8,7 @@ a hub restart, and drops holdings that fell out of the hub's retention window.
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import itertools
 import logging
@@ -34,7 +35,7 @@ from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.ros.transports import TRANSPORTS
-from tensorhub_verl.ros.transport import Region, Transport
+from tensorhub_verl.ros.transport import ReadError, Region, Transport
 from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
@@ -100,6 +101,9 @@ class ClientConfig:
     tcp_host: str | None = None
     """Address the TCP plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
     else this host's address on the route to the hub."""
+    preconnect_peers: int = 4
+    """At registration, connect to this many likely sources (the nearest holders of the newest versions), so a
+    joiner's first fetch reads over open connections. TCP plane only (its metadata is just an address); 0: off."""
     tcp_streams: int = 2
     """TCP connections a reader keeps to each peer it reads from. Each has the next read's request sent ahead
     of the reply it receives, so one stream keeps the wire busy; more spread a fast link's copies over cores
@@ -114,6 +118,8 @@ class ClientConfig:
             raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
         if self.transport not in TRANSPORTS:
             raise errors.ConfigError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if not 0 <= self.preconnect_peers <= 16:
+            raise errors.ConfigError(f"preconnect_peers must be in [0, 16], got {self.preconnect_peers}")
         if self.tcp_streams < 1:
             raise errors.ConfigError(f"tcp_streams must be >= 1, got {self.tcp_streams}")
         if self.progress not in PROGRESS_MODES:
@@ -480,10 +486,22 @@ class Client:
     def _register_worker(self) -> msg.WorkerAck:
         metadata = base64.b64encode(self._transport.metadata()).decode()
         grant_key = getattr(self._transport, "grant_key", None)  # only a plane whose server checks reads has one
-        return self._hub.post("/v1/workers/register", msg.RegisterWorker(
+        ack = self._hub.post("/v1/workers/register", msg.RegisterWorker(
             worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
             agent_name=self._transport.agent_name, agent_metadata_b64=metadata,
-            grant_key_b64=base64.b64encode(grant_key).decode() if grant_key else None), msg.WorkerAck)
+            grant_key_b64=base64.b64encode(grant_key).decode() if grant_key else None,
+            preconnect=self.config.preconnect_peers if grant_key else 0), msg.WorkerAck)
+        self._preconnect(ack.peers)
+        return ack
+
+    def _preconnect(self, peers: Sequence[msg.PeerMsg]) -> None:
+        """Hands the peers the hub named at registration to the data plane, which connects to them in the
+        background: a joiner's first fetch then finds its connections open (bench transport's first read)."""
+        for peer in peers:
+            try:
+                self._transport.load_peer(peer.agent_name, base64.b64decode(peer.agent_metadata_b64, validate=True))
+            except (ReadError, binascii.Error, ValueError) as e:
+                logger.info("%s: not connecting early to %s: %s", self.worker, peer.worker, e)
 
     def _first_registration(self) -> msg.WorkerAck:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat

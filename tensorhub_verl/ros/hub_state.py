@@ -205,7 +205,25 @@ class HubState:
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
             self._changed.notify_all()
-            return self._ack(req.worker).model_copy(update={"credential": secret})
+            peers = self._likely_sources(record, req.preconnect) if req.preconnect and record.grant_key else []
+            return self._ack(req.worker).model_copy(update={"credential": secret, "peers": peers})
+
+    def _likely_sources(self, joiner: WorkerRecord, count: int) -> list[msg.PeerMsg]:
+        """Up to ``count`` other workers holding the newest version of some model, nearest to ``joiner`` first
+        (ties in random order, so joiners spread over equally near holders): whom it most likely reads from
+        first. Only workers whose data plane checks a grant on every read: their metadata is just an address.
+        O(versions): it runs once per registration."""
+        newest: dict[tuple[str, str], int] = {}
+        for (model, version, layout), record in self._versions.items():
+            if version > newest.get((model, layout), -1) and self._visible(record):
+                newest[(model, layout)] = version
+        holders = {h.worker for (model, layout), version in newest.items()
+                   for h in self._versions[(model, version, layout)].holdings.values() if h.state == "active"}
+        candidates = [self._workers[w] for w in holders
+                      if w != joiner.worker and w in self._workers and self._workers[w].grant_key]
+        candidates.sort(key=lambda r: (joiner.location.distance(r.location), secrets.randbits(32)))
+        return [msg.PeerMsg(worker=r.worker, agent_name=r.agent_name, agent_metadata_b64=r.agent_metadata_b64)
+                for r in candidates[:count]]
 
     @contextlib.contextmanager
     def acting_as(self, worker: str, credential: str):

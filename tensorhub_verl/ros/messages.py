@@ -110,6 +110,9 @@ class RegisterWorker(Strict):
     grant_key_b64: Annotated[str, Field(min_length=44, max_length=44), AfterValidator(_is_base64)] | None = None
     """A data plane whose server checks each read (TCP) gives the hub this 32-byte key: every lease on this
     worker's memory then carries a grant signed with it (grants.py). Never sent to anyone else."""
+    preconnect: Annotated[int, Field(ge=0, le=16)] = 0
+    """How many likely sources the reply should name (``WorkerAck.peers``), so the worker connects to them
+    before its first fetch needs them. Named only between workers whose data planes check grants."""
 
 
 class WorkerAck(Reply):
@@ -121,6 +124,19 @@ class WorkerAck(Reply):
     credential: str = ""
     """Set in the reply to a registration only: the secret that proves this worker's identity from now on
     (send it as the ``X-TensorHub-Credential`` header). Re-registering a live id needs it."""
+    peers: list["PeerMsg"] = []
+    """Set in the reply to a registration only: up to ``RegisterWorker.preconnect`` workers that hold the newest
+    version of some model, nearest first: the sources a worker that just joined most likely reads from."""
+
+
+class PeerMsg(Reply):
+    """A worker whose data-plane server checks a hub-signed grant on every read (the TCP plane), so its
+    metadata is only an address: knowing it lets a peer connect early, not read. (NIXL metadata is a
+    capability, and goes only to a reader with a lease on that worker: ``SourceInfo``.)"""
+
+    worker: Name
+    agent_name: str
+    agent_metadata_b64: str
 
 
 class HoldingKey(Reply):

@@ -1,5 +1,7 @@
 """HubState without HTTP or processes: leases, pipelined replication, draining, retention, expiry."""
 
+import base64
+
 import pytest
 
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
@@ -353,3 +355,29 @@ def test_a_restarted_hub_never_reissues_the_lease_ids_of_the_instance_before_it(
         state, _, m = reader_fetching(chunks=4)
         issued.append({a.lease for a in exchange(state, "reader", m, want=4).assignments})
     assert len(issued[0]) == len(issued[1]) == 4 and not issued[0] & issued[1]
+
+
+def test_a_joiner_is_named_the_nearest_holders_of_the_newest_versions_whose_planes_check_grants():
+    """Registration's reply names likely sources so the joiner connects early, but only workers whose data
+    plane checks a grant on every read (for them the metadata is an address, not a capability), only holders
+    of a model's newest version, nearest first, at most as many as asked, never the joiner itself."""
+    state, _ = make_state()
+    key = base64.b64encode(bytes(32)).decode()
+
+    def join(worker, dc, node, preconnect=0, grant=True, credential=""):
+        return state.register_worker(msg.RegisterWorker(
+            worker=worker, location=msg.LocationMsg(dc=dc, node=node), agent_name=f"{worker}-agent",
+            agent_metadata_b64="bWV0YQ==", grant_key_b64=key if grant else None, preconnect=preconnect), credential)
+
+    credentials = {}
+    for worker, dc, node, grant, version in [("stale", "dc0", "n1", True, 1), ("far", "dc1", "n0", True, 2),
+                                             ("near", "dc0", "n1", True, 2), ("nixl", "dc0", "n1", False, 2)]:
+        credentials[worker] = join(worker, dc, node, grant=grant).credential
+        publish(state, worker, manifest(version=version))
+    assert [p.worker for p in join("joiner", "dc0", "n2", preconnect=4).peers] == ["near", "far"]
+    assert [(p.agent_name, p.agent_metadata_b64) for p in join("one", "dc0", "n2", preconnect=1).peers] == \
+        [("near-agent", "bWV0YQ==")]
+    assert join("unasked", "dc0", "n2").peers == []
+    assert join("unchecked", "dc0", "n2", preconnect=4, grant=False).peers == []
+    again = join("near", "dc0", "n1", preconnect=4, credential=credentials["near"])  # e.g. after a hub restart
+    assert [p.worker for p in again.peers] == ["far"]

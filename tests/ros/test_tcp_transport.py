@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 import xxhash
@@ -80,6 +81,29 @@ def test_a_fetch_over_tcp_moves_the_same_bytes_from_every_holder(hub, roles):
         with th.connect(hub.url, "reader-2", transport="tcp", window=4) as second:
             again = second.fetch("policy", 1)  # now from the trainer and reader-1
             assert digest(again.buffers) == published["digest"]
+
+
+def _connections_to(pid: int) -> int:
+    """This process's established TCP connections to ports that process ``pid`` listens on."""
+    listening = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return sum(1 for c in psutil.Process().net_connections("tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in listening)
+
+
+def test_a_joiner_connects_to_the_newest_versions_holder_at_registration_before_its_first_fetch(hub, roles):
+    """The hub names likely sources in the registration's reply (the TCP plane's metadata is only an address),
+    so a joiner's first fetch does not wait for its connections (bench transport's first read)."""
+    published = roles(tcp_holder, hub.url, "trainer", 3, 1.0).result(120)
+    with th.connect(hub.url, "late-joiner", transport="tcp", preconnect_peers=0) as cold:
+        time.sleep(0.3)
+        assert _connections_to(published["pid"]) == 0, "preconnect_peers=0 connects at the first lease only"
+    with th.connect(hub.url, "joiner", transport="tcp", tcp_streams=2) as joiner:
+        deadline = time.monotonic() + 10
+        while _connections_to(published["pid"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _connections_to(published["pid"]) == 2, "one connection per stream, opened before any fetch"
+        stats = joiner.fetch("policy", 1)
+        assert digest(stats.buffers) == published["digest"] and _connections_to(published["pid"]) == 2
 
 
 def test_a_granted_read_gets_exactly_the_granted_bytes(bare):
