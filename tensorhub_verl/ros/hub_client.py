@@ -9,15 +9,16 @@ see it. A call that raced a re-registration (sent with the credential it replace
 
 from __future__ import annotations
 
+import json
 import logging
 import random
-import socket
 import ssl
 import threading
 import time
 from typing import Callable, TypeVar
+from urllib.parse import urlencode
 
-import httpx
+import urllib3
 from pydantic import BaseModel, ValidationError
 
 from tensorhub_verl import errors
@@ -50,16 +51,18 @@ class HubClient:
         if ca_file is not None and not url.startswith("https://"):
             raise errors.ConfigError(f"a CA file was given but the hub URL {url!r} is not https://")
         try:
-            verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
+            tls = {"ssl_context": ssl.create_default_context(cafile=ca_file)} if ca_file else {}
         except (OSError, ssl.SSLError) as e:
             raise errors.ConfigError(f"cannot load CA file {ca_file}: {e}") from e
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self.request_timeout_s = request_timeout_s
-        # TCP_NODELAY: without it, a request's header and body writes meet delayed ACKs (~40 ms per call).
-        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], verify=verify,
-                                        limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=request_timeout_s, transport=transport)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # urllib3 rather than httpx: it costs about half the CPU per request (0.22 vs 0.4 ms measured here), and
+        # a fetch makes one request per exchange. Its connections set TCP_NODELAY (without it a request's header
+        # and body writes meet delayed ACKs, ~40 ms per call). One pooled connection per concurrent caller (the
+        # fetch loop, its exchanges, the heartbeat); retries are this class's own (below), not urllib3's.
+        self._http = urllib3.connection_from_url(self.url, maxsize=8, block=False, retries=False,
+                                                 timeout=request_timeout_s, **tls)
         self._retry_s = retry_s
         self._on_new_instance = on_new_instance
         self._instance: str | None = None
@@ -120,13 +123,15 @@ class HubClient:
         content = body.model_dump_json().encode() if body is not None else None
         while True:
             try:
-                headers = {"content-type": "application/json"} if content is not None else {}
+                headers = dict(self._headers)
+                if content is not None:
+                    headers["content-type"] = "application/json"
                 if self._credential:
                     headers[CREDENTIAL_HEADER] = self._credential
-                response = self._http.request(
-                    method, path, content=content, params=params, headers=headers,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
-            except (httpx.TransportError, httpx.TimeoutException) as e:
+                response = self._http.urlopen(
+                    method, f"{path}?{urlencode(params)}" if params else path, body=content, headers=headers,
+                    timeout=timeout if timeout is not None else self.request_timeout_s)
+            except urllib3.exceptions.HTTPError as e:
                 if _tls_refused(e):  # a certificate that fails verification will not pass on a retry
                     raise errors.HubUnavailable(f"hub {self.url}: TLS verification failed ({e}); pass the CA "
                                                 f"that signed the hub's certificate (tls_ca_file)") from e
@@ -136,14 +141,18 @@ class HubClient:
                 time.sleep(delay * (1 + random.random() * 0.25))
                 delay = min(delay * 2, 1.0)
                 continue
-            if response.status_code in (502, 503, 504) and time.monotonic() + delay <= deadline:
+            if response.status in (502, 503, 504) and time.monotonic() + delay <= deadline:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            if response.status_code >= 400:
+            if response.status >= 400:
                 self._check_instance(response.headers.get(INSTANCE_HEADER))
-                raise _error_of(response)
-            data = response.json()
+                raise _error_of(response.status, response.data)
+            try:
+                data = json.loads(response.data)
+            except ValueError as e:
+                raise errors.InvalidRequest(f"hub {self.url} answered {path} with a body that is not JSON "
+                                            f"(HTTP {response.status}): {response.data[:200]!r}") from e
             if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
                 # Kept before looking at the instance: when this reply is the first from a restarted hub, the
                 # re-registration that follows must present the credential that hub just issued (else the
@@ -201,14 +210,15 @@ def _tls_refused(error: Exception) -> bool:
     return "CERTIFICATE_VERIFY_FAILED" in str(error)
 
 
-def _error_of(response: httpx.Response) -> errors.TensorHubError:
+def _error_of(status: int, content: bytes) -> errors.TensorHubError:
+    """The typed error for an HTTP error reply of ``status`` whose body is ``content``."""
     try:
-        body = msg.ErrorReply.model_validate_json(response.content)
+        body = msg.ErrorReply.model_validate_json(content)
     except ValidationError:  # not the hub's error body (a proxy's page, a framework's default reply)
-        body = msg.ErrorReply(detail=response.text[:500])
-    if response.status_code == 401:
+        body = msg.ErrorReply(detail=content[:500].decode(errors="replace"))
+    if status == 401:
         return errors.Unauthorized(body.detail)
     cls = _ERRORS.get(body.error, errors.InvalidRequest)
     if cls is errors.ManifestMismatch:
         return errors.ManifestMismatch(body.detail, tensor=body.tensor)
-    return cls(f"{body.detail} (HTTP {response.status_code})" if cls is errors.InvalidRequest else body.detail)
+    return cls(f"{body.detail} (HTTP {status})" if cls is errors.InvalidRequest else body.detail)

@@ -95,16 +95,16 @@ def test_error_bodies(api):
 
 def test_client_reads_error_bodies():
     def reply(status, body=None, text=None):
-        return httpx.Response(status, json=body) if body is not None else httpx.Response(status, text=text)
+        return status, json.dumps(body).encode() if body is not None else text.encode()
 
-    mismatch = _error_of(reply(409, {"error": "ManifestMismatch", "detail": "no", "tensor": "w"}))
+    mismatch = _error_of(*reply(409, {"error": "ManifestMismatch", "detail": "no", "tensor": "w"}))
     assert isinstance(mismatch, errors.ManifestMismatch) and mismatch.tensor == "w"
-    assert isinstance(_error_of(reply(404, {"error": "VersionNotFound", "detail": "gone"})), errors.VersionNotFound)
-    framework = _error_of(reply(404, {"detail": "Not Found"}))
+    assert isinstance(_error_of(*reply(404, {"error": "VersionNotFound", "detail": "gone"})), errors.VersionNotFound)
+    framework = _error_of(*reply(404, {"detail": "Not Found"}))
     assert isinstance(framework, errors.InvalidRequest) and str(framework) == "Not Found (HTTP 404)"
-    proxy = _error_of(reply(502, text="<html>bad gateway</html>"))
+    proxy = _error_of(*reply(502, text="<html>bad gateway</html>"))
     assert isinstance(proxy, errors.InvalidRequest) and "bad gateway" in str(proxy)
-    assert isinstance(_error_of(reply(401, text="no")), errors.Unauthorized)
+    assert isinstance(_error_of(*reply(401, text="no")), errors.Unauthorized)
     assert msg.ErrorReply(error="X", detail="d").body() == {"error": "X", "detail": "d"}
 
 
