@@ -12,12 +12,13 @@ import time
 
 from tensorhub_verl.bench.procs import Role, random_weights
 from tensorhub_verl.ros.integrity import tensor_digests
+from tensorhub_verl.ros.transports import TRANSPORTS
 
 
-def _trainer(results, control, hub_url: str, size_mb: float, versions: int) -> None:
+def _trainer(results, control, hub_url: str, size_mb: float, versions: int, transport: str) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, "trainer", location={"dc": "dc0", "rack": "r0", "node": "n0"})
+    client = th.connect(hub_url, "trainer", location={"dc": "dc0", "rack": "r0", "node": "n0"}, transport=transport)
     weights = random_weights(size_mb, seed=1)
     for version in range(1, versions + 1):
         if version > 1:
@@ -30,10 +31,10 @@ def _trainer(results, control, hub_url: str, size_mb: float, versions: int) -> N
     client.close()
 
 
-def _rollout(results, control, hub_url: str, name: str, node: str, versions: int) -> None:
+def _rollout(results, control, hub_url: str, name: str, node: str, versions: int, transport: str) -> None:
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, name, location={"dc": "dc0", "rack": "r0", "node": node})
+    client = th.connect(hub_url, name, location={"dc": "dc0", "rack": "r0", "node": node}, transport=transport)
     seen = None
     for _ in range(versions):
         version = client.wait_for_version("policy", newer_than=seen, timeout=120)
@@ -48,13 +49,13 @@ def _rollout(results, control, hub_url: str, name: str, node: str, versions: int
     client.close()
 
 
-def run(readers: int, size_mb: float, versions: int) -> list[dict]:
+def run(readers: int, size_mb: float, versions: int, transport: str = "auto") -> list[dict]:
     import tensorhub_verl as th
 
     hub = th.start_hub()
     print(f"hub at {hub.url}; trainer publishes {versions} versions of ~{size_mb:.0f} MB to {readers} rollouts")
-    trainer = Role(_trainer, hub.url, size_mb, versions)
-    rollouts = [Role(_rollout, hub.url, f"rollout-{i}", f"n{i // 2}", versions) for i in range(readers)]
+    trainer = Role(_trainer, hub.url, size_mb, versions, transport)
+    rollouts = [Role(_rollout, hub.url, f"rollout-{i}", f"n{i // 2}", versions, transport) for i in range(readers)]
     rows = []
     try:
         for _ in range(versions):
@@ -87,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--size-mb", type=float, default=64)
     parser.add_argument("--versions", type=int, default=2)
+    parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                        help="the data plane (ClientConfig.transport): auto picks NIXL shared memory on one host")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    rows = run(args.readers, args.size_mb, args.versions)
+    rows = run(args.readers, args.size_mb, args.versions, args.transport)
     ok = all(r["bytes_ok"] for r in rows)
     print(json.dumps({"demo": "ok" if ok else "bytes differ", "readers": args.readers, "versions": args.versions,
                       "seconds": round(time.monotonic() - started, 2),
