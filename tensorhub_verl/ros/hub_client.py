@@ -115,7 +115,13 @@ class HubClient:
                 # Sent just before a re-registration replaced the credential: repeat it with the new one.
                 if attempt == 1 or sent_with == self._credential:
                     raise
-        return reply.model_validate(data) if reply is not None else data
+        if reply is None:
+            return json.loads(data)
+        try:
+            return reply.model_validate_json(data)  # straight from the bytes: no dict in between
+        except ValidationError as e:
+            raise errors.InvalidRequest(f"hub {self.url} answered {path} with a body that is not a "
+                                        f"{reply.__name__} (is the hub another version?): {e}") from e
 
     def _send(self, method: str, path: str, body, params, timeout):
         deadline = time.monotonic() + self._retry_s
@@ -148,18 +154,13 @@ class HubClient:
             if response.status >= 400:
                 self._check_instance(response.headers.get(INSTANCE_HEADER))
                 raise _error_of(response.status, response.data)
-            try:
-                data = json.loads(response.data)
-            except ValueError as e:
-                raise errors.InvalidRequest(f"hub {self.url} answered {path} with a body that is not JSON "
-                                            f"(HTTP {response.status}): {response.data[:200]!r}") from e
-            if path == REGISTER_PATH and isinstance(data, dict) and data.get("credential"):
+            if path == REGISTER_PATH:
                 # Kept before looking at the instance: when this reply is the first from a restarted hub, the
                 # re-registration that follows must present the credential that hub just issued (else the
                 # hub holds one this client never kept, and refuses it until the id times out).
-                self._credential = data["credential"]
+                self._credential = _credential_in(response.data) or self._credential
             self._check_instance(response.headers.get(INSTANCE_HEADER))
-            return data
+            return response.data
 
     def _check_instance(self, instance: str | None) -> None:
         if instance is None or instance == self._instance:
@@ -199,6 +200,15 @@ class HubClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _credential_in(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    credential = data.get("credential") if isinstance(data, dict) else None
+    return credential if isinstance(credential, str) else ""
 
 
 def _tls_refused(error: Exception) -> bool:
