@@ -51,6 +51,9 @@ from tensorhub_verl.ros.topology import Distance, Location
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
+_NEWEST_HOLDERS_TTL_S = 1.0
+"""How long the set of holders that registration names as likely sources may be reused."""
+
 Key = tuple[str, int, str]  # (model, version, layout)
 GroupKey = tuple[str, int, str]  # (model, version, shard group)
 Member = tuple[Key, str]  # (layout key, holder): the row shards of one group share one key
@@ -166,6 +169,7 @@ class HubState:
         self._shard_groups: dict[GroupKey, dict[Member, int | None]] = {}
         """group -> its members and their row shard rank (None: a shard in its own layout, e.g. a TP rank)."""
         self._shard_counts: dict[GroupKey, int] = {}
+        self._newest_holders_cache: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._ids = itertools.count(secrets.randbits(40) << 12 | 1)
         """Lease ids and holding generations, from a random start: a restarted hub must not issue the id of a lease
         the old instance gave, which a reader may still report (it would book that read for another chunk), nor a
@@ -211,19 +215,31 @@ class HubState:
     def _likely_sources(self, joiner: WorkerRecord, count: int) -> list[msg.PeerMsg]:
         """Up to ``count`` other workers holding the newest version of some model, nearest to ``joiner`` first
         (ties in random order, so joiners spread over equally near holders): whom it most likely reads from
-        first. Only workers whose data plane checks a grant on every read: their metadata is just an address.
-        O(versions): it runs once per registration."""
-        newest: dict[tuple[str, str], int] = {}
-        for (model, version, layout), record in self._versions.items():
-            if version > newest.get((model, layout), -1) and self._visible(record):
-                newest[(model, layout)] = version
-        holders = {h.worker for (model, layout), version in newest.items()
-                   for h in self._versions[(model, version, layout)].holdings.values() if h.state == "active"}
-        candidates = [self._workers[w] for w in holders
+        first. Only workers whose data plane checks a grant on every read: their metadata is just an address."""
+        candidates = [self._workers[w] for w in self._newest_holders()
                       if w != joiner.worker and w in self._workers and self._workers[w].grant_key]
         candidates.sort(key=lambda r: (joiner.location.distance(r.location), secrets.randbits(32)))
         return [msg.PeerMsg(worker=r.worker, agent_name=r.agent_name, agent_metadata_b64=r.agent_metadata_b64)
                 for r in candidates[:count]]
+
+    def _newest_holders(self) -> frozenset[str]:
+        """Workers with an active holding of some model's newest visible version (per layout). Recomputed at
+        most every _NEWEST_HOLDERS_TTL_S: after a hub restart every worker re-registers at once, and each
+        registration would otherwise walk every model's versions under the lock."""
+        cached_at, holders = self._newest_holders_cache
+        if self._clock() - cached_at < _NEWEST_HOLDERS_TTL_S:
+            return holders
+        found: set[str] = set()
+        for keys in self._model_keys.values():
+            done_layouts: set[str] = set()
+            for key in sorted(keys, key=lambda k: -k[1]):  # newest first: usually the first is visible
+                record = self._versions[key]
+                if key[2] in done_layouts or not self._visible(record):
+                    continue
+                done_layouts.add(key[2])
+                found.update(h.worker for h in record.holdings.values() if h.state == "active")
+        self._newest_holders_cache = (self._clock(), frozenset(found))
+        return self._newest_holders_cache[1]
 
     @contextlib.contextmanager
     def acting_as(self, worker: str, credential: str):
