@@ -5,7 +5,8 @@ every reader at once, then a plain TCP socket copy of the same bytes from one se
 processes. Rounds alternate (TensorHub, raw, TensorHub, ...), so that both sides see the same load on a shared machine.
 Aggregate GB/s = bytes delivered to all readers / (last end - first start), median over rounds; CPU
 seconds per GB = user+system time of the holder, readers and hub (server and clients) in the rounds / GB moved.
-First read: a fresh reader process's first fetch of a ``--first-mb`` version vs its later fetches of it.
+First read: a fresh reader process's first fetch of a ``--first-mb`` version vs its later fetches of it, for
+``--first-readers`` joiners one after another (median and range: one fetch of 64 MB varies by 30% here).
 """
 
 from __future__ import annotations
@@ -48,17 +49,15 @@ def _holder(results, control, hub_url: str, size_mb: float, first_mb: float, chu
     client.close()
 
 
-def _reader(results, control, hub_url: str, index: int, window: int, transport: str, env: dict, progress: str,
-            first_repeats: int, preconnect: int) -> None:
+def _reader(results, control, hub_url: str, index: int, window: int, transport: str, env: dict,
+            progress: str) -> None:
     os.environ.update(env)
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport,
-                        preconnect_peers=preconnect)
-    first = _first_read(client, first_repeats) if first_repeats else None
+    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport)
     buffers = _touched(client.manifest("bench", 1).allocate())
     client.fetch("bench", 1, into=buffers, hold=False)  # warm-up: connections, registration
-    results.put(("ok", first))
+    results.put(("ok", "ready"))
     while control.get(timeout=_TIMEOUT_S) == "go":
         start = time.time()
         stats = client.fetch("bench", 1, into=buffers, hold=False)
@@ -66,12 +65,32 @@ def _reader(results, control, hub_url: str, index: int, window: int, transport: 
     client.close()
 
 
-def _first_read(client, repeats: int) -> dict:
-    """A joiner's first fetch (nothing connected or exchanged yet) vs its later ones, same buffers."""
-    buffers = _touched(client.manifest("first", 1).allocate())
-    seconds = [client.fetch("first", 1, into=buffers, hold=False).seconds for _ in range(repeats + 1)]
-    later = statistics.median(seconds[1:])
-    return {"first_s": round(seconds[0], 4), "later_s": round(later, 4), "ratio": round(seconds[0] / later, 3)}
+def _joiner(results, control, hub_url: str, index: int, window: int, transport: str, env: dict, progress: str,
+            repeats: int, preconnect: int) -> None:
+    """A joiner's first fetch (a fresh process: only what registration set up) vs its later ones, same buffers."""
+    os.environ.update(env)
+    import tensorhub_verl as th
+
+    with th.connect(hub_url, f"bench-joiner-{index}", window=window, progress=progress, transport=transport,
+                    preconnect_peers=preconnect) as client:
+        buffers = _touched(client.manifest("first", 1).allocate())
+        seconds = [client.fetch("first", 1, into=buffers, hold=False).seconds for _ in range(repeats + 1)]
+    results.put(("ok", (seconds[0], statistics.median(seconds[1:]))))
+
+
+def _first_reads(hub_url: str, joiners: int, window: int, transport: str, env: dict, progress: str, repeats: int,
+                 preconnect: int) -> dict:
+    """``joiners`` fresh readers, one after another: the median of their first fetches, later ones, and ratios."""
+    rows = []
+    for index in range(joiners):
+        joiner = Role(_joiner, hub_url, index, window, transport, env, progress, repeats, preconnect)
+        rows.append(joiner.result(_TIMEOUT_S))
+        joiner.stop()
+    ratios = [first / later for first, later in rows]
+    return {"first_s": round(statistics.median(f for f, _ in rows), 4),
+            "later_s": round(statistics.median(later for _, later in rows), 4),
+            "ratio": round(statistics.median(ratios), 3), "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+            "joiners": joiners}
 
 
 def _touched(buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -121,7 +140,7 @@ def _stop(roles: list[Role]) -> None:
 
 
 def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: int, chunk_mb: float, window: int,
-            progress: str, digests: bool = True, preconnect: int = 4) -> dict:
+            progress: str, digests: bool = True, preconnect: int = 4, first_readers: int = 3) -> dict:
     """Rounds alternate, TensorHub then raw sockets, so both see the same load on a shared machine; the ratio
     is the median of the rounds' ratios."""
     import tensorhub_verl as th
@@ -132,9 +151,11 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
     try:
         holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress, digests)
         holder.result(120)
-        roles = [Role(_reader, hub.url, i, window, transport, env, progress, repeats if i == 0 and first_mb else 0,
-                      preconnect) for i in range(readers)]
-        first = [r.result(_TIMEOUT_S) for r in roles][0]
+        first = _first_reads(hub.url, first_readers, window, transport, env, progress, repeats, preconnect) \
+            if first_mb and first_readers else None
+        roles = [Role(_reader, hub.url, i, window, transport, env, progress) for i in range(readers)]
+        for role in roles:
+            role.result(_TIMEOUT_S)
         ours = _Side(roles, [holder], with_this_process=True)
         ours.round()  # the size of a version, for the raw side
         server, clients = raw_socket.start(ours.each, readers)
@@ -156,13 +177,14 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
 
 
 def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, repeats: int, chunk_mb: float,
-        window: int, progress: str = "events", digests: bool = True, preconnect: int = 4) -> dict:
+        window: int, progress: str = "events", digests: bool = True, preconnect: int = 4,
+        first_readers: int = 3) -> dict:
     rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress, digests,
-                    preconnect) for wire in wires for n in readers]
+                    preconnect, first_readers) for wire in wires for n in readers]
     head = rows[0]
     return {"bench": "transport", "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
             "window": window, "progress": progress, "chunk_digests": digests,
-            "preconnect": preconnect, "tensorhub_gbps": head["tensorhub_gbps"],
+            "preconnect": preconnect, "first_readers": first_readers, "tensorhub_gbps": head["tensorhub_gbps"],
             "raw_socket_gbps": head["raw_socket_gbps"], "ratio": head["ratio"], "rows": rows,
             "unit": "GB/s (1e9 bytes/s) delivered to all readers, median of rounds (rounds alternate with raw sockets); "
                     "ratio: median of the rounds' ratios; CPU s/GB: holder+readers+hub (server+clients)"}
@@ -183,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="who drives UCX in the holder (see NixlTransport)")
     parser.add_argument("--chunk-digests", choices=("on", "off"), default="on",
                         help="off: publish without chunk digests, so readers check nothing (shows what the check costs)")
+    parser.add_argument("--first-readers", type=int, default=3,
+                        help="fresh joiners whose first read is measured, one after another (0: skip)")
     parser.add_argument("--preconnect", type=int, default=4,
                         help="peers a reader connects to at registration (ClientConfig.preconnect_peers; 0: at its "
                              "first lease, which the first read then waits for)")
@@ -192,13 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [w for w in wires if w not in WIRES]:
         parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
     result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
-                 args.chunk_mb, args.window, args.progress, args.chunk_digests == "on", args.preconnect)
+                 args.chunk_mb, args.window, args.progress, args.chunk_digests == "on", args.preconnect,
+                 args.first_readers)
     if not args.json:
         print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "
               f"{'raw CPU s/GB':>12} {'peer %':>6}  first read")
         for row in result["rows"]:
             first = row.get("first_read")
-            note = f"{first['first_s']:.3f} s vs later {first['later_s']:.3f} s ({first['ratio']:.2f}x)" if first else ""
+            note = f"{first['first_s']:.3f} s vs later {first['later_s']:.3f} s ({first['ratio']:.2f}x, " \
+                   f"{first['ratio_range'][0]:.2f}-{first['ratio_range'][1]:.2f}x over {first['joiners']})" if first else ""
             print(f"{row['wire']:8} {row['readers']:>7} {row['tensorhub_gbps']:>14.2f} {row['raw_socket_gbps']:>9.2f} "
                   f"{row['ratio']:>6.2f} {row['ratio_range'][0]:>5.2f}-{row['ratio_range'][1]:<5.2f} {row['cpu_s_per_gb']:>9.2f} {row['raw_cpu_s_per_gb']:>12.2f} "
                   f"{100 * row['peer_fraction']:>6.0f}  {note}")

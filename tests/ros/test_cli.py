@@ -67,10 +67,13 @@ def test_hub_command_reads_its_token_from_a_file(tmp_path):
 
 
 def test_bench_transport_prints_json_last():
-    result = run_cli("bench", "transport", "--size-mb", "4", "--repeats", "1", "--chunk-mb", "1", "--json")
+    result = run_cli("bench", "transport", "--size-mb", "4", "--repeats", "1", "--chunk-mb", "1", "--first-mb", "2",
+                     "--first-readers", "1", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     figures = last_json(result.stdout)
     assert figures["tensorhub_gbps"] > 0 and figures["raw_socket_gbps"] > 0 and figures["ratio"] > 0
+    first = figures["rows"][0]["first_read"]
+    assert first["joiners"] == 1 and first["first_s"] > 0 and first["later_s"] > 0
 
 
 @pytest.mark.slow
