@@ -163,7 +163,7 @@ def _summary(fetched: list[dict]) -> dict:
             "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched)}
 
 
-def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[LabProcess, Path]]]:
+def start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[LabProcess, Path]]]:
     """Hub (lab host "hub") and trainer (lab host "trainer"). Returns the hub URL and (role, stop file) in
     stop order: the trainer first (its close() unpublishes through the hub), the hub last."""
     host = lab.host("trainer")
@@ -182,12 +182,12 @@ def _start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> t
     try:
         trainer.expect("ready", 180)
     except BaseException:
-        _stop_control(control)
+        stop_control(control)
         raise
     return url, control
 
 
-def _stop_control(control: list[tuple[LabProcess, Path]]) -> None:
+def stop_control(control: list[tuple[LabProcess, Path]]) -> None:
     for role, stop in control:
         stop.touch()
         role.wait(60)
@@ -237,7 +237,7 @@ def _broadcast(lab: Lab, workdir: Path, p: LabBenchParams, hosts: list[str]) -> 
 def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, ...]) -> dict:
     spec, rollout_hosts = lab_spec(p, "standalone")  # elastic runs in the same lab
     with Lab(spec) as lab:
-        url, control = _start_control(lab, workdir, p, copies=max(p.rollouts, p.joiners))
+        url, control = start_control(lab, workdir, p, copies=max(p.rollouts, p.joiners))
         out = {}
         try:
             if "standalone" in modes:
@@ -253,7 +253,7 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
                 out["elastic"] = _result("elastic", runs, p, busy_flows=p.busy_flows)
                 log.info("elastic done in %.0fs", time.monotonic() - t0)
         finally:
-            _stop_control(control)
+            stop_control(control)
     return out
 
 
@@ -308,11 +308,11 @@ def _busy_flows(lab: Lab, p: LabBenchParams) -> list[subprocess.Popen]:
 def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
     spec, rollout_hosts = lab_spec(p, "cross_dc")
     with Lab(spec) as lab:
-        url, control = _start_control(lab, workdir, p, copies=p.rollouts)
+        url, control = start_control(lab, workdir, p, copies=p.rollouts)
         try:
             runs = _ab(lab, workdir, url, p, rollout_hosts, "cross_dc")
         finally:
-            _stop_control(control)
+            stop_control(control)
     version = p.size_mb * (1 << 20)
     res = _result("cross_dc", runs, p)
     res["wan_bytes"] = {v: r["wan_bytes"] for v, r in runs.items()}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tensorhub_verl.bench import modes
+from tensorhub_verl.bench import modes, transport
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.sim.calibrate import interleave, lab_cluster, lab_spec
 
@@ -79,3 +79,18 @@ def test_cross_dc_tiny_run(no_leftovers, tmp_path, capsys):
     assert xdc["wan_copies_per_version"]["pull_from_trainer"] >= 2
     assert xdc["wan_copies_per_version"]["tensorhub"] < xdc["wan_copies_per_version"]["pull_from_trainer"]
     assert {p.name for p in tmp_path.glob("*.png")} == {"lab_modes.png", "time_vs_readers.png", "time_vs_size.png"}
+
+
+@pytest.mark.netns
+def test_bench_transport_in_the_lab_compares_with_raw_flows_over_the_same_shaped_nics(no_leftovers, capsys):
+    """`bench transport --lab-mbit`: every process on its own host; rows for each reader count, TensorHub's
+    readers serve each other (peer bytes), the raw flows all leave the holder's NIC."""
+    pytest.importorskip("nixl_cu12", reason="nixl-cu12 not installed")
+    assert transport.main(["--lab-mbit", "400", "--size-mb", "4", "--chunk-mb", "0.5", "--window", "4",
+                           "--readers", "1,3", "--repeats", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    one, three = res["rows"]
+    assert (one["readers"], three["readers"]) == (1, 3)
+    assert one["peer_fraction"] == 0 and three["peer_fraction"] > 0
+    for row in res["rows"]:
+        assert row["tensorhub_mbit_s"] > 0 and row["raw_socket_mbit_s"] > 0 and row["ratio"] > 0

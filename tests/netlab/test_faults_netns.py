@@ -33,7 +33,7 @@ def swarm(no_leftovers, tmp_path):
     params = modes.LabBenchParams(size_mb=SIZE_MB, rollouts=1, timeout_s=180.0)
     phases = []
     with Lab(spec) as lab:
-        url, control = modes._start_control(lab, tmp_path, params, copies=0)
+        url, control = modes.start_control(lab, tmp_path, params, copies=0)
         try:
             peer = modes.Phase(lab, tmp_path, "peer", url, params)
             phases.append(peer)
@@ -54,7 +54,7 @@ def swarm(no_leftovers, tmp_path):
         finally:
             for phase in reversed(phases):
                 phase.stop()
-            modes._stop_control(control)
+            modes.stop_control(control)
 
 
 def _fetched(phase: modes.Phase) -> dict:
