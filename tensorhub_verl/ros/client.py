@@ -95,7 +95,8 @@ class ClientConfig:
     See NixlTransport."""
     transport: str = "auto"
     """The data plane: 'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams, CPU
-    memory only; ~0.9-1.0 of a raw socket where UCX's TCP reaches 0.6-0.7), or 'auto': TCP streams when the
+    memory only; 0.99-1.0 of a raw TCP flow where the link is the limit, `bench transport --lab-mbit`, and UCX's
+    TCP 0.6-0.7 of one on loopback), or 'auto': TCP streams when the
     wire between peers can only be TCP (no RDMA, no CUDA, peers on other hosts, or UCX_TLS=tcp), else NIXL.
     Every worker of one hub must use the same plane. See transports.py."""
     tcp_host: str | None = None
