@@ -219,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     wires = args.wire.split(",")
     if unknown := [w for w in wires if w not in WIRES]:
         parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
+    if args.lab_mbit < 0:
+        parser.error(f"--lab-mbit must be > 0 (or 0: loopback), got {args.lab_mbit:g}")
+    if args.lab_mbit and set(wires) - {"auto", "tcp"}:
+        parser.error("--lab-mbit measures the TCP plane only (the lab's hosts reach each other over TCP); "
+                     "drop --wire or pass --wire tcp")
     if args.lab_mbit:
         return _main_lab(args)
     result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
@@ -235,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['ratio']:>6.2f} {row['ratio_range'][0]:>5.2f}-{row['ratio_range'][1]:<5.2f} {row['cpu_s_per_gb']:>9.2f} {row['raw_cpu_s_per_gb']:>12.2f} "
                   f"{100 * row['peer_fraction']:>6.0f}  {note}")
     print(json.dumps(result))
-    return 0
     return 0
 
 
