@@ -381,3 +381,6 @@ def test_a_joiner_is_named_the_nearest_holders_of_the_newest_versions_whose_plan
     assert join("unchecked", "dc0", "n2", preconnect=4, grant=False).peers == []
     again = join("near", "dc0", "n1", preconnect=4, credential=credentials["near"])  # e.g. after a hub restart
     assert [p.worker for p in again.peers] == ["far"]
+    join("newer", "dc1", "n5")
+    publish(state, "newer", manifest(version=3))  # named at once: no registration may see the set before it
+    assert [p.worker for p in join("after", "dc0", "n2", preconnect=4).peers] == ["newer"]
