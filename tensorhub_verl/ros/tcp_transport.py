@@ -41,6 +41,10 @@ _AHEAD = 1
 """Requests a stream sends ahead of the reply it is receiving."""
 _DOWN_S = 1.0
 """After a failed connect, reads of that peer fail at once (a re-plan) for this long, then connects are tried again."""
+IDLE_CLOSE_S = 300.0
+"""A stream with no read for this long closes its connection and its thread ends; the next read to that peer
+starts them again. Workers come and go in an elastic job: without this, a long-lived reader would keep two
+threads and two sockets for every peer it ever read from."""
 
 
 class _Read:
@@ -78,19 +82,53 @@ class _Read:
 
 
 class _Peer:
-    """The streams to one holder: ``streams`` threads, each with its own connection, taking reads in turn."""
+    """The streams to one holder: ``streams`` threads, each with its own connection, taking reads in turn.
+    They start at once (connecting before the first read needs them), end after ``idle_close_s`` without a read,
+    and start again with the next read (``submit``)."""
 
-    def __init__(self, agent: str, host: str, port: int, streams: int, io_timeout_s: float, connect_timeout_s: float):
+    def __init__(self, agent: str, host: str, port: int, streams: int, io_timeout_s: float, connect_timeout_s: float,
+                 idle_close_s: float = IDLE_CLOSE_S):
         self.agent, self.address = agent, (host, port)
-        self._io_timeout_s, self._connect_timeout_s = io_timeout_s, connect_timeout_s
+        self._io_timeout_s, self._connect_timeout_s, self._idle_close_s = io_timeout_s, connect_timeout_s, idle_close_s
         self.reads: queue.Queue[_Read] = queue.Queue()
         self._down: tuple[float, str] | None = None
         """(until, why) after a connection attempt failed: new reads fail at once for _DOWN_S."""
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._stream, name=f"tensorhub-tcp-{agent}-{i}", daemon=True)
-                         for i in range(streams)]
-        for thread in self._threads:
+        self._streams = streams
+        self._lock = threading.Lock()
+        """Held to queue a read and to end an idle stream: no read is queued behind a stream that is ending."""
+        self._threads: list[threading.Thread] = []
+        self._started = 0
+        with self._lock:
+            self._start_streams()
+
+    def _start_streams(self) -> None:
+        """Brings the live streams back to ``streams`` (under ``_lock``)."""
+        self._threads = [t for t in self._threads if t.is_alive()]
+        while len(self._threads) < self._streams:
+            thread = threading.Thread(target=self._stream, name=f"tensorhub-tcp-{self.agent}-{self._started}",
+                                      daemon=True)
+            self._started += 1
+            self._threads.append(thread)
             thread.start()
+
+    def submit(self, read: "_Read") -> None:
+        with self._lock:
+            self.reads.put(read)
+            if len(self._threads) < self._streams or not all(t.is_alive() for t in self._threads):
+                self._start_streams()
+
+    def live_streams(self) -> int:
+        with self._lock:
+            return sum(t.is_alive() for t in self._threads)
+
+    def _idle_exit(self) -> bool:
+        """Ends this stream's thread if no read is queued (checked under the lock ``submit`` queues under)."""
+        with self._lock:
+            if not self.reads.empty():
+                return False
+            self._threads = [t for t in self._threads if t is not threading.current_thread()]
+            return True
 
     def _connect(self) -> socket.socket:
         try:
@@ -114,12 +152,16 @@ class _Peer:
             pass
         sent: deque[_Read] = deque()
         """Reads whose requests are on this connection, in order; their replies come in the same order."""
+        idle_since = time.monotonic()
         while not self._stop.is_set():
             if not sent:
                 try:
                     read = self.reads.get(timeout=_QUEUE_POLL_S)
                 except queue.Empty:
+                    if time.monotonic() - idle_since > self._idle_close_s and self._idle_exit():
+                        break
                     continue
+                idle_since = time.monotonic()
                 sock = self._send(read, sock, sent)
                 continue
             if len(sent) < _AHEAD + 1:
@@ -129,6 +171,7 @@ class _Peer:
                     pass
             if sent:
                 sock = self._receive(sent.popleft(), sock, sent)
+                idle_since = time.monotonic()
         if sock is not None:
             sock.close()
         self._broken(sent, "the transport closed")
@@ -208,13 +251,14 @@ class TcpTransport:
     """Reads land on the streams' threads: they wake the fetch loop and hash the bytes as they land."""
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
-                 connect_timeout_s: float = 5.0):
+                 connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S):
         if streams < 1:
             raise errors.ConfigError(f"streams must be >= 1, got {streams}")
         self.agent_name = agent_name
         self.grant_key = grants.new_key()
         """Given to the hub at registration (only): it signs each lease's grant with it."""
         self._streams, self._io_timeout_s, self._connect_timeout_s = streams, io_timeout_s, connect_timeout_s
+        self._idle_close_s = idle_close_s
         self._lock = threading.Lock()
         self._registered: list[_Registration] = []
         self._peers: dict[str, tuple[bytes, _Peer]] = {}
@@ -255,7 +299,8 @@ class TcpTransport:
             known = self._peers.get(agent_name)
             if known is not None and known[0] == metadata:
                 return
-            peer = _Peer(agent, host, port, self._streams, self._io_timeout_s, self._connect_timeout_s)
+            peer = _Peer(agent, host, port, self._streams, self._io_timeout_s, self._connect_timeout_s,
+                         self._idle_close_s)
             self._peers[agent_name] = (metadata, peer)
         if known is not None:
             known[1].close()
@@ -281,7 +326,7 @@ class TcpTransport:
         request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
             b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
         read = _Read(request, copies, wake, digest)
-        known[1].reads.put(read)
+        known[1].submit(read)
         return read
 
     def poll(self, handle: _Read) -> str:

@@ -106,6 +106,37 @@ def test_a_joiner_connects_to_the_newest_versions_holder_at_registration_before_
         assert digest(stats.buffers) == published["digest"] and _connections_to(published["pid"]) == 2
 
 
+def _streams_to(agent: str) -> int:
+    return sum(t.name.startswith(f"tensorhub-tcp-{agent}-") and t.is_alive() for t in threading.enumerate())
+
+
+def _wait_until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_idle_streams_end_and_the_next_read_starts_them_again(roles):
+    """Workers come and go: a reader must not keep threads and sockets for every peer it ever read from. Streams
+    idle for ``idle_close_s`` close; the next read to that peer opens them again."""
+    info = roles(bare_holder).result(60)
+    reader = TcpTransport("idle-reader", "127.0.0.1", idle_close_s=0.5)
+    try:
+        reader.load_peer("bare-holder", info["metadata"])
+        assert _wait_until(lambda: _connections_to(info["pid"]) == 2), "two streams connect before any read"
+        assert _wait_until(lambda: _streams_to("bare-holder") == 0 and _connections_to(info["pid"]) == 0), \
+            "idle streams must end and close their connections"
+        into = torch.zeros(4096, dtype=torch.uint8)
+        ranges = [(info["addr"] + 4096, 4096)]
+        grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
+        assert _read(reader, "bare-holder", into, *ranges[0], grant) == "DONE"
+        assert torch.equal(into, torch.arange(4096, 8192, dtype=torch.int64).to(torch.uint8))
+        assert _streams_to("bare-holder") == 2
+    finally:
+        reader.close()
+
+
 def test_a_granted_read_gets_exactly_the_granted_bytes(bare):
     info, reader = bare
     into = torch.zeros(4096, dtype=torch.uint8)
