@@ -229,7 +229,9 @@ class HubState:
         14 ms per registration at 4,000 versions, under the lock."""
         if self._newest_dirty:
             for model in self._newest_dirty:
-                self._newest_by_model[model] = self._newest_holders_of(model)
+                self._newest_by_model[model] = holders = self._newest_holders_of(model)
+                if not holders:
+                    del self._newest_by_model[model]  # a model with no version left costs nothing
             self._newest_dirty.clear()
             self._newest_union = None
         if self._newest_union is None:

@@ -115,12 +115,7 @@ class _Peer:
     def submit(self, read: "_Read") -> None:
         with self._lock:
             self.reads.put(read)
-            if len(self._threads) < self._streams or not all(t.is_alive() for t in self._threads):
-                self._start_streams()
-
-    def live_streams(self) -> int:
-        with self._lock:
-            return sum(t.is_alive() for t in self._threads)
+            self._start_streams()  # a no-op unless streams ended idle
 
     def _idle_exit(self) -> bool:
         """Ends this stream's thread if no read is queued (checked under the lock ``submit`` queues under)."""
