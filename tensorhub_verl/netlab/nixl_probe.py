@@ -21,9 +21,10 @@ _POLL_S = 0.001
 
 
 def _agent(name: str):
-    from nixl_cu12 import nixl_agent, nixl_agent_config
+    from tensorhub_verl.ros.nixl_build import nixl_api
 
-    return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    api = nixl_api()
+    return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
 
 
 def hold(workdir: Path, nbytes: int, timeout: float) -> dict:

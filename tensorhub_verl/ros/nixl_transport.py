@@ -82,10 +82,9 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
     `pthrDelay`. The Python binding (nixl-cu12 1.5) hard-codes pthrDelay = 0, which makes that poll return
     at once: the thread spins. For "events", the config class is swapped, only while this agent is built,
     for one that keeps a nonzero pthrDelay."""
-    try:
-        import nixl_cu12._api as nixl_api
-    except ImportError as e:  # surface the real reason: a broken NIXL install is not "no backend"
-        raise ImportError(f"NIXL is required for TensorHub's data plane ({e}); pip install nixl-cu12") from e
+    from tensorhub_verl.ros.nixl_build import nixl_api as load_nixl_api
+
+    nixl_api = load_nixl_api()  # raises with the real reason: a broken NIXL install is not "no backend"
     config = nixl_api.nixl_agent_config(enable_prog_thread=progress != "pump", backends=list(backends))
     with _AGENT_CONFIG_LOCK, _ucx_env(ucx_environment(net_devices)):
         _quiet_nixl_logger()

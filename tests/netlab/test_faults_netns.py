@@ -10,6 +10,7 @@ Needs root and iproute2 (markers `netns`, `slow`); skips with the reason otherwi
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import pytest
@@ -27,7 +28,7 @@ SIZE_MB = 16
 def swarm(no_leftovers, tmp_path):
     """A lab with a hub, a trainer holding policy v1 and a peer that fetched and holds it; yields (lab, start)
     where start() begins a fetch by a reader on host "reader" and returns its phase."""
-    pytest.importorskip("nixl_cu12", reason="nixl-cu12 not installed")
+    pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
     spec = LabSpec(datacenters=(DatacenterSpec(name="dc0", racks=(
         RackSpec(name="r0", hosts=("trainer", "hub", "peer", "reader")),)),), nic_mbit=NIC_MBIT)
     params = modes.LabBenchParams(size_mb=SIZE_MB, rollouts=1, timeout_s=180.0)

@@ -6,6 +6,7 @@ rates are reported by `scripts/netlab.sh selftest`, not checked here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -116,7 +117,7 @@ def test_sigterm_on_the_cli_cleans_up(no_leftovers):
 
 @pytest.mark.slow
 def test_nixl_read_across_lab_hosts(no_leftovers):
-    pytest.importorskip("nixl_cu12", reason="nixl-cu12 not installed")
+    pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
     with Lab(LabSpec.uniform(dcs=2, hosts_per_rack=1, nic_mbit=400, wan_mbit=200)) as lab:
         rep = measure_nixl(lab, "d0r0h0", "d1r0h0", 2 << 20, reps=1)
         assert rep["ok"], rep
