@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tensorhub_verl.demo.job import TinyJob
 from tensorhub_verl.demo.progress import StepRow, read_steps
+from tensorhub_verl.process_group import start_group, stop_group
 
 logger = logging.getLogger("tensorhub_verl.demo")
 
@@ -45,7 +46,7 @@ def _start_elastic_node(job: TinyJob, port: int) -> subprocess.Popen | None:
                "--model-dir", str(job.task.model_dir), "--port", str(port),
                "--location", "dc=dc0,rack=elastic,node=elastic-0"]
     with open(job.out_dir / "elastic_node.log", "w") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=job.environment())
+        return start_group(command, env=job.environment(), log=log)
 
 
 def _elastic_status(port: int) -> dict | None:
@@ -67,7 +68,7 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
     _say(quiet, f"  log: {job.log_file}   (Ray and vLLM start-up takes 1-3 minutes on 2 cores)")
     started = time.monotonic()
     with open(job.log_file, "w") as log:
-        trainer = subprocess.Popen(job.command(), stdout=log, stderr=subprocess.STDOUT, env=job.environment())
+        trainer = start_group(job.command(), env=job.environment(), log=log)
     rows: list[StepRow] = []
     elastic: subprocess.Popen | None = None
     elastic_port = 18_000 + (job.steps % 1000)
@@ -93,15 +94,13 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
                 raise TimeoutError(f"the verl job did not finish within {timeout_s:.0f} s; see {job.log_file}")
             time.sleep(1.0)
     finally:
-        if trainer.poll() is None:
-            trainer.terminate()
-            trainer.wait(60)
+        # The node first (its hub lives in the job), then the job; each with everything it started.
         if elastic is not None:
-            elastic.terminate()
-            try:
-                elastic.wait(60)
-            except subprocess.TimeoutExpired:
-                elastic.kill()
+            stop_group(elastic, timeout=90)
+        if trainer.poll() is None:
+            stop_group(trainer, timeout=60)
+        else:
+            stop_group(trainer, timeout=5)  # what the finished job left in its group
     if trainer.returncode != 0 or not rows:
         tail = job.log_file.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"verl's trainer exited with {trainer.returncode} after {len(rows)} steps; "

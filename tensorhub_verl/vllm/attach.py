@@ -14,6 +14,11 @@
 
 ``TENSORHUB_HUB`` / ``TENSORHUB_TOKEN`` serve wherever ``--hub`` / ``--token`` do. The HTTP socket is bound
 before the engine starts and requests are answered only after the first version is applied.
+
+A node never outlives its purpose: when the hub stays unreachable for ``--hub-lost-timeout`` seconds (its job
+ended), the node shuts down as on SIGTERM, engine processes included (``--keep-serving-without-hub`` keeps
+serving the last version instead, and says so). vLLM's engine core and workers are killed by the kernel if this
+process dies outright (``process_group.exit_with_parent_if_asked``).
 """
 
 from __future__ import annotations
@@ -59,8 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence served (default: what vLLM derives from the model's config)")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--hub-lost-timeout", type=_positive_seconds, default=120.0,
+                   help="seconds the hub may stay unreachable before the node shuts down (default 120)")
+    p.add_argument("--keep-serving-without-hub", action="store_true",
+                   help="when the hub is lost, keep serving the last version instead of shutting down")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra `vllm serve` arguments")
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
 
 
 def vllm_argv(ns: argparse.Namespace) -> list[str]:
@@ -146,7 +162,8 @@ async def _serve(ns: argparse.Namespace) -> int:
         except (ValueError, TypeError) as e:  # vLLM validates its config with pydantic (a ValueError)
             raise VllmRefused(str(e)) from e
         updater = EngineUpdater(_loop_rpc(engine, loop, threading.get_ident()))
-        follower = Follower(updater, HubWatch(ns.hub, ns.model, ns.token), state, ns.fetch_timeout)
+        follower = Follower(updater, HubWatch(ns.hub, ns.model, ns.token), state, ns.fetch_timeout,
+                            hub_lost_s=ns.hub_lost_timeout, on_hub_lost=_hub_lost_policy(ns))
         node = Node(updater, follower)
         # until vLLM's server installs its own handlers: SIGTERM/SIGINT cancel the wait for a first version
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -170,6 +187,19 @@ async def _serve(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _hub_lost_policy(ns: argparse.Namespace):
+    """What a lost hub does to this node: a SIGTERM to itself (vLLM's orderly shutdown, as a user's Ctrl-C), or,
+    with ``--keep-serving-without-hub``, nothing but the log line."""
+    if ns.keep_serving_without_hub:
+        return lambda: logger.warning("--keep-serving-without-hub: serving the last version until stopped")
+
+    def shut_down() -> None:
+        logger.error("shutting this node down: its hub is gone (--keep-serving-without-hub keeps it serving)")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    return shut_down
+
+
 class VllmRefused(Exception):
     """vLLM rejected the engine configuration this node built (bad or incompatible arguments)."""
 
@@ -185,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(str(e))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tensorhub_verl.process_group import EXIT_WITH_PARENT_ENV
+
+    os.environ[EXIT_WITH_PARENT_ENV] = str(os.getpid())  # vLLM's engine processes go when this one goes
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # a level of our own: once serving, something in vLLM's server stack raises the root logger to ERROR

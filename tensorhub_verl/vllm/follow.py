@@ -7,7 +7,9 @@
 
 The watch talks to the hub directly (no worker registration, no engine RPC), so an idle node costs no engine
 round trips: vLLM's workers spin for a while after every collective RPC, which a shared CPU host feels.
-Every wait is bounded; ``stop()`` ends the thread within one poll.
+Every wait is bounded; ``stop()`` ends the thread within one poll. A hub that stays unreachable for
+``hub_lost_s`` is reported once to ``on_hub_lost`` (``attach-vllm`` then shuts the node down, or keeps serving its
+last version when told to), so a node whose job has ended does not wait for a hub forever.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tensorhub_verl import errors
@@ -35,11 +38,13 @@ class FollowerState:
     """The initial fetch's UpdateResult (its ``sources`` tell whether a peer or the trainer served it)."""
     last: dict | None = None
     last_error: str | None = None
+    hub_lost: bool = False
+    """The hub has been unreachable for longer than the follower's ``hub_lost_s``."""
     history: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"worker": self.worker, "model": self.model, "served": self.served, "updates": self.updates,
-                "first": self.first, "last": self.last, "last_error": self.last_error,
+                "first": self.first, "last": self.last, "last_error": self.last_error, "hub_lost": self.hub_lost,
                 "history": self.history[-20:]}
 
 
@@ -47,14 +52,15 @@ class HubWatch:
     """Newest published version of one model, by long polls on the hub (no worker identity needed: the
     hub's queries that ``Client.versions``/``wait_for_version`` make too, on a bare ``HubClient``)."""
 
-    def __init__(self, hub_url: str, model: str, token: str | None = None, poll_s: float = 2.0):
+    def __init__(self, hub_url: str, model: str, token: str | None = None, poll_s: float = 2.0,
+                 retry_s: float = 10.0):
         from tensorhub_verl.ros.hub_client import HubClient
 
-        if poll_s <= 0:
-            raise errors.ConfigError(f"poll_s must be > 0, got {poll_s}")
+        if poll_s <= 0 or retry_s <= 0:
+            raise errors.ConfigError(f"poll_s and retry_s must be > 0, got {poll_s}, {retry_s}")
         self.model = model
         self.poll_s = poll_s
-        self._hub = HubClient(hub_url, token, request_timeout_s=15.0, retry_s=10.0)
+        self._hub = HubClient(hub_url, token, request_timeout_s=15.0, retry_s=retry_s)
 
     def newest(self) -> int | None:
         """Newest version in any layout (versions only peers still hold count too)."""
@@ -74,11 +80,18 @@ class HubWatch:
 class Follower:
     """Brings the engine to the newest version, first once (``first_version``), then on a thread."""
 
-    def __init__(self, updater, watch: HubWatch, state: FollowerState, fetch_timeout_s: float):
+    def __init__(self, updater, watch: HubWatch, state: FollowerState, fetch_timeout_s: float, *,
+                 hub_lost_s: float | None = None, on_hub_lost: Callable[[], None] | None = None):
+        if hub_lost_s is not None and hub_lost_s <= 0:
+            raise errors.ConfigError(f"hub_lost_s must be > 0 (or None: wait for the hub forever), got {hub_lost_s}")
         self.updater = updater
         self.watch = watch
         self.state = state
         self.fetch_timeout_s = fetch_timeout_s
+        self.hub_lost_s = hub_lost_s
+        self._on_hub_lost = on_hub_lost
+        self._hub_heard = time.monotonic()
+        self._hub_lost_reported = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -126,7 +139,13 @@ class Follower:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                v = self.watch.wait_newer(self.state.served, self.watch.poll_s)
+                try:
+                    v = self.watch.wait_newer(self.state.served, self.watch.poll_s)
+                except errors.HubUnavailable:
+                    self._check_hub_lost()
+                    raise
+                self._hub_heard = time.monotonic()
+                self.state.hub_lost = self._hub_lost_reported = False
                 if v is None or self._stop.is_set():
                     continue
                 self.updater.begin(v)
@@ -135,6 +154,17 @@ class Follower:
                 self.state.last_error = f"{type(e).__name__}: {e}"
                 logger.warning("update failed, still serving v%s: %s", self.state.served, e)
                 self._stop.wait(2.0)
+
+    def _check_hub_lost(self) -> None:
+        """Reports, once, a hub unreachable for longer than ``hub_lost_s`` since it was last heard."""
+        silent = time.monotonic() - self._hub_heard
+        if self.hub_lost_s is None or self._hub_lost_reported or silent < self.hub_lost_s:
+            return
+        self.state.hub_lost = self._hub_lost_reported = True
+        logger.error("the hub has been unreachable for %.0f s (limit %.0f s); still serving v%s", silent,
+                     self.hub_lost_s, self.state.served)
+        if self._on_hub_lost is not None:
+            self._on_hub_lost()
 
     def cancel(self) -> None:
         """Asks the follower to stop (safe from a signal handler); waits take at most one poll to notice."""

@@ -4,15 +4,19 @@ vLLM calls the plugins of that group in each of its processes (API server, engin
 model loads. verl starts its rollout servers itself, so this is the only hook that reaches their worker
 processes. On verl's CPU platform (``VERL_PLATFORM=cpu``, which the platform passes to rollout processes)
 it keeps linear weights live (``compat.prepare_worker_process``: without it verl's ``load_weights`` finds
-emptied oneDNN-packed weights at the first sync). Anywhere else it does nothing.
+emptied oneDNN-packed weights at the first sync). Under ``tensorhub attach-vllm`` it makes vLLM's engine core and
+workers exit with their parent (``process_group.exit_with_parent_if_asked``), so a node killed outright leaves no
+orphans. Anywhere else it does nothing.
 """
 
 from __future__ import annotations
 
 
 def register() -> None:
+    from tensorhub_verl.process_group import exit_with_parent_if_asked
     from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
 
+    exit_with_parent_if_asked()
     if cpu_platform_selected():
         from tensorhub_verl.vllm.compat import prepare_worker_process
 

@@ -38,3 +38,36 @@ def test_watch_sees_hf_versions_and_versions_only_in_engine_layouts():
         watch.close()
         http.close()
         server.stop()
+
+
+class _NoEngine:
+    """The follower's engine side; a lost hub must never reach it (no version is ever offered here)."""
+
+    def begin(self, version):
+        raise AssertionError(f"the follower tried to update to v{version} without a hub")
+
+    finish = update = begin
+
+
+def test_a_hub_gone_for_longer_than_the_limit_is_reported_once_and_not_before():
+    from tensorhub_verl.vllm.follow import Follower, FollowerState
+
+    server = th.start_hub()
+    lost = []
+    follower = Follower(_NoEngine(), HubWatch(server.url, "m", poll_s=0.2, retry_s=0.5), FollowerState("n", "m"),
+                        fetch_timeout_s=10, hub_lost_s=1.0, on_hub_lost=lambda: lost.append(time.monotonic()))
+    follower.start()
+    try:
+        time.sleep(1.5)  # the hub answers: silence is measured from the last answer, so nothing is reported
+        assert lost == []
+        stopped = time.monotonic()
+        server.stop()
+        deadline = time.monotonic() + 30
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(lost) == 1 and lost[0] - stopped >= 1.0, lost
+        time.sleep(3)  # further failed polls report nothing more
+        assert len(lost) == 1
+        assert follower.state.as_dict()["hub_lost"] and "HubUnavailable" in follower.state.last_error
+    finally:
+        follower.close(10)
