@@ -2,9 +2,14 @@
 
 One thread accepts; one thread per connection reads a request, checks it and ``sendall``s the ranges
 straight from the registered tensors (no copy in user space; the kernel copies into the socket). Every check
-happens before a byte is sent: the grant (grants.py: the hub signed exactly these ranges for a live lease) and
-that each range lies inside memory this process registered and still holds. A refused request gets its reason
-and the connection is closed.
+happens before a byte is sent: the grant (grants.py: the hub signed exactly these ranges for a live lease), that
+the wanted ranges are disjoint parts of the granted ones (so one grant never yields more bytes than it signs),
+and that each range lies inside memory this process registered and still holds. A refused request gets its
+reason and the connection is closed.
+
+Nobody costs the holder more than a bounded amount before proving a grant: a new connection must send a valid
+request within ``first_request_s`` (an idle pooled connection may then wait ``idle_timeout_s`` between
+requests), and one peer address holds at most ``max_per_peer`` of the ``max_connections`` slots.
 """
 
 from __future__ import annotations
@@ -24,12 +29,16 @@ _ACCEPT_POLL_S = 0.5
 
 class ReadServer:
     def __init__(self, host: str, key: bytes, covers: Callable[[int, int], bool], *, io_timeout_s: float = 30.0,
-                 idle_timeout_s: float = 600.0, max_connections: int = 256, name: str = "tensorhub-tcp"):
+                 idle_timeout_s: float = 600.0, first_request_s: float = 5.0, max_connections: int = 256,
+                 max_per_peer: int = 64, name: str = "tensorhub-tcp"):
         """``covers(addr, nbytes)``: whether that span lies in registered, live CPU memory of this process."""
         self._key = key
         self._covers = covers
         self._io_timeout_s = io_timeout_s
         self._idle_timeout_s = idle_timeout_s
+        self._first_request_s = first_request_s
+        self._max_per_peer = max_per_peer
+        self._per_peer: dict[str, int] = {}
         self._slots = threading.BoundedSemaphore(max_connections)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -49,8 +58,15 @@ class ReadServer:
                 continue
             except OSError:
                 return  # closed
-            if not self._slots.acquire(blocking=False):
-                logger.warning("%s: refusing a connection from %s: too many open", self._name, peer)
+            with self._lock:
+                crowded = self._per_peer.get(peer[0], 0) >= self._max_per_peer
+                if not crowded:
+                    self._per_peer[peer[0]] = self._per_peer.get(peer[0], 0) + 1
+            if crowded or not self._slots.acquire(blocking=False):
+                logger.warning("%s: refusing a connection from %s: too many open%s", self._name, peer,
+                               " from that address" if crowded else "")
+                if not crowded:
+                    self._forget_peer(peer)
                 conn.close()
                 continue
             with self._lock:
@@ -60,8 +76,11 @@ class ReadServer:
     def _serve(self, conn: socket.socket, peer) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A stranger proves itself with a valid request soon; a reader's pooled connection then idles between
+            # requests for longer.
+            wait_s = self._first_request_s
             while not self._stop.is_set():
-                conn.settimeout(self._idle_timeout_s)  # between requests a reader's pooled connection idles
+                conn.settimeout(wait_s)
                 try:
                     header = wire.recv_exact(conn, wire.REQUEST.size)
                 except ConnectionError:
@@ -69,13 +88,23 @@ class ReadServer:
                 conn.settimeout(self._io_timeout_s)
                 if not self._answer(conn, header, peer):
                     return
+                wait_s = self._idle_timeout_s
         except OSError as e:  # timeouts, resets, a reader that hung up mid-reply
             logger.debug("%s: connection from %s ended: %s", self._name, peer, e)
         finally:
             with self._lock:
                 self._connections.discard(conn)
+            self._forget_peer(peer)
             conn.close()
             self._slots.release()
+
+    def _forget_peer(self, peer) -> None:
+        with self._lock:
+            left = self._per_peer.get(peer[0], 0) - 1
+            if left > 0:
+                self._per_peer[peer[0]] = left
+            else:
+                self._per_peer.pop(peer[0], None)
 
     def _answer(self, conn: socket.socket, header: bytes, peer) -> bool:
         magic, grant_len, count, wanted_count = wire.REQUEST.unpack(header)
@@ -89,6 +118,8 @@ class ReadServer:
         why = grants.check(self._key, grant, granted)
         if why is None and not all(_within(granted, addr, nbytes) for addr, nbytes in wanted):
             why = "a wanted range lies outside the ranges its grant signs"
+        if why is None and not _disjoint(wanted):
+            why = "wanted ranges overlap: a grant's bytes are sent at most once per request"
         if why is None and not all(self._covers(addr, nbytes) for addr, nbytes in ranges):
             why = "a range lies outside this holder's registered memory"
         if why is not None:
@@ -119,6 +150,12 @@ class ReadServer:
 
 def _ranges(raw: bytes, count: int) -> list[tuple[int, int]]:
     return [wire.RANGE.unpack_from(raw, i * wire.RANGE.size) for i in range(count)]
+
+
+def _disjoint(ranges: list[tuple[int, int]]) -> bool:
+    """No two ranges share a byte (so their total never exceeds the granted ranges' total)."""
+    ordered = sorted(ranges)
+    return all(a + n <= b for (a, n), (b, _) in zip(ordered, ordered[1:]))
 
 
 def _within(granted: list[tuple[int, int]], addr: int, nbytes: int) -> bool:

@@ -1,6 +1,7 @@
 """The TCP data plane (tcp_transport.py): real processes, real sockets, the hub's grants, dead and silent peers."""
 
 import os
+import select
 import signal
 import socket
 import threading
@@ -345,3 +346,69 @@ def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_pat
         transports.choose("rdma", remote)
     with pytest.raises(errors.ConfigError):
         ClientConfig(transport="udp")
+
+
+def _raw_request(grant: str, granted, wanted) -> bytes:
+    from tensorhub_verl.ros import tcp_wire as wire
+
+    return (wire.REQUEST.pack(wire.MAGIC, len(grant), len(granted), len(wanted)) + grant.encode()
+            + b"".join(wire.RANGE.pack(a, n) for a, n in granted) + b"".join(wire.RANGE.pack(a, n) for a, n in wanted))
+
+
+def _holder_address(info) -> tuple[str, int]:
+    from tensorhub_verl.ros import tcp_wire as wire
+
+    _, host, port = wire.decode_metadata(info["metadata"])
+    return host, port
+
+
+def test_one_grant_never_yields_more_bytes_than_it_signs(bare):
+    """An attacker with one real 64 KiB grant repeats its wanted range 1,024 times (64 MiB asked): refused
+    before a byte of memory is sent."""
+    from tensorhub_verl.ros import tcp_wire as wire
+
+    info, _ = bare
+    granted = [(info["addr"], 65536)]
+    grant = grants.sign(info["key"], 1, grants.expiry_ms(30), granted)
+    with socket.create_connection(_holder_address(info), timeout=10) as s:
+        s.sendall(_raw_request(grant, granted, granted * 1024))
+        status, length = wire.REPLY.unpack(wire.recv_exact(s, wire.REPLY.size))
+        assert status == wire.REFUSED and b"overlap" in wire.recv_exact(s, length)
+    with socket.create_connection(_holder_address(info), timeout=10) as s:  # the honest form still works
+        s.sendall(_raw_request(grant, granted, []))
+        status, length = wire.REPLY.unpack(wire.recv_exact(s, wire.REPLY.size))
+        assert status == wire.OK and length == 65536
+
+
+def test_idle_strangers_cannot_fill_a_holders_connection_slots(bare):
+    """70 connections from one address that send 5 bytes and no valid request: the holder takes at most 64 from
+    one address, drops each within its first-request deadline, and a granted reader is served throughout."""
+    info, reader = bare
+    address = _holder_address(info)
+    strangers = [socket.create_connection(address, timeout=10) for _ in range(70)]
+    try:
+        for s in strangers:
+            s.sendall(b"THR2\x00")
+        addr, key = info["addr"], info["key"]
+        into = torch.zeros(4096, dtype=torch.uint8)
+        grant = grants.sign(key, 1, grants.expiry_ms(30), [(addr, 4096)])
+        deadline = time.monotonic() + 20
+        # The honest reader's pooled connections count against the same loopback address: it may have to wait
+        # for the deadline that frees the strangers' slots, never longer.
+        while (state := _read(reader, "bare-holder", into, addr, 4096, grant, timeout=15)) != "DONE" and \
+                time.monotonic() < deadline:
+            grant = grants.sign(key, 2, grants.expiry_ms(30), [(addr, 4096)])
+        assert state == "DONE", state
+        open_ = set(strangers)
+        deadline = time.monotonic() + 15  # the first-request deadline is 5 s
+        while open_ and time.monotonic() < deadline:
+            for s in select.select(list(open_), [], [], 0.5)[0]:
+                try:
+                    if s.recv(1) == b"":
+                        open_.discard(s)
+                except ConnectionResetError:
+                    open_.discard(s)
+        assert not open_, f"{len(open_)} strangers kept a connection"
+    finally:
+        for s in strangers:
+            s.close()

@@ -51,7 +51,8 @@ def tensorhub_cmd() -> list[str]:
 class AttachNode:
     """One ``tensorhub attach-vllm`` subprocess; every wait is bounded."""
 
-    def __init__(self, hub_url: str, model_dir: str, worker: str, node: str, log_dir: Path, core: int):
+    def __init__(self, hub_url: str, model_dir: str, worker: str, node: str, log_dir: Path, core: int,
+                 extra: tuple[str, ...] = ()):
         self.worker = worker
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -66,7 +67,7 @@ class AttachNode:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         cmd = [*tensorhub_cmd(), "attach-vllm", "--hub", hub_url, "--model-dir", model_dir, "--port",
                str(self.port), "--location", f"dc=dc0,rack=r0,node={node}", "--worker", worker,
-               "--fetch-timeout", "120"]  # no --max-model-len: derived from the model (512 < vLLM's usual 2048)
+               "--fetch-timeout", "120", *extra]  # no --max-model-len: derived from the model (512 < vLLM's usual 2048)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
@@ -118,9 +119,12 @@ class AttachNode:
             pytest.fail(f"{self.worker} ignored SIGTERM for {timeout} s:\n{self.log_tail()}")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        """SIGKILL to the node's whole group (also after its leader exited: what it started may remain)."""
+        try:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
 
 
 def bytes_served(client, worker: str) -> int:
@@ -180,3 +184,67 @@ def test_attach_vllm_nodes_follow_versions_and_fetch_from_peers(hub, tiny_models
         for node in nodes:
             node.kill()
         trainer_client.close()
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+
+
+def _alive(pids: list[int]) -> list[int]:
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _wait_all_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _alive(pids)
+
+
+def test_a_node_leaves_no_process_when_killed_outright_or_when_its_hub_is_gone(tiny_models, tmp_path):
+    """SIGKILL of the node's own process (not its group): vLLM's engine processes die with it. Then a node whose
+    hub stops shuts itself down after --hub-lost-timeout, engine processes included, with exit code 0."""
+    hub = th.start_hub(host="127.0.0.1", port=0)
+    trainer_client = th.connect(hub.url, worker="trainer", location={"dc": "dc0", "rack": "r0", "node": "trainer"})
+    nodes: list[AttachNode] = []
+    try:
+        ToyRun(tiny_models["qwen2"], trainer_client).step_and_publish(1)
+        killed = AttachNode(hub.url, tiny_models["qwen2"], "killed", "n1", tmp_path, core=CORES[0])
+        nodes.append(killed)
+        killed.wait_until(lambda s: s["served"] == 1, "first version", START_TIMEOUT_S)
+        tree = _tree(killed.proc.pid)
+        assert len(tree) >= 2, "expected vLLM's engine process under the node"
+        killed.proc.send_signal(signal.SIGKILL)  # the leader only: nothing of it can clean up
+        killed.proc.wait(30)
+        assert _wait_all_gone(tree, 30) == [], "engine processes outlived their SIGKILLed node"
+
+        lost = AttachNode(hub.url, tiny_models["qwen2"], "lost", "n2", tmp_path, core=CORES[-1],
+                          extra=("--hub-lost-timeout", "5"))
+        nodes.append(lost)
+        lost.wait_until(lambda s: s["served"] == 1, "first version", START_TIMEOUT_S)
+        tree = _tree(lost.proc.pid)
+        trainer_client.close()
+        hub.stop()
+        try:
+            code = lost.proc.wait(180)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the node kept running 180 s after its hub stopped:\n{lost.log_tail()}")
+        assert code == 0, lost.log_tail()
+        assert "its hub is gone" in lost.log_path.read_text(errors="replace")
+        assert _wait_all_gone(tree, 30) == [], "engine processes outlived the node"
+    finally:
+        for node in nodes:
+            node.kill()
+        trainer_client.close()
+        hub.stop()
