@@ -80,6 +80,36 @@ class _BodyLimit:
             await _send_error(send, 413, "InvalidRequest", f"request body exceeds the hub's limit of {self.limit}")
 
 
+class _TokenGate:
+    """Answers 401 to a request without the hub's bearer token before anything else runs: no body is read, no
+    route, validation or middleware below it sees the request, so a caller without the token costs the hub one
+    header check. (The FastAPI dependency ``authorize`` stays as a second line and documents the scheme.)"""
+
+    def __init__(self, app, token: str | None, instance: str):
+        self.app = app
+        self.expected = None if token is None else b"bearer " + token.encode()
+        self.instance = (INSTANCE_HEADER.lower().encode(), instance.encode())
+
+    async def __call__(self, scope, receive, send):
+        if self.expected is None or scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        presented = b""
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                presented = value
+                break
+        scheme, _, rest = presented.partition(b" ")
+        if hmac.compare_digest(scheme.lower() + b" " + rest, self.expected):
+            return await self.app(scope, receive, send)
+        body = json.dumps(msg.ErrorReply(error="Unauthorized", detail="missing or wrong bearer token; pass the "
+                                         "hub's token (TENSORHUB_TOKEN)").body()).encode()
+        # Connection: close, so the unread body of the refused request is never parsed as a next request.
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close"), self.instance]})
+        await send({"type": "http.response.body", "body": body})
+
+
 class _StampInstance:
     """Names the hub instance on every response (clients notice a restart). Plain ASGI: Starlette's
     BaseHTTPMiddleware costs a task group per request, a large share of a heartbeat."""
@@ -287,7 +317,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
-    return _BodyLimit(_StampInstance(app, state.instance), max_body_bytes)
+    return _TokenGate(_BodyLimit(_StampInstance(app, state.instance), max_body_bytes), token, state.instance)
 
 
 def _version_arg(version: str) -> int | str:

@@ -168,3 +168,26 @@ def test_the_last_reliable_copy_of_a_retained_version_is_kept_in_cpu_memory(hub)
         spot.unpublish("policy", 1)
         with th.connect(hub.url, "late") as late:
             assert digest(late.fetch("policy", 1).buffers) == original
+
+
+def test_a_request_without_the_token_is_refused_before_its_body_is_read():
+    """A stranger announces a 60 MiB body and sends 1 KiB of it: the hub answers 401 at once (it does not wait
+    for, read or parse the body), and closes the connection."""
+    import socket
+    from urllib.parse import urlparse
+
+    server = th.start_hub(token="s3cret")
+    try:
+        url = urlparse(server.url)
+        with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+            s.sendall(b"POST /v1/publish HTTP/1.1\r\nHost: hub\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 62914560\r\n\r\n" + b"[" * 1024)
+            reply = b""
+            while b"\r\n\r\n" not in reply:
+                piece = s.recv(4096)  # a hub that waited for the body would time out here (10 s)
+                assert piece, "the hub closed the connection without answering"
+                reply += piece
+        assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+        assert b"connection: close" in reply.lower()
+    finally:
+        server.stop()
