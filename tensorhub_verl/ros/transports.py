@@ -41,13 +41,22 @@ def choose(transport: str, hub_url: str) -> tuple[str, str]:
         return "nixl", f"UCX_TLS={tls}"
     if _is_loopback(_hub_host(hub_url)):
         return "nixl", "every peer is on this host (loopback hub): UCX uses shared memory"
-    if _RDMA_SYSFS.is_dir() and any(_RDMA_SYSFS.iterdir()):
+    if rdma_present():
         return "nixl", "RDMA devices present"
-    import torch
-
-    if torch.cuda.is_available():
+    if cuda_present():
         return "nixl", "CUDA present"
     return "tcp", "no RDMA, no CUDA, peers on other hosts"
+
+
+def rdma_present() -> bool:
+    """Whether the kernel lists RDMA devices (InfiniBand, RoCE)."""
+    return _RDMA_SYSFS.is_dir() and any(_RDMA_SYSFS.iterdir())
+
+
+def cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def create(config, worker: str, hub_url: str) -> Transport:
@@ -66,10 +75,14 @@ def create(config, worker: str, hub_url: str) -> Transport:
 
 
 def net_devices(configured: str | None, hub_url: str) -> str | None:
-    """The explicit setting, else the environment's (None: UCX reads it), else loopback for a loopback hub."""
+    """The explicit setting, else the environment's (None: UCX reads it), else loopback for a loopback hub on a
+    host with neither CUDA nor RDMA. With either, UCX chooses (None): on a one-node GPU job its best wires are
+    CUDA IPC and the RDMA NIC's own loopback, which a ``lo`` confinement would shut out."""
     if configured is not None or "UCX_NET_DEVICES" in os.environ:
         return configured
-    return "lo" if _is_loopback(_hub_host(hub_url)) else None
+    if not _is_loopback(_hub_host(hub_url)) or rdma_present() or cuda_present():
+        return None
+    return "lo"
 
 
 def advertised_host(hub_url: str) -> str:

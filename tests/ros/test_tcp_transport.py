@@ -348,6 +348,27 @@ def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_pat
         ClientConfig(transport="udp")
 
 
+def test_a_loopback_hub_confines_ucx_to_lo_only_where_there_is_no_cuda_and_no_rdma(monkeypatch, tmp_path):
+    """CUDA is simulated (no GPU here): on a one-node GPU job UCX's best wires are CUDA IPC and the NIC's
+    loopback, so no ``lo`` confinement there."""
+    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
+    rdma = tmp_path / "infiniband"
+    rdma.mkdir()
+    monkeypatch.setattr(transports, "_RDMA_SYSFS", rdma)
+    monkeypatch.setattr(transports, "cuda_present", lambda: False)
+    local, remote = "http://127.0.0.1:7777", "http://10.1.2.3:7777"
+    assert transports.net_devices(None, local) == "lo"
+    assert transports.net_devices(None, remote) is None
+    assert transports.net_devices("eth1", local) == "eth1"  # configured wins
+    monkeypatch.setattr(transports, "cuda_present", lambda: True)
+    assert transports.net_devices(None, local) is None
+    monkeypatch.setattr(transports, "cuda_present", lambda: False)
+    (rdma / "mlx5_0").mkdir()
+    assert transports.net_devices(None, local) is None
+    monkeypatch.setenv("UCX_NET_DEVICES", "mlx5_0:1")
+    assert transports.net_devices(None, local) is None  # UCX reads the environment itself
+
+
 def _raw_request(grant: str, granted, wanted) -> bytes:
     from tensorhub_verl.ros import tcp_wire as wire
 
