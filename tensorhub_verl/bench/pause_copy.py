@@ -107,10 +107,13 @@ def _run(hub_url: str, tag: str, *, shape, steps: int, ranks: int, replicas: int
 
 def _summary(rows: list[dict]) -> dict:
     later = rows[1:] or rows  # the first version has nothing to drop, and pays the connections
+    # Times: medians over versions (a shared machine's hiccups land on single steps). The last replica to
+    # apply is the one that drops the old version's last copy, when there is nothing else to keep it.
     return {"steps": rows,
             "preserved_bytes_per_step": statistics.mean(r["preserved_bytes"] for r in later),
-            "stall_s_max_mean": statistics.mean(max(r["stall_s"]) for r in later),
-            "pull_s_mean": statistics.mean(statistics.mean(r["pull_s"]) for r in later),
+            "stall_s_max_median": statistics.median(max(r["stall_s"]) for r in later),
+            "last_replica_stall_s_median": statistics.median(r["stall_s"][-1] for r in later),
+            "pull_s_median": statistics.median(statistics.mean(r["pull_s"]) for r in later),
             "bytes_per_replica_step": statistics.mean(statistics.mean(r["bytes"]) for r in later),
             "bytes_from_trainer_per_step": statistics.mean(r["bytes_from_trainer"] for r in later)}
 
@@ -157,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     out = measure(layers=ns.layers, steps=ns.steps, ranks=ns.ranks, replicas=ns.replicas)
     if not ns.json:
         print(f"model: {out['model_fp32_bytes'] / 1e6:.1f} MB in fp32, {ns.ranks} trainer ranks, "
-              f"{ns.replicas} replicas; means over versions 2..{ns.steps}")
-        print(f"{'configuration':34} {'preserved MB/step':>17} {'max stall s':>11} {'pull s':>7} "
-              f"{'MB/replica':>10} {'MB from trainer':>15}")
+              f"{ns.replicas} replicas; versions 2..{ns.steps}: bytes are means, seconds medians")
+        print(f"{'configuration':34} {'preserved MB/step':>17} {'max stall s':>11} {'last stall s':>12} "
+              f"{'pull s':>7} {'MB/replica':>10} {'MB from trainer':>15}")
         for group in ("pause_copy", "dtype"):
             for name, s in out[group].items():
                 print(f"{group + '/' + name:34} {s['preserved_bytes_per_step'] / 1e6:>17.1f} "
-                      f"{s['stall_s_max_mean']:>11.3f} {s['pull_s_mean']:>7.3f} "
+                      f"{s['stall_s_max_median']:>11.3f} {s['last_replica_stall_s_median']:>12.3f} "
+                      f"{s['pull_s_median']:>7.3f} "
                       f"{s['bytes_per_replica_step'] / 1e6:>10.1f} {s['bytes_from_trainer_per_step'] / 1e6:>15.1f}")
     print(json.dumps({"bench": "pause-copy", "seconds": time.monotonic() - t0, **out}))
     return 0

@@ -10,6 +10,7 @@ verl imports it on every process that builds a checkpoint engine, either
 Unlike verl's nccl/nixl engines there is no per-step group: ``prepare``/``init_process_group``/
 ``finalize`` do nothing, and held versions outlive the step because peers read from them.
 
+- Versions are published in the rollout's dtype (``tensorhub.rollout_dtype``): the trainer casts as it stages.
 - Trainer ranks (verl passes ``is_master``): with FSDP2 every rank publishes its own shard of each tensor
   (``shards.py``, ``Client.publish_shard``): no gather, staging ~1/N of the model per rank, and readers read
   all ranks at once. Where shards do not apply, the master publishes verl's gathered tensors and every
@@ -142,7 +143,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         if version in publisher.held_versions:
             return {}
         # The version's tensors as published: the full shapes, in the rollout's dtype (each piece is cast too).
-        specs = {name: (shape, published_dtype(dtype, publisher.dtype)) for name, (shape, dtype) in shards.specs.items()}
+        specs = {name: (shape, published_dtype(dtype, publisher.dtype))
+                 for name, (shape, dtype) in shards.specs.items()}
         await asyncio.to_thread(publisher.begin, version)
         try:
             for name, piece in shards.pieces.items():
