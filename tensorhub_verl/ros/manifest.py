@@ -250,7 +250,8 @@ def check_buffers(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> None:
             f"remove it from the buffers or fetch a layout that has it", tensor=extra[0])
 
 
-def check_dtype(manifest: Manifest, spec: TensorSpec, buf: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
+def check_dtype(manifest: Manifest, spec: TensorSpec, buf: torch.Tensor,
+                shape: tuple[int, ...] | None = None) -> None:
     """Raises DtypeMismatch when ``buf`` has the expected shape (``shape``, default the whole tensor's) but not
     the version's dtype: the publisher and the reader disagree on the dtype only, and the message says who
     sets it. Nothing is read."""
@@ -262,7 +263,8 @@ def check_dtype(manifest: Manifest, spec: TensorSpec, buf: torch.Tensor, shape: 
         f"({manifest.layout}) was published in {spec.dtype}; only the dtype differs, nothing was read. Publish "
         f"versions in the readers' dtype (a verl job: set actor_rollout_ref.rollout.dtype={have}, or "
         f"tensorhub.rollout_dtype={have}, the dtype the rollout engines serve), or read into {spec.dtype} "
-        f"buffers (client.manifest(...).allocate())", tensor=spec.name, buffer_dtype=have, published_dtype=spec.dtype)
+        f"buffers (client.manifest(...).allocate())",
+        tensor=spec.name, buffer_dtype=have, published_dtype=spec.dtype)
 
 
 def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
