@@ -32,6 +32,7 @@ _BENCHES = {
     "vllm": "tensorhub_verl.bench.vllm_bench",
     "hub": "tensorhub_verl.bench.hub_load",
     "tp-bytes": "tensorhub_verl.bench.tp_bytes",
+    "pause-copy": "tensorhub_verl.bench.pause_copy",
     "soak": "tensorhub_verl.bench.soak",
 }
 

@@ -22,6 +22,17 @@ class ManifestMismatch(TensorHubError):
         self.tensor = tensor
 
 
+class DtypeMismatch(ManifestMismatch):
+    """Buffers match a version's tensors in everything but dtype: the publisher must publish in the readers'
+    dtype (a verl job: ``actor_rollout_ref.rollout.dtype``, passed as ``tensorhub.rollout_dtype``), or the
+    reader must read into buffers of the published dtype."""
+
+    def __init__(self, message: str, tensor: str | None = None, buffer_dtype: str = "", published_dtype: str = ""):
+        super().__init__(message, tensor=tensor)
+        self.buffer_dtype = buffer_dtype
+        self.published_dtype = published_dtype
+
+
 class Unauthorized(TensorHubError):
     """The hub refused the request: token missing or wrong."""
 
@@ -61,6 +72,7 @@ __all__ = [
     "TensorHubError",
     "VersionNotFound",
     "ManifestMismatch",
+    "DtypeMismatch",
     "Unauthorized",
     "NotOwner",
     "TransferFailed",

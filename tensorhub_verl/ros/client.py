@@ -28,8 +28,8 @@ from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
-    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, dtype_from_name, dtype_name,
-    row_range, shard_bytes, shard_chunks, _DTYPES,
+    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
+    dtype_name, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
@@ -174,6 +174,9 @@ class Client:
         self.config = config or ClientConfig()
         self._lock = threading.RLock()
         self._held: dict[tuple[str, str, int, str], _Held] = {}
+        self.preserved_bytes = 0
+        """Bytes this client copied to CPU memory because it held a retained version's last reliable copy
+        (``preserve_on_unpublish``), over its life: callers report the difference across an operation."""
         self._fetches: dict[tuple[str, int, str], _InFlightFetch] = {}
         self._closed = False
         self._transport = transport or transports.create(self.config, worker, hub_url)
@@ -284,6 +287,8 @@ class Client:
         logger.info("%s held the last reliable copy of %s v%d; keeping a CPU copy (%d bytes)",
                     held.holder, m.model, m.version, m.nbytes)
         self._publish(_Held(self.worker + ARCHIVE_SUFFIX, m, copy))
+        with self._lock:
+            self.preserved_bytes += m.nbytes
 
     def _drain(self, held: _Held, timeout: float | None) -> None:
         m = held.manifest
@@ -680,6 +685,7 @@ def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
             continue
         sl = slices.get(spec.name)
         shape = spec.shape if sl is None else TensorSlice.of(sl).shape(spec)
+        check_dtype(manifest, spec, buf, shape)
         if tuple(buf.shape) != shape or dtype_name(buf.dtype) != spec.dtype or not buf.is_contiguous():
             raise errors.ManifestMismatch(
                 f"tensor {spec.name!r}: buffer is {list(buf.shape)} {dtype_name(buf.dtype)}"

@@ -444,8 +444,10 @@ class HubState:
     def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
         """True when ``holder`` holds the last reliable copy of a version inside the retention window.
 
-        A row shard is never a copy (False, with the reason), nor does it count as another holder's copy:
-        its rows alone would keep nothing fetchable once the other ranks go."""
+        A row shard is never a copy by itself (False, with the reason): its rows alone would keep nothing
+        fetchable once the other ranks go. Row shards that together hold every rank's rows (an FSDP trainer's
+        ranks), all active, on live workers none of which is spot, are a reliable copy: while they are, no
+        other holder needs to copy the version in its unpublish."""
         with self._lock:
             visible = sorted({k[1] for k, r in self._records_of(req.model) if self._visible(r)}, reverse=True)
             if req.version not in visible[: self.config.keep_versions]:
@@ -468,7 +470,29 @@ class HubState:
                     if other.holder != req.holder and other.state == "active" and other.chunks is None and worker \
                             and not worker.spot:
                         return msg.PreserveAnswer(must_preserve=False, reason=f"{other.holder} holds a copy")
+                group = self._reliable_row_shards(record, req.holder)
+                if group:
+                    return msg.PreserveAnswer(must_preserve=False, reason=f"row shards {', '.join(group)} together "
+                                              f"hold a complete copy")
             return msg.PreserveAnswer(must_preserve=True, reason="last reliable copy of a retained version")
+
+    def _reliable_row_shards(self, record: VersionRecord, asking: str) -> list[str]:
+        """The holders of a complete set of ``record``'s row shards that count as a reliable copy (every rank's
+        rows active on a live, non-spot worker), or [] when there is none. Silence is measured as ``sweep``
+        does, so a rank that stopped sending heartbeats counts as dead before the sweep drops it."""
+        ranks: dict[int, str] = {}
+        now, stalled = self._clock(), self.stall.stalled()
+        for other in record.holdings.values():
+            worker = self._workers.get(other.worker)
+            if other.shard_rank is None or other.holder == asking or other.state != "active" or worker is None \
+                    or worker.spot:
+                continue
+            if now - worker.last_seen - (stalled - worker.stall_at_seen) > self.config.worker_timeout_s:
+                continue
+            ranks.setdefault(other.shard_rank, other.holder)
+        if len(ranks) != record.manifest.row_shards:
+            return []
+        return [ranks[r] for r in sorted(ranks)]
 
     # ----------------------------------------------------------------------------------- fetches
     def begin_fetch(self, req: msg.BeginFetch) -> Manifest:

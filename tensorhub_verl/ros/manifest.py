@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from tensorhub_verl.errors import ManifestMismatch
+from tensorhub_verl.errors import DtypeMismatch, ManifestMismatch
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 HF_LAYOUT = "hf"
@@ -234,6 +234,7 @@ def check_buffers(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> None:
                 f"buffer for tensor {spec.name!r} is missing (expected shape {list(spec.shape)} {spec.dtype}); "
                 f"allocate buffers with client.manifest(...).allocate()", tensor=spec.name)
         buf = into[spec.name]
+        check_dtype(manifest, spec, buf)
         if tuple(buf.shape) != spec.shape or dtype_name(buf.dtype) != spec.dtype:
             raise ManifestMismatch(
                 f"tensor {spec.name!r}: buffer is {list(buf.shape)} {dtype_name(buf.dtype)}, "
@@ -247,6 +248,23 @@ def check_buffers(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> None:
         raise ManifestMismatch(
             f"tensor {extra[0]!r} is not in version {manifest.version} ({manifest.layout}); "
             f"remove it from the buffers or fetch a layout that has it", tensor=extra[0])
+
+
+def check_dtype(manifest: Manifest, spec: TensorSpec, buf: torch.Tensor,
+                shape: tuple[int, ...] | None = None) -> None:
+    """Raises DtypeMismatch when ``buf`` has the expected shape (``shape``, default the whole tensor's) but not
+    the version's dtype: the publisher and the reader disagree on the dtype only, and the message says who
+    sets it. Nothing is read."""
+    have = dtype_name(buf.dtype)
+    if have == spec.dtype or tuple(buf.shape) != tuple(spec.shape if shape is None else shape):
+        return
+    raise DtypeMismatch(
+        f"tensor {spec.name!r}: the buffer is {have}, version {manifest.version} of {manifest.model!r} "
+        f"({manifest.layout}) was published in {spec.dtype}; only the dtype differs, nothing was read. Publish "
+        f"versions in the readers' dtype (a verl job: set actor_rollout_ref.rollout.dtype={have}, or "
+        f"tensorhub.rollout_dtype={have}, the dtype the rollout engines serve), or read into {spec.dtype} "
+        f"buffers (client.manifest(...).allocate())",
+        tensor=spec.name, buffer_dtype=have, published_dtype=spec.dtype)
 
 
 def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:

@@ -10,6 +10,7 @@ verl imports it on every process that builds a checkpoint engine, either
 Unlike verl's nccl/nixl engines there is no per-step group: ``prepare``/``init_process_group``/
 ``finalize`` do nothing, and held versions outlive the step because peers read from them.
 
+- Versions are published in the rollout's dtype (``tensorhub.rollout_dtype``): the trainer casts as it stages.
 - Trainer ranks (verl passes ``is_master``): with FSDP2 every rank publishes its own shard of each tensor
   (``shards.py``, ``Client.publish_shard``): no gather, staging ~1/N of the model per rank, and readers read
   all ranks at once. Where shards do not apply, the master publishes verl's gathered tensors and every
@@ -25,6 +26,8 @@ import asyncio
 import logging
 from typing import Any, AsyncGenerator
 
+import torch
+
 # First: registers verl's "cpu" platform before any verl module resolves its platform (VERL_PLATFORM=cpu).
 from tensorhub_verl.verl import cpu_platform  # noqa: F401  isort: skip
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
@@ -33,6 +36,7 @@ from verl.workers.rollout.utils import ensure_async_iterator
 from tensorhub_verl.errors import ConfigError, InvalidRequest
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.dtypes import published_dtype
 from tensorhub_verl.verl.hub_actor import ensure_hub
 from tensorhub_verl.verl.identity import (
     ACTOR_ROLE,
@@ -135,14 +139,17 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         # With one rank the publisher digests what it stages; with several, the full tensors need a gather,
         # a collective that every rank joins (even one that already holds this version).
         gather = self.config.verify_digests and shards.ranks > 1
-        digests = _full_tensor_digests(shards) if gather else None
+        digests = _full_tensor_digests(shards, publisher.dtype) if gather else None
         if version in publisher.held_versions:
             return {}
+        # The version's tensors as published: the full shapes, in the rollout's dtype (each piece is cast too).
+        specs = {name: (shape, published_dtype(dtype, publisher.dtype))
+                 for name, (shape, dtype) in shards.specs.items()}
         await asyncio.to_thread(publisher.begin, version)
         try:
             for name, piece in shards.pieces.items():
                 publisher.add(name, piece)
-            stats = await asyncio.to_thread(publisher.finish, shards.specs)
+            stats = await asyncio.to_thread(publisher.finish, specs)
         except BaseException:
             publisher.abort()
             raise
@@ -209,19 +216,21 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                                         staging=self.config.staging, chunk_bytes=self.config.chunk_bytes,
                                         unpublish_timeout_s=self.config.unpublish_timeout_s,
                                         verify_digests=self.config.verify_digests and ranks == 1,
-                                        shard=(rank, ranks) if ranks > 1 else None)
+                                        shard=(rank, ranks) if ranks > 1 else None,
+                                        dtype=self.config.published_dtype)
         return self._publisher
 
 
-def _full_tensor_digests(shards: LocalShards) -> dict[str, str] | None:
-    """``verify_digests`` with shards: every rank joins each tensor's gather; rank 0 digests the full tensors."""
+def _full_tensor_digests(shards: LocalShards, dtype: torch.dtype | None) -> dict[str, str] | None:
+    """``verify_digests`` with shards: every rank joins each tensor's gather; rank 0 digests the full tensors,
+    cast to the published ``dtype`` as the rollouts serve them."""
     from tensorhub_verl.ros.integrity import tensor_digests
 
     digests = {}
     for name, value in shards.full.items():
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         if shards.rank == 0:
-            digests.update(tensor_digests({name: full}))
+            digests.update(tensor_digests({name: full.to(published_dtype(full.dtype, dtype))}))
     return digests if shards.rank == 0 else None
 
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.topology import LABEL_KEYS, LINK_KEYS
+from tensorhub_verl.verl.dtypes import rollout_dtype
 
 STAGING_MODES = ("none", "cpu", "gpu")
 """Where a held version's bytes live: the tensors themselves (none), pinned CPU or GPU buffers. The one list
@@ -37,6 +38,12 @@ class TensorHubVerlConfig:
     """Where the trainer's published bytes live: 'none' holds the tensors verl's per-tensor generator
     yields (no extra copy; only safe when the engine yields fresh tensors, e.g. FSDP full_tensor
     gathers), 'cpu' copies into pinned CPU buffers allocated once, 'gpu' into GPU buffers allocated once."""
+    rollout_dtype: str | None = None
+    """The dtype the rollout engines serve (the presets set it from ``actor_rollout_ref.rollout.dtype``): the
+    trainer casts its floating-point tensors to it as it stages them, so a version crosses the wire once, in the
+    bytes the engines serve (half of an fp32 master's for a bf16 rollout). null or 'auto': the parameters'
+    dtype. With staging 'none' and a cast, the cast tensors live in buffers on the tensors' own device,
+    allocated once and reused (the cast is the copy that 'none' otherwise avoids)."""
     rollout_staging: str = "none"
     """How a rollout engine takes a new version. Its live parameters are always the holder of the version it
     serves. 'none': the pull lands straight in the parameters while the engine is paused (no copy of the
@@ -98,6 +105,7 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.keep_versions must be >= 1, got {self.keep_versions}")
         if self.staging not in STAGING_MODES:
             raise ConfigError(f"tensorhub.staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        rollout_dtype(self.rollout_dtype)  # raises ConfigError naming the accepted names
         if self.rollout_staging not in STAGING_MODES:
             raise ConfigError(f"tensorhub.rollout_staging must be one of {STAGING_MODES}, "
                               f"got {self.rollout_staging!r}")
@@ -127,6 +135,11 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
             raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
+
+    @property
+    def published_dtype(self):
+        """The torch dtype versions are published in, or None: the parameters' own (see ``rollout_dtype``)."""
+        return rollout_dtype(self.rollout_dtype)
 
     @property
     def chunk_bytes(self) -> int:

@@ -16,6 +16,9 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/trainer_sources`` / ``tensorhub/trainer_share_max``: trainer workers read from, and the largest
   share of the trainer bytes one of them served (~1/N when N FSDP ranks each serve their shard).
 - ``tensorhub/publish_ranks``: trainer ranks that published (N with shards, 1 with gathered tensors).
+- ``tensorhub/preserved_bytes``: bytes rollout engines copied to CPU inside their pause, because unpublishing
+  the version they stopped serving would have dropped its last reliable copy (0 while the trainer, its complete
+  FSDP shard group, or a peer still holds it).
 plus the trainer's ``tensorhub/publish_*`` from ``PublishStats`` (bytes summed over ranks, times the slowest).
 """
 
@@ -54,6 +57,7 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], upda
     out["tensorhub/bytes_from_trainer"] = float(total - peer)
     out["tensorhub/bytes_from_peers"] = float(peer)
     out["tensorhub/pull_s"] = max((u.pull_s for u in updates), default=0.0)
+    out["tensorhub/preserved_bytes"] = float(sum(u.preserved_bytes for u in updates))
     out["tensorhub/sources_peer_fraction"] = peer / total if total else 0.0
     by_trainer: dict[str, int] = {}
     for u in updates:

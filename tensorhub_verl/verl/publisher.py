@@ -9,6 +9,10 @@ unchanged until unpublished, so each version lives in one slot of a ``BufferRing
   next optimizer step: detected, see ``_check_no_alias``).
 - ``staging='cpu'`` / ``'gpu'``: each tensor is copied into the slot's buffer, allocated at the first
   version and reused (so the transport registers it once).
+
+With a ``dtype`` (the rollout's, ``dtypes.published_dtype``) every floating-point tensor is cast as it is
+staged, so the version is published in the bytes the engines serve. A cast is a copy: with ``staging='none'``
+it lands in slot buffers on the tensor's own device, allocated once and reused like the other modes'.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT
 from tensorhub_verl.verl.config import STAGING_MODES
 from tensorhub_verl.verl.digest import DIGEST_KEY
+from tensorhub_verl.verl.dtypes import published_dtype
 from tensorhub_verl.verl.staging import BufferRing, Slot
 
 logger = logging.getLogger("tensorhub_verl.verl.publisher")
@@ -62,7 +67,7 @@ class Publisher:
 
     def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
                  unpublish_timeout_s: float, verify_digests: bool = False,
-                 shard: tuple[int, int] | None = None) -> None:
+                 shard: tuple[int, int] | None = None, dtype: torch.dtype | None = None) -> None:
         if staging not in STAGING_MODES:
             raise ConfigError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
         if staging == "gpu" and not torch.cuda.is_available():
@@ -78,6 +83,8 @@ class Publisher:
         self._pin = staging == "cpu" and torch.cuda.is_available()
         self._shard = shard
         """(rank, ranks) when this rank publishes only its rows of each tensor (``Client.publish_shard``)."""
+        self.dtype = dtype
+        """The dtype floating-point tensors are published in (the rollout's); None: their own."""
 
     @property
     def held_versions(self) -> list[int]:
@@ -105,14 +112,16 @@ class Publisher:
             raise ConfigError(f"tensorhub.staging='none' but {name!r} is a live nn.Parameter: the optimizer would "
                               f"change it under readers. Use tensorhub.staging=cpu or gpu.")
         tensor = tensor.detach()
-        if self._staging == "none":
+        dtype = published_dtype(tensor.dtype, self.dtype)
+        if self._staging == "none" and dtype == tensor.dtype:
             fill.seen[name] = tensor if tensor.is_contiguous() else tensor.contiguous()
             return
         buf = fill.slot.buffers.get(name)
-        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            device = tensor.device if self._staging == "gpu" else "cpu"
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device=device, pin_memory=self._pin)
+        device = tensor.device if self._staging in ("gpu", "none") else torch.device("cpu")
+        if buf is None or buf.shape != tensor.shape or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(tensor.shape, dtype=dtype, device=device, pin_memory=self._pin)
         # non_blocking: device->pinned-host copies overlap with the next gather; finish() synchronizes.
+        # copy_ casts on the way (fp32 -> bf16 rounds to nearest even, as Tensor.to does).
         buf.copy_(tensor, non_blocking=tensor.is_cuda)
         fill.seen[name] = buf
 

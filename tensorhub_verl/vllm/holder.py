@@ -40,7 +40,7 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
-from tensorhub_verl.ros.manifest import HF_LAYOUT, dtype_from_name, dtype_name
+from tensorhub_verl.ros.manifest import HF_LAYOUT, check_dtype, dtype_from_name, dtype_name
 from tensorhub_verl.verl.config import STAGING_MODES
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews
@@ -261,6 +261,7 @@ class EngineHolder:
             self._pull = pull
             if self._pulls_in_place(pull.source_layout):
                 pull.state = PullState.READY  # the pull runs inside apply, straight into the params
+                self._refuse_other_dtype(pull)
                 return {"version": v, "source_layout": pull.source_layout, "started": True}
             pull.thread = threading.Thread(target=self._run_pull, args=(pull,), daemon=True,
                                            name=f"tensorhub-pull-{self.config.model}-v{v}")
@@ -271,6 +272,30 @@ class EngineHolder:
         """Staging ``none`` reads straight into the parameters: raw from a peer, or from ``hf`` when the HF
         tensors map onto views of the parameters (``layout.hf_views``); otherwise through a staging copy."""
         return self.config.staging == "none" and (source_layout != HF_LAYOUT or self._hf_views is not None)
+
+    def _refuse_other_dtype(self, pull: _Pull) -> None:
+        """An in-place 'hf' pull whose version has the parameters' shapes in another dtype fails here, before the
+        served version is unpublished or a byte moves: the pull is FAILED with a ``DtypeMismatch`` that names
+        both dtypes, the setting that fixes it, and the version the shard keeps serving."""
+        if pull.source_layout != HF_LAYOUT:
+            return
+        manifest = self.client.manifest(self.config.model, pull.version, layout=HF_LAYOUT)
+        views = self._hf_views.views
+        for spec in manifest.tensors:
+            target = views.get(spec.name)
+            if target is None or dtype_name(target.dtype) == spec.dtype:
+                continue
+            shape = self._hf_views.slices.get(spec.name)
+            try:
+                check_dtype(manifest, spec, target, None if shape is None else tuple(target.shape))
+            except errors.DtypeMismatch as e:
+                keeps = "its initial weights" if self.served is None else f"v{self.served}"
+                pull.error = errors.DtypeMismatch(f"{self.worker}: {e}. This engine keeps serving {keeps}.",
+                                                  tensor=e.tensor, buffer_dtype=e.buffer_dtype,
+                                                  published_dtype=e.published_dtype)
+                pull.state = PullState.FAILED
+                logger.error("%s", pull.error)
+                return
 
     def _hf_targets(self, version: int, hf_views: HFViews | None = None) -> dict[str, torch.Tensor] | None:
         """Views of the parameters (or of ``hf_views``' tensors) for each HF tensor of ``version`` (scratch for
@@ -410,11 +435,13 @@ class EngineHolder:
         """Makes the pulled version the served one, all-or-nothing. The engine must not run a forward pass
         meanwhile (the vLLM extension runs this inside a collective RPC, between engine steps).
 
-        Returns ``{"version", "source_layout", "stall_s", "pull_s", "bytes", "sources"}``. On a failed pull
+        Returns ``{"version", "source_layout", "stall_s", "pull_s", "bytes", "sources", "preserved_bytes"}``
+        (``preserved_bytes``: what unpublishing the old version copied to CPU inside the stall). On a failed pull
         raises it (TransferFailed, ...) with the parameters untouched.
         """
         timeout = self.config.fetch_timeout_s if timeout is None else timeout
         self.wait_ready(timeout)
+        preserved = self.client.preserved_bytes  # unpublishing the old version may copy it to CPU (the hub says)
         t0 = time.monotonic()
         with self._lock:
             pull = self._pull
@@ -433,7 +460,8 @@ class EngineHolder:
         result = {"worker": self.worker, "version": pull.version, "source_layout": pull.source_layout,
                   "stall_s": stall,
                   "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
-                  "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases)}
+                  "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases),
+                  "preserved_bytes": self.client.preserved_bytes - preserved}
         logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
                     self.config.model, pull.version, sorted(result["sources"]), pull.source_layout, stall,
                     pull.seconds)

@@ -44,11 +44,15 @@ class UpdateResult:
     source_layouts: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     """Slowest rank's seconds per apply phase (unpublish_old_s, copy_in_s, release_staging_s, publish_s)."""
+    preserved_bytes: int = 0
+    """Bytes the ranks copied to CPU inside the apply because they held the last reliable copy of the version
+    they stopped serving (0 while the trainer or a peer still holds it)."""
 
     def as_dict(self) -> dict:
         return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
                 "seconds": self.seconds, "bytes": self.bytes, "rank_bytes": list(self.rank_bytes), "sources": dict(self.sources),
-                "source_layouts": list(self.source_layouts), "phases": dict(self.phases)}
+                "source_layouts": list(self.source_layouts), "phases": dict(self.phases),
+                "preserved_bytes": self.preserved_bytes}
 
 
 def llm_rpc(llm) -> Rpc:
@@ -132,7 +136,8 @@ class EngineUpdater:
                            stall_s=max(r["stall_s"] for r in results), pull_s=max(r["pull_s"] for r in results),
                            seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
                            rank_bytes=[r["bytes"] for r in results],
-                           source_layouts=[r["source_layout"] for r in results])
+                           source_layouts=[r["source_layout"] for r in results],
+                           preserved_bytes=sum(r.get("preserved_bytes", 0) for r in results))
         for r in results:
             for k, x in r.get("phases", {}).items():
                 res.phases[k] = max(res.phases.get(k, 0.0), x)

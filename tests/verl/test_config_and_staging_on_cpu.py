@@ -79,10 +79,11 @@ def test_identities_and_trainer_sources():
 def test_metrics_split_peer_bytes_and_lag():
     updates = [UpdateResult(version=5, applied=True, bytes=100, pull_s=1.0, sources={"j-actor-0": 100}),
                UpdateResult(version=5, applied=True, bytes=100, pull_s=2.0,
-                            sources={"j-actor-0": 25, "j-rollout-0-0": 75})]
+                            sources={"j-actor-0": 25, "j-rollout-0-0": 75}, preserved_bytes=64)]
     m = update_metrics(version=5, publish=[{"tensorhub/publish_s": 0.5}, {}], updates=updates,
                        stalls={0: 0.1, 1: 0.3}, served={0: 5, 1: 5, 2: 3})
     assert m["tensorhub/bytes"] == 200 and m["tensorhub/sources_peer_fraction"] == 0.375
     assert m["tensorhub/pull_s"] == 2.0 and m["tensorhub/stall_s"] == 0.3
     assert m["tensorhub/version_lag"] == 2 and m["tensorhub/replicas_updated"] == 2
     assert m["tensorhub/publish_s"] == 0.5
+    assert m["tensorhub/preserved_bytes"] == 64  # one replica copied the old version to CPU in its pause

@@ -51,6 +51,10 @@ def test_standalone_and_cross_dc_compose_with_ppo_trainer():
     out = _compose(searchpath, "+tensorhub=standalone", "tensorhub.keep_versions=4")
     assert out["backend"] == "tensorhub" and out["module"] == "tensorhub_verl.verl.checkpoint_engine"
     assert out["th"]["keep_versions"] == 4 and out["th"]["staging"] == "cpu" and out["th"]["hub_address"] is None
+    assert out["th"]["rollout_dtype"] == "bfloat16"  # verl's rollout.dtype default: the trainer casts to it
+
+    out = _compose(searchpath, "+tensorhub=standalone", "actor_rollout_ref.rollout.dtype=float16")
+    assert out["th"]["rollout_dtype"] == "float16"
 
     out = _compose(searchpath, "+tensorhub=cross_dc", "tensorhub.location.rack=r7", env={"TENSORHUB_DC": "eu1"})
     assert out["th"]["location"] == {"dc": "eu1", "rack": "r7"}

@@ -8,6 +8,7 @@ Each step's metrics come from verl's own "file" logger.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -29,20 +30,41 @@ def task(tmp_path_factory):
     return build_task(tmp_path_factory.mktemp("task"))
 
 
-def _run(task, tmp_path, steps: int, **kw) -> tuple[dict, list[tuple[int, dict]]]:
+def _run(task, tmp_path, steps: int, dtype_overrides: tuple[str, ...] = (), **kw
+         ) -> tuple[dict, list[tuple[int, dict]]]:
     job = TinyJob(task=task, out_dir=tmp_path, steps=steps, replicas=2,
-                  extra=("tensorhub.verify_digests=true",), **kw)
+                  extra=("tensorhub.verify_digests=true", *dtype_overrides), **kw)
     result = run(job, quiet=True, timeout_s=800)
     return result, read_metrics(job.metrics_file)
 
 
+def _fp32_bytes(model_dir) -> int:
+    """Bytes of the model's tensors in float32 (the task's checkpoint is saved in float32)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) * 4 for name in f.keys())
+    return total
+
+
 def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_path):
-    """Two FSDP2 trainer ranks, each publishing its own shard; the replicas' engines hold what they serve."""
-    result, metrics = _run(task, tmp_path, steps=3, trainer_ranks=2)
+    """Two FSDP2 trainer ranks holding bf16 weights, each publishing its own shard cast to the rollouts' float32
+    (vLLM's CPU build serves float32 only: the cast is tested in that direction); the replicas' engines hold what
+    they serve, and no replica copies the old version in its pause while the trainer's ranks hold it."""
+    result, metrics = _run(task, tmp_path, steps=3, trainer_ranks=2,
+                           dtype_overrides=("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",))
     assert result["demo"] == "ok"
     assert [step for step, _ in metrics] == [1, 2, 3]
+    fp32_bytes = _fp32_bytes(task.model_dir)
     on_policy_steps = 0
     for step, m in metrics:
+        # Published in the rollouts' dtype: float32 bytes from bf16 parameters, read once by each replica.
+        assert m["tensorhub/publish_bytes"] >= fp32_bytes
+        assert m["tensorhub/bytes"] == 2 * m["tensorhub/publish_bytes"]
+        # The trainer's complete shard group holds the version the replicas stop serving: no copy in the pause.
+        assert m["tensorhub/preserved_bytes"] == 0
         # Every replica pulled and applied this step's version: verl's step counter is the version.
         assert m["tensorhub/version"] == step
         assert m["tensorhub/replicas_updated"] == 2 and m["tensorhub/version_lag"] == 0
