@@ -214,3 +214,11 @@ def test_verls_value_model_loader_honours_the_configured_attention(tmp_path):
     assert critic.config._attn_implementation == "eager"
     assert critic.score.weight.shape == (1, 64)  # a value head: one output per token
     assert PreTrainedModel.__dict__["from_pretrained"] is transformers_loader  # transformers' method restored
+
+
+def test_the_patches_readme_lists_every_patch():
+    from tensorhub_verl.verl.patches import PATCH_MODULES
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "patches", "verl", "README.md")).read()
+    missing = [name for name in (m.rsplit(".", 1)[-1] for m in PATCH_MODULES) if f"| `{name}`" not in readme]
+    assert missing == [], f"patches/verl/README.md does not list {missing}"
