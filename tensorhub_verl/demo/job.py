@@ -2,9 +2,9 @@
 weight transfer.
 
 One home for what the demo, its tests and ``recipes/*_tiny_cpu*.sh`` run: verl's own trainer
-(``python -m verl.trainer.main_ppo``, v1 ``separate_async``; or verl's fully async policy), ``+tensorhub=<mode>``,
-and a Hydra preset in ``tensorhub_verl/conf/tensorhub_cpu/`` (``tiny_grpo``, ``tiny_ppo``,
-``tiny_grpo_fully_async``) for everything that makes it fit a 2-core machine with no GPU.
+(``python -m verl.trainer.main_ppo``, v1 ``separate_async``; or verl's fully async policy),
+``+tensorhub=<mode>``, and a Hydra preset in ``tensorhub_verl/conf/tensorhub_cpu/`` (``tiny_grpo``,
+``tiny_ppo``, ``tiny_grpo_fully_async``) for everything that makes it fit a 2-core machine with no GPU.
 """
 
 from __future__ import annotations

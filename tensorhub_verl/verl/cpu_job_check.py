@@ -2,9 +2,9 @@
 
 Each of these fails late and obscurely on CPU otherwise (bf16 vLLM dies with "Illegal instruction" in CPU
 attention, sleep mode is refused by vLLM's CPU build, remove-padding needs flash-attn's kernels, ...). The
-Hydra presets ``+tensorhub_cpu=tiny_grpo`` (and ``tiny_ppo``, ``tiny_grpo_fully_async``) set all of them. A job
-with a critic (PPO: ``algorithm.adv_estimator=gae`` or ``critic.enable=True``) needs the same model settings
-for the critic's model.
+Hydra presets ``+tensorhub_cpu=tiny_grpo`` (and ``tiny_ppo``, ``tiny_grpo_fully_async``) set all of them.
+A job with a critic (PPO: ``algorithm.adv_estimator=gae`` or ``critic.enable=True``) needs the same model
+settings for the critic's model.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def uses_critic(config: Any) -> bool:
 def _attention_fix(model_key: str, config: Any) -> str | None:
     attn = config_value(config, f"{model_key}.override_config.attn_implementation", default=None)
     if attn is None:
-        return (f"+{model_key}.override_config.attn_implementation=eager (verl defaults to flash_attention_2, "
-                f"which does not run on CPU)")
+        return (f"+{model_key}.override_config.attn_implementation=eager (verl defaults to "
+                f"flash_attention_2, which does not run on CPU)")
     if attn not in CPU_ATTENTION:
         return f"+{model_key}.override_config.attn_implementation=eager (is {attn})"
     return None

@@ -171,19 +171,20 @@ def test_a_ppo_job_on_cpu_needs_the_critic_settings_too():
                                     "critic": {"model": {"use_remove_padding": True}}})
     with pytest.raises(ConfigError) as info:
         check_cpu_job(ppo)
-    for fix in ("critic.model.use_remove_padding=False", "critic.model.override_config.attn_implementation=eager",
-                "tiny_ppo"):
+    for fix in ("critic.model.use_remove_padding=False",
+                "critic.model.override_config.attn_implementation=eager", "tiny_ppo"):
         assert fix in str(info.value)
     assert "actor_rollout_ref" not in str(info.value)  # the actor's settings are right: not named
-    check_cpu_job(OmegaConf.merge(ppo, {"critic": {"enable": False}}))  # no critic: its settings do not matter
+    check_cpu_job(OmegaConf.merge(ppo, {"critic": {"enable": False}}))  # no critic: its settings don't count
     flash = OmegaConf.merge(ppo, {"critic": {"model": {"use_remove_padding": False, "override_config": {
         "attn_implementation": "flash_attention_2"}}}})
-    with pytest.raises(ConfigError, match="critic.model.override_config.attn_implementation=eager \\(is flash"):
+    with pytest.raises(ConfigError, match=r"critic\.model\.override_config\.attn_implementation=eager \(is"):
         check_cpu_job(flash)
 
 
 def test_the_critic_attention_patch_replaces_only_the_hard_coded_choice():
-    from tensorhub_verl.verl.patches.verl_0_9_1_critic_attention import replace_hard_coded, requested_attention
+    from tensorhub_verl.verl.patches.verl_0_9_1_critic_attention import (replace_hard_coded,
+                                                                         requested_attention)
 
     asked = {"torch_dtype": "f32", "attn_implementation": "flash_attention_2"}
     assert replace_hard_coded(asked, "eager") == {"torch_dtype": "f32", "attn_implementation": "eager"}
@@ -195,20 +196,22 @@ def test_the_critic_attention_patch_replaces_only_the_hard_coded_choice():
 
 
 def test_verls_value_model_loader_honours_the_configured_attention(tmp_path):
-    """verl 0.9.1 loads the critic with flash_attention_2 whatever the config says: on this machine (no flash-attn)
-    the load fails and verl blames trl. Patched, the critic loads with the config's eager attention."""
+    """verl 0.9.1 loads the critic with flash_attention_2 whatever the config says: on this machine (no
+    flash-attn) the load fails and verl blames trl. Patched, the critic loads with the config's eager
+    attention."""
     import torch
     from transformers import AutoConfig, PreTrainedModel
 
     from tensorhub_verl.testing.tiny_model import build_tiny_model
 
-    model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128, num_layers=1,
-                                 num_heads=2, num_kv_heads=1)
+    model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128,
+                                 num_layers=1, num_heads=2, num_kv_heads=1)
     transformers_loader = PreTrainedModel.__dict__["from_pretrained"]
     import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  applies the patches
     from verl.utils.model import load_valuehead_model
 
-    config = AutoConfig.from_pretrained(str(model_dir), attn_implementation="eager")  # as verl's HFModelConfig
+    # as verl's HFModelConfig builds it from override_config
+    config = AutoConfig.from_pretrained(str(model_dir), attn_implementation="eager")
     config.num_labels = 1
     critic = load_valuehead_model(str(model_dir), torch.float32, config, False)
     assert critic.config._attn_implementation == "eager"

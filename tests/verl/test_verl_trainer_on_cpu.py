@@ -67,13 +67,15 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
 
 
 def test_ppo_with_a_critic_syncs_through_tensorhub(task, tmp_path):
-    """PPO (GAE advantages, a value model trained beside the actor: +tensorhub_cpu=tiny_ppo). verl 0.9.1 cannot
-    load the critic without flash-attn; patched, the critic trains and the actor's versions reach both replicas."""
+    """PPO (GAE advantages, a value model trained beside the actor: +tensorhub_cpu=tiny_ppo). verl 0.9.1
+    cannot load the critic without flash-attn; patched, the critic trains and the actor's versions reach both
+    replicas."""
     result, metrics = _run(task, tmp_path, steps=3, algorithm="ppo")
     assert result["demo"] == "ok"
     assert [step for step, _ in metrics] == [1, 2, 3]
     for step, m in metrics:
-        assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["critic/vpred_mean"])  # the critic trained
+        # the critic trained on this step's batch
+        assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["critic/vpred_mean"])
         assert m["tensorhub/version"] == step
         assert m["tensorhub/replicas_updated"] == 2 and m["tensorhub/version_lag"] == 0
         assert m["tensorhub/digests_checked"] == 2 and m["tensorhub/digest_mismatches"] == 0

@@ -32,7 +32,8 @@ _swap_lock = threading.RLock()
 
 
 def describe() -> str:
-    return "load_valuehead_model uses the critic config's attn_implementation instead of always flash_attention_2"
+    return ("load_valuehead_model uses the critic config's attn_implementation "
+            "instead of always flash_attention_2")
 
 
 def requested_attention(model_config: Any) -> str | None:
@@ -50,9 +51,9 @@ def replace_hard_coded(kwargs: dict, requested: str) -> dict:
 
 @contextmanager
 def _from_pretrained_asking_for(requested: str) -> Iterator[None]:
-    """While verl's loader runs on this thread, every ``PreTrainedModel.from_pretrained`` call it makes (the auto
-    classes dispatch to it) gets ``requested`` where verl hard-codes flash_attention_2. Other threads keep
-    transformers' own method: the swap is checked against the thread that made it."""
+    """While verl's loader runs on this thread, every ``PreTrainedModel.from_pretrained`` call it makes
+    (the auto classes dispatch to it) gets ``requested`` where verl hard-codes flash_attention_2. Other
+    threads keep transformers' own behaviour: the swap is checked against the thread that made it."""
     from transformers import PreTrainedModel
 
     owner = threading.get_ident()
