@@ -19,7 +19,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ["tensorhub_verl/conf/tensorhub/cross_dc.yaml", "tensorhub_verl/conf/tensorhub/elastic.yaml",
-           "tensorhub_verl/conf/tensorhub/standalone.yaml", "tensorhub_verl/conf/tensorhub_cpu/tiny_grpo.yaml"]
+           "tensorhub_verl/conf/tensorhub/standalone.yaml",
+           "tensorhub_verl/conf/tensorhub_cpu/tiny_grpo.yaml",
+           "tensorhub_verl/conf/tensorhub_cpu/tiny_grpo_fully_async.yaml",
+           "tensorhub_verl/conf/tensorhub_cpu/tiny_ppo.yaml"]
 
 LOOKUP = textwrap.dedent("""
     import json

@@ -64,7 +64,8 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
     job.out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (job.metrics_file, job.hub_url_file):
         stale.unlink(missing_ok=True)
-    _say(quiet, f"verl GRPO on CPU: {job.steps} steps, {job.replicas} rollout replicas, +tensorhub={job.mode}")
+    _say(quiet, f"verl {job.algorithm.upper()} ({job.trainer_mode}) on CPU: {job.steps} steps, "
+                f"{job.replicas} rollout replicas, +tensorhub={job.mode}")
     _say(quiet, f"  log: {job.log_file}   (Ray and vLLM start-up takes 1-3 minutes on 2 cores)")
     started = time.monotonic()
     with open(job.log_file, "w") as log:

@@ -1,8 +1,10 @@
-"""The command line and environment of a tiny verl GRPO job on CPU, with TensorHub weight transfer.
+"""The command line and environment of a tiny verl job on CPU (GRPO, or PPO with a critic), with TensorHub
+weight transfer.
 
-One home for what the demo, its tests and ``recipes/grpo_tiny_cpu.sh`` run: verl's own trainer
-(``python -m verl.trainer.main_ppo``), v1 ``separate_async``, ``+tensorhub=<mode>``, and the Hydra preset
-``tensorhub_verl/conf/tensorhub_cpu/tiny_grpo.yaml`` for everything that makes it fit a 2-core machine with no GPU.
+One home for what the demo, its tests and ``recipes/*_tiny_cpu*.sh`` run: verl's own trainer
+(``python -m verl.trainer.main_ppo``, v1 ``separate_async``; or verl's fully async policy),
+``+tensorhub=<mode>``, and a Hydra preset in ``tensorhub_verl/conf/tensorhub_cpu/`` (``tiny_grpo``,
+``tiny_ppo``, ``tiny_grpo_fully_async``) for everything that makes it fit a 2-core machine with no GPU.
 """
 
 from __future__ import annotations
@@ -23,23 +25,15 @@ _ENTRY_POINTS = {"separate_async": "verl.trainer.main_ppo",
 PROMPTS_PER_STEP = 8
 """data.train_batch_size of the preset: prompts per training step."""
 
-
-def _fully_async_overrides(steps: int, replicas: int) -> list[str]:
-    """verl's fully async policy (its own entry point and config): rollouter and trainer decoupled, one
-    weight sync per trainer step, no partial rollouts, so that each step's syncs are comparable."""
-    return [
-        "data.train_batch_size=0", "data.gen_batch_size=1", "data.return_raw_chat=True",
-        "rollout.nnodes=1", f"rollout.n_gpus_per_node={replicas}", "rollout.n=8",
-        f"rollout.total_rollout_steps={steps * PROMPTS_PER_STEP}",
-        "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=1",
-        "async_training.staleness_threshold=0", "async_training.partial_rollout=False",
-        "async_training.concurrent_samples_per_replica=8",
-    ]
+PRESETS = {("grpo", "separate_async"): "tiny_grpo", ("grpo", "fully_async"): "tiny_grpo_fully_async",
+           ("ppo", "separate_async"): "tiny_ppo"}
+"""The Hydra preset (``tensorhub_verl/conf/tensorhub_cpu/<name>.yaml``) of each (algorithm, trainer mode)."""
+ALGORITHMS = ("grpo", "ppo")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TinyJob:
-    """One run of the tiny GRPO job."""
+    """One run of the tiny job."""
 
     task: TaskFiles
     out_dir: Path
@@ -49,6 +43,8 @@ class TinyJob:
     mode: str = "standalone"
     """The TensorHub Hydra group: standalone | elastic | cross_dc."""
     trainer_mode: str = "separate_async"
+    algorithm: str = "grpo"
+    """grpo, or ppo (with a critic: GAE advantages)."""
     trainer_ranks: int = 1
     """FSDP2 ranks of the trainer (gloo)."""
     extra: tuple[str, ...] = field(default_factory=tuple)
@@ -60,6 +56,15 @@ class TinyJob:
                               f"{self.trainer_ranks}")
         if self.trainer_mode not in TRAINER_MODES:
             raise ConfigError(f"trainer_mode must be one of {TRAINER_MODES}, got {self.trainer_mode!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if (self.algorithm, self.trainer_mode) not in PRESETS:
+            raise ConfigError(f"no CPU preset for {self.algorithm} with trainer_mode={self.trainer_mode}; "
+                              f"there are: {', '.join(f'{a} with {m}' for a, m in PRESETS)}")
+
+    @property
+    def preset(self) -> str:
+        return PRESETS[(self.algorithm, self.trainer_mode)]
 
     @property
     def metrics_file(self) -> Path:
@@ -79,7 +84,7 @@ class TinyJob:
             # verl's configs first (fully_async's own config finds ppo_trainer there), then ours.
             f"hydra.searchpath=[pkg://verl.trainer.config,file://{conf_dir()}]",
             f"+tensorhub={self.mode}",
-            "+tensorhub_cpu=tiny_grpo",
+            f"+tensorhub_cpu={self.preset}",
             f"actor_rollout_ref.model.path={self.task.model_dir}",
             f"data.train_files=['{self.task.train_file}']",
             f"data.val_files=['{self.task.val_file}']",
@@ -91,7 +96,9 @@ class TinyJob:
             f"ray_kwargs.ray_init.num_gpus={slots}",
             f"tensorhub.hub_url_file={self.hub_url_file}",
             f"hydra.run.dir={self.out_dir / 'hydra'}",  # not ./outputs of whatever directory it runs in
-            *(_fully_async_overrides(self.steps, self.replicas) if self.trainer_mode == "fully_async" else ()),
+            # fully_async counts its run in prompts, not trainer steps
+            *((f"rollout.total_rollout_steps={self.steps * PROMPTS_PER_STEP}",)
+              if self.trainer_mode == "fully_async" else ()),
             *self.extra,
         ]
 
@@ -117,4 +124,4 @@ class TinyJob:
         return env
 
 
-__all__ = ["TRAINER_MODES", "TinyJob"]
+__all__ = ["ALGORITHMS", "PRESETS", "TRAINER_MODES", "TinyJob"]

@@ -129,17 +129,18 @@ def test_two_file_loggers_on_one_path_keep_every_line(tmp_path, monkeypatch):
     assert [sorted(json.loads(line)["data"]) for line in lines] == [["r"], ["t"], ["r"]]
 
 
-@pytest.mark.parametrize("trainer_mode", ["separate_async", "fully_async"])
-def test_the_demo_job_composes_into_a_config_the_checks_accept(tmp_path, trainer_mode):
+@pytest.mark.parametrize(("algorithm", "trainer_mode"),
+                         [("grpo", "separate_async"), ("grpo", "fully_async"), ("ppo", "separate_async")])
+def test_the_demo_job_composes_into_a_config_the_checks_accept(tmp_path, algorithm, trainer_mode):
     """Hydra composes verl's config with +tensorhub=standalone and the CPU preset (``--cfg job`` prints it
     without running anything); the result selects TensorHub and passes the CPU-job and trainer-mode checks."""
     from tensorhub_verl.demo.job import TinyJob
     from tensorhub_verl.demo.task import TaskFiles
-    from tensorhub_verl.verl.cpu_job_check import check_cpu_job
+    from tensorhub_verl.verl.cpu_job_check import check_cpu_job, uses_critic
 
     task = TaskFiles(model_dir=tmp_path / "m", train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
                      reward_file=tmp_path / "r.py")
-    job = TinyJob(task=task, out_dir=tmp_path, steps=2, trainer_mode=trainer_mode)
+    job = TinyJob(task=task, out_dir=tmp_path, steps=2, trainer_mode=trainer_mode, algorithm=algorithm)
     proc = subprocess.run([*job.command(), "--cfg", "job"], capture_output=True, text=True, timeout=240,
                           env=job.environment())
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -147,6 +148,80 @@ def test_the_demo_job_composes_into_a_config_the_checks_accept(tmp_path, trainer
     start = next(i for i, line in enumerate(lines) if line and line[0].isalpha() and line.endswith(":"))
     config = OmegaConf.create("\n".join(lines[start:]))
     assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "tensorhub"
-    assert config.actor_rollout_ref.rollout.n_gpus_per_node == 2 or config.rollout.n_gpus_per_node == 2
+    assert config.actor_rollout_ref.rollout.n_gpus_per_node == 2
     check_cpu_job(config)
     check_trainer_mode(config)
+    assert uses_critic(config) is (algorithm == "ppo")
+    if algorithm == "ppo":  # the critic is the actor's model, loaded with CPU attention
+        assert config.critic.model.path == str(task.model_dir)
+        assert config.critic.model.override_config.attn_implementation == "eager"
+    if trainer_mode == "fully_async":  # the preset's fully_async settings, sized by the job
+        assert config.rollout.n_gpus_per_node == 2 and config.rollout.n == config.actor_rollout_ref.rollout.n
+        assert config.rollout.total_rollout_steps == 2 * 8
+        assert config.async_training.trigger_parameter_sync_step == 1
+        assert config.async_training.partial_rollout is False and config.data.train_batch_size == 0
+
+
+def test_a_ppo_job_on_cpu_needs_the_critic_settings_too():
+    from tensorhub_verl.verl.cpu_job_check import check_cpu_job
+
+    grpo_ok = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "tensorhub_verl", "conf",
+                                          "tensorhub_cpu", "tiny_grpo.yaml"))
+    ppo = OmegaConf.merge(grpo_ok, {"algorithm": {"adv_estimator": "gae"},
+                                    "critic": {"model": {"use_remove_padding": True}}})
+    with pytest.raises(ConfigError) as info:
+        check_cpu_job(ppo)
+    for fix in ("critic.model.use_remove_padding=False",
+                "critic.model.override_config.attn_implementation=eager", "tiny_ppo"):
+        assert fix in str(info.value)
+    assert "actor_rollout_ref" not in str(info.value)  # the actor's settings are right: not named
+    check_cpu_job(OmegaConf.merge(ppo, {"critic": {"enable": False}}))  # no critic: its settings don't count
+    flash = OmegaConf.merge(ppo, {"critic": {"model": {"use_remove_padding": False, "override_config": {
+        "attn_implementation": "flash_attention_2"}}}})
+    with pytest.raises(ConfigError, match=r"critic\.model\.override_config\.attn_implementation=eager \(is"):
+        check_cpu_job(flash)
+
+
+def test_the_critic_attention_patch_replaces_only_the_hard_coded_choice():
+    from tensorhub_verl.verl.patches.verl_0_9_1_critic_attention import (replace_hard_coded,
+                                                                         requested_attention)
+
+    asked = {"torch_dtype": "f32", "attn_implementation": "flash_attention_2"}
+    assert replace_hard_coded(asked, "eager") == {"torch_dtype": "f32", "attn_implementation": "eager"}
+    assert asked["attn_implementation"] == "flash_attention_2"  # the caller's dict is not changed
+    assert replace_hard_coded({"attn_implementation": "sdpa"}, "eager") == {"attn_implementation": "sdpa"}
+    assert replace_hard_coded({}, "eager") == {}
+    assert requested_attention(type("C", (), {"_attn_implementation": "eager"})()) == "eager"
+    assert requested_attention(object()) is None
+
+
+def test_verls_value_model_loader_honours_the_configured_attention(tmp_path):
+    """verl 0.9.1 loads the critic with flash_attention_2 whatever the config says: on this machine (no
+    flash-attn) the load fails and verl blames trl. Patched, the critic loads with the config's eager
+    attention."""
+    import torch
+    from transformers import AutoConfig, PreTrainedModel
+
+    from tensorhub_verl.testing.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128,
+                                 num_layers=1, num_heads=2, num_kv_heads=1)
+    transformers_loader = PreTrainedModel.__dict__["from_pretrained"]
+    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  applies the patches
+    from verl.utils.model import load_valuehead_model
+
+    # as verl's HFModelConfig builds it from override_config
+    config = AutoConfig.from_pretrained(str(model_dir), attn_implementation="eager")
+    config.num_labels = 1
+    critic = load_valuehead_model(str(model_dir), torch.float32, config, False)
+    assert critic.config._attn_implementation == "eager"
+    assert critic.score.weight.shape == (1, 64)  # a value head: one output per token
+    assert PreTrainedModel.__dict__["from_pretrained"] is transformers_loader  # transformers' method restored
+
+
+def test_the_patches_readme_lists_every_patch():
+    from tensorhub_verl.verl.patches import PATCH_MODULES
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "patches", "verl", "README.md")).read()
+    missing = [name for name in (m.rsplit(".", 1)[-1] for m in PATCH_MODULES) if f"| `{name}`" not in readme]
+    assert missing == [], f"patches/verl/README.md does not list {missing}"

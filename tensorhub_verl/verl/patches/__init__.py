@@ -30,6 +30,7 @@ PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_refuse_naive_modes",
     "verl_0_9_1_fully_async_metrics",
     "verl_0_9_1_file_logger_append",
+    "verl_0_9_1_critic_attention",
     "verl_0_9_1_cpu_process_group",
     "verl_0_9_1_cpu_engine_registry",
 ))
