@@ -95,6 +95,11 @@ def hf_config(worker: Any):
     return worker.vllm_config.model_config.hf_config
 
 
+def quantization(worker: Any) -> str | None:
+    """The engine's quantization method (``fp8``, ...), or None for an unquantized engine."""
+    return worker.vllm_config.model_config.quantization
+
+
 def live_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's parameters by name, as tensors (``.data``) sharing the parameters' storage."""
     return {name: p.data for name, p in model.named_parameters()}
@@ -142,7 +147,7 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
         torch.cuda.synchronize()
 
 
-__all__ = ["hf_config", "is_cpu_platform", "live_parameters",
+__all__ = ["hf_config", "is_cpu_platform", "quantization", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
            "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]
 

@@ -72,10 +72,12 @@ class EngineUpdater:
         return self._rpc(method, kwargs, timeout or self.rpc_timeout_s)
 
     def setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
-              staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0) -> list[dict]:
+              staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
+              bucket_bytes: int | None = None) -> list[dict]:
         """Connects every rank (see ``TensorHubWorkerExtension.th_setup``)."""
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         return self.call("th_setup", hub_url=hub_url, model=model, worker=worker, location=location, token=token,
-                         staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+                         staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
 
     def status(self) -> list[dict]:
         return self.call("th_status")
