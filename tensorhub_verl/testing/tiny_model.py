@@ -111,7 +111,8 @@ def make_config(spec: TinyModelSpec, vocab_size: int, eos_id: int):
                                           **common)
     if arch == "gemma2":
         return transformers.Gemma2Config(tie_word_embeddings=True, head_dim=head_dim,
-                                         query_pre_attn_scalar=head_dim, sliding_window=4096, **common)
+                                         query_pre_attn_scalar=head_dim, sliding_window=4096,
+                                         final_logit_softcapping=None, **common)
     if arch == "phi3":
         return transformers.Phi3Config(tie_word_embeddings=False, **common)
     if arch == "qwen3_moe":
@@ -144,6 +145,10 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, **s
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, spec.init_std)
+        if spec.arch == "gemma2":
+            # Gemma scales its (tied) embedding by sqrt(hidden): at full size the input token's own embedding
+            # would dominate the residual and the tied head would repeat it forever. Undo the scale.
+            model.get_input_embeddings().weight.div_(spec.hidden_size ** 0.5)
     model.save_pretrained(str(out), safe_serialization=True)
     (out / "tensorhub_tiny.json").write_text(json.dumps({"arch": spec.arch, "seed": spec.seed}))
     logger.info("built tiny %s model in %s (%d params)", spec.arch, out, sum(p.numel() for p in model.parameters()))
@@ -200,7 +205,22 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out
 
 
-__all__ = ["ARCHITECTURES", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
+@torch.no_grad()
+def greedy_mismatch(model, prompt_ids: list[int], tokens: list[int], near_tie: float = 1e-3) -> int | None:
+    """The first position where ``tokens`` (an engine's greedy continuation of ``prompt_ids``) is not ``model``'s
+    greedy choice given the same prefix, or None. A token whose logit is within ``near_tie`` of the best one is a
+    float rounding tie, not a mismatch. Each position is scored on the engine's own prefix, so one tie does not
+    end the comparison."""
+    logits = model(input_ids=torch.tensor([list(prompt_ids) + list(tokens)])).logits[0]
+    for i, tok in enumerate(tokens):
+        row = logits[len(prompt_ids) - 1 + i]
+        best = int(torch.argmax(row))
+        if best != tok and float(row[best] - row[tok]) > near_tie:
+            return i
+    return None
+
+
+__all__ = ["ARCHITECTURES", "greedy_mismatch", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
            "hf_greedy", "hf_state_dict", "load_hf_model", "make_config", "random_hf_weights", "toy_training_step"]
 
 

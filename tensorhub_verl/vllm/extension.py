@@ -47,7 +47,11 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     import tensorhub_verl as th
 
     rank, tp = compat.tp_rank_and_size()
-    params = compat.live_parameters(compat.worker_model(worker_obj))
+    module = compat.worker_model(worker_obj)
+    unsupported = compat.reload_unsupported(module)
+    if unsupported is not None:
+        raise errors.ConfigError(unsupported)
+    params = compat.live_parameters(module)
     hf_cfg = compat.hf_config(worker_obj)
 
     def load_hf(weights):

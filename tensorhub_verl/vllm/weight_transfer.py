@@ -96,6 +96,9 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
 
         self.shutdown()
         rank, tp = compat.tp_rank_and_size()
+        unsupported = compat.reload_unsupported(self.model)
+        if unsupported is not None:
+            raise errors.ConfigError(unsupported)
         params = compat.live_parameters(self.model)
         mapping = engine_mapping(self.model_config.hf_config, tp, rank, params,
                                  quantization=self.model_config.quantization, load_hf=self._load_hf)
