@@ -237,6 +237,9 @@ def random_hf_weights(shape, seed: int = 0) -> dict[str, torch.Tensor]:
             if shape.qkv_bias:
                 out[p + f"self_attn.{x}_proj.bias"] = torch.randn(n, generator=g)
         out[p + "self_attn.o_proj.weight"] = torch.randn(d, shape.num_heads * hd, generator=g)
+        if shape.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = torch.randn(hd, generator=g)
+            out[p + "self_attn.k_norm.weight"] = torch.randn(hd, generator=g)
         out[p + "mlp.gate_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
         out[p + "mlp.up_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
         out[p + "mlp.down_proj.weight"] = torch.randn(d, shape.intermediate_size, generator=g)
