@@ -39,6 +39,8 @@ class UpdateResult:
     seconds: float = 0.0
     bytes: int = 0
     rank_bytes: list[int] = field(default_factory=list)
+    peak_bucket_bytes: int = 0
+    """Largest bucket any rank held when the version went through the engine's loader (0: in place or raw)."""
     """Bytes each rank read, in rank order (at TP>1 each rank reads only its own slices)."""
     sources: dict[str, int] = field(default_factory=dict)
     source_layouts: list[str] = field(default_factory=list)
@@ -48,6 +50,7 @@ class UpdateResult:
     def as_dict(self) -> dict:
         return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
                 "seconds": self.seconds, "bytes": self.bytes, "rank_bytes": list(self.rank_bytes), "sources": dict(self.sources),
+                "peak_bucket_bytes": self.peak_bucket_bytes,
                 "source_layouts": list(self.source_layouts), "phases": dict(self.phases)}
 
 
@@ -134,6 +137,7 @@ class EngineUpdater:
                            stall_s=max(r["stall_s"] for r in results), pull_s=max(r["pull_s"] for r in results),
                            seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
                            rank_bytes=[r["bytes"] for r in results],
+                           peak_bucket_bytes=max(r.get("peak_bucket_bytes", 0) for r in results),
                            source_layouts=[r["source_layout"] for r in results])
         for r in results:
             for k, x in r.get("phases", {}).items():

@@ -64,6 +64,11 @@ def follow_two_versions(hub, trainer, arch: str, model_dir: str, tp: int) -> Non
             run.step_and_publish(version, model=model)
             res = e.update("latest")
             assert res["version"] == version and set(res["sources"]) == {"trainer"}, res
+            model_bytes = sum(t.numel() * t.element_size() for t in run.weights[version].values())
+            if arch in IN_PLACE:
+                assert res["peak_bucket_bytes"] == 0, res  # straight into the parameters
+            else:  # a bucket at a time, never the whole model
+                assert 0 < res["peak_bucket_bytes"] < model_bytes / 2, (res["peak_bucket_bytes"], model_bytes)
             assert_serves(e, run, version)
         assert run.refs[2] != run.refs[1]
 
