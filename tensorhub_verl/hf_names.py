@@ -2,8 +2,8 @@
 
 transformers 5 may keep weights in memory under other names and shapes than its checkpoints (MoE experts fused
 into one ``mlp.experts.gate_up_proj`` [E, 2I, D] tensor, while checkpoints and every engine's loader have one
-``mlp.experts.{i}.gate_proj.weight`` per expert). A version published from ``model.state_dict()`` would then say
-something no engine loads. ``checkpoint_state_dict`` applies transformers' own reverse conversion (the one
+``mlp.experts.{i}.gate_proj.weight`` per expert). A version published from ``model.state_dict()`` would then
+say something no engine loads. ``checkpoint_state_dict`` applies transformers' own reverse conversion (the one
 ``save_pretrained`` applies), so what is published is what a checkpoint of the model holds.
 """
 

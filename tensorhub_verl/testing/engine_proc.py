@@ -109,7 +109,8 @@ def _child(conn, spec_dict: dict) -> None:
                 "token": spec.token, "staging": spec.staging, "client_config": spec.client_config}})
         else:
             updater.setup(spec.hub_url, spec.model, spec.worker, location=spec.location, token=spec.token,
-                          staging=spec.staging, client_config=spec.client_config, bucket_bytes=spec.bucket_bytes)
+                          staging=spec.staging, client_config=spec.client_config,
+                          bucket_bytes=spec.bucket_bytes)
         conn.send((True, {"startup_s": time.monotonic() - t0}))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         conn.send((False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

@@ -104,8 +104,8 @@ def make_config(spec: TinyModelSpec, vocab_size: int, eos_id: int):
     if arch == "qwen2":
         return transformers.Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
     if arch == "qwen3":
-        return transformers.Qwen3Config(tie_word_embeddings=False, head_dim=head_dim, use_sliding_window=False,
-                                        **common)
+        return transformers.Qwen3Config(tie_word_embeddings=False, head_dim=head_dim,
+                                        use_sliding_window=False, **common)
     if arch == "mistral":
         return transformers.MistralConfig(tie_word_embeddings=False, head_dim=head_dim, sliding_window=None,
                                           **common)
@@ -116,8 +116,8 @@ def make_config(spec: TinyModelSpec, vocab_size: int, eos_id: int):
     if arch == "phi3":
         return transformers.Phi3Config(tie_word_embeddings=False, **common)
     if arch == "qwen3_moe":
-        return transformers.Qwen3MoeConfig(tie_word_embeddings=False, head_dim=head_dim, num_experts=MOE_EXPERTS,
-                                           decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+        return transformers.Qwen3MoeConfig(tie_word_embeddings=False, head_dim=head_dim,
+                                           num_experts=MOE_EXPERTS, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
                                            use_sliding_window=False, **moe, **common)
     if arch == "mixtral":
         common["intermediate_size"] = moe["moe_intermediate_size"]

@@ -152,3 +152,23 @@ def test_checkpoint_names_of_a_fused_moe_model(tmp_path):
     published, on_disk = checkpoint_state_dict(model), load_file(str(d / "model.safetensors"))
     assert set(published) == set(on_disk)
     assert all(torch.equal(published[n], on_disk[n]) for n in on_disk)
+
+
+def test_engine_mapping_picks_buckets_for_quantized_unknown_and_disagreeing_engines():
+    from types import SimpleNamespace
+
+    from tensorhub_verl.vllm.mapping import engine_mapping
+
+    cfg = SimpleNamespace(model_type="qwen3", num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                          hidden_size=64, num_hidden_layers=3, intermediate_size=128, vocab_size=100,
+                          tie_word_embeddings=True)
+    params = new_params()
+    ok = engine_mapping(cfg, 1, 0, params, quantization=None, load_hf=skipping_loader(params))
+    assert ok.layout == LAYOUT and ok.views is not None and ok.skip_hf == ("lm_head.weight",)
+    bad = engine_mapping(cfg, 1, 0, params, quantization=None, load_hf=skipping_loader(params, swap_kv=True))
+    assert bad.views is None and "disagrees" in bad.reason
+    fp8 = engine_mapping(cfg, 1, 0, params, quantization="fp8", load_hf=skipping_loader(params))
+    assert fp8.views is None and fp8.layout == "vllm/qwen3_fp8/tp1/rank0"
+    other = engine_mapping(SimpleNamespace(model_type="gemma2", tie_word_embeddings=True), 1, 0, params,
+                           quantization=None, load_hf=skipping_loader(params))
+    assert other.views is None and other.layout == "vllm/gemma2/tp1/rank0"
