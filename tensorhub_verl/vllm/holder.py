@@ -146,8 +146,6 @@ class EngineHolder:
         self._hf_views = hf_views
         self._skip_hf = tuple(skip_hf)
         """HF names the engine has no parameter for and its loader skips (a tied head): never read."""
-        self.last_peak_bucket_bytes = 0
-        """Extra bytes of the last bucketed load (0 when the last apply used none)."""
         self._hf_scratch: dict[str, torch.Tensor] = {}
         self._hf_staging: dict[str, dict[str, torch.Tensor]] = {}
         self._lock = threading.RLock()
@@ -575,7 +573,6 @@ class EngineHolder:
     def _load_hf_buckets(self, version: int):
         """Loads ``version``'s HF tensors through the engine's loader, bucket by bucket, into the parameters,
         then holds them in the engine's layout. The caller restores the old version if this raises."""
-        self.last_peak_bucket_bytes = 0
         manifest = self.client.manifest(self.config.model, version, layout=HF_LAYOUT)
         device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
         poison(self.params)
@@ -584,7 +581,6 @@ class EngineHolder:
                                 timeout=self.config.fetch_timeout_s)
         sync_device(self.params.values())
         refuse_unwritten(self.params, version, [s.name for s in manifest.tensors])
-        self.last_peak_bucket_bytes = stats.peak_bucket_bytes
         self._publish_params(version)
         return stats
 
