@@ -51,6 +51,10 @@ class EngineSpec:
     tp_size: int = 1
     load_format: str = "dummy"
     max_model_len: int = 256
+    quantization: str | None = None
+    """vLLM's ``quantization`` (e.g. ``fp8``); None: unquantized."""
+    bucket_bytes: int | None = None
+    """Most HF bytes per bucket when versions go through the engine's loader (None: the default)."""
     client_config: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the child (e.g. UCX_TLS)."""
@@ -91,6 +95,8 @@ def _child(conn, spec_dict: dict) -> None:
         t0 = time.monotonic()
         kw = engine_kwargs(spec.model_dir, tp_size=spec.tp_size, load_format=spec.load_format,
                            max_model_len=spec.max_model_len)
+        if spec.quantization:
+            kw["quantization"] = spec.quantization
         if spec.tp_size > 1:
             kw["distributed_executor_backend"] = "mp"
         if spec.api == "weight_transfer":
@@ -103,7 +109,8 @@ def _child(conn, spec_dict: dict) -> None:
                 "token": spec.token, "staging": spec.staging, "client_config": spec.client_config}})
         else:
             updater.setup(spec.hub_url, spec.model, spec.worker, location=spec.location, token=spec.token,
-                          staging=spec.staging, client_config=spec.client_config)
+                          staging=spec.staging, client_config=spec.client_config,
+                          bucket_bytes=spec.bucket_bytes)
         conn.send((True, {"startup_s": time.monotonic() - t0}))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         conn.send((False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

