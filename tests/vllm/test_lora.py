@@ -136,3 +136,21 @@ def test_next_version_moves_only_the_adapter(e1, e2, run, trainer):
     assert {"e1", "e2"} <= set(holders[2]) and "e1" not in holders.get(1, [])
     for e in (e1, e2):  # each engine holds only the adapter it serves (the hub may keep a retained CPU copy)
         assert e.rpc("th_lora_status")[0] == {"model": "policy.lora", "served": 2, "held": [2]}
+
+
+def test_adapter_the_engine_cannot_serve_is_refused_and_nothing_changes(e1, run, trainer):
+    """An adapter of rank 16 on an engine started with max_lora_rank 8: a ConfigError naming both; the engine
+    keeps serving (and holding) the adapter it had."""
+    from peft import LoraConfig, get_peft_model
+
+    wide = get_peft_model(load_hf_model(e1.spec.model_dir), LoraConfig(r=16, lora_alpha=32,
+                                                                      target_modules="all-linear"))
+    from peft.utils.save_and_load import get_peft_model_state_dict
+
+    tensors = {n: t.detach().clone() for n, t in get_peft_model_state_dict(wide).items()}
+    trainer.publish(adapter_model("policy"), 9, pack_adapter(tensors, wide.peft_config["default"]),
+                    layout=ADAPTER_LAYOUT)
+    with pytest.raises(Exception, match="ConfigError.*rank 16 is greater than max_lora_rank 8"):
+        e1.request("lora_update", 120, version=9)
+    assert e1.rpc("th_lora_status")[0]["served"] == 2
+    assert outputs(e1) == run.refs[2]
