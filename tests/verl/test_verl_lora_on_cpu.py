@@ -27,9 +27,30 @@ LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alp
 ON_POLICY_GAP = 0.02
 
 
+def starting_adapter(model_dir: str, out_dir) -> str:
+    """A rank-8 adapter with random (not zero) B, saved as peft does: the job starts from it
+    (``model.lora_adapter_path``), so its first version already changes what the model says."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tensorhub_verl.testing.tiny_model import load_hf_model
+
+    model = get_peft_model(load_hf_model(model_dir), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                                lora_dropout=0.0))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model.save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
 def test_lora_moves_the_base_once_then_only_the_adapter(tmp_path):
     task = build_task(tmp_path / "task")
-    job = TinyJob(task=task, out_dir=tmp_path, steps=3, replicas=2, extra=LORA)
+    adapter_dir = starting_adapter(task.model_dir, tmp_path / "adapter")
+    job = TinyJob(task=task, out_dir=tmp_path, steps=3, replicas=2,
+                  extra=(*LORA, f"actor_rollout_ref.model.lora_adapter_path={adapter_dir}"))
     result = run(job, quiet=True, timeout_s=800)
     metrics = read_metrics(job.metrics_file)
     assert result["demo"] == "ok" and [step for step, _ in metrics] == [1, 2, 3]
@@ -47,7 +68,7 @@ def test_lora_moves_the_base_once_then_only_the_adapter(tmp_path):
         assert math.isfinite(m["critic/score/mean"])
         if m.get("training/off_policy/trajectory_staleness/max") == 0:
             on_policy += 1
-            # vLLM started from dummy weights and serves base + adapter: its log-probs equal the trainer's
-            # (base + adapter) only if both arrived.
+            # vLLM started from dummy weights; the job's adapter is not zero from its first version on: the
+            # rollouts' log-probs equal the trainer's (base + adapter) only if both arrived.
             assert m["training/rollout_probs_diff_max"] < ON_POLICY_GAP
     assert on_policy >= 1
