@@ -25,6 +25,9 @@ from tensorhub_verl import errors
 
 logger = logging.getLogger("tensorhub_verl.testing.engine_proc")
 
+LORA_INT_ID = 1
+"""The adapter id a test engine loads ``<model>.lora`` under."""
+
 ENGINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -58,6 +61,9 @@ class EngineSpec:
     client_config: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the child (e.g. UCX_TLS)."""
+    lora_rank: int = 0
+    """> 0: the engine runs with vLLM's LoRA (``max_lora_rank``) and follows ``<model>.lora`` as adapter
+    ``LORA_INT_ID`` (``lora_update``; ``generate(..., lora=True)`` serves with it)."""
     api: str = "extension"
     """``extension``: drive the worker extension (EngineUpdater); ``weight_transfer``: vLLM's own
     weight-transfer API with the ``tensorhub`` backend (``update`` then returns that backend's result)."""
@@ -101,6 +107,8 @@ def _child(conn, spec_dict: dict) -> None:
             kw["distributed_executor_backend"] = "mp"
         if spec.api == "weight_transfer":
             kw["weight_transfer_config"] = {"backend": "tensorhub"}
+        if spec.lora_rank > 0:
+            kw.update(enable_lora=True, max_lora_rank=spec.lora_rank, max_loras=1)
         llm = LLM(**kw)
         updater = EngineUpdater(llm_rpc(llm))
         if spec.api == "weight_transfer":
@@ -111,14 +119,23 @@ def _child(conn, spec_dict: dict) -> None:
             updater.setup(spec.hub_url, spec.model, spec.worker, location=spec.location, token=spec.token,
                           staging=spec.staging, client_config=spec.client_config,
                           bucket_bytes=spec.bucket_bytes)
+        if spec.lora_rank > 0:
+            updater.call("th_lora_setup", lora_int_id=LORA_INT_ID)
         conn.send((True, {"startup_s": time.monotonic() - t0}))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         conn.send((False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
 
-    def generate(prompt_ids: list[int], max_tokens: int) -> list[int]:
+    def generate(prompt_ids: list[int], max_tokens: int, lora: bool = False) -> list[int]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
+        request = None
+        if lora:
+            from vllm.lora.request import LoRARequest
+
+            # The adapter is already loaded under this id (lora_update); the path is never read.
+            request = LoRARequest(lora_name="tensorhub", lora_int_id=LORA_INT_ID, lora_path="tensorhub")
+        out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False,
+                           lora_request=request)
         return list(out[0].outputs[0].token_ids)
 
     def update_while_generating(version, prompt_ids, max_tokens, timeout=300.0) -> dict:
@@ -153,6 +170,8 @@ def _child(conn, spec_dict: dict) -> None:
         "finish": lambda timeout=300.0: updater.finish(timeout).as_dict(),
         "update_while_generating": update_while_generating,
         "status": updater.status,
+        "lora_update": lambda version="latest", timeout=300.0: updater.call(
+            "th_lora_update", timeout=timeout + 30, version=version, timeout_s=timeout),
         "served_version": updater.served_version,
         "rpc": lambda method, **kw: updater.call(method, **kw),
     }
@@ -222,8 +241,9 @@ class EngineProcess:
         self._conn.send((cmd, kwargs))
         return self._wait(wait_s, cmd)
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, timeout: float = 120.0) -> list[int]:
-        return self.request("generate", timeout, prompt_ids=prompt_ids, max_tokens=max_tokens)
+    def generate(self, prompt_ids: list[int], max_tokens: int, timeout: float = 120.0, lora: bool = False
+                 ) -> list[int]:
+        return self.request("generate", timeout, prompt_ids=prompt_ids, max_tokens=max_tokens, lora=lora)
 
     def update(self, version: int | str = "latest", timeout: float = 300.0) -> dict:
         return self.request("update", timeout + 30, version=version, timeout=timeout)

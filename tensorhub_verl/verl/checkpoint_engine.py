@@ -46,6 +46,8 @@ from tensorhub_verl.verl.identity import (
     ray_boundary_facts,
     with_default_node,
 )
+from tensorhub_verl.verl.digest import DIGEST_KEY
+from tensorhub_verl.verl.lora import LORA_KEY, AdapterPublisher, checkpoint_names, lora_adapter_engine
 from tensorhub_verl.verl.publisher import Publisher
 from tensorhub_verl.verl.shards import LocalShards, local_shards
 
@@ -78,6 +80,9 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         self._identity: WorkerIdentity | None = None
         self._publisher: Publisher | None = None
         self._last_version = -1
+        self._lora_base_version: int | None = None
+        """LoRA: the version the base was published as (once), see ``tensorhub_verl.verl.lora``."""
+        self._adapters: AdapterPublisher | None = None
 
     # ------------------------------------------------------------------ verl's per-step group hooks
     def prepare(self) -> dict[str, Any]:
@@ -104,10 +109,16 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         ``shards.local_shards``): the master rank publishes them."""
         version = self._version(global_steps)
         if hasattr(weights, "get_per_tensor_param"):
+            if lora_adapter_engine(weights):
+                return await self._send_lora(weights, version)
             shards = local_shards(weights)
             if shards is not None:
                 return await self._send_shards(shards, version)
             weights, _ = weights.get_per_tensor_param()
+        return await self._send_gathered(weights, version)
+
+    async def _send_gathered(self, weights, version: int) -> dict:
+        """verl's generator of gathered tensors: every rank drives it, the master publishes them."""
         if not self.is_master:
             async for _ in ensure_async_iterator(weights):
                 pass  # FSDP's full_tensor() gathers are collectives: every rank must drive the generator
@@ -128,6 +139,30 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             raise
         stats = await asyncio.to_thread(publisher.finish)
         return stats.as_metrics()
+
+    async def _send_lora(self, engine, version: int) -> dict:
+        """LoRA (``tensorhub_verl.verl.lora``): the base once, as the first version; then the adapter only."""
+        metrics: dict = {}
+        if self._lora_base_version is None:
+            base, _ = engine.get_per_tensor_param(base_sync_done=False)
+            metrics = await self._send_gathered(checkpoint_names(base), version)
+            self._lora_base_version = version
+        # Its gathers (full_tensor) are collectives: every rank asks, the master publishes.
+        adapter, peft_config = engine.get_per_tensor_param(base_sync_done=True)
+        if not self.is_master:
+            return {}
+        if self._adapters is None:
+            await asyncio.to_thread(self._ensure_publisher)  # connects this rank (self._client)
+            self._adapters = AdapterPublisher(self._client, model=self.config.model, keep=self.config.keep_versions,
+                                              unpublish_timeout_s=self.config.unpublish_timeout_s,
+                                              chunk_bytes=self.config.chunk_bytes)
+        if version not in self._adapters.held_versions:
+            adapter_metrics = await asyncio.to_thread(self._adapters.publish, version, adapter, peft_config)
+            for key, value in adapter_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        metrics.pop(DIGEST_KEY, None)  # digests of the base say nothing about the adapter the engines serve
+        metrics[LORA_KEY] = {"base_version": self._lora_base_version}
+        return metrics
 
     async def _send_shards(self, shards: LocalShards, version: int) -> dict:
         """This rank's rows of every tensor, staged (the optimizer changes the live shard next step) and
@@ -173,7 +208,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         """Unpublishes everything held here (waiting for in-flight reads) and disconnects."""
         if self._client is not None:
             self._client.close()  # drains every holding; no CPU preservation at shutdown
-        self._client = self._publisher = None
+        self._client = self._publisher = self._adapters = None
 
     # ------------------------------------------------------------------------------------ helpers
     def _version(self, global_steps: int | None) -> int:

@@ -38,6 +38,7 @@ from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.digest import DIGEST_KEY, differing
 from tensorhub_verl.verl.engines import ReplicaEngines
+from tensorhub_verl.verl.lora import LORA_KEY, adapter_update_result
 from tensorhub_verl.verl.identity import ray_boundary_facts
 from tensorhub_verl.verl.metrics import update_metrics
 from tensorhub_verl.vllm.updater import UpdateResult
@@ -95,6 +96,8 @@ class TensorHubUpdater:
         self._set_up: dict[int, tuple] = {}
         """replica rank -> the ``ReplicaEngines.key`` its engines were set up with."""
         self._job = job
+        self._base_served: dict[tuple, int] = {}
+        """LoRA: ``ReplicaEngines.key`` -> the base version those engines serve (a restarted replica has none)."""
 
     async def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
         if self.hub is None:
@@ -114,13 +117,18 @@ class TensorHubUpdater:
 
         publish = [p for p in publish if isinstance(p, dict)]
         published_digest = next((p.pop(DIGEST_KEY) for p in publish if DIGEST_KEY in p), None)
+        lora = next((p.pop(LORA_KEY) for p in publish if LORA_KEY in p), None)
         self._job = self._job or ray_boundary_facts()[0]
         replicas = list(self._replicas())
         live = {r.replica_rank for r in replicas}
         self.served = {k: v for k, v in self.served.items() if k in live}  # removed replicas are forgotten
         for r in replicas:
             self.served.setdefault(r.replica_rank, None)
-        outcomes = await asyncio.gather(*(self._update_replica(r, version, published_digest) for r in replicas))
+        if lora is not None:
+            outcomes = await asyncio.gather(*(self._update_replica_lora(r, version, lora["base_version"])
+                                              for r in replicas))
+        else:
+            outcomes = await asyncio.gather(*(self._update_replica(r, version, published_digest) for r in replicas))
 
         failed = [o for o in outcomes if o.error is not None]
         for o in outcomes:
@@ -179,6 +187,39 @@ class TensorHubUpdater:
             if published_digests is not None:
                 outcome.digests_checked = await self._check_digests(engines, version, published_digests)
         except Exception as e:  # one replica's failure (Ray, hub, timeout) is reported; the caller decides
+            outcome.error = e
+        return outcome
+
+    async def _update_replica_lora(self, replica: Any, version: int, base_version: int) -> ReplicaOutcome:
+        """LoRA: the replica's base reaches ``base_version`` once (the usual update); then, paused, every engine
+        rank fetches adapter ``version`` (from the trainer or a peer) and serves it as verl's adapter id."""
+        from verl.workers.rollout.vllm_rollout.utils import VLLM_LORA_INT_ID
+
+        outcome = ReplicaOutcome(replica=replica.replica_rank)
+        try:
+            engines = self._engines(replica)
+            base = None
+            if self._base_served.get(engines.key) != base_version:
+                base = await self._update_replica(replica, base_version)
+                if base.error is not None:
+                    raise base.error
+                self._base_served[engines.key] = base_version
+            timeout = self.config.apply_timeout_s
+            await asyncio.to_thread(engines.rpc, "th_lora_setup", {"lora_int_id": VLLM_LORA_INT_ID,
+                                                                   "fetch_timeout_s": self.config.fetch_timeout_s},
+                                    timeout)
+            paused = time.monotonic()
+            try:
+                await asyncio.wait_for(replica.abort_all_requests(), timeout)
+                results = await asyncio.to_thread(engines.rpc, "th_lora_update",
+                                                  {"version": version, "timeout_s": self.config.fetch_timeout_s},
+                                                  self.config.fetch_timeout_s + timeout)
+                await engines.after_apply(version, timeout)
+            finally:
+                await asyncio.wait_for(replica.resume_generation(), timeout)
+                outcome.stall_s = time.monotonic() - paused + (base.stall_s if base is not None else 0.0)
+            outcome.update = adapter_update_result(version, results, base.update if base is not None else None)
+        except Exception as e:  # one replica's failure is reported; the caller decides
             outcome.error = e
         return outcome
 

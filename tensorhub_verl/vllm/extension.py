@@ -20,6 +20,7 @@ from typing import Any
 from tensorhub_verl import errors
 from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
+from tensorhub_verl.vllm.lora import AdapterHolder, base_parameters, load_adapter_into_vllm
 from tensorhub_verl.vllm.mapping import EngineMapping, engine_mapping
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
@@ -51,7 +52,8 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     unsupported = compat.reload_unsupported(module)
     if unsupported is not None:
         raise errors.ConfigError(unsupported)
-    params = compat.live_parameters(module)
+    # With LoRA enabled the base weights are named as without it: one layout, whatever the engine's LoRA.
+    params = base_parameters(compat.live_parameters(module))
     hf_cfg = compat.hf_config(worker_obj)
 
     def load_hf(weights):
@@ -101,6 +103,10 @@ class TensorHubWorkerExtension:
         if old is not None and getattr(self, "_tensorhub_settings", None) == settings:
             return old.status()
         if old is not None:
+            adapters = getattr(self, "_tensorhub_adapters", None)
+            if adapters is not None:  # it reads through the old holder's client
+                self._tensorhub_adapters = None
+                adapters.close()
             old.close()
             old.client.close()
             self._tensorhub_holder = None
@@ -157,7 +163,41 @@ class TensorHubWorkerExtension:
         """Float64 sum of each parameter: a cheap fingerprint of what the engine serves (for tests)."""
         return {n: float(t.double().sum()) for n, t in self._th().params.items()}
 
+    # ------------------------------------------------------------------ LoRA (see tensorhub_verl.vllm.lora)
+    def th_lora_setup(self, lora_int_id: int, fetch_timeout_s: float = 300.0) -> dict:
+        """Follows ``<model>.lora`` as adapter ``lora_int_id`` of this engine (after ``th_setup``; idempotent)."""
+        holder = self._th()
+        adapters = getattr(self, "_tensorhub_adapters", None)
+        if adapters is not None and adapters.client is holder.client and self._tensorhub_lora_id == lora_int_id:
+            return adapters.status()
+        if adapters is not None:
+            adapters.close()
+        if getattr(getattr(self, "model_runner", None), "lora_manager", None) is None:
+            raise errors.ConfigError("tensorhub LoRA needs the vLLM engine started with enable_lora=True")
+        self._tensorhub_lora_id = lora_int_id
+        self._tensorhub_adapters = AdapterHolder(
+            holder.client, model=holder.config.model, fetch_timeout_s=fetch_timeout_s,
+            load=lambda tensors, cfg: load_adapter_into_vllm(self, tensors, cfg, lora_int_id))
+        return self._tensorhub_adapters.status()
+
+    def _th_adapters(self) -> AdapterHolder:
+        adapters = getattr(self, "_tensorhub_adapters", None)
+        if adapters is None:
+            raise errors.InvalidRequest("tensorhub LoRA is not set up on this worker: call th_lora_setup first")
+        return adapters
+
+    def th_lora_update(self, version: int | str = "latest", timeout_s: float = 300.0) -> dict:
+        """Fetches adapter ``version`` (trainer or peers), applies it, holds it for peers."""
+        return self._th_adapters().update(version, timeout_s).as_dict()
+
+    def th_lora_status(self) -> dict:
+        return self._th_adapters().status()
+
     def th_shutdown(self) -> None:
+        adapters = getattr(self, "_tensorhub_adapters", None)
+        if adapters is not None:
+            self._tensorhub_adapters = None
+            adapters.close()
         holder = getattr(self, "_tensorhub_holder", None)
         if holder is not None:
             self._tensorhub_holder = None
