@@ -33,6 +33,7 @@ _BENCHES = {
     "hub": "tensorhub_verl.bench.hub_load",
     "tp-bytes": "tensorhub_verl.bench.tp_bytes",
     "soak": "tensorhub_verl.bench.soak",
+    "control": "tensorhub_verl.bench.control",
 }
 
 
