@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, TypeVar
 
@@ -42,6 +42,8 @@ from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.chunk_index import ChunkIndex
+from tensorhub_verl.ros.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
 from tensorhub_verl.ros.liveness import StallMeter
@@ -55,6 +57,10 @@ Key = tuple[str, int, str]  # (model, version, layout)
 GroupKey = tuple[str, int, str]  # (model, version, shard group)
 Member = tuple[Key, str]  # (layout key, holder): the row shards of one group share one key
 Ack = TypeVar("Ack", bound=msg.DrainAck)
+_MIN_CANDIDATES = 64
+_CANDIDATES_PER_READ = 8
+"""A plan ranks at most max(64, 8 x want) of the reader's chunks still to read (rarest first), wherever its cursor
+is: the cost of an exchange is bounded whatever the size of the version."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,24 +125,37 @@ class Holding:
 
 
 @dataclass(slots=True)
-class Lease:
-    id: int
-    key: Key
-    reader: str
-    reader_location: Location
-    source: str
-    chunk: int
-    nbytes: int
-    distance: Distance
-    deadline: float
-
-
-@dataclass(slots=True)
 class VersionRecord:
     manifest: Manifest
     chunks: tuple[Chunk, ...]
     holdings: dict[str, Holding] = field(default_factory=dict)
     seeds: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    index: ChunkIndex = field(init=False)
+    """Who serves each chunk as a partial holder, and each filling reader's chunks still to read."""
+
+    def __post_init__(self) -> None:
+        self.index = ChunkIndex(len(self.chunks))
+
+    def put(self, holding: Holding) -> None:
+        """Adds (or replaces) a holding; its chunks enter the index."""
+        self.pop(holding.holder)
+        self.holdings[holding.holder] = holding
+        if holding.chunks:
+            self.index.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
+        if holding.state == "filling":
+            self.index.start_reader(holding.holder, holding.need)
+
+    def pop(self, holder: str) -> Holding | None:
+        holding = self.holdings.pop(holder, None)
+        if holding is not None:
+            self.unindex(holding)
+        return holding
+
+    def unindex(self, holding: Holding) -> None:
+        """The holding serves no chunk as a partial holder any more (it left, or now holds every chunk)."""
+        if holding.chunks:
+            self.index.remove(holding.holder, holding.chunks)
+        self.index.end_reader(holding.holder)
 
 
 class HubState:
@@ -150,7 +169,7 @@ class HubState:
         self._changed = threading.Condition(self._lock)
         self._workers: dict[str, WorkerRecord] = {}
         self._versions: dict[Key, VersionRecord] = {}
-        self._leases: dict[int, Lease] = {}
+        self._leases = LeaseBook()
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
         self._model_keys: dict[str, set[Key]] = {}
@@ -366,8 +385,8 @@ class HubState:
             elif req.shard_rank is not None:
                 record.manifest = _merge_digests(record.manifest, manifest)
             state = "pending" if req.shard_count > 1 else "active"
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks,
-                                                  state, next(self._ids), shard_rank=req.shard_rank)
+            record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
+                               next(self._ids), shard_rank=req.shard_rank))
             if req.shard_count > 1:
                 self._commit_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
             self._holdings_changed(key[0])
@@ -428,11 +447,11 @@ class HubState:
         deadline = self._clock() + wait_s
         while True:
             self._expire_leases()
-            inflight = sum(1 for lease in self._leases.values() if lease.key == key and lease.source == holder)
+            inflight = self._leases.reads_from(key, holder)
             if inflight == 0:
                 record = self._versions.get(key)
                 if record is not None:
-                    record.holdings.pop(holder, None)
+                    record.pop(holder)
                     self._forget_if_empty(key)
                 self._holdings_changed(key[0])
                 return reply(drained=True, inflight=0)
@@ -492,8 +511,8 @@ class HubState:
                                      f"({existing.state}); unpublish it before fetching it again")
             chunks = {c for c in req.have if c < len(record.chunks)}
             need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, "filling",
-                                                  next(self._ids), need=need, unserved=frozenset(req.unserved))
+            record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
+                               need=need, unserved=frozenset(req.unserved)))
             self._revoked.pop(req.holder, None)
             return record.manifest
 
@@ -513,7 +532,7 @@ class HubState:
             deadline = self._clock() + req.wait_s
             while True:
                 assignments, view, needed = self._plan(key, record, holding, reader.location, req.want)
-                mine = any(lease.reader == req.holder and lease.key == key for lease in self._leases.values())
+                mine = bool(self._leases.of_reader(req.holder, key))
                 if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
                     break
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
@@ -523,7 +542,7 @@ class HubState:
             for a in assignments:
                 lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
                               record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
-                self._leases[lease.id] = lease
+                self._leases.add(lease)
                 replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
                                                  distance=int(a.distance), grant=self._grant(record, lease)))
                 tensors[a.source].update(seg.tensor for seg in record.chunks[a.chunk].segments)
@@ -564,9 +583,11 @@ class HubState:
                 revoked.add(lease_id)  # revoked, or issued by a hub that has since restarted: read again
                 past.discard(lease_id)
                 continue
-            del self._leases[lease_id]
+            self._leases.pop(lease_id)
             holding.settled.add(lease_id)
             holding.chunks.add(lease.chunk)
+            if lease.chunk not in holding.unserved:
+                record.index.add(holding.holder, (lease.chunk,))
             source = record.holdings.get(lease.source)
             if source is not None:
                 source.served_bytes += lease.nbytes
@@ -574,9 +595,10 @@ class HubState:
                 if worker is not None:
                     worker.bytes_served += lease.nbytes
         for failure in req.failed:
-            lease = self._leases.pop(failure.lease, None)
+            lease = self._leases.get(failure.lease)
             if lease is None or lease.reader != req.holder:
                 continue
+            self._leases.pop(failure.lease)
             source = record.holdings.get(lease.source)
             if source is not None and failure.corrupt:
                 # Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or
@@ -602,49 +624,47 @@ class HubState:
         return revoked
 
     def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int):
+        """One reader's next reads. O(holdings + want) and O(the few candidate chunks' holders): the lease book and
+        the chunk index answer what a walk of every lease and every holder's chunks once did."""
         now = self._clock()
         self._expire_leases()
-        inflight: dict[str, int] = defaultdict(int)
-        pulling: dict[int, list[Location]] = defaultdict(list)
-        wan_pulling: dict[str, set[int]] = defaultdict(set)
-        mine = set()
-        own_inflight: dict[str, int] = defaultdict(int)
-        own_wan = 0
-        for lease in self._leases.values():
-            if lease.key != key:
-                continue
-            inflight[lease.source] += 1
-            if lease.reader == holding.holder:
-                mine.add(lease.chunk)
-                own_inflight[lease.source] += 1
-                own_wan += lease.distance == Distance.WAN
-                continue
-            pulling[lease.chunk].append(lease.reader_location)
-            if lease.distance == Distance.WAN:
-                wan_pulling[lease.reader_location.dc].add(lease.chunk)
-        holders, suspects = [], []
+        own = self._leases.of_reader(holding.holder, key)
+        mine = {lease.chunk for lease in own}
+        own_inflight = Counter(lease.source for lease in own)
+        own_wan = sum(lease.distance == Distance.WAN for lease in own)
+        holders, suspects, eligible = [], [], {}
         for h in record.holdings.values():
             worker = self._workers.get(h.worker)
             if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
                 continue
-            chunks = h.chunks if h.chunks is None or isinstance(h.chunks, frozenset) else frozenset(h.chunks)
-            if chunks is not None and h.unserved:
-                chunks = chunks - h.unserved  # a ranged reader's partly read chunks are never served
-            view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes,
-                                 published=h.state == "active")
-            (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
-        wan = {dc: frozenset(c) for dc, c in wan_pulling.items()}
-        view = SwarmView(holders, pulling, wan)
+            # A ranged reader's partly read chunks are never served (the index leaves them out too).
+            chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
+            view_of = HolderView(h.holder, worker.location, chunks, self._leases.reads_from(key, h.holder),
+                                 h.served_bytes, published=h.state == "active")
+            if self._suspect_until.get(h.worker, 0) > now:
+                suspects.append(view_of)
+            else:
+                holders.append(view_of)
+                eligible[h.holder] = view_of
+        pulling, wan = self._leases.pulling(key), self._leases.wan_pulling(key)
+
+        def partial_holders(chunk: int) -> list[HolderView]:
+            return [eligible[n] for n in record.index.holders_of(chunk) if n in eligible]
+
+        view = SwarmView(holders, pulling, wan, partial_holders=partial_holders)
         # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
         everyone = SwarmView(holders + suspects, pulling, wan)
-        wanted = range(len(record.chunks)) if holding.need is None else sorted(holding.need)
-        needed = [c for c in wanted if c not in holding.chunks and c not in mine]
+        cursor = record.index.cursor(holding.holder)
+        needed = cursor.candidates(holding.chunks, mine, max(_MIN_CANDIDATES, _CANDIDATES_PER_READ * want))
         filling = sum(1 for h in record.holdings.values() if h.state == "filling")
         seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
         request, record.seeds[location.dc] = reader_request(
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
             own_wan_reads=own_wan, config=self.config.planner)
-        return plan_chunks(request, view, self.config.planner), everyone, needed
+        assignments = plan_chunks(request, view, self.config.planner)
+        if len(assignments) < want:
+            cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
+        return assignments, everyone, needed
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)
@@ -661,10 +681,11 @@ class HubState:
                                      f"{len(record.chunks) if holding.need is None else len(holding.need)} chunks")
             if req.ok and req.hold and holding.need is not None:
                 raise InvalidRequest(f"{req.holder} read parts of {key}: a ranged reader cannot hold the version")
-            for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
-                del self._leases[lease_id]
+            for lease in self._leases.of_reader(req.holder):
+                self._leases.pop(lease.id)
             self._revoked.pop(req.holder, None)
             holding.settled = set()
+            record.unindex(holding)
             if req.ok:
                 self.fetch_seconds.append((req.model, req.seconds))
                 del self.fetch_seconds[:-10_000]
@@ -695,10 +716,8 @@ class HubState:
                 del self._quarantined_until[entry]
 
     def _expire_leases(self) -> None:
-        now = self._clock()
-        overdue = [lease for lease in self._leases.values() if lease.deadline < now]
+        overdue = self._leases.overdue(self._clock())
         for lease in overdue:
-            del self._leases[lease.id]
             self._revoked[lease.reader].add(lease.id)
             self.leases_revoked += 1
             logger.warning("lease %d (chunk %d from %s to %s) outlived its deadline; revoked",
@@ -712,20 +731,20 @@ class HubState:
         dropped, models = set(), set()
         for key, record in list(self._versions.items()):
             for holder in [h for h, holding in record.holdings.items() if holding.worker == worker]:
-                del record.holdings[holder]
+                record.pop(holder)
                 dropped.add(holder)
                 models.add(key[0])
             self._forget_if_empty(key)
         for holder in dropped:
             self._revoked.pop(holder, None)
-        for lease_id, lease in list(self._leases.items()):
+        for lease in self._leases.all():
             if lease.reader in dropped:
-                del self._leases[lease_id]
+                self._leases.pop(lease.id)
             elif lease.source in dropped:
                 # Its source is gone (dead, or frozen past the heartbeat timeout): tell the reader now, so
                 # it re-plans the chunk instead of waiting out its read timeout.
-                del self._leases[lease_id]
-                self._revoked[lease.reader].add(lease_id)
+                self._leases.pop(lease.id)
+                self._revoked[lease.reader].add(lease.id)
         self._holdings_changed(*models)
 
     def _forget_if_empty(self, key: Key) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.topology import Distance, Location
@@ -85,6 +85,9 @@ class SwarmView:
     """chunk -> locations of the readers pulling it right now (the requesting reader excluded)."""
     wan_pulling: Mapping[str, frozenset[int]] = field(default_factory=dict)
     """datacenter -> chunks crossing the WAN into it right now."""
+    partial_holders: Callable[[int], Sequence[HolderView]] | None = None
+    """chunk -> the partial holders (row shards, filling readers) among ``holders`` that have it, from an index
+    kept up to date (``chunk_index.ChunkIndex``); None: found by walking every partial holder's chunks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,15 +138,11 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     served = {h.holder: h.served_bytes for h in view.holders}
     holders = [h for h in view.holders if h.holder != request.reader]
     complete = [h for h in holders if h.chunks is None]
-    partial: dict[int, list[HolderView]] = defaultdict(list)  # chunk -> partial holders (row shards, readers) of it
-    for h in holders:
-        if config.cooperative or h.published:  # the naive baseline reads only from published holders
-            for chunk in h.chunks or ():
-                partial[chunk].append(h)
+    order = _rotated(request.needed, request.reader)
+    partial = _partial_holders(order, holders, view, request.reader, config)
     wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
     wan_room = config.wan_reads_per_seed - request.own_wan_reads if request.may_cross_wan else 0
     assignments: list[Assignment] = []
-    order = _rotated(request.needed, request.reader)
     if config.cooperative:  # rarest first: the newest copies spread before chunks that many already hold
         order.sort(key=lambda c: len(partial.get(c, ())))  # complete holders have every chunk: no tie-breaker
     for chunk in order:
@@ -183,6 +182,22 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
             wan_room -= 1
         assignments.append(Assignment(chunk, best.holder, nearest))
     return assignments
+
+
+def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: SwarmView, reader: str,
+                     config: PlannerConfig) -> dict[int, list[HolderView]]:
+    """chunk -> its partial holders other than ``reader`` (only published ones for the naive baseline)."""
+    partial: dict[int, list[HolderView]] = defaultdict(list)
+    if view.partial_holders is not None:  # from the index: only the chunks considered
+        for chunk in order:
+            partial[chunk] = [h for h in view.partial_holders(chunk) if h.holder != reader
+                              and h.chunks is not None and (config.cooperative or h.published)]
+        return partial
+    for h in holders:
+        if config.cooperative or h.published:  # the naive baseline reads only from published holders
+            for chunk in h.chunks or ():
+                partial[chunk].append(h)
+    return partial
 
 
 def unservable(needed: Sequence[int], view: SwarmView, reader: str) -> list[int]:
