@@ -17,9 +17,27 @@ No I/O and no lock: each ``VersionRecord`` of ``HubState`` owns one, called unde
 from __future__ import annotations
 
 import zlib
-from typing import AbstractSet, Iterable, Sequence
+from typing import AbstractSet, Iterable, Protocol, Sequence
 
 _EMPTY: frozenset[str] = frozenset()
+_MIN_CANDIDATES = 64
+_CANDIDATES_PER_READ = 8
+
+
+def candidates_for(want: int) -> int:
+    """How many of a reader's chunks still to read one plan ranks for ``want`` reads: bounded whatever the size
+    of the version, and enough that busy chunks rarely leave a reader short."""
+    return max(_MIN_CANDIDATES, _CANDIDATES_PER_READ * want)
+
+
+class IndexedHolding(Protocol):
+    """What the index reads of a hub holding (``hub_state.Holding``)."""
+
+    holder: str
+    state: str
+    chunks: AbstractSet[int] | None
+    need: AbstractSet[int] | None
+    unserved: AbstractSet[int]
 
 
 class NeedCursor:
@@ -71,6 +89,19 @@ class ChunkIndex:
         self._holders: dict[int, set[str]] = {}
         """chunk -> partial holders (row shards, filling readers) that may serve it."""
         self._cursors: dict[str, NeedCursor] = {}
+
+    def enter(self, holding: IndexedHolding) -> None:
+        """A holding appears: its chunks serve (a ranged reader's partly read ones never do); a filling one reads."""
+        if holding.chunks:
+            self.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
+        if holding.state == "filling":
+            self.start_reader(holding.holder, holding.need)
+
+    def leave(self, holding: IndexedHolding) -> None:
+        """The holding serves no chunk as a partial holder any more (it left, or now holds every chunk)."""
+        if holding.chunks:
+            self.remove(holding.holder, holding.chunks)
+        self.end_reader(holding.holder)
 
     def add(self, holder: str, chunks: Iterable[int]) -> None:
         for chunk in chunks:

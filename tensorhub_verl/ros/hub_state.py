@@ -42,7 +42,7 @@ from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros import grants
-from tensorhub_verl.ros.chunk_index import ChunkIndex
+from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
 from tensorhub_verl.ros.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
@@ -57,10 +57,6 @@ Key = tuple[str, int, str]  # (model, version, layout)
 GroupKey = tuple[str, int, str]  # (model, version, shard group)
 Member = tuple[Key, str]  # (layout key, holder): the row shards of one group share one key
 Ack = TypeVar("Ack", bound=msg.DrainAck)
-_MIN_CANDIDATES = 64
-_CANDIDATES_PER_READ = 8
-"""A plan ranks at most max(64, 8 x want) of the reader's chunks still to read (rarest first), wherever its cursor
-is: the cost of an exchange is bounded whatever the size of the version."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,22 +136,13 @@ class VersionRecord:
         """Adds (or replaces) a holding; its chunks enter the index."""
         self.pop(holding.holder)
         self.holdings[holding.holder] = holding
-        if holding.chunks:
-            self.index.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
-        if holding.state == "filling":
-            self.index.start_reader(holding.holder, holding.need)
+        self.index.enter(holding)
 
     def pop(self, holder: str) -> Holding | None:
         holding = self.holdings.pop(holder, None)
         if holding is not None:
-            self.unindex(holding)
+            self.index.leave(holding)
         return holding
-
-    def unindex(self, holding: Holding) -> None:
-        """The holding serves no chunk as a partial holder any more (it left, or now holds every chunk)."""
-        if holding.chunks:
-            self.index.remove(holding.holder, holding.chunks)
-        self.index.end_reader(holding.holder)
 
 
 class HubState:
@@ -632,7 +619,7 @@ class HubState:
         mine = {lease.chunk for lease in own}
         own_inflight = Counter(lease.source for lease in own)
         own_wan = sum(lease.distance == Distance.WAN for lease in own)
-        holders, suspects, eligible = [], [], {}
+        holders, suspects, eligible = [], [], {}  # eligible: holder -> its view, for the index's lookups
         for h in record.holdings.values():
             worker = self._workers.get(h.worker)
             if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
@@ -655,7 +642,7 @@ class HubState:
         # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
         everyone = SwarmView(holders + suspects, pulling, wan)
         cursor = record.index.cursor(holding.holder)
-        needed = cursor.candidates(holding.chunks, mine, max(_MIN_CANDIDATES, _CANDIDATES_PER_READ * want))
+        needed = cursor.candidates(holding.chunks, mine, candidates_for(want))
         filling = sum(1 for h in record.holdings.values() if h.state == "filling")
         seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
         request, record.seeds[location.dc] = reader_request(
@@ -685,7 +672,7 @@ class HubState:
                 self._leases.pop(lease.id)
             self._revoked.pop(req.holder, None)
             holding.settled = set()
-            record.unindex(holding)
+            record.index.leave(holding)  # planned no more as a partial holder: it holds all, or drains
             if req.ok:
                 self.fetch_seconds.append((req.model, req.seconds))
                 del self.fetch_seconds[:-10_000]
