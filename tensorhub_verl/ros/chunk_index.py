@@ -89,10 +89,14 @@ class ChunkIndex:
         self._holders: dict[int, set[str]] = {}
         """chunk -> partial holders (row shards, filling readers) that may serve it."""
         self._cursors: dict[str, NeedCursor] = {}
+        self.complete: set[str] = set()
+        """Holders of every chunk (in any state: the hub checks whether each may serve)."""
 
     def enter(self, holding: IndexedHolding) -> None:
         """A holding appears: its chunks serve (a ranged reader's partly read ones never do); a filling one reads."""
-        if holding.chunks:
+        if holding.chunks is None:
+            self.complete.add(holding.holder)
+        elif holding.chunks:
             self.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
         if holding.state == "filling":
             self.start_reader(holding.holder, holding.need)
@@ -101,6 +105,7 @@ class ChunkIndex:
         """The holding serves no chunk as a partial holder any more (it left, or now holds every chunk)."""
         if holding.chunks:
             self.remove(holding.holder, holding.chunks)
+        self.complete.discard(holding.holder)
         self.end_reader(holding.holder)
 
     def add(self, holder: str, chunks: Iterable[int]) -> None:
@@ -125,6 +130,10 @@ class ChunkIndex:
 
     def end_reader(self, reader: str) -> None:
         self._cursors.pop(reader, None)
+
+    def filling(self) -> int:
+        """Readers filling now (each has a cursor from its begin to its end)."""
+        return len(self._cursors)
 
     def cursor(self, reader: str) -> NeedCursor:
         return self._cursors[reader]

@@ -518,7 +518,7 @@ class HubState:
             revoked = self._settle(req, record, holding)
             deadline = self._clock() + req.wait_s
             while True:
-                assignments, view, needed = self._plan(key, record, holding, reader.location, req.want)
+                assignments, everyone, needed = self._plan(key, record, holding, reader.location, req.want)
                 mine = bool(self._leases.of_reader(req.holder, key))
                 if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
                     break
@@ -545,7 +545,7 @@ class HubState:
                     regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
             return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
                                      have=len(holding.chunks), total=len(record.chunks),
-                                     unservable=[] if assignments else unservable(needed, view, req.holder))
+                                     unservable=[] if assignments else unservable(needed, everyone(), req.holder))
 
     def _grant(self, record: VersionRecord, lease: Lease) -> str:
         """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""
@@ -611,39 +611,48 @@ class HubState:
         return revoked
 
     def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int):
-        """One reader's next reads. O(holdings + want) and O(the few candidate chunks' holders): the lease book and
-        the chunk index answer what a walk of every lease and every holder's chunks once did."""
+        """One reader's next reads, in O(want + complete holders + the candidate chunks' holders): the lease book
+        and the chunk index answer what walks of every lease, holding and chunk once did."""
         now = self._clock()
         self._expire_leases()
         own = self._leases.of_reader(holding.holder, key)
         mine = {lease.chunk for lease in own}
         own_inflight = Counter(lease.source for lease in own)
         own_wan = sum(lease.distance == Distance.WAN for lease in own)
-        holders, suspects, eligible = [], [], {}  # eligible: holder -> its view, for the index's lookups
-        for h in record.holdings.values():
-            worker = self._workers.get(h.worker)
-            if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
-                continue
-            # A ranged reader's partly read chunks are never served (the index leaves them out too).
-            chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
-            view_of = HolderView(h.holder, worker.location, chunks, self._leases.reads_from(key, h.holder),
-                                 h.served_bytes, published=h.state == "active")
-            if self._suspect_until.get(h.worker, 0) > now:
-                suspects.append(view_of)
-            else:
-                holders.append(view_of)
-                eligible[h.holder] = view_of
+        views: dict[str, HolderView | None] = {}
+        suspects: set[str] = set()
+
+        def view_of(name: str) -> HolderView | None:
+            """A holder's view, built the first time this plan meets it; None: it serves nothing now."""
+            if name not in views:
+                h = record.holdings.get(name)
+                worker = self._workers.get(h.worker) if h is not None else None
+                views[name] = None
+                if worker is not None and h.state not in ("draining", "pending") \
+                        and not self._quarantined(key, name, now):
+                    # A ranged reader's partly read chunks are never served (the index leaves them out too).
+                    chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
+                    views[name] = HolderView(name, worker.location, chunks, self._leases.reads_from(key, name),
+                                             h.served_bytes, published=h.state == "active")
+                    if self._suspect_until.get(h.worker, 0) > now:
+                        suspects.add(name)
+            return views[name]
+
+        def serving(names) -> list[HolderView]:
+            return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
+
         pulling, wan = self._leases.pulling(key), self._leases.wan_pulling(key)
+        view = SwarmView(serving(record.index.complete), pulling, wan,
+                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)))
 
-        def partial_holders(chunk: int) -> list[HolderView]:
-            return [eligible[n] for n in record.index.holders_of(chunk) if n in eligible]
+        def everyone() -> SwarmView:
+            """The candidates' holders, suspects too: a suspect may recover, so a chunk only it has is servable."""
+            names = set(record.index.complete).union(*(record.index.holders_of(c) for c in needed))
+            return SwarmView([v for n in sorted(names) if (v := view_of(n)) is not None], pulling, wan)
 
-        view = SwarmView(holders, pulling, wan, partial_holders=partial_holders)
-        # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
-        everyone = SwarmView(holders + suspects, pulling, wan)
         cursor = record.index.cursor(holding.holder)
         needed = cursor.candidates(holding.chunks, mine, candidates_for(want))
-        filling = sum(1 for h in record.holdings.values() if h.state == "filling")
+        filling = record.index.filling()
         seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
         request, record.seeds[location.dc] = reader_request(
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
@@ -678,6 +687,7 @@ class HubState:
                 del self.fetch_seconds[:-10_000]
             if req.ok and req.hold:
                 holding.state, holding.chunks = "active", None
+                record.index.enter(holding)  # a complete holder now
                 self._holdings_changed(req.model)
                 return msg.EndFetchAck(drained=True, inflight=0)
             holding.state = "draining"
