@@ -45,7 +45,9 @@ from tensorhub_verl.ros import grants
 from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
 from tensorhub_verl.ros.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
+from tensorhub_verl.ros.limits import (
+    HubLimits, PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, prepare_version,
+)
 from tensorhub_verl.ros.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request, unservable
@@ -336,7 +338,7 @@ class HubState:
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
         prepared = prepare_version(req.manifest, self.config.limits, req.shard_rank)
-        _check_row_shard(req)
+        check_row_shard(req)
         check_regions(req.regions, prepared.manifest, req.shard_rank)
         return prepared
 
@@ -355,7 +357,7 @@ class HubState:
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
                 if req.shard_rank is not None:
-                    _check_same_chunk_map(record.manifest, manifest)
+                    check_same_chunk_map(record.manifest, manifest)
                 existing = record.holdings.get(req.holder)
                 if existing is not None and existing.worker != req.worker:
                     raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -855,24 +857,6 @@ def _check_holder(worker: str, holder: str) -> None:
     if holder != worker and not holder.startswith(worker + msg.HOLDER_SEPARATOR):
         raise NotOwner(f"worker {worker!r} may act only for holders named {worker!r} or "
                        f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
-
-
-def _check_row_shard(req: msg.Publish) -> None:
-    """A row shard is one of ``row_shards`` publishes of one version, grouped and counted as such."""
-    if req.shard_rank is None:
-        return  # prepare_version checked the rank against row_shards
-    if req.shard_count != req.manifest.row_shards or req.shard_group is None:
-        raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({req.manifest.row_shards}, got "
-                             f"{req.shard_count}) and a shard_group naming its trainer")
-
-
-def _check_same_chunk_map(existing: Manifest, incoming: Manifest) -> None:
-    """A row shard serves only its rank's chunks of the version's chunk map: it must be cut the same way."""
-    if (existing.chunk_bytes, existing.row_shards) != (incoming.chunk_bytes, incoming.row_shards):
-        raise ManifestMismatch(
-            f"{incoming.model} v{incoming.version} ({incoming.layout}) is published with chunk_bytes "
-            f"{existing.chunk_bytes} and {existing.row_shards} row shard(s); a row shard must publish the same "
-            f"(got {incoming.chunk_bytes} and {incoming.row_shards})")
 
 
 def _merge_digests(existing: Manifest, incoming: Manifest) -> Manifest:
