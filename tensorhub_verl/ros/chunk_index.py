@@ -136,4 +136,6 @@ class ChunkIndex:
         return len(self._cursors)
 
     def cursor(self, reader: str) -> NeedCursor:
-        return self._cursors[reader]
+        """The reader's cursor; one with nothing to read once its fetch ended (an exchange that waited for work
+        with the hub's lock released may find its fetch ended, or its worker dropped, meanwhile)."""
+        return self._cursors.get(reader) or NeedCursor(reader, ())

@@ -96,3 +96,11 @@ def test_a_cursor_without_moving_on_offers_the_same_chunks_again():
 def test_readers_start_their_cursors_at_different_chunks():
     firsts = {NeedCursor(f"reader{i}", range(1000)).candidates(set(), set(), 1)[0] for i in range(8)}
     assert len(firsts) > 4
+
+
+def test_a_reader_whose_fetch_ended_has_nothing_left_to_read():
+    index = ChunkIndex(10)
+    index.start_reader("r", None)
+    assert len(index.cursor("r").candidates(set(), set(), 4)) == 4 and index.filling() == 1
+    index.end_reader("r")
+    assert index.cursor("r").candidates(set(), set(), 4) == [] and index.filling() == 0
