@@ -34,6 +34,7 @@ _BENCHES = {
     "tp-bytes": "tensorhub_verl.bench.tp_bytes",
     "pause-copy": "tensorhub_verl.bench.pause_copy",
     "soak": "tensorhub_verl.bench.soak",
+    "control": "tensorhub_verl.bench.control",
 }
 
 

@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, TypeVar
 
@@ -42,8 +42,12 @@ from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
+from tensorhub_verl.ros.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.limits import HubLimits, PreparedVersion, check_regions, prepare_version
+from tensorhub_verl.ros.limits import (
+    HubLimits, PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, prepare_version,
+)
 from tensorhub_verl.ros.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request, unservable
@@ -119,24 +123,28 @@ class Holding:
 
 
 @dataclass(slots=True)
-class Lease:
-    id: int
-    key: Key
-    reader: str
-    reader_location: Location
-    source: str
-    chunk: int
-    nbytes: int
-    distance: Distance
-    deadline: float
-
-
-@dataclass(slots=True)
 class VersionRecord:
     manifest: Manifest
     chunks: tuple[Chunk, ...]
     holdings: dict[str, Holding] = field(default_factory=dict)
     seeds: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    index: ChunkIndex = field(init=False)
+    """Who serves each chunk as a partial holder, and each filling reader's chunks still to read."""
+
+    def __post_init__(self) -> None:
+        self.index = ChunkIndex(len(self.chunks))
+
+    def put(self, holding: Holding) -> None:
+        """Adds (or replaces) a holding; its chunks enter the index."""
+        self.pop(holding.holder)
+        self.holdings[holding.holder] = holding
+        self.index.enter(holding)
+
+    def pop(self, holder: str) -> Holding | None:
+        holding = self.holdings.pop(holder, None)
+        if holding is not None:
+            self.index.leave(holding)
+        return holding
 
 
 class HubState:
@@ -150,7 +158,7 @@ class HubState:
         self._changed = threading.Condition(self._lock)
         self._workers: dict[str, WorkerRecord] = {}
         self._versions: dict[Key, VersionRecord] = {}
-        self._leases: dict[int, Lease] = {}
+        self._leases = LeaseBook()
         self._revoked: dict[str, set[int]] = defaultdict(set)
         self._suspect_until: dict[str, float] = {}
         self._model_keys: dict[str, set[Key]] = {}
@@ -330,7 +338,7 @@ class HubState:
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
         prepared = prepare_version(req.manifest, self.config.limits, req.shard_rank)
-        _check_row_shard(req)
+        check_row_shard(req)
         check_regions(req.regions, prepared.manifest, req.shard_rank)
         return prepared
 
@@ -349,7 +357,7 @@ class HubState:
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
                 if req.shard_rank is not None:
-                    _check_same_chunk_map(record.manifest, manifest)
+                    check_same_chunk_map(record.manifest, manifest)
                 existing = record.holdings.get(req.holder)
                 if existing is not None and existing.worker != req.worker:
                     raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -366,8 +374,8 @@ class HubState:
             elif req.shard_rank is not None:
                 record.manifest = _merge_digests(record.manifest, manifest)
             state = "pending" if req.shard_count > 1 else "active"
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks,
-                                                  state, next(self._ids), shard_rank=req.shard_rank)
+            record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
+                               next(self._ids), shard_rank=req.shard_rank))
             if req.shard_count > 1:
                 self._commit_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
             self._holdings_changed(key[0])
@@ -428,11 +436,11 @@ class HubState:
         deadline = self._clock() + wait_s
         while True:
             self._expire_leases()
-            inflight = sum(1 for lease in self._leases.values() if lease.key == key and lease.source == holder)
+            inflight = self._leases.reads_from(key, holder)
             if inflight == 0:
                 record = self._versions.get(key)
                 if record is not None:
-                    record.holdings.pop(holder, None)
+                    record.pop(holder)
                     self._forget_if_empty(key)
                 self._holdings_changed(key[0])
                 return reply(drained=True, inflight=0)
@@ -516,8 +524,8 @@ class HubState:
                                      f"({existing.state}); unpublish it before fetching it again")
             chunks = {c for c in req.have if c < len(record.chunks)}
             need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
-            record.holdings[req.holder] = Holding(req.holder, req.worker, list(req.regions), chunks, "filling",
-                                                  next(self._ids), need=need, unserved=frozenset(req.unserved))
+            record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
+                               need=need, unserved=frozenset(req.unserved)))
             self._revoked.pop(req.holder, None)
             return record.manifest
 
@@ -536,8 +544,8 @@ class HubState:
             revoked = self._settle(req, record, holding)
             deadline = self._clock() + req.wait_s
             while True:
-                assignments, view, needed = self._plan(key, record, holding, reader.location, req.want)
-                mine = any(lease.reader == req.holder and lease.key == key for lease in self._leases.values())
+                assignments, everyone, needed = self._plan(key, record, holding, reader.location, req.want)
+                mine = bool(self._leases.of_reader(req.holder, key))
                 if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
                     break
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
@@ -547,7 +555,7 @@ class HubState:
             for a in assignments:
                 lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
                               record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
-                self._leases[lease.id] = lease
+                self._leases.add(lease)
                 replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
                                                  distance=int(a.distance), grant=self._grant(record, lease)))
                 tensors[a.source].update(seg.tensor for seg in record.chunks[a.chunk].segments)
@@ -563,7 +571,7 @@ class HubState:
                     regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
             return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
                                      have=len(holding.chunks), total=len(record.chunks),
-                                     unservable=[] if assignments else unservable(needed, view, req.holder))
+                                     unservable=[] if assignments else unservable(needed, everyone(), req.holder))
 
     def _grant(self, record: VersionRecord, lease: Lease) -> str:
         """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""
@@ -588,9 +596,11 @@ class HubState:
                 revoked.add(lease_id)  # revoked, or issued by a hub that has since restarted: read again
                 past.discard(lease_id)
                 continue
-            del self._leases[lease_id]
+            self._leases.pop(lease_id)
             holding.settled.add(lease_id)
             holding.chunks.add(lease.chunk)
+            if lease.chunk not in holding.unserved:
+                record.index.add(holding.holder, (lease.chunk,))
             source = record.holdings.get(lease.source)
             if source is not None:
                 source.served_bytes += lease.nbytes
@@ -598,9 +608,10 @@ class HubState:
                 if worker is not None:
                     worker.bytes_served += lease.nbytes
         for failure in req.failed:
-            lease = self._leases.pop(failure.lease, None)
+            lease = self._leases.get(failure.lease)
             if lease is None or lease.reader != req.holder:
                 continue
+            self._leases.pop(failure.lease)
             source = record.holdings.get(lease.source)
             if source is not None and failure.corrupt:
                 # Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or
@@ -626,49 +637,56 @@ class HubState:
         return revoked
 
     def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int):
+        """One reader's next reads, in O(want + complete holders + the candidate chunks' holders): the lease book
+        and the chunk index answer what walks of every lease, holding and chunk once did."""
         now = self._clock()
         self._expire_leases()
-        inflight: dict[str, int] = defaultdict(int)
-        pulling: dict[int, list[Location]] = defaultdict(list)
-        wan_pulling: dict[str, set[int]] = defaultdict(set)
-        mine = set()
-        own_inflight: dict[str, int] = defaultdict(int)
-        own_wan = 0
-        for lease in self._leases.values():
-            if lease.key != key:
-                continue
-            inflight[lease.source] += 1
-            if lease.reader == holding.holder:
-                mine.add(lease.chunk)
-                own_inflight[lease.source] += 1
-                own_wan += lease.distance == Distance.WAN
-                continue
-            pulling[lease.chunk].append(lease.reader_location)
-            if lease.distance == Distance.WAN:
-                wan_pulling[lease.reader_location.dc].add(lease.chunk)
-        holders, suspects = [], []
-        for h in record.holdings.values():
-            worker = self._workers.get(h.worker)
-            if worker is None or h.state in ("draining", "pending") or self._quarantined(key, h.holder, now):
-                continue
-            chunks = h.chunks if h.chunks is None or isinstance(h.chunks, frozenset) else frozenset(h.chunks)
-            if chunks is not None and h.unserved:
-                chunks = chunks - h.unserved  # a ranged reader's partly read chunks are never served
-            view_of = HolderView(h.holder, worker.location, chunks, inflight[h.holder], h.served_bytes,
-                                 published=h.state == "active")
-            (suspects if self._suspect_until.get(h.worker, 0) > now else holders).append(view_of)
-        wan = {dc: frozenset(c) for dc, c in wan_pulling.items()}
-        view = SwarmView(holders, pulling, wan)
-        # A suspect gets no reads, but it may recover: a chunk only it holds is not yet unservable.
-        everyone = SwarmView(holders + suspects, pulling, wan)
-        wanted = range(len(record.chunks)) if holding.need is None else sorted(holding.need)
-        needed = [c for c in wanted if c not in holding.chunks and c not in mine]
-        filling = sum(1 for h in record.holdings.values() if h.state == "filling")
+        own = self._leases.of_reader(holding.holder, key)
+        mine = {lease.chunk for lease in own}
+        own_inflight = Counter(lease.source for lease in own)
+        own_wan = sum(lease.distance == Distance.WAN for lease in own)
+        views: dict[str, HolderView | None] = {}
+        suspects: set[str] = set()
+
+        def view_of(name: str) -> HolderView | None:
+            """A holder's view, built the first time this plan meets it; None: it serves nothing now."""
+            if name not in views:
+                h = record.holdings.get(name)
+                worker = self._workers.get(h.worker) if h is not None else None
+                views[name] = None
+                if worker is not None and h.state not in ("draining", "pending") \
+                        and not self._quarantined(key, name, now):
+                    # A ranged reader's partly read chunks are never served (the index leaves them out too).
+                    chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
+                    views[name] = HolderView(name, worker.location, chunks, self._leases.reads_from(key, name),
+                                             h.served_bytes, published=h.state == "active")
+                    if self._suspect_until.get(h.worker, 0) > now:
+                        suspects.add(name)
+            return views[name]
+
+        def serving(names) -> list[HolderView]:
+            return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
+
+        pulling, wan = self._leases.pulling(key), self._leases.wan_pulling(key)
+        view = SwarmView(serving(record.index.complete), pulling, wan,
+                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)))
+
+        def everyone() -> SwarmView:
+            """The candidates' holders, suspects too: a suspect may recover, so a chunk only it has is servable."""
+            names = set(record.index.complete).union(*(record.index.holders_of(c) for c in needed))
+            return SwarmView([v for n in sorted(names) if (v := view_of(n)) is not None], pulling, wan)
+
+        cursor = record.index.cursor(holding.holder)
+        needed = cursor.candidates(holding.chunks, mine, candidates_for(want))
+        filling = record.index.filling()
         seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
         request, record.seeds[location.dc] = reader_request(
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
             own_wan_reads=own_wan, config=self.config.planner)
-        return plan_chunks(request, view, self.config.planner), everyone, needed
+        assignments = plan_chunks(request, view, self.config.planner)
+        if len(assignments) < want:
+            cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
+        return assignments, everyone, needed
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)
@@ -685,15 +703,17 @@ class HubState:
                                      f"{len(record.chunks) if holding.need is None else len(holding.need)} chunks")
             if req.ok and req.hold and holding.need is not None:
                 raise InvalidRequest(f"{req.holder} read parts of {key}: a ranged reader cannot hold the version")
-            for lease_id in [i for i, lease in self._leases.items() if lease.reader == req.holder]:
-                del self._leases[lease_id]
+            for lease in self._leases.of_reader(req.holder):
+                self._leases.pop(lease.id)
             self._revoked.pop(req.holder, None)
             holding.settled = set()
+            record.index.leave(holding)  # planned no more as a partial holder: it holds all, or drains
             if req.ok:
                 self.fetch_seconds.append((req.model, req.seconds))
                 del self.fetch_seconds[:-10_000]
             if req.ok and req.hold:
                 holding.state, holding.chunks = "active", None
+                record.index.enter(holding)  # a complete holder now
                 self._holdings_changed(req.model)
                 return msg.EndFetchAck(drained=True, inflight=0)
             holding.state = "draining"
@@ -719,10 +739,8 @@ class HubState:
                 del self._quarantined_until[entry]
 
     def _expire_leases(self) -> None:
-        now = self._clock()
-        overdue = [lease for lease in self._leases.values() if lease.deadline < now]
+        overdue = self._leases.overdue(self._clock())
         for lease in overdue:
-            del self._leases[lease.id]
             self._revoked[lease.reader].add(lease.id)
             self.leases_revoked += 1
             logger.warning("lease %d (chunk %d from %s to %s) outlived its deadline; revoked",
@@ -736,20 +754,20 @@ class HubState:
         dropped, models = set(), set()
         for key, record in list(self._versions.items()):
             for holder in [h for h, holding in record.holdings.items() if holding.worker == worker]:
-                del record.holdings[holder]
+                record.pop(holder)
                 dropped.add(holder)
                 models.add(key[0])
             self._forget_if_empty(key)
         for holder in dropped:
             self._revoked.pop(holder, None)
-        for lease_id, lease in list(self._leases.items()):
+        for lease in self._leases.all():
             if lease.reader in dropped:
-                del self._leases[lease_id]
+                self._leases.pop(lease.id)
             elif lease.source in dropped:
                 # Its source is gone (dead, or frozen past the heartbeat timeout): tell the reader now, so
                 # it re-plans the chunk instead of waiting out its read timeout.
-                del self._leases[lease_id]
-                self._revoked[lease.reader].add(lease_id)
+                self._leases.pop(lease.id)
+                self._revoked[lease.reader].add(lease.id)
         self._holdings_changed(*models)
 
     def _forget_if_empty(self, key: Key) -> None:
@@ -863,24 +881,6 @@ def _check_holder(worker: str, holder: str) -> None:
     if holder != worker and not holder.startswith(worker + msg.HOLDER_SEPARATOR):
         raise NotOwner(f"worker {worker!r} may act only for holders named {worker!r} or "
                        f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
-
-
-def _check_row_shard(req: msg.Publish) -> None:
-    """A row shard is one of ``row_shards`` publishes of one version, grouped and counted as such."""
-    if req.shard_rank is None:
-        return  # prepare_version checked the rank against row_shards
-    if req.shard_count != req.manifest.row_shards or req.shard_group is None:
-        raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({req.manifest.row_shards}, got "
-                             f"{req.shard_count}) and a shard_group naming its trainer")
-
-
-def _check_same_chunk_map(existing: Manifest, incoming: Manifest) -> None:
-    """A row shard serves only its rank's chunks of the version's chunk map: it must be cut the same way."""
-    if (existing.chunk_bytes, existing.row_shards) != (incoming.chunk_bytes, incoming.row_shards):
-        raise ManifestMismatch(
-            f"{incoming.model} v{incoming.version} ({incoming.layout}) is published with chunk_bytes "
-            f"{existing.chunk_bytes} and {existing.row_shards} row shard(s); a row shard must publish the same "
-            f"(got {incoming.chunk_bytes} and {incoming.row_shards})")
 
 
 def _merge_digests(existing: Manifest, incoming: Manifest) -> Manifest:

@@ -147,3 +147,21 @@ def _itemsize(dtype: str) -> int:
         return torch.empty((), dtype=dtype_from_name(dtype)).element_size()
     except ManifestMismatch as e:
         raise InvalidRequest(str(e)) from None
+
+
+def check_row_shard(req: msg.Publish) -> None:
+    """A row shard is one of ``row_shards`` publishes of one version, grouped and counted as such."""
+    if req.shard_rank is None:
+        return  # prepare_version checked the rank against row_shards
+    if req.shard_count != req.manifest.row_shards or req.shard_group is None:
+        raise InvalidRequest(f"a row shard publishes with shard_count == row_shards ({req.manifest.row_shards}, got "
+                             f"{req.shard_count}) and a shard_group naming its trainer")
+
+
+def check_same_chunk_map(existing: Manifest, incoming: Manifest) -> None:
+    """A row shard serves only its rank's chunks of the version's chunk map: it must be cut the same way."""
+    if (existing.chunk_bytes, existing.row_shards) != (incoming.chunk_bytes, incoming.row_shards):
+        raise ManifestMismatch(
+            f"{incoming.model} v{incoming.version} ({incoming.layout}) is published with chunk_bytes "
+            f"{existing.chunk_bytes} and {existing.row_shards} row shard(s); a row shard must publish the same "
+            f"(got {incoming.chunk_bytes} and {incoming.row_shards})")

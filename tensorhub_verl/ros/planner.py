@@ -37,7 +37,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.topology import Distance, Location
@@ -85,6 +85,10 @@ class SwarmView:
     """chunk -> locations of the readers pulling it right now (the requesting reader excluded)."""
     wan_pulling: Mapping[str, frozenset[int]] = field(default_factory=dict)
     """datacenter -> chunks crossing the WAN into it right now."""
+    partial_holders: Callable[[int], Sequence[HolderView]] | None = None
+    """chunk -> the partial holders (row shards, filling readers) that have it, from an index kept up to date
+    (``chunk_index.ChunkIndex``); ``holders`` then need list only the complete holders. None: the partial
+    holders are found by walking the chunks of every partial holder in ``holders``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,20 +134,15 @@ def reader_request(reader: str, location: Location, needed: Sequence[int], want:
 
 
 def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
-    inflight = {h.holder: h.inflight for h in view.holders}
+    inflight = _Inflight()
     own = Counter(request.own_inflight)
-    served = {h.holder: h.served_bytes for h in view.holders}
     holders = [h for h in view.holders if h.holder != request.reader]
     complete = [h for h in holders if h.chunks is None]
-    partial: dict[int, list[HolderView]] = defaultdict(list)  # chunk -> partial holders (row shards, readers) of it
-    for h in holders:
-        if config.cooperative or h.published:  # the naive baseline reads only from published holders
-            for chunk in h.chunks or ():
-                partial[chunk].append(h)
+    order = _rotated(request.needed, request.reader)
+    partial = _partial_holders(order, holders, view, request.reader, config)
     wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
     wan_room = config.wan_reads_per_seed - request.own_wan_reads if request.may_cross_wan else 0
     assignments: list[Assignment] = []
-    order = _rotated(request.needed, request.reader)
     if config.cooperative:  # rarest first: the newest copies spread before chunks that many already hold
         order.sort(key=lambda c: len(partial.get(c, ())))  # complete holders have every chunk: no tie-breaker
     for chunk in order:
@@ -156,9 +155,9 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         nearest = min(distance_of.values())
         if not config.cooperative:
             best = min((h for h in having if distance_of[h.holder] == nearest),
-                       key=lambda h: (inflight[h.holder], h.holder))
-            if inflight[best.holder] < config.max_inflight_per_source:
-                inflight[best.holder] += 1
+                       key=lambda h: (inflight.of(h), h.holder))
+            if inflight.of(best) < config.max_inflight_per_source:
+                inflight.add(best)
                 assignments.append(Assignment(chunk, best.holder, nearest))
             continue
         pull_distances = Counter(request.location.distance(loc) for loc in view.pulling.get(chunk, ()))
@@ -171,18 +170,50 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
             continue  # rule 4
         # Seeds are the only readers crossing the WAN, so they need no share: it would idle the WAN.
         share = None if nearest == Distance.WAN else request.fair_share
-        free = [h for h in nearest_holders if inflight[h.holder] < config.max_inflight_per_source
+        free = [h for h in nearest_holders if inflight.of(h) < config.max_inflight_per_source
                 and (share is None or own[h.holder] < share)]
         if not free:
             continue
-        best = min(free, key=lambda h: (inflight[h.holder], served[h.holder], h.holder))  # rule 6
-        inflight[best.holder] += 1
+        best = min(free, key=lambda h: (inflight.of(h), h.served_bytes, h.holder))  # rule 6
+        inflight.add(best)
         own[best.holder] += 1
         if nearest == Distance.WAN:
             wan_busy.add(chunk)
             wan_room -= 1
         assignments.append(Assignment(chunk, best.holder, nearest))
     return assignments
+
+
+class _Inflight:
+    """Reads in flight per source: the view's count plus the reads this plan adds (a holder's view may come
+    from ``SwarmView.partial_holders`` only, so no table of every holder is built up front)."""
+
+    __slots__ = ("_added",)
+
+    def __init__(self) -> None:
+        self._added: Counter[str] = Counter()
+
+    def of(self, h: HolderView) -> int:
+        return h.inflight + self._added[h.holder]
+
+    def add(self, h: HolderView) -> None:
+        self._added[h.holder] += 1
+
+
+def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: SwarmView, reader: str,
+                     config: PlannerConfig) -> dict[int, list[HolderView]]:
+    """chunk -> its partial holders other than ``reader`` (only published ones for the naive baseline)."""
+    partial: dict[int, list[HolderView]] = defaultdict(list)
+    if view.partial_holders is not None:  # from the index: only the chunks considered
+        for chunk in order:
+            partial[chunk] = [h for h in view.partial_holders(chunk) if h.holder != reader
+                              and h.chunks is not None and (config.cooperative or h.published)]
+        return partial
+    for h in holders:
+        if config.cooperative or h.published:  # the naive baseline reads only from published holders
+            for chunk in h.chunks or ():
+                partial[chunk].append(h)
+    return partial
 
 
 def unservable(needed: Sequence[int], view: SwarmView, reader: str) -> list[int]:

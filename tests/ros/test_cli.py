@@ -99,3 +99,13 @@ def test_demo_runs_and_checks_its_bytes():
                                           (["--nic-gbps", "100", "--wan-gbps", "400", "--seeds-per-dc", "2"], 2)])
 def test_hub_sizes_wan_seeds_from_link_rates_unless_given(flags, seeds):
     assert hub_seeds_per_dc(hub_parser().parse_args(flags)) == seeds
+
+
+def test_bench_control_drives_the_real_hub_with_synthetic_readers():
+    result = run_cli("bench", "control", "--chunks", "24", "--readers", "6", "--procs", "2", "--max-seconds", "60",
+                     "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    point = last_json(result.stdout)["points"][0]
+    # Every reader booked every chunk through the hub's begin/exchange/end, and the hub's CPU was measured.
+    assert point["complete"] and point["readers_done"] == 6 and point["reads"] == 6 * 24
+    assert point["hub_cpu_s"] > 0 and point["exchanges_per_reader"] >= 24 / 8

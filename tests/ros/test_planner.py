@@ -127,3 +127,30 @@ def test_a_fair_share_keeps_one_reader_from_taking_every_slot():
     assert len(plan("r", N0, range(8), holders, max_inflight_per_source=8)) == 8
     request = PlanRequest("r", N0, list(range(8)), 8, own_inflight={"trainer": 1}, fair_share=2)
     assert len(plan_chunks(request, SwarmView(holders), PlannerConfig(max_inflight_per_source=8))) == 1
+
+
+def test_planning_from_the_chunk_index_gives_the_plan_the_full_walk_gives():
+    # The hub looks partial holders up per chunk (SwarmView.partial_holders) instead of walking every holder's
+    # chunks: on a random swarm both ways must plan exactly the same reads.
+    import random
+
+    rng = random.Random(7)
+    locations = [N0, N1, RACK1, DC1_A]
+    for trial in range(50):
+        holders = [HolderView("trainer", locations[trial % 4], None, inflight=rng.randrange(3))]
+        for i in range(6):
+            chunks = frozenset(c for c in range(40) if rng.random() < 0.3)
+            holders.append(HolderView(f"p{i}", rng.choice(locations), chunks, inflight=rng.randrange(3),
+                                      published=rng.random() < 0.3))
+        by_chunk: dict[int, list[HolderView]] = {}
+        for h in holders[1:]:
+            for c in h.chunks:
+                by_chunk.setdefault(c, []).append(h)
+        pulling = {c: [rng.choice(locations)] for c in range(40) if rng.random() < 0.2}
+        request = PlanRequest("p0", N0, [c for c in range(40) if c not in holders[1].chunks], 8)
+        for cooperative in (True, False):
+            config = PlannerConfig(cooperative=cooperative)
+            walked = plan_chunks(request, SwarmView(holders, pulling), config)
+            indexed = plan_chunks(request, SwarmView(holders, pulling, partial_holders=lambda c: by_chunk.get(c, [])),
+                                  config)
+            assert walked == indexed

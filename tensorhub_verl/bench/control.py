@@ -1,0 +1,192 @@
+"""`tensorhub bench control`: the hub's cost per update, alone (no data plane), over a sweep of sizes.
+
+For each model size (``--chunks``: chunks of ``--chunk-mib`` in the version) and reader count (``--readers``): a
+fresh hub process, one trainer worker that publishes the version, and ``--procs`` load processes
+(``bench.control_readers``) driving the synthetic readers over the real protocol (begin, exchanges, end holding
+the version). Reads "land" at once, or at ``--rate`` chunks/s per reader. Readers sit ``--gpus-per-node`` to a
+node and ``--nodes-per-rack`` nodes to a rack; the trainer is on a node of its own in the first rack.
+
+Per point it prints the hub process's CPU (user + system) for the update, per exchange (begins included) and
+per chunk read, exchanges per reader, and the longest time a reader waited for an answer that carried work
+(idle long-polls of 0.2 s are not waits). A point that does not finish in ``--max-seconds`` stops there: its
+per-exchange and per-read figures are measured on what it did, and its CPU per update is extrapolated from the
+CPU per chunk read (``extrapolated: true``). The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+
+from tensorhub_verl.bench import positive_ints
+from tensorhub_verl.bench.hub_proc import HubProcess
+from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+
+_CHUNK_BYTES = 4096
+"""The chunk size the hub sees: the hub's work per chunk does not depend on it, and a small one keeps the
+synthetic regions small. Model sizes are reported in ``--chunk-mib`` chunks."""
+_TARGET_READERS = 1024
+_TARGET_CHUNKS = 12_800
+"""The extrapolation target: 1,024 readers of a 100 GB version in 8 MiB chunks."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensorhub bench control", description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=positive_ints, default=(256, 1024), help="chunks in the version, e.g. 256,12800")
+    parser.add_argument("--readers", type=positive_ints, default=(8, 64), help="synthetic readers, e.g. 8,64,256")
+    parser.add_argument("--chunk-mib", type=float, default=8.0, help="chunk size the model sizes are given in")
+    parser.add_argument("--window", type=int, default=8, help="reads a reader asks for per exchange (ClientConfig.window)")
+    parser.add_argument("--rate", type=float, default=0.0, help="chunks/s each reader lands (0: at once)")
+    parser.add_argument("--procs", type=int, default=2, help="load processes sharing the readers")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--nodes-per-rack", type=int, default=8)
+    parser.add_argument("--grants", action="store_true", help="workers register grant keys (the TCP plane's cost)")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="stop a point after this long")
+    parser.add_argument("--connections", type=int, default=64, help="HTTP connections per load process")
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    args = parser.parse_args(argv)
+    if args.window < 1 or args.procs < 1 or args.rate < 0 or args.max_seconds <= 0:
+        parser.error("--window and --procs must be >= 1, --rate >= 0, --max-seconds > 0")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    points = []
+    for chunks in args.chunks:
+        for readers in args.readers:
+            point = run_point(chunks, readers, args)
+            points.append(point)
+            if not args.json:
+                print(_row(point), flush=True)
+    report = {"bench": "control", "window": args.window, "rate": args.rate, "chunk_mib": args.chunk_mib,
+              "grants": args.grants, "points": points, "extrapolated_1024_readers_100GB": _extrapolate(points)}
+    if not args.json:
+        print(f"extrapolated to {_TARGET_READERS} readers x {_TARGET_CHUNKS} chunks (from the largest point): "
+              f"{report['extrapolated_1024_readers_100GB']}")
+    print(json.dumps(report))
+    return 0
+
+
+def run_point(chunks: int, readers: int, args) -> dict:
+    """One fresh hub, one version of ``chunks`` chunks, ``readers`` synthetic readers fetching it at once."""
+    hub = HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600")).start()
+    procs: list[subprocess.Popen] = []
+    try:
+        model = "m"
+        digest = _publish(hub.url, model, chunks, args.grants)
+        names = [f"r{i}" for i in range(readers)]
+        locations = [{"dc": "dc0", "rack": f"k{i // (args.gpus_per_node * args.nodes_per_rack)}",
+                      "node": f"n{i // args.gpus_per_node}"} for i in range(readers)]
+        env = dict(os.environ)
+        for p in range(min(args.procs, readers)):
+            job = {"url": hub.url, "model": model, "digest": digest, "readers": names[p::args.procs],
+                   "locations": locations[p::args.procs], "window": args.window, "rate": args.rate,
+                   "grants": args.grants, "max_seconds": args.max_seconds, "connections": args.connections}
+            proc = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.bench.control_readers"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.flush()
+            procs.append(proc)
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a load process failed to register its readers (see its stderr)")
+        hub_proc = psutil.Process(hub.pid)
+        cpu0, started = _cpu(hub_proc), time.perf_counter()
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=args.max_seconds + 600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a load process exited with {proc.returncode}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        wall = time.perf_counter() - started
+        cpu = _cpu(hub_proc) - cpu0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        hub.stop()
+    return _summarize(chunks, readers, args, cpu, wall, results)
+
+
+def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results: list[dict]) -> dict:
+    exchanges = sum(r["exchanges"] for r in results)
+    reads = sum(r["reads"] for r in results)
+    done = sum(r["done"] for r in results)
+    waits = sorted(w for r in results for w in r["waits"])
+    complete = done == readers
+    per_read = cpu / reads if reads else None
+    return {
+        "chunks": chunks, "readers": readers, "model_gb": round(chunks * args.chunk_mib / 1024, 2),
+        "complete": complete, "readers_done": done, "reads": reads,
+        "hub_cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
+        "hub_cpu_per_update_s": round(cpu if complete else (per_read or 0) * readers * chunks, 3),
+        "extrapolated": not complete,
+        "hub_cpu_per_exchange_ms": round(1000 * cpu / exchanges, 4) if exchanges else None,
+        "hub_cpu_per_chunk_read_ms": round(1000 * per_read, 5) if per_read else None,
+        "exchanges_per_reader": round(exchanges / readers, 1),
+        "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
+        "idle_waits_per_reader": round(sum(r["idle_waits"] for r in results) / readers, 1),
+        "max_wait_s": round(max(r["max_wait_s"] for r in results), 4),
+        "p50_wait_ms": round(1000 * waits[len(waits) // 2], 3) if waits else None,
+        "p99_wait_ms": round(1000 * waits[min(len(waits) - 1, int(len(waits) * 0.99))], 3) if waits else None,
+    }
+
+
+def _extrapolate(points: list[dict]) -> dict:
+    """Hub CPU for 1,024 readers x 12,800 chunks, scaled from the point with the most chunk reads: its CPU per
+    chunk read times the target's reads (an extrapolation: it assumes the per-read cost stays what it was there)."""
+    best = max((p for p in points if p["hub_cpu_per_chunk_read_ms"]), key=lambda p: (p["readers"] * p["chunks"]),
+               default=None)
+    if best is None:
+        return {}
+    per_read_s = best["hub_cpu_per_chunk_read_ms"] / 1000
+    return {"from_readers": best["readers"], "from_chunks": best["chunks"], "extrapolated": True,
+            "hub_cpu_per_update_s": round(per_read_s * _TARGET_READERS * _TARGET_CHUNKS, 1)}
+
+
+def _publish(url: str, model: str, chunks: int, grants: bool) -> str:
+    import base64
+
+    tensor = TensorSpec("w", (chunks * _CHUNK_BYTES,), "uint8", chunks * _CHUNK_BYTES)
+    with httpx.Client(base_url=url, timeout=120) as http:
+        body = {"worker": "trainer", "location": {"dc": "dc0", "rack": "k0", "node": "trainer"},
+                "agent_name": "trainer-agent", "agent_metadata_b64": "AAAA"}
+        if grants:
+            body["grant_key_b64"] = base64.b64encode(os.urandom(32)).decode()
+        reply = http.post("/v1/workers/register", json=body)
+        reply.raise_for_status()
+        headers = {CREDENTIAL_HEADER: reply.json()["credential"]}
+        reply = http.post("/v1/publish", headers=headers, json={
+            "worker": "trainer", "holder": "trainer", "regions": [{"addr": 1 << 20}], "manifest": {
+                "model": model, "version": 1, "layout": "hf", "chunk_bytes": _CHUNK_BYTES,
+                "tensors": [{"name": tensor.name, "shape": list(tensor.shape), "dtype": tensor.dtype,
+                             "nbytes": tensor.nbytes}]}})
+        reply.raise_for_status()
+    return layout_digest("hf", [tensor], _CHUNK_BYTES)
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _row(p: dict) -> str:
+    mark = " (extrapolated)" if p["extrapolated"] else ""
+    return (f"readers {p['readers']:>4}  chunks {p['chunks']:>6} ({p['model_gb']:g} GB)  hub CPU/update "
+            f"{p['hub_cpu_per_update_s']:.3f} s{mark}  /exchange {p['hub_cpu_per_exchange_ms']} ms  /chunk read "
+            f"{p['hub_cpu_per_chunk_read_ms']} ms  exchanges/reader {p['exchanges_per_reader']}  max wait "
+            f"{p['max_wait_s']} s  wall {p['wall_s']} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

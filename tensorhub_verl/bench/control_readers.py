@@ -1,0 +1,123 @@
+"""One load process of `tensorhub bench control`: many synthetic readers of one version, on one event loop.
+
+A synthetic reader speaks the real protocol (register, /v1/fetch/begin, /v1/fetch/exchange until every chunk is
+booked, /v1/fetch/end holding the version) but moves no bytes: each assigned read "lands" at once, or after
+``1 / rate`` seconds per chunk when a per-reader rate is set (reads of one reader land one after another, as
+they would on one NIC). It reports as the real fetcher does: the landed leases go with the next exchange, which
+asks for a full window. A reader with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
+
+Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
+prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import sys
+import time
+
+import httpx
+
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+
+_IDLE_WAIT_S = 0.2
+
+
+async def _register(http: httpx.AsyncClient, worker: str, location: dict, grants: bool) -> str:
+    body = {"worker": worker, "location": location, "agent_name": f"{worker}-agent", "agent_metadata_b64": "AAAA"}
+    if grants:
+        body["grant_key_b64"] = base64.b64encode(os.urandom(32)).decode()
+    reply = await http.post("/v1/workers/register", json=body)
+    reply.raise_for_status()
+    return reply.json()["credential"]
+
+
+class _Reader:
+    def __init__(self, name: str, credential: str, job: dict, stop_at: float):
+        self.name = name
+        self.headers = {CREDENTIAL_HEADER: credential}
+        self.job = job
+        self.stop_at = stop_at
+        self.exchanges = 0
+        self.assigned = 0
+        self.waits: list[float] = []
+        """Seconds per exchange that asked for work while the reader had reads to report (not idle long-polls)."""
+        self.idle_waits = 0
+        self.done = False
+        self.seconds = 0.0
+
+    async def run(self, http: httpx.AsyncClient) -> None:
+        job = self.job
+        who = {"worker": self.name, "holder": self.name, "model": job["model"], "version": 1, "layout": "hf"}
+        window = job["window"]
+        started = time.perf_counter()
+        sent = time.perf_counter()
+        reply = await http.post("/v1/fetch/begin", headers=self.headers, json=who | {
+            "digest": job["digest"], "regions": [{"addr": 1 << 20}], "want": window})
+        reply.raise_for_status()
+        self.waits.append(time.perf_counter() - sent)
+        self.exchanges += 1
+        body = reply.json()["first"]
+        while True:
+            leases = [a["lease"] for a in body["assignments"]]
+            self.assigned += len(leases)
+            if body["have"] == body["total"] and not leases:
+                break
+            if leases and job["rate"]:
+                await asyncio.sleep(len(leases) / job["rate"])
+            if time.perf_counter() > self.stop_at:
+                return
+            idle = not leases
+            sent = time.perf_counter()
+            reply = await http.post("/v1/fetch/exchange", headers=self.headers, json=who | {
+                "completed": leases, "want": window, "wait_s": _IDLE_WAIT_S if idle else 0.0})
+            reply.raise_for_status()
+            if idle:
+                self.idle_waits += 1
+            else:
+                self.waits.append(time.perf_counter() - sent)
+            self.exchanges += 1
+            body = reply.json()
+            if body["revoked"]:
+                raise RuntimeError(f"{self.name}: leases revoked {body['revoked'][:4]}: the bench outran lease_ttl")
+        reply = await http.post("/v1/fetch/end", headers=self.headers, json=who | {
+            "ok": True, "hold": True, "seconds": time.perf_counter() - started, "wait_s": 5.0})
+        reply.raise_for_status()
+        self.seconds = time.perf_counter() - started
+        self.done = True
+
+
+async def _main(job: dict) -> dict:
+    limits = httpx.Limits(max_connections=job["connections"], max_keepalive_connections=job["connections"])
+    async with httpx.AsyncClient(base_url=job["url"], timeout=120, limits=limits) as http:
+        names = job["readers"]
+        creds = await asyncio.gather(*(_register(http, n, loc, job["grants"])
+                                       for n, loc in zip(names, job["locations"])))
+        print("ready", flush=True)
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if line.strip() != "go":
+            raise RuntimeError(f"expected 'go' from the driver, got {line!r}")
+        stop_at = time.perf_counter() + job["max_seconds"]
+        readers = [_Reader(n, c, job, stop_at) for n, c in zip(names, creds)]
+        await asyncio.gather(*(r.run(http) for r in readers))
+    waits = [w for r in readers for w in r.waits]
+    return {"readers": len(readers), "done": sum(r.done for r in readers),
+            "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),
+            "reads": sum(r.assigned for r in readers), "max_wait_s": max(waits, default=0.0),
+            "waits": sorted(waits)[:: max(1, len(waits) // 2000)],
+            "reader_seconds": [r.seconds for r in readers if r.done]}
+
+
+def main() -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    job = json.loads(sys.stdin.readline())
+    print(json.dumps(asyncio.run(_main(job))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Which partial holders serve each chunk of one version, and each filling reader's chunks still to read.
+
+The planner needs, for the few chunks it considers for one reader, who holds each (row shards and readers
+still filling; complete holders hold everything) and how rare it is. Rebuilding that from every holder's chunk
+set on each exchange costs readers x chunks; here it is kept up to date as chunks land (O(1) per landed
+chunk), and each reader's next candidates come from a cursor over its chunks still to read, so one exchange
+looks at a bounded number of chunks whatever the size of the version.
+
+A reader's cursor visits its chunks from a reader-specific offset (readers started together ask for different
+chunks first and have something to trade). The planner ranks each batch of candidates rarest first; when a
+batch yields fewer reads than asked for (its chunks are busy or held only far away), the cursor moves on to the
+next batch, and comes back to the skipped chunks on its next lap.
+
+No I/O and no lock: each ``VersionRecord`` of ``HubState`` owns one, called under the hub's lock.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import AbstractSet, Iterable, Protocol, Sequence
+
+_EMPTY: frozenset[str] = frozenset()
+_MIN_CANDIDATES = 64
+_CANDIDATES_PER_READ = 8
+
+
+def candidates_for(want: int) -> int:
+    """How many of a reader's chunks still to read one plan ranks for ``want`` reads: bounded whatever the size
+    of the version, and enough that busy chunks rarely leave a reader short."""
+    return max(_MIN_CANDIDATES, _CANDIDATES_PER_READ * want)
+
+
+class IndexedHolding(Protocol):
+    """What the index reads of a hub holding (``hub_state.Holding``)."""
+
+    holder: str
+    state: str
+    chunks: AbstractSet[int] | None
+    need: AbstractSet[int] | None
+    unserved: AbstractSet[int]
+
+
+class NeedCursor:
+    """A filling reader's chunks not yet landed, in its visiting order; landed ones are dropped lazily."""
+
+    __slots__ = ("_order", "_pos", "_walked", "_stale")
+
+    def __init__(self, reader: str, wanted: Sequence[int]):
+        start = zlib.crc32(reader.encode()) % len(wanted) if wanted else 0
+        self._order = list(wanted[start:]) + list(wanted[:start])
+        self._pos = 0
+        self._walked = 0
+        self._stale = 0
+        """Entries of ``_order`` seen landed: compacted away once they are half of it (O(1) per chunk, amortized)."""
+
+    def candidates(self, have: AbstractSet[int], busy: AbstractSet[int], limit: int) -> list[int]:
+        """Up to ``limit`` chunks not in ``have`` (landed) nor ``busy`` (this reader's reads in flight), from the
+        cursor on, wrapping around once at most."""
+        if self._stale * 2 > len(self._order):
+            self._compact(have)
+        found: list[int] = []
+        order, n = self._order, len(self._order)
+        walked = 0
+        while walked < n and len(found) < limit:
+            chunk = order[(self._pos + walked) % n]
+            walked += 1
+            if chunk in have:
+                self._stale += 1
+            elif chunk not in busy:
+                found.append(chunk)
+        self._walked = walked
+        return found
+
+    def move_on(self) -> None:
+        """The last candidates gave fewer reads than asked for: start the next search after them."""
+        if self._order:
+            self._pos = (self._pos + self._walked) % len(self._order)
+
+    def _compact(self, have: AbstractSet[int]) -> None:
+        n = len(self._order)
+        head = self._order[self._pos:] + self._order[:self._pos] if n else []
+        self._order = [c for c in head if c not in have]
+        self._pos, self._stale = 0, 0
+
+
+class ChunkIndex:
+    def __init__(self, total: int):
+        self.total = total
+        self._holders: dict[int, set[str]] = {}
+        """chunk -> partial holders (row shards, filling readers) that may serve it."""
+        self._cursors: dict[str, NeedCursor] = {}
+        self.complete: set[str] = set()
+        """Holders of every chunk (in any state: the hub checks whether each may serve)."""
+
+    def enter(self, holding: IndexedHolding) -> None:
+        """A holding appears: its chunks serve (a ranged reader's partly read ones never do); a filling one reads."""
+        if holding.chunks is None:
+            self.complete.add(holding.holder)
+        elif holding.chunks:
+            self.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
+        if holding.state == "filling":
+            self.start_reader(holding.holder, holding.need)
+
+    def leave(self, holding: IndexedHolding) -> None:
+        """The holding serves no chunk as a partial holder any more (it left, or now holds every chunk)."""
+        if holding.chunks:
+            self.remove(holding.holder, holding.chunks)
+        self.complete.discard(holding.holder)
+        self.end_reader(holding.holder)
+
+    def add(self, holder: str, chunks: Iterable[int]) -> None:
+        for chunk in chunks:
+            self._holders.setdefault(chunk, set()).add(holder)
+
+    def remove(self, holder: str, chunks: Iterable[int]) -> None:
+        """``holder`` no longer serves ``chunks`` as a partial holder (it left, or now holds every chunk)."""
+        for chunk in chunks:
+            holders = self._holders.get(chunk)
+            if holders is not None:
+                holders.discard(holder)
+                if not holders:
+                    del self._holders[chunk]
+
+    def holders_of(self, chunk: int) -> AbstractSet[str]:
+        return self._holders.get(chunk, _EMPTY)
+
+    def start_reader(self, reader: str, need: AbstractSet[int] | None) -> None:
+        """A fetch begins: ``need`` its chunks (None: every chunk of the version)."""
+        self._cursors[reader] = NeedCursor(reader, range(self.total) if need is None else sorted(need))
+
+    def end_reader(self, reader: str) -> None:
+        self._cursors.pop(reader, None)
+
+    def filling(self) -> int:
+        """Readers filling now (each has a cursor from its begin to its end)."""
+        return len(self._cursors)
+
+    def cursor(self, reader: str) -> NeedCursor:
+        """The reader's cursor; one with nothing to read once its fetch ended (an exchange that waited for work
+        with the hub's lock released may find its fetch ended, or its worker dropped, meanwhile)."""
+        return self._cursors.get(reader) or NeedCursor(reader, ())

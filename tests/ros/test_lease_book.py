@@ -1,0 +1,106 @@
+"""The lease book and the chunk index: the hub's indexes answer exactly what a walk of every lease and every
+holder's chunks would, and stay right as leases and chunks come and go (pure classes, no processes)."""
+
+import random
+from collections import Counter
+
+from tensorhub_verl.ros.chunk_index import ChunkIndex, NeedCursor
+from tensorhub_verl.ros.lease_book import Lease, LeaseBook
+from tensorhub_verl.ros.topology import Distance, Location
+
+KEYS = [("m", 1, "hf"), ("m", 2, "hf")]
+PLACES = [Location("dc0", "r0", "n0"), Location("dc0", "r1", "n1"), Location("dc1", "r0", "n2")]
+
+
+def _walk(leases: list[Lease], key, reader: str):
+    """What the hub once computed by walking every lease."""
+    pulling, wan, sources = {}, {}, Counter()
+    for lease in leases:
+        if lease.key != key:
+            continue
+        sources[lease.source] += 1
+        pulling.setdefault(lease.chunk, []).append(lease.reader_location)
+        if lease.distance == Distance.WAN:
+            wan.setdefault(lease.reader_location.dc, set()).add(lease.chunk)
+    mine = sorted(lease.id for lease in leases if lease.reader == reader and lease.key == key)
+    return pulling, wan, sources, mine
+
+
+def test_the_lease_book_answers_what_a_walk_of_every_lease_answers():
+    rng = random.Random(3)
+    book, live, ids = LeaseBook(), {}, iter(range(1, 10_000))
+    for step in range(2000):
+        if live and rng.random() < 0.45:
+            gone = book.pop(rng.choice(list(live)))
+            assert gone is live.pop(gone.id)
+        else:
+            place = rng.choice(PLACES)
+            lease = Lease(next(ids), rng.choice(KEYS), f"r{rng.randrange(5)}", place, f"s{rng.randrange(4)}",
+                          rng.randrange(30), 8, rng.choice(list(Distance)), step)
+            book.add(lease)
+            live[lease.id] = lease
+        if step % 50 == 0:
+            for key in KEYS:
+                pulling, wan, sources, mine = _walk(list(live.values()), key, "r1")
+                assert {c: sorted(map(repr, v)) for c, v in book.pulling(key).items()} == \
+                    {c: sorted(map(repr, v)) for c, v in pulling.items()}
+                assert {dc: set(c) for dc, c in book.wan_pulling(key).items()} == wan
+                assert {s: book.reads_from(key, s) for s in sources} == dict(sources)
+                assert sorted(lease.id for lease in book.of_reader("r1", key)) == mine
+    assert len(book) == len(live)
+
+
+def test_overdue_returns_exactly_the_leases_past_their_deadline_once():
+    book = LeaseBook()
+    for i, deadline in enumerate([5.0, 1.0, 3.0, 2.0]):
+        book.add(Lease(i, KEYS[0], "r", PLACES[0], "s", i, 8, Distance.SAME_NODE, deadline))
+    book.pop(3)  # settled before its deadline: never reported overdue
+    assert sorted(lease.id for lease in book.overdue(3.5)) == [1, 2]
+    assert book.overdue(3.5) == []
+    assert [lease.id for lease in book.overdue(10)] == [0] and len(book) == 0
+
+
+def test_the_chunk_index_tracks_partial_holders_per_chunk():
+    index = ChunkIndex(10)
+    index.add("a", [1, 2])
+    index.add("b", [2])
+    assert index.holders_of(2) == {"a", "b"} and index.holders_of(3) == set()
+    index.remove("a", [1, 2])
+    assert index.holders_of(1) == set() and index.holders_of(2) == {"b"}
+
+
+def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
+    cursor = NeedCursor("reader", range(100))
+    have: set[int] = set()
+    seen: set[int] = set()
+    for _ in range(200):
+        batch = cursor.candidates(have, busy={0, 1}, limit=7)
+        assert len(batch) <= 7 and not (set(batch) & (have | {0, 1}))
+        seen.update(batch)
+        have.update(batch[:3])  # some land; the rest were busy elsewhere
+        cursor.move_on()
+        if have >= set(range(2, 100)):
+            break
+    assert seen == set(range(2, 100))
+    assert cursor.candidates(have, {0, 1}, 7) == []
+
+
+def test_a_cursor_without_moving_on_offers_the_same_chunks_again():
+    cursor = NeedCursor("reader", range(50))
+    first = cursor.candidates(set(), set(), 5)
+    assert cursor.candidates(set(), set(), 5) == first
+    cursor.move_on()
+    assert not set(cursor.candidates(set(), set(), 5)) & set(first)
+
+
+def test_readers_start_their_cursors_at_different_chunks():
+    firsts = {NeedCursor(f"reader{i}", range(1000)).candidates(set(), set(), 1)[0] for i in range(8)}
+    assert len(firsts) > 4
+
+
+def test_a_reader_whose_fetch_ended_has_nothing_left_to_read():
+    index = ChunkIndex(10)
+    index.start_reader("r", None)
+    assert len(index.cursor("r").candidates(set(), set(), 4)) == 4 and index.filling() == 1
+    index.end_reader("r")
+    assert index.cursor("r").candidates(set(), set(), 4) == [] and index.filling() == 0
