@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
+from tensorhub_verl.sim.hub_costs import HubCosts
 from tensorhub_verl.sim.swarm import (
     PullFromSource,
     Relay,
@@ -59,6 +60,9 @@ PAPER = {"standalone": 6.7, "elastic": 4.8, "cross_dc": 19.0}
 the update time for elastic. The simulator and the lab benchmark (``bench.modes``) compare with these."""
 
 TRAINER = "trainer"
+FREE_HUB = "tensorhub_free_hub"
+"""TensorHub with a hub that answers at once: run beside "tensorhub" when the hub is modeled, to tell the stall
+the hub adds."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,6 +96,22 @@ class ModeParams:
     trainer_nodes: int = 1
     """Trainer nodes publishing, each its own shard (1/N of the chunks) through its own NIC; 1 = the whole
     version gathered to one node (see the module docstring)."""
+    hub_exchange_ms: float = 0.0
+    """Hub CPU per exchange. With every hub_*_ms at 0 the hub is not modeled: it answers at once."""
+    hub_lease_ms: float = 0.0
+    """Hub CPU per lease granted, on top of the exchange's."""
+    hub_begin_ms: float = 0.0
+    hub_end_ms: float = 0.0
+    hub_cores: int = 1
+    """Requests the hub serves at once."""
+    hub_retry_ms: float = 20.0
+    """A reader whose answer came back short asks for work again no sooner than this."""
+    run_chunks: int = 1
+    """Real chunks per lease (1: today's protocol)."""
+    real_chunk_mib: float = 8.0
+    """The real transfer unit: each simulated chunk stands for chunk_bytes / this many real chunks."""
+    hub_leases_per_exchange: int = 4
+    """Leases one exchange grants (the fetcher asks when half its window of 8 is free)."""
 
     def __post_init__(self) -> None:
         if self.weights_gb <= 0 or self.chunks < 1 or self.window < 1:
@@ -103,10 +123,19 @@ class ModeParams:
         if self.rollouts > half or self.holders + self.joiners > half:
             raise ConfigError(f"rollout nodes (rollouts={self.rollouts}, holders+joiners="
                               f"{self.holders + self.joiners}) must fit the rollout half of the cluster ({half})")
+        self.hub()  # the hub's fields are checked where they are used
 
     @property
     def chunk_bytes(self) -> float:
         return self.weights_gb * 1e9 / self.chunks
+
+    def hub(self) -> HubCosts | None:
+        """The modeled hub, or None when every hub cost is 0 (the hub answers at once)."""
+        costs = HubCosts(exchange_s=self.hub_exchange_ms / 1e3, lease_s=self.hub_lease_ms / 1e3,
+                         begin_s=self.hub_begin_ms / 1e3, end_s=self.hub_end_ms / 1e3, cores=self.hub_cores,
+                         run_chunks=self.run_chunks, real_chunk_mib=self.real_chunk_mib,
+                         leases_per_exchange=self.hub_leases_per_exchange, retry_s=self.hub_retry_ms / 1e3)
+        return None if costs.free else costs
 
     def planner(self) -> PlannerConfig:
         return PlannerConfig(max_inflight_per_source=self.max_inflight_per_source, seeds_per_dc=self.seeds_per_dc)
@@ -151,6 +180,8 @@ def _trainer_served(swarm: Swarm, trainer: Source) -> dict:
 
 def _strategy(name: str, swarm: Swarm, p: ModeParams, trainer: Source, readers: list[str]):
     if name == "tensorhub":
+        return TensorHub(swarm, p.planner(), window=p.window, hub=p.hub())
+    if name == FREE_HUB:
         return TensorHub(swarm, p.planner(), window=p.window)
     if name == "pull_from_trainer":
         return PullFromSource(swarm, trainer, window=p.window)
@@ -159,7 +190,7 @@ def _strategy(name: str, swarm: Swarm, p: ModeParams, trainer: Source, readers: 
         return Relay(swarm, chain_parents(trainer, readers), window=1)
     if name == "tree":
         return Relay(swarm, tree_parents(trainer, readers), window=1)
-    raise ConfigError(f"unknown strategy {name!r}; choose tensorhub, pull_from_trainer, ring, tree")
+    raise ConfigError(f"unknown strategy {name!r}; choose tensorhub, {FREE_HUB}, pull_from_trainer, ring, tree")
 
 
 def _run_fetch(p: ModeParams, cluster: Cluster, trainer_nodes: list[str], nodes: list[str], strategy: str) -> dict:
@@ -175,34 +206,59 @@ def _run_fetch(p: ModeParams, cluster: Cluster, trainer_nodes: list[str], nodes:
     rep = swarm.report()
     rep.update(strategy=strategy, wan_bytes=sum(v for k, v in sim.bytes_on.items() if k[0] == "wan_in"),
                **_trainer_served(swarm, trainer), wall_s=round(time.perf_counter() - t0, 2),
-               plan_calls=getattr(strat, "plan_calls", 0))
+               plan_calls=getattr(strat, "plan_calls", 0), hub=_hub_report(strat))
     return rep
+
+
+def _hub_report(strategy) -> dict | None:
+    return strategy.hub_report() if isinstance(strategy, TensorHub) else None
+
+
+def _with_free_hub(p: ModeParams, strategies: tuple[str, ...]) -> tuple[str, ...]:
+    """With a modeled hub, TensorHub runs a second time with a free one (the stall the hub adds)."""
+    return (*strategies, FREE_HUB) if p.hub() is not None and "tensorhub" in strategies else strategies
+
+
+def _hub_figures(runs: dict, metric: str) -> dict:
+    """The hub's figures for the mode's report: its work, use, and the stall it adds (`metric` of TensorHub
+    with the hub modeled minus with a free hub); {} when the hub is not modeled."""
+    hub = runs["tensorhub"].get("hub")
+    if hub is None or FREE_HUB not in runs:
+        return {}
+    readers = runs["tensorhub"]["readers"]
+    return {"hub": {**hub, "exchanges_per_reader": sum(hub["requests"].values()) / readers,
+                    "extra_stall_s": runs["tensorhub"][metric] - runs[FREE_HUB][metric],
+                    "free_hub_s": runs[FREE_HUB][metric]}}
+
+
+def _baselines(runs: dict) -> dict:
+    return {s: r for s, r in runs.items() if s not in ("tensorhub", FREE_HUB)}
 
 
 def standalone(p: ModeParams, strategies=("tensorhub", "pull_from_trainer", "ring", "tree")) -> dict:
     cluster = _cluster(p)
     nodes = _rollout_nodes(cluster, p)[: p.rollouts]
     trainer = _trainer_nodes(cluster, p)
-    runs = {s: _run_fetch(p, cluster, trainer, nodes, s) for s in strategies}
+    runs = {s: _run_fetch(p, cluster, trainer, nodes, s) for s in _with_free_hub(p, strategies)}
     th = runs["tensorhub"]["max_s"]
     ideal = p.chunk_bytes * p.chunks / (p.nic_gbps * GBIT)
     return {"mode": "standalone", "trainer_nodes": p.trainer_nodes, "ideal_s": ideal,
             "stall_vs_ideal": th / ideal, "runs": runs,
-            "stall_ratio_vs": {s: r["max_s"] / th for s, r in runs.items() if s != "tensorhub"},
-            "paper_stall_ratio": PAPER["standalone"]}
+            "stall_ratio_vs": {s: r["max_s"] / th for s, r in _baselines(runs).items()},
+            "paper_stall_ratio": PAPER["standalone"], **_hub_figures(runs, "max_s")}
 
 
 def cross_dc(p: ModeParams, strategies=("tensorhub", "pull_from_trainer", "ring")) -> dict:
     cluster = _cluster(p, dcs=2)
     nodes = _rollout_nodes(cluster, p, dc=1)[: p.rollouts]
     trainer = _trainer_nodes(cluster, p)
-    runs = {s: _run_fetch(p, cluster, trainer, nodes, s) for s in strategies}
+    runs = {s: _run_fetch(p, cluster, trainer, nodes, s) for s in _with_free_hub(p, strategies)}
     th = runs["tensorhub"]
     version = p.chunk_bytes * p.chunks
     return {"mode": "cross_dc", "wan_gbps": p.wan_gbps, "ideal_s": version / (p.wan_gbps * 1e9 / 8), "runs": runs,
-            "stall_ratio_vs": {s: r["max_s"] / th["max_s"] for s, r in runs.items() if s != "tensorhub"},
+            "stall_ratio_vs": {s: r["max_s"] / th["max_s"] for s, r in _baselines(runs).items()},
             "wan_copies_per_version": {s: r["wan_bytes"] / version for s, r in runs.items()},
-            "paper_stall_ratio": PAPER["cross_dc"]}
+            "paper_stall_ratio": PAPER["cross_dc"], **_hub_figures(runs, "max_s")}
 
 
 def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dict:
@@ -220,7 +276,7 @@ def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dic
     half = [n for n in cluster.nodes if n not in _rollout_nodes(cluster, p)]
     busy = [(t, half[(i + k) % len(half)]) for i, t in enumerate(trainer_nodes) for k in range(1, p.busy_flows + 1)]
     runs = {}
-    for strategy in strategies:
+    for strategy in _with_free_hub(p, strategies):
         t0 = time.perf_counter()
         sim = FlowSim(cluster)
         swarm = Swarm(sim, p.chunks, p.chunk_bytes)
@@ -237,12 +293,13 @@ def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dic
         sim.run(until=lambda: len(swarm.readers()) == len(names) and swarm.all_done(names))
         rep = swarm.report(names)
         rep.update(strategy=strategy, **_trainer_served(swarm, trainer),
-                   wall_s=round(time.perf_counter() - t0, 2), plan_calls=getattr(strat, "plan_calls", 0))
+                   wall_s=round(time.perf_counter() - t0, 2), plan_calls=getattr(strat, "plan_calls", 0),
+                   hub=_hub_report(strat))
         runs[strategy] = rep
     th = runs["tensorhub"]["mean_s"]
     return {"mode": "elastic", "ideal_s": p.chunk_bytes * p.chunks / (p.nic_gbps * GBIT), "runs": runs,
-            "update_ratio_vs": {s: r["mean_s"] / th for s, r in runs.items() if s != "tensorhub"},
-            "paper_update_ratio": PAPER["elastic"]}
+            "update_ratio_vs": {s: r["mean_s"] / th for s, r in _baselines(runs).items()},
+            "paper_update_ratio": PAPER["elastic"], **_hub_figures(runs, "mean_s")}
 
 
 def run_all(p: ModeParams, modes=("standalone", "elastic", "cross_dc")) -> dict:

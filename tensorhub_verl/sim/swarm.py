@@ -68,6 +68,9 @@ class Swarm:
         self.members: dict[str, Member] = {}
         self.served: dict[str, float] = {}
         self.on_landed: list[Callable[[Member, int, str], None]] = []
+        self._held: dict[tuple[str, int], Flow | None] = {}
+        """Reads whose landing waits for `release` (the hub's answers): (reader, chunk) -> the flow once its
+        bytes are there, None before."""
 
     def add_holder(self, name: str, node: str, chunks: Collection[int] | None = None) -> Member:
         """A member that holds the version from the start: every chunk (a trainer publishing from one node, a
@@ -94,17 +97,32 @@ class Swarm:
         self.served[name] = 0.0
         return m
 
-    def read(self, reader: Member, chunk: int, source: str) -> Flow:
-        """Start reading `chunk` from `source` into `reader`."""
+    def read(self, reader: Member, chunk: int, source: str, held: bool = False) -> Flow:
+        """Start reading `chunk` from `source` into `reader`. A `held` read lands once its bytes are there and
+        `release` was called for it, whichever comes last."""
         src = self.members[source]
         if chunk not in src.have:
             raise ConfigError(f"{source} does not hold chunk {chunk}")
         if chunk in reader.have or chunk in reader.inflight:
             raise ConfigError(f"{reader.name} already has or reads chunk {chunk}")
         reader.inflight[chunk] = source
-        return self.sim.start_flow(src.node, reader.node, self.chunk_bytes, self._landed, tag=(reader.name, chunk))
+        if held:
+            self._held[(reader.name, chunk)] = None
+        return self.sim.start_flow(src.node, reader.node, self.chunk_bytes, self._arrived, tag=(reader.name, chunk))
 
-    def _landed(self, flow: Flow) -> None:
+    def release(self, reader: str, chunk: int) -> None:
+        """A held read may land: now if its bytes are there, else when they arrive."""
+        flow = self._held.pop((reader, chunk))
+        if flow is not None:
+            self._land(flow)
+
+    def _arrived(self, flow: Flow) -> None:
+        if flow.tag in self._held:
+            self._held[flow.tag] = flow
+        else:
+            self._land(flow)
+
+    def _land(self, flow: Flow) -> None:
         name, chunk = flow.tag
         reader = self.members[name]
         source = reader.inflight.pop(chunk)
