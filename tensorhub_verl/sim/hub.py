@@ -42,7 +42,9 @@ class HubQueue:
         self._busy = 0
         self._dispatch_pending = False
         self.busy_s = 0.0
-        """Hub seconds of work so far (summed over cores)."""
+        """Hub seconds of work taken on so far (summed over cores), requests still in service included."""
+        self._done_s = 0.0
+        """...of which finished: what the hub's utilisation counts."""
         self.requests: Counter[str] = Counter()
         self.leases = 0
         self.wait_total_s = 0.0
@@ -76,12 +78,13 @@ class HubQueue:
             service = request.serve()
             self.busy_s += service
             if service <= 0:
-                self._finish(request)
+                self._finish(request, service)
             else:
-                self.sim.at(self.sim.now + service, lambda r=request: self._finish(r))
+                self.sim.at(self.sim.now + service, lambda r=request, s=service: self._finish(r, s))
 
-    def _finish(self, request: HubRequest) -> None:
+    def _finish(self, request: HubRequest, service: float) -> None:
         self._busy -= 1
+        self._done_s += service
         if request.answer is not None:
             request.answer()
         if self._queue:
@@ -89,8 +92,8 @@ class HubQueue:
 
     def report(self, elapsed_s: float) -> dict:
         """The hub's figures for an update that took ``elapsed_s`` of simulated time."""
-        n = sum(self.requests.values())
+        n = sum(self.requests.values())  # taken by a server; a request still queued is not counted
         return {"busy_s": self.busy_s, "cores": self.cores,
-                "utilisation": self.busy_s / (self.cores * elapsed_s) if elapsed_s > 0 else 0.0,
+                "utilisation": self._done_s / (self.cores * elapsed_s) if elapsed_s > 0 else 0.0,
                 "requests": dict(self.requests), "leases": self.leases,
                 "wait_mean_s": self.wait_total_s / n if n else 0.0, "wait_max_s": self.wait_max_s}

@@ -3,7 +3,8 @@
 `python -m tensorhub_verl.sim.cli --modes standalone --sweep trainer_nodes=1,2,4,8,16,32,64` runs this;
 each row says how far the worst rollout is from `ideal_s` (one copy of the version over one NIC, or over
 the WAN for cross_dc) and how many copies of the version the trainer's nodes served, with the spread
-between its ranks.
+between its ranks, and with a modeled hub (`--hub-measured`) the hub's figures (`modes._hub_figures`).
+`--sweep run_chunks=1,64` or `--sweep hub_cores=1,8` varies the hub itself.
 """
 
 from __future__ import annotations
@@ -40,5 +41,6 @@ def sweep(base: ModeParams, field: str, values: list, modes: tuple[str, ...] = (
             rows.append({field: value, "mode": mode, "metric": metric, "tensorhub_s": round(th[metric], 3),
                          "ideal_s": round(r["ideal_s"], 3), "vs_ideal": round(th[metric] / r["ideal_s"], 3),
                          "trainer_copies": round(th["trainer_bytes_served"] / (p.weights_gb * 1e9), 3),
-                         "rank_bytes_max_over_min": round(max(by_rank) / max(min(by_rank), 1.0), 2)})
+                         "rank_bytes_max_over_min": round(max(by_rank) / max(min(by_rank), 1.0), 2),
+                         **({"hub": r["hub"]} if "hub" in r else {})})
     return {"field": field, "values": values, "rows": rows}
