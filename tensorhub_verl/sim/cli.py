@@ -43,7 +43,8 @@ def summary(result: dict) -> list[dict]:
 
 
 def _hub_line(hub: dict) -> str:
-    return (f"busy {hub['busy_s']:.2f}s on {hub['cores']} core(s) ({hub['utilisation']:.0%})  exchanges/reader "
+    return (f"busy {hub['busy_s']:.2f}s on {hub['cores']} core(s) ({hub['utilisation']:.0%})  "
+            f"exchanges/reader "
             f"{hub['exchanges_per_reader']:.0f}  wait mean {1e3 * hub['wait_mean_s']:.2f} ms  adds "
             f"{hub['extra_stall_s']:+.2f}s (free hub {hub['free_hub_s']:.2f}s)")
 
@@ -54,8 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--json", action="store_true", help="accepted for symmetry with `bench`; JSON is always printed")
     ap.add_argument("--sweep", metavar="FIELD=V1,V2,...", help="e.g. trainer_nodes=1,2,4,8,16,32,64")
-    ap.add_argument("--hub-measured", action="store_true", help="model today's hub as bench control measured it")
-    ap.add_argument("--hub-json", metavar="FILE", help="model the hub with costs from a `bench control` output")
+    ap.add_argument("--hub-measured", action="store_true",
+                    help="model today's hub as bench control measured it")
+    ap.add_argument("--hub-json", metavar="FILE",
+                    help="model the hub with costs from a `bench control` output")
     ap.add_argument("-v", "--verbose", action="store_true")
     for f in dataclasses.fields(ModeParams):
         kind = float if f.type in ("float", "float | None") else int

@@ -1,4 +1,4 @@
-"""What one hub request costs the hub, and the real protocol's shape that sets how many requests an update makes.
+"""What one hub request costs the hub, and the protocol's shape that sets how many requests an update makes.
 
 The simulator's chunks are coarse (a 100 GB version in 64 chunks), the real client's are not (8 MiB): a
 simulated chunk stands for ``chunk_bytes / real_chunk_bytes`` real chunks. A lease covers ``run_chunks`` of
@@ -55,7 +55,7 @@ class HubCosts:
     def __post_init__(self) -> None:
         if min(self.exchange_s, self.lease_s, self.begin_s, self.end_s, self.retry_s) < 0:
             raise ConfigError("hub costs and retry_s must be >= 0")
-        if self.cores < 1 or self.run_chunks < 1 or self.leases_per_exchange < 1 or not self.real_chunk_mib > 0:
+        if min(self.cores, self.run_chunks, self.leases_per_exchange) < 1 or not self.real_chunk_mib > 0:
             raise ConfigError("cores, run_chunks and leases_per_exchange must be >= 1, real_chunk_mib > 0")
 
     @property

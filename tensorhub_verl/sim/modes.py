@@ -61,8 +61,8 @@ the update time for elastic. The simulator and the lab benchmark (``bench.modes`
 
 TRAINER = "trainer"
 FREE_HUB = "tensorhub_free_hub"
-"""TensorHub with a hub that answers at once: run beside "tensorhub" when the hub is modeled, to tell the stall
-the hub adds."""
+"""TensorHub with a hub that answers at once: run beside "tensorhub" when the hub is modeled, to tell the
+stall the hub adds."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,7 +190,8 @@ def _strategy(name: str, swarm: Swarm, p: ModeParams, trainer: Source, readers: 
         return Relay(swarm, chain_parents(trainer, readers), window=1)
     if name == "tree":
         return Relay(swarm, tree_parents(trainer, readers), window=1)
-    raise ConfigError(f"unknown strategy {name!r}; choose tensorhub, {FREE_HUB}, pull_from_trainer, ring, tree")
+    raise ConfigError(f"unknown strategy {name!r}; choose tensorhub, {FREE_HUB}, pull_from_trainer, ring, "
+                      f"tree")
 
 
 def _run_fetch(p: ModeParams, cluster: Cluster, trainer_nodes: list[str], nodes: list[str], strategy: str) -> dict:

@@ -108,7 +108,8 @@ class Swarm:
         reader.inflight[chunk] = source
         if held:
             self._held[(reader.name, chunk)] = None
-        return self.sim.start_flow(src.node, reader.node, self.chunk_bytes, self._arrived, tag=(reader.name, chunk))
+        return self.sim.start_flow(src.node, reader.node, self.chunk_bytes, self._arrived,
+                                   tag=(reader.name, chunk))
 
     def release(self, reader: str, chunk: int) -> None:
         """A held read may land: now if its bytes are there, else when they arrive."""

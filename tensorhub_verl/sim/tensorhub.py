@@ -271,7 +271,8 @@ class TensorHub:
         self._read(reader, chunk, source)
 
     def _read(self, reader: Member, chunk: int, source: str) -> None:
-        more = 0 if self.hub is None or self.hub.free else self._leases_per_chunk - self.hub.leases_per_exchange
+        hub = self.hub
+        more = 0 if hub is None or hub.free else self._leases_per_chunk - hub.leases_per_exchange
         if more > 0:
             self.swarm.read(reader, chunk, source, held=True)
             self._ask_more(reader, chunk, more)

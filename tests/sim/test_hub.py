@@ -157,7 +157,8 @@ def test_a_mode_with_the_hub_modeled_reports_its_work_and_the_stall_it_adds():
     assert set(r["runs"]) == {"tensorhub", FREE_HUB, "pull_from_trainer"}
     assert set(r["stall_ratio_vs"]) == {"pull_from_trainer"}
     hub = r["hub"]
-    assert hub["extra_stall_s"] == pytest.approx(r["runs"]["tensorhub"]["max_s"] - r["runs"][FREE_HUB]["max_s"])
+    runs = r["runs"]
+    assert hub["extra_stall_s"] == pytest.approx(runs["tensorhub"]["max_s"] - runs[FREE_HUB]["max_s"])
     assert hub["extra_stall_s"] > 0 and hub["busy_s"] > 0 and hub["exchanges_per_reader"] >= 3
     free = standalone(ModeParams(**SMALL), strategies=("tensorhub",))
     assert "hub" not in free and free["runs"]["tensorhub"]["max_s"] == r["runs"][FREE_HUB]["max_s"]
