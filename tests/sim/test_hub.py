@@ -13,7 +13,7 @@ from tensorhub_verl.sim import cli
 from tensorhub_verl.sim.engine import FlowSim
 from tensorhub_verl.sim.hub import HubQueue, HubRequest
 from tensorhub_verl.sim.hub_costs import MEASURED, MIB, HubCosts, calibrate_hub
-from tensorhub_verl.sim.modes import FREE_HUB, ModeParams, standalone
+from tensorhub_verl.sim.modes import FREE_HUB, ModeParams, run_all, standalone
 from tensorhub_verl.sim.swarm import Swarm, shard_chunks
 from tensorhub_verl.sim.tensorhub import TensorHub
 from tensorhub_verl.sim.topology import build_cluster
@@ -162,6 +162,14 @@ def test_a_mode_with_the_hub_modeled_reports_its_work_and_the_stall_it_adds():
     assert hub["extra_stall_s"] > 0 and hub["busy_s"] > 0 and hub["exchanges_per_reader"] >= 3
     free = standalone(ModeParams(**SMALL), strategies=("tensorhub",))
     assert "hub" not in free and free["runs"]["tensorhub"]["max_s"] == r["runs"][FREE_HUB]["max_s"]
+
+
+def test_every_mode_counts_the_hub():
+    p = ModeParams(**{**SMALL, "hub_exchange_ms": 5.0, "run_chunks": 8})
+    res = run_all(p)["modes"]
+    for mode in ("standalone", "elastic", "cross_dc"):
+        assert res[mode]["hub"]["busy_s"] > 0 and res[mode]["hub"]["run_chunks"] == 8
+    assert res["cross_dc"]["wan_copies_per_version"]["tensorhub"] == 1.0  # one WAN copy, hub or not
 
 
 def test_cli_models_the_hub_when_asked(capsys, tmp_path):
