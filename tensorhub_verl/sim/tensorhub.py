@@ -22,8 +22,9 @@ landed chunk holds its window slot, and is hidden from peers, until then), plans
 service time; the reader starts the planned reads only once the answer is back. One simulated chunk stands for
 many real leases (`HubCosts.leases_for`): the exchange that plans it grants the first `leases_per_exchange`,
 and the reader asks for the rest one exchange after another while the bytes move; the chunk lands when both
-its bytes and the answer to its last exchange are there. A free hub (every cost 0) reproduces the figures
-without it.
+its bytes and the answer to its last exchange are there. Those further exchanges go beside the reader's
+own (the fetcher sends one at a time, for all its reads): the hub's work is the same, the queue sees a few
+more requests at once. A free hub (every cost 0) reproduces the figures without it.
 """
 
 from __future__ import annotations
