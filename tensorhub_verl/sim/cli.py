@@ -44,8 +44,8 @@ def summary(result: dict) -> list[dict]:
 
 def _hub_line(hub: dict) -> str:
     return (f"busy {hub['busy_s']:.2f}s on {hub['cores']} core(s) ({hub['utilisation']:.0%})  "
-            f"exchanges/reader "
-            f"{hub['exchanges_per_reader']:.0f}  wait mean {1e3 * hub['wait_mean_s']:.2f} ms  adds "
+            f"exchanges/reader {hub['exchanges_per_reader']:.0f} "
+            f"({hub['empty_exchanges'] / hub['readers']:.0f} empty)  wait mean {1e3 * hub['wait_mean_s']:.2f} ms  adds "
             f"{hub['extra_stall_s']:+.2f}s (free hub {hub['free_hub_s']:.2f}s)")
 
 

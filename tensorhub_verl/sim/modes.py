@@ -227,7 +227,8 @@ def _hub_figures(runs: dict, metric: str) -> dict:
     if hub is None or FREE_HUB not in runs:
         return {}
     readers = runs["tensorhub"]["readers"]
-    return {"hub": {**hub, "exchanges_per_reader": sum(hub["requests"].values()) / readers,
+    exchanges = sum(hub["requests"].values())
+    return {"hub": {**hub, "readers": readers, "exchanges_per_reader": exchanges / readers,
                     "extra_stall_s": runs["tensorhub"][metric] - runs[FREE_HUB][metric],
                     "free_hub_s": runs[FREE_HUB][metric]}}
 

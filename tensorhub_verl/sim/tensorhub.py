@@ -84,6 +84,8 @@ class TensorHub:
         """Readers with a begin, exchange or end at the hub (one at a time, as the fetcher)."""
         self._begun: set[str] = set()
         self._retry_at: dict[str, float] = {}
+        self.empty_exchanges = 0
+        """Exchanges that neither reported nor got anything: a waiting reader's re-plans."""
         swarm.on_landed.append(self._landed)
 
     def join(self, name: str, node: str) -> None:
@@ -174,6 +176,8 @@ class TensorHub:
                 granted.extend(self._plan_one(reader))
             leases = len(granted) * min(hub.leases_per_exchange, self._leases_per_chunk)
             self.hub_queue.leases += leases
+            if not granted and not reports:
+                self.empty_exchanges += 1
             return hub.exchange_cost(leases, first=kind == "begin")
 
         def answer() -> None:
@@ -209,7 +213,7 @@ class TensorHub:
         if self.hub_queue is None:
             return None
         return {**self.hub_queue.report(self.swarm.sim.now), "leases_per_chunk": self._leases_per_chunk,
-                "run_chunks": self.hub.run_chunks}
+                "run_chunks": self.hub.run_chunks, "empty_exchanges": self.empty_exchanges}
 
     def _occupied(self, reader: Member) -> int:
         """Window slots in use: reads in flight, WAN reads queued, landed chunks not yet booked."""
