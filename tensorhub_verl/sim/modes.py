@@ -207,12 +207,14 @@ def _run_fetch(p: ModeParams, cluster: Cluster, trainer_nodes: list[str], nodes:
     rep = swarm.report()
     rep.update(strategy=strategy, wan_bytes=sum(v for k, v in sim.bytes_on.items() if k[0] == "wan_in"),
                **_trainer_served(swarm, trainer), wall_s=round(time.perf_counter() - t0, 2),
-               plan_calls=getattr(strat, "plan_calls", 0), hub=_hub_report(strat))
+               plan_calls=getattr(strat, "plan_calls", 0), **_hub_report(strat))
     return rep
 
 
-def _hub_report(strategy) -> dict | None:
-    return strategy.hub_report() if isinstance(strategy, TensorHub) else None
+def _hub_report(strategy) -> dict:
+    """{"hub": the hub's figures} for TensorHub with a modeled hub, else {}."""
+    hub = strategy.hub_report() if isinstance(strategy, TensorHub) else None
+    return {} if hub is None else {"hub": hub}
 
 
 def _with_free_hub(p: ModeParams, strategies: tuple[str, ...]) -> tuple[str, ...]:
@@ -296,7 +298,7 @@ def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dic
         rep = swarm.report(names)
         rep.update(strategy=strategy, **_trainer_served(swarm, trainer),
                    wall_s=round(time.perf_counter() - t0, 2), plan_calls=getattr(strat, "plan_calls", 0),
-                   hub=_hub_report(strat))
+                   **_hub_report(strat))
         runs[strategy] = rep
     th = runs["tensorhub"]["mean_s"]
     return {"mode": "elastic", "ideal_s": p.chunk_bytes * p.chunks / (p.nic_gbps * GBIT), "runs": runs,
