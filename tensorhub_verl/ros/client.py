@@ -311,6 +311,13 @@ class Client:
                                             f"reads in flight; the bytes must stay unchanged until it returns")
         with self._lock:
             self._held.pop((held.holder, m.model, m.version, m.layout), None)
+            still_served = {t.untyped_storage().data_ptr() for h in self._held.values() for t in h.tensors.values()}
+            still_served |= {t.untyped_storage().data_ptr() for f in self._fetches.values()
+                             for t in f.tensors.values()}
+        # No read of these bytes is in flight now: stop serving them, so that no grant the hub signed before
+        # the unpublish reads them later (their storage may be reused or hold the next version's bytes).
+        self._transport.unregister([t for t in held.tensors.values()
+                                    if t.untyped_storage().data_ptr() not in still_served])
 
     # ----------------------------------------------------------------------------------- fetch
     def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:

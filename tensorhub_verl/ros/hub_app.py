@@ -11,6 +11,7 @@ comes from that worker. Routes that act for a worker run inside ``HubState.actin
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import logging
@@ -28,6 +29,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
+from tensorhub_verl.ros.tcp_wire import advertised_host_problem
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
@@ -215,7 +217,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return {"ok": True, "hub_instance": state.instance}
 
     @app.post(msg.REGISTER_PATH)
-    def register(req: msg.RegisterWorker, credential: Credential = "") -> msg.WorkerAck:
+    def register(req: msg.RegisterWorker, request: Request, credential: Credential = "") -> msg.WorkerAck:
+        problem = _advertised_address_problem(req, request.client.host if request.client else None)
+        if problem is not None:
+            raise errors.InvalidRequest(problem)
         return state.register_worker(req, credential)
 
     @app.post("/v1/workers/heartbeat")
@@ -329,6 +334,13 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     return _TokenGate(_BodyLimit(_StampInstance(app, state.instance), max_body_bytes), token, state.instance)
+
+
+def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | None) -> str | None:
+    """A TCP-plane worker may advertise only its own address (``tcp_wire.advertised_host_problem``)."""
+    if len(req.agent_metadata_b64) > 8192:  # far larger than any TCP metadata: another plane's
+        return None
+    return advertised_host_problem(base64.b64decode(req.agent_metadata_b64), registered_from)
 
 
 def _version_arg(version: str) -> int | str:
