@@ -101,11 +101,14 @@ def _status_command(argv: list[str]) -> int:
     parser.add_argument("--token", default=os.environ.get("TENSORHUB_TOKEN"))
     parser.add_argument("--ca-file", default=os.environ.get("TENSORHUB_CA_FILE"),
                         help="CA that signed an https hub's certificate ($TENSORHUB_CA_FILE)")
+    parser.add_argument("--allow-plain-http", action="store_true",
+                        help="send the token to an http:// hub on another host in clear (a network you trust)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if not args.hub:
         parser.error("no hub given: pass --hub URL or set TENSORHUB_HUB")
-    client = HubClient(args.hub, args.token, retry_s=5.0, ca_file=args.ca_file)
+    client = HubClient(args.hub, args.token, retry_s=5.0, ca_file=args.ca_file,
+                       allow_plain_http=args.allow_plain_http)
     try:
         status = client.get("/v1/status", StatusReply).model_dump()
     finally:

@@ -63,6 +63,9 @@ class ClientConfig:
     """Limit of one HTTP call to the hub."""
     tls_ca_file: str | None = None
     """PEM file of the CA that signed an https hub's certificate (default: the system trust store)."""
+    allow_plain_http: bool = False
+    """Send the hub token over ``http://`` to a hub on another host. Off: such a hub URL is refused (the token
+    would cross the network in clear); a loopback hub and an open hub (no token) need no TLS."""
     hub_retry_s: float = 30.0
     """How long calls retry with backoff while the hub is unreachable, then HubUnavailable."""
     fingerprint: str = "sample"
@@ -181,7 +184,8 @@ class Client:
         self._closed = False
         self._transport = transport or transports.create(self.config, worker, hub_url)
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
-                              on_new_instance=self._reregister, ca_file=self.config.tls_ca_file)
+                              on_new_instance=self._reregister, ca_file=self.config.tls_ca_file,
+                              allow_plain_http=self.config.allow_plain_http)
         self.hub_url = self._hub.url
         ack = self._first_registration()
         self._heartbeat_s = ack.heartbeat_s
@@ -307,6 +311,13 @@ class Client:
                                             f"reads in flight; the bytes must stay unchanged until it returns")
         with self._lock:
             self._held.pop((held.holder, m.model, m.version, m.layout), None)
+            still_served = {t.untyped_storage().data_ptr() for h in self._held.values() for t in h.tensors.values()}
+            still_served |= {t.untyped_storage().data_ptr() for f in self._fetches.values()
+                             for t in f.tensors.values()}
+        # No read of these bytes is in flight now: stop serving them, so that no grant the hub signed before
+        # the unpublish reads them later (their storage may be reused or hold the next version's bytes).
+        self._transport.unregister([t for t in held.tensors.values()
+                                    if t.untyped_storage().data_ptr() not in still_served])
 
     # ----------------------------------------------------------------------------------- fetch
     def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:

@@ -11,6 +11,7 @@ comes from that worker. Routes that act for a worker run inside ``HubState.actin
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import logging
@@ -20,7 +21,6 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from starlette.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -29,6 +29,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
+from tensorhub_verl.ros.tcp_wire import advertised_host_problem
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
@@ -36,6 +37,8 @@ logger = logging.getLogger("tensorhub_verl.ros.hub")
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 _WAIT_POLL_S = 0.05
 """A parked /v1/wait looks at the hub's change counter this often (an int compare, on the event loop)."""
+_EXCHANGE_POLL_S = 0.05
+"""A parked exchange plans again this often (the hub's own wait re-planned as often)."""
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
@@ -214,7 +217,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return {"ok": True, "hub_instance": state.instance}
 
     @app.post(msg.REGISTER_PATH)
-    def register(req: msg.RegisterWorker, credential: Credential = "") -> msg.WorkerAck:
+    def register(req: msg.RegisterWorker, request: Request, credential: Credential = "") -> msg.WorkerAck:
+        problem = _advertised_address_problem(req, request.client.host if request.client else None)
+        if problem is not None:
+            raise errors.InvalidRequest(problem)
         return state.register_worker(req, credential)
 
     @app.post("/v1/workers/heartbeat")
@@ -249,12 +255,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return state.must_preserve(req)
 
     # The fetch path (manifest, begin, exchange) is most of a hub's requests. Its routes are async: each is a
-    # short computation under the state's lock; a sync route adds the hop to a pool thread and back (py-spy: the
-    # framework's work around an exchange was 95% of the hub's CPU for it, the planning 3.5%; on the loop, the
-    # hub's CPU per 32-chunk fetch fell from 8-10 ms to 5 ms). What may
-    # wait stays in the pool: an exchange that asks to wait for work, and /v1/fetch/end, which drains the reads
-    # peers still make of a holding it gives up (on the event loop, that wait would stop every other request,
-    # the very reports it waits for included).
+    # short computation under the state's lock, and a sync route would add the hop to a pool thread and back,
+    # which costs more than the planning itself. /v1/fetch/end stays in the pool: it drains the reads peers still
+    # make of a holding it gives up, and on the event loop that wait would stop every other request, the very
+    # reports it waits for included.
     @app.post("/v1/fetch/begin")
     async def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.BeginFetchReply:
         with state.acting_as(req.worker, credential):
@@ -272,9 +276,21 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     @app.post("/v1/fetch/exchange")
     async def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
-        if req.wait_s:
-            return await run_in_threadpool(exchange_now, req, credential)
-        return exchange_now(req, credential)
+        # An exchange that may wait for work parks on the event loop, as /v1/wait does, and never in the thread
+        # pool: a thousand idle readers then hold no pool threads that registrations and publishes need. The
+        # first try books the reports; later tries only ask again (a reader asks to wait only when it has no
+        # reads in flight), and the leases any try revoked are all returned.
+        reply = exchange_now(req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req, credential)
+        if not req.wait_s:
+            return reply
+        deadline = time.monotonic() + req.wait_s
+        again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
+        revoked = set(reply.revoked)
+        while not reply.assignments and reply.have < reply.total and time.monotonic() < deadline:
+            await asyncio.sleep(min(_EXCHANGE_POLL_S, max(0.0, deadline - time.monotonic())))
+            reply = exchange_now(again, credential)
+            revoked.update(reply.revoked)
+        return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
 
     @app.post("/v1/fetch/end")
     def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:
@@ -318,6 +334,13 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     return _TokenGate(_BodyLimit(_StampInstance(app, state.instance), max_body_bytes), token, state.instance)
+
+
+def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | None) -> str | None:
+    """A TCP-plane worker may advertise only its own address (``tcp_wire.advertised_host_problem``)."""
+    if len(req.agent_metadata_b64) > 8192:  # far larger than any TCP metadata: another plane's
+        return None
+    return advertised_host_problem(base64.b64decode(req.agent_metadata_b64), registered_from)
 
 
 def _version_arg(version: str) -> int | str:

@@ -4,7 +4,11 @@ Notices when the hub it talks to is a new instance (a restart) and lets the owne
 soft state before the call is repeated.
 
 Keeps the worker credential that registration returns and sends it with every call, so callers never
-see it. A call that raced a re-registration (sent with the credential it replaced) is repeated once.
+see it. A call that raced a re-registration (sent with the credential it replaced, or answered before the
+re-registration's reply with the new credential arrived) is repeated once, after that re-registration.
+
+Never sends the hub token in clear to another host: a token with an ``http://`` URL is refused unless the
+hub is on loopback or the caller says the network is trusted (``allow_plain_http``).
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import random
+import ipaddress
 import ssl
 import threading
 import time
 from typing import Callable, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import urllib3
 from pydantic import BaseModel, ValidationError
@@ -44,10 +49,18 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
 class HubClient:
     def __init__(self, url: str, token: str | None = None, request_timeout_s: float = 15.0,
                  retry_s: float = 30.0, on_new_instance: Callable[[], None] | None = None,
-                 ca_file: str | None = None):
-        """``ca_file``: PEM file of the CA that signed an https hub's certificate (default: the system's)."""
+                 ca_file: str | None = None, allow_plain_http: bool = False):
+        """``ca_file``: PEM file of the CA that signed an https hub's certificate (default: the system's).
+        ``allow_plain_http``: send ``token`` over ``http://`` to a hub on another host (a network where nobody
+        can read or relay the traffic); otherwise such a URL is refused before anything is sent."""
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"hub URL {url!r} must start with http:// or https://")
+        if token and url.startswith("http://") and not allow_plain_http and not is_loopback_url(url):
+            raise errors.ConfigError(
+                f"refusing to send the hub token in clear to {url}: anyone on the path could read it and act as "
+                f"any worker. Serve the hub over TLS (tensorhub hub --tls-cert/--tls-key, an https:// URL and, for "
+                f"a private CA, tls_ca_file / --ca-file), or, on a network you trust, allow plain HTTP "
+                f"(ClientConfig.allow_plain_http, tensorhub.allow_plain_http, --allow-plain-http)")
         if ca_file is not None and not url.startswith("https://"):
             raise errors.ConfigError(f"a CA file was given but the hub URL {url!r} is not https://")
         try:
@@ -112,8 +125,9 @@ class HubClient:
                 if attempt == 1 or not self._recover():
                     raise
             except errors.NotOwner:
-                # Sent just before a re-registration replaced the credential: repeat it with the new one.
-                if attempt == 1 or sent_with == self._credential:
+                # Sent just before a re-registration replaced the credential, or answered while the reply that
+                # carries the new one is still on its way: repeat it once that re-registration has landed.
+                if attempt == 1 or not self._await_recovery(sent_with):
                     raise
         if reply is None:
             return json.loads(data)
@@ -194,12 +208,35 @@ class HubClient:
             self._recovering_thread = None
             self._recovering.release()
 
+    def _await_recovery(self, sent_with: str) -> bool:
+        """After a NotOwner reply to a call sent with credential ``sent_with``: True once this client holds
+        another credential (a re-registration landed, now or while waiting up to ``retry_s`` for one under
+        way), False when no re-registration is under way and the credential is unchanged (a real refusal)."""
+        if self._credential != sent_with:
+            return True
+        if self._recovering_thread in (None, threading.get_ident()):
+            return False
+        if self._recovering.acquire(timeout=self._retry_s):
+            self._recovering.release()
+        return self._credential != sent_with
+
     def since_restart(self) -> float | None:
         """Seconds since this client last saw the hub come back as a new instance (None: never)."""
         return None if self._restarted_at is None else time.monotonic() - self._restarted_at
 
     def close(self) -> None:
         self._http.close()
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _credential_in(body: bytes) -> str:

@@ -18,6 +18,7 @@ import uvicorn
 from tensorhub_verl.errors import ConfigError, HubUnavailable
 from tensorhub_verl.ros.hub_app import DEFAULT_MAX_BODY_BYTES, create_app
 from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.http_guard import ConnectionLimits, guarded_protocol, raise_open_files_limit
 from tensorhub_verl.ros.liveness import StallMeter
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
@@ -46,11 +47,13 @@ class HubServer:
     """A hub listening on ``host:port`` (port 0 picks a free one). ``url`` is valid once started.
 
     With ``tls_cert`` and ``tls_key`` (PEM files) it serves HTTPS only; clients verify it against the system
-    trust store or a CA file of their own (``ClientConfig.tls_ca_file``)."""
+    trust store or a CA file of their own (``ClientConfig.tls_ca_file``). ``connection_limits`` bound what a
+    connection may cost before a request reaches the hub (``http_guard.py``)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  config: HubConfig | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 tls_cert: str | os.PathLike | None = None, tls_key: str | os.PathLike | None = None):
+                 tls_cert: str | os.PathLike | None = None, tls_key: str | os.PathLike | None = None,
+                 connection_limits: ConnectionLimits | None = None):
         if (tls_cert is None) != (tls_key is None):
             raise ConfigError("TLS needs both a certificate and its key (tls_cert and tls_key)")
         for what, path in (("certificate", tls_cert), ("key", tls_key)):
@@ -58,6 +61,7 @@ class HubServer:
                 raise ConfigError(f"TLS {what} file {path} does not exist")
         self.tls = tls_cert is not None
         self.state = HubState(config)
+        raise_open_files_limit()
         self._socket = socket.create_server((host, port), reuse_port=False)
         # Accepted connections inherit this. uvicorn sets it only on sockets it creates itself; without
         # it every response waits for a delayed ACK (~40 ms per request).
@@ -65,7 +69,8 @@ class HubServer:
         self.host, self.port = self._socket.getsockname()[:2]
         app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
         self._server = _ProbedServer(self.state.stall, uvicorn.Config(
-            app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off",
+            app, http=guarded_protocol(connection_limits or ConnectionLimits()), log_level="warning",
+            access_log=False, timeout_keep_alive=30, lifespan="off",
             ssl_certfile=str(tls_cert) if tls_cert else None, ssl_keyfile=str(tls_key) if tls_key else None))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -148,6 +153,8 @@ class _ProbedServer(uvicorn.Server):
 
 def start_hub(host: str = "127.0.0.1", port: int = 0, token: str | None = None,
               config: HubConfig | None = None, tls_cert: str | os.PathLike | None = None,
-              tls_key: str | os.PathLike | None = None) -> HubServer:
+              tls_key: str | os.PathLike | None = None,
+              connection_limits: ConnectionLimits | None = None) -> HubServer:
     """Starts an embedded hub in background threads; ``hub.url`` to connect, ``hub.stop()`` to end it."""
-    return HubServer(host, port, token, config, tls_cert=tls_cert, tls_key=tls_key).start()
+    return HubServer(host, port, token, config, tls_cert=tls_cert, tls_key=tls_key,
+                     connection_limits=connection_limits).start()

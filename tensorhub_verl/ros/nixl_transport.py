@@ -184,6 +184,10 @@ class NixlTransport:
                 except Exception as e:  # keep serving; a broken agent shows up in reads instead
                     logger.debug("UCX progress failed: %s", e)
 
+    def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Keeps the registration (see ``Transport.unregister``): a freed storage is deregistered by the next
+        ``register``, before its address can be reused."""
+
     def register(self, tensors: Iterable[torch.Tensor]) -> bool:
         """Registers each tensor's whole storage once, for as long as that storage lives.
 

@@ -276,6 +276,13 @@ class TcpTransport:
                     self._registered.append(_Registration(whole, StorageWeakRef(storage)))
         return False
 
+    def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Stops serving the tensors' storages: the server refuses every later read of them, grant or not."""
+        gone = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors if t.numel()}
+        with self._lock:
+            self._registered = [r for r in self._registered if not r.storage.expired()
+                                and (r.region.addr, r.region.nbytes) not in gone]
+
     def _covers(self, addr: int, nbytes: int) -> bool:
         with self._lock:
             return any(not r.storage.expired() and _inside(r.region, addr, nbytes) for r in self._registered)

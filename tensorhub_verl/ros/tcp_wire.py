@@ -14,6 +14,7 @@ Integers are big-endian. No pickle, no JSON on this path: fixed structs, sizes c
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import json
 import socket
 import struct
@@ -83,3 +84,36 @@ def decode_metadata(metadata: bytes) -> tuple[str, str, int]:
             not 0 < port < 65536:
         raise ValueError(f"malformed TCP data-plane metadata: {fields!r}")
     return agent, host, port
+
+
+def advertised_host_problem(metadata: bytes, registered_from: str | None) -> str | None:
+    """Why a worker registering from ``registered_from`` may not advertise ``metadata``, or None.
+
+    Joiners connect to the address a worker advertises, so a worker may advertise only an address of its own:
+    the one it registered from, or, registering over loopback, any address of this host. Otherwise a token
+    holder could point every joiner at some other host's port. Metadata of another plane is not checked here."""
+    try:
+        _agent, host, _port = decode_metadata(metadata)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if registered_from is None or host == registered_from:
+        return None
+    try:
+        source = ipaddress.ip_address(registered_from)
+        advertised = ipaddress.ip_address(host)
+    except ValueError:
+        return f"the TCP plane's address must be an IP address, got {host!r}"
+    if source.is_loopback and (advertised.is_loopback or str(advertised) in _local_addresses()):
+        return None
+    return (f"the TCP plane's advertised address {host} is not the address this worker registered from "
+            f"({registered_from}): peers would connect to a host that is not this worker. Set "
+            f"ClientConfig.tcp_host to this host's address on the route to the hub")
+
+
+def _local_addresses() -> set[str]:
+    """Every IP address of this host's interfaces."""
+    import psutil
+
+    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
+

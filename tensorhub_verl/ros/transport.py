@@ -54,6 +54,11 @@ class Transport(Protocol):
         """Makes the tensors' memory readable by peers. Returns True when new memory was registered
         (the agent metadata changed and must be re-sent to the hub). Each buffer is registered once."""
 
+    def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Stops serving the tensors' memory: called once an unpublish drained every read of it, so a grant
+        the hub signed earlier cannot read it afterwards. A plane whose reads need no grant may keep the
+        registration (NIXL: its metadata reaches only leaseholders, and re-registering changes it)."""
+
     def metadata(self) -> bytes:
         """What a peer needs to read this agent's registered memory."""
 

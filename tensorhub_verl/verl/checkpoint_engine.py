@@ -235,7 +235,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         # retention window a moment later. Rollouts keep the core's default.
         preserve = identity.role != ACTOR_ROLE
         self._client = th.connect(url, worker=identity.worker, location=identity.location, token=self.config.token,
-                                  chunk_bytes=self.config.chunk_bytes, fetch_timeout_s=self.config.fetch_timeout_s,
+                                  **self.config.client_settings(), fetch_timeout_s=self.config.fetch_timeout_s,
                                   unpublish_timeout_s=self.config.unpublish_timeout_s,
                                   preserve_on_unpublish=preserve)
         self._identity = identity

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.hub_client import is_loopback_url
 from tensorhub_verl.ros.topology import LABEL_KEYS, LINK_KEYS
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
@@ -29,6 +30,11 @@ class TensorHubVerlConfig:
     detached Ray actor on the driver's node and every worker finds it by name."""
     token: str | None = None
     """Shared secret of the hub; None for an open hub (only on a trusted network)."""
+    tls_ca_file: str | None = None
+    """PEM file of the CA that signed an https hub's certificate (``hub_address`` https://...)."""
+    allow_plain_http: bool = False
+    """Send ``token`` to an ``http://`` hub on another host, in clear (a cluster network nobody else can read).
+    Off: a job with a token and a plain-HTTP hub off loopback refuses to start and says what to set."""
     model: str = "policy"
     """Model name under which the policy's versions are published."""
     keep_versions: int = 2
@@ -99,6 +105,13 @@ class TensorHubVerlConfig:
                 raise ConfigError(f"tensorhub.{f.name} must be an integer, got {value!r}")
         if self.hub_address is not None and not self.hub_address.startswith(("http://", "https://")):
             raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL or null, got {self.hub_address!r}")
+        if not isinstance(self.allow_plain_http, bool):
+            raise ConfigError(f"tensorhub.allow_plain_http must be true or false, got {self.allow_plain_http!r}")
+        if (self.token and self.hub_address and self.hub_address.startswith("http://")
+                and not self.allow_plain_http and not is_loopback_url(self.hub_address)):
+            raise ConfigError(f"tensorhub.token would cross the network in clear to {self.hub_address}: use an "
+                              f"https:// hub (tensorhub.tls_ca_file for a private CA), or set "
+                              f"tensorhub.allow_plain_http=true on a network nobody else can read")
         if not self.model or not isinstance(self.model, str):
             raise ConfigError(f"tensorhub.model must be a non-empty string, got {self.model!r}")
         if self.keep_versions < 1:
@@ -164,6 +177,11 @@ class TensorHubVerlConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def client_settings(self) -> dict[str, Any]:
+        """The ``ClientConfig`` fields every worker of the job connects with (trainer ranks and engines)."""
+        return {"chunk_bytes": self.chunk_bytes, "tls_ca_file": self.tls_ca_file,
+                "allow_plain_http": self.allow_plain_http}
 
     def wan_seeds(self) -> int:
         """seeds_per_dc, or sized from link_capacities when it is None."""

@@ -60,7 +60,7 @@ class ReplicaEngines:
                 "th_setup", timeout=config.apply_timeout_s,
                 kwargs={"hub_url": hub_url, "model": config.model, "worker": identity.worker,
                         "location": identity.location, "token": config.token, "staging": config.rollout_staging,
-                        "client_config": {"chunk_bytes": config.chunk_bytes},
+                        "client_config": config.client_settings(),
                         "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
         return results
 

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--location", default=None, help="dc=..,rack=..,node=..")
     p.add_argument("--token", default=os.environ.get("TENSORHUB_TOKEN"), help="hub token (env TENSORHUB_TOKEN)")
+    p.add_argument("--ca-file", default=os.environ.get("TENSORHUB_CA_FILE"),
+                   help="CA that signed an https hub's certificate (env TENSORHUB_CA_FILE)")
+    p.add_argument("--allow-plain-http", action="store_true",
+                   help="send the token to an http:// hub on another host in clear (a network you trust)")
     p.add_argument("--worker", default=None, help="worker id (default: vllm-<hostname>-<port>)")
     p.add_argument("--staging", default="cpu", choices=STAGING_MODES)
     p.add_argument("--first-version-timeout", type=float, default=600.0,
@@ -162,7 +166,9 @@ async def _serve(ns: argparse.Namespace) -> int:
         except (ValueError, TypeError) as e:  # vLLM validates its config with pydantic (a ValueError)
             raise VllmRefused(str(e)) from e
         updater = EngineUpdater(_loop_rpc(engine, loop, threading.get_ident()))
-        follower = Follower(updater, HubWatch(ns.hub, ns.model, ns.token), state, ns.fetch_timeout,
+        hub_tls = {"ca_file": ns.ca_file, "allow_plain_http": ns.allow_plain_http}
+        watch = HubWatch(ns.hub, ns.model, ns.token, **hub_tls)
+        follower = Follower(updater, watch, state, ns.fetch_timeout,
                             hub_lost_s=ns.hub_lost_timeout, on_hub_lost=_hub_lost_policy(ns))
         node = Node(updater, follower)
         # until vLLM's server installs its own handlers: SIGTERM/SIGINT cancel the wait for a first version
@@ -170,7 +176,9 @@ async def _serve(ns: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, follower.cancel)
         try:
             await asyncio.to_thread(updater.setup, ns.hub, ns.model, worker, location_labels(ns.location),
-                                    ns.token, ns.staging, None, ns.fetch_timeout)
+                                    ns.token, ns.staging,
+                                    {"tls_ca_file": ns.ca_file, "allow_plain_http": ns.allow_plain_http},
+                                    ns.fetch_timeout)
             # every engine RPC goes through this loop: blocking calls run on threads, never on the loop itself
             await asyncio.to_thread(follower.first_version, ns.first_version_timeout)
             if follower.stopping:

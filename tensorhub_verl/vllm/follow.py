@@ -53,14 +53,15 @@ class HubWatch:
     hub's queries that ``Client.versions``/``wait_for_version`` make too, on a bare ``HubClient``)."""
 
     def __init__(self, hub_url: str, model: str, token: str | None = None, poll_s: float = 2.0,
-                 retry_s: float = 10.0):
+                 retry_s: float = 10.0, ca_file: str | None = None, allow_plain_http: bool = False):
         from tensorhub_verl.ros.hub_client import HubClient
 
         if poll_s <= 0 or retry_s <= 0:
             raise errors.ConfigError(f"poll_s and retry_s must be > 0, got {poll_s}, {retry_s}")
         self.model = model
         self.poll_s = poll_s
-        self._hub = HubClient(hub_url, token, request_timeout_s=15.0, retry_s=retry_s)
+        self._hub = HubClient(hub_url, token, request_timeout_s=15.0, retry_s=retry_s, ca_file=ca_file,
+                              allow_plain_http=allow_plain_http)
 
     def newest(self) -> int | None:
         """Newest version in any layout (versions only peers still hold count too)."""

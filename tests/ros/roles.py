@@ -134,6 +134,9 @@ class GatedTransport:
     def register(self, tensors):
         return self.inner.register(tensors)
 
+    def unregister(self, tensors):
+        self.inner.unregister(tensors)
+
     def metadata(self):
         return self.inner.metadata()
 

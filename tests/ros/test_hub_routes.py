@@ -73,3 +73,51 @@ def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for
         assert ended["s"] < 10, f"the drain took {ended['s']:.1f} s: the report it waited for was held up"
     finally:
         server.stop()
+
+
+def test_parked_exchanges_hold_no_threads_that_registration_and_publish_need():
+    """More readers than the hub's thread pool (40) wait for work (wait_s=10) while the only source is busy:
+    a new worker registers and publishes while every one of them is still parked."""
+    parked = 48
+    server = th.start_hub(config=th.HubConfig(planner=th.PlannerConfig(max_inflight_per_source=1)))
+    asked: set[str] = set()
+    exchange = server.state.exchange
+
+    def counting_exchange(req):
+        asked.add(req.worker)
+        return exchange(req)
+
+    server.state.exchange = counting_exchange
+    try:
+        trainer, busy = _worker(server.url, "trainer"), _worker(server.url, "busy")
+        trainer.post("/v1/publish", msg.Publish(worker="trainer", holder="trainer", manifest=manifest_to_msg(M),
+                                                regions=[msg.RegionMsg(addr=1000)]), msg.OkReply)
+        _begin(busy, "busy")
+        assert _exchange(busy, "busy", want=1).assignments  # the source's one read slot, never reported
+        readers = {f"r{i}": _worker(server.url, f"r{i}") for i in range(parked)}
+        replies: dict[str, msg.ExchangeReply] = {}
+
+        def wait_for_work(name: str) -> None:
+            _begin(readers[name], name)
+            replies[name] = readers[name].post("/v1/fetch/exchange", msg.Exchange(
+                worker=name, holder=name, model="policy", version=1, layout="hf", want=1, wait_s=10.0),
+                msg.ExchangeReply, timeout=40)
+
+        threads = [threading.Thread(target=wait_for_work, args=(n,)) for n in readers]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(asked - {"busy"}) < parked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(asked - {"busy"}) == parked, "not every reader's exchange reached the hub"
+        newcomer = _worker(server.url, "newcomer")
+        newcomer.post("/v1/publish", msg.Publish(worker="newcomer", holder="newcomer", manifest=manifest_to_msg(
+            Manifest("other", 1, "hf", M.tensors, CHUNK, "f2")), regions=[msg.RegionMsg(addr=3000)]), msg.OkReply)
+        still_parked = sum(t.is_alive() for t in threads)
+        for t in threads:
+            t.join(40)
+        assert still_parked == parked, f"{parked - still_parked} parked exchanges ended before a registration and " \
+                                       f"a publish were answered: they held the threads those needed"
+        assert all(not r.assignments for r in replies.values()) and len(replies) == parked
+    finally:
+        server.stop()

@@ -1,5 +1,6 @@
 """The TCP data plane (tcp_transport.py): real processes, real sockets, the hub's grants, dead and silent peers."""
 
+import base64
 import os
 import select
 import signal
@@ -48,14 +49,8 @@ def bare_holder(results, control):
 
 def _read(transport: TcpTransport, peer: str, into: torch.Tensor, remote: int, nbytes: int, grant: str,
           timeout: float = 30.0, granted=()) -> str:
-    handle = transport.start_read(peer, [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant,
-                                  granted)
-    deadline = time.monotonic() + timeout
-    while transport.poll(handle) == "PROC" and time.monotonic() < deadline:
-        time.sleep(0.005)
-    state = transport.poll(handle)
-    transport.release(handle)
-    return state if state != "ERR" else f"ERR {transport.failure(handle)}"
+    return _poll_read(transport, peer, [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant,
+                      granted, timeout)
 
 
 @pytest.fixture
@@ -433,3 +428,71 @@ def test_idle_strangers_cannot_fill_a_holders_connection_slots(bare):
     finally:
         for s in strangers:
             s.close()
+
+
+def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
+    """A token holder registers with TCP-plane metadata naming some other host's port (here an SSH port
+    elsewhere): the hub refuses it, so no joiner is ever told to connect there. Its own address passes."""
+    from tensorhub_verl.ros import messages as msg
+    from tensorhub_verl.ros import tcp_wire
+    from tensorhub_verl.ros.hub_client import HubClient
+
+    raw = HubClient(hub.url, retry_s=1.0)
+
+    def register(worker: str, host: str):
+        metadata = base64.b64encode(tcp_wire.encode_metadata(f"{worker}-agent", host, 22)).decode()
+        return raw.post(msg.REGISTER_PATH, msg.RegisterWorker(
+            worker=worker, location=msg.LocationMsg(), agent_name=f"{worker}-agent", agent_metadata_b64=metadata,
+            grant_key_b64=base64.b64encode(grants.new_key()).decode(), preconnect=4), msg.WorkerAck)
+
+    with pytest.raises(errors.InvalidRequest, match="not the address this worker registered from"):
+        register("liar", "192.0.2.44")
+    assert register("honest", "127.0.0.1").worker == "honest"
+    raw.close()
+
+
+class _RecordingTcp(TcpTransport):
+    """A reader's TCP plane that keeps every read it posted (peer, copies, grant), to replay them later."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.posted: list[tuple] = []
+
+    def start_read(self, peer, copies, grant="", granted=(), **landing):
+        self.posted.append((peer, copies, grant, granted))
+        return super().start_read(peer, copies, grant, granted, **landing)
+
+
+def test_an_unpublished_holding_refuses_reads_whose_grants_have_not_expired(hub):
+    """A reader keeps the grants of a fetch it completed and replays them after the holder unpublished that
+    version (the grants' TTL has not run out): the holder serves none of those bytes any more."""
+    holder = th.connect(hub.url, "unpub-holder", chunk_bytes=CHUNK, transport="tcp", preserve_on_unpublish=False)
+    weights = make_weights(3, 1.0)
+    holder.publish("policy", 1, weights)
+    reader_plane = _RecordingTcp("replaying-reader", "127.0.0.1")
+    try:
+        reader = Client(hub.url, "replaying-reader", transport=reader_plane, config=ClientConfig(window=2))
+        assert reader.fetch("policy", 1).failed_reads == 0
+        assert reader_plane.posted
+        peer, copies, grant, granted = reader_plane.posted[0]
+        scratch = torch.zeros(sum(c.length for c in copies), dtype=torch.uint8)
+        replay = [Copy(scratch.data_ptr(), 0, "DRAM", c.remote_addr, c.remote_device, c.remote_mem, c.length)
+                  for c in copies]
+        assert _poll_read(reader_plane, peer, replay, grant, granted) == "DONE", "the grant is valid while held"
+        holder.unpublish("policy", 1)
+        assert _poll_read(reader_plane, peer, replay, grant, granted).startswith("ERR"), \
+            "an unpublished holding served a read with a grant signed before the unpublish"
+        reader.close()
+    finally:
+        reader_plane.close()
+        holder.close()
+
+
+def _poll_read(transport: TcpTransport, peer: str, copies, grant: str, granted, timeout: float = 30.0) -> str:
+    handle = transport.start_read(peer, copies, grant, granted)
+    deadline = time.monotonic() + timeout
+    while transport.poll(handle) == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    state = transport.poll(handle)
+    transport.release(handle)
+    return state if state != "ERR" else f"ERR {transport.failure(handle)}"

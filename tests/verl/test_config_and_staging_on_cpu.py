@@ -25,10 +25,23 @@ from tensorhub_verl.verl.staging import BufferRing
     ({"keep_versions": 2.5}, "keep_versions must be an integer"),
     ({"seeds_per_dc": 0}, "seeds_per_dc must be >= 1"),
     ({"seeds_per_dc": "2"}, "seeds_per_dc must be >= 1"),
+    ({"token": "s", "hub_address": "http://10.0.0.7:7777"}, "in clear.*allow_plain_http=true"),
+    ({"allow_plain_http": "yes"}, "allow_plain_http must be true or false"),
 ])
 def test_bad_config_names_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
         TensorHubVerlConfig.from_mapping(values)
+
+
+@pytest.mark.parametrize("values", [
+    {"token": "s", "hub_address": "http://127.0.0.1:7777"},
+    {"token": "s", "hub_address": "https://hub.example:7777"},
+    {"token": "s", "hub_address": "http://10.0.0.7:7777", "allow_plain_http": True},
+    {"hub_address": "http://10.0.0.7:7777"},
+])
+def test_a_token_may_go_to_loopback_tls_or_an_allowed_plain_hub(values):
+    assert TensorHubVerlConfig.from_mapping(values).client_settings()["allow_plain_http"] == values.get(
+        "allow_plain_http", False)
 
 
 @pytest.mark.parametrize("values, seeds", [
