@@ -16,7 +16,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 
-from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+from tensorhub_verl.settings import cpu_platform_selected
 from tensorhub_verl.verl.patches.on_import import when_imported
 
 logger = logging.getLogger("tensorhub_verl.verl.patches")
