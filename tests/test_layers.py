@@ -1,6 +1,6 @@
-"""Imports point down: ``ros`` (the hub and its data planes) knows neither integration, and the vLLM side never
-imports the verl side (an attached vLLM server runs without verl). Checked on the source text with ``ast``, so a
-forbidden import inside a function counts as much as one at the top of a module."""
+"""Imports point down: ``ros`` (the hub and its data planes) knows neither integration, and the vLLM side
+never imports the verl side (an attached vLLM server runs without verl). Checked on the source text with
+``ast``, so a forbidden import inside a function counts as much as one at the top of a module."""
 
 from __future__ import annotations
 

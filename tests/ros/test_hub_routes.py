@@ -68,9 +68,9 @@ def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for
         _exchange(late, "late", completed=[a.lease for a in from_early])  # answered while the end waits
         ender.join(30)
         assert not ender.is_alive()
-        # Drained, not given up: the end's wait (20 s) is shorter than a lease's life (30 s), so only the late
-        # reader's report could bring the reads to zero. Had the parked end held that report up, its wait would
-        # have run out first and it would answer drained=False with the read still counted.
+        # Drained, not given up: the end's wait (20 s) is shorter than a lease's life (30 s), so only the
+        # late reader's report could bring the reads to zero. Had the parked end held that report up, its wait
+        # would have run out first and it would answer drained=False with the read still counted.
         assert ended["ack"].drained and ended["ack"].inflight == 0
     finally:
         server.stop()

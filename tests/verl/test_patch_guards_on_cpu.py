@@ -26,7 +26,8 @@ def test_the_guards_read_the_backend_from_a_job_or_an_engine_config():
     from omegaconf import OmegaConf
 
     assert job_uses_tensorhub(_job("tensorhub")) and job_uses_tensorhub(OmegaConf.create(_job("tensorhub")))
-    assert not job_uses_tensorhub(_job("naive")) and not job_uses_tensorhub(None) and not job_uses_tensorhub({})
+    assert not job_uses_tensorhub(_job("naive"))
+    assert not job_uses_tensorhub(None) and not job_uses_tensorhub({})
     assert engine_uses_tensorhub({"backend": "tensorhub"}) and not engine_uses_tensorhub({"backend": "nccl"})
 
 
@@ -111,7 +112,8 @@ class _Server:
     """verl 0.9.1's ``vLLMHttpServer``, reduced to the two methods the patch replaces."""
 
     def __init__(self, backend: str):
-        self.config = type("RolloutConfig", (), {"checkpoint_engine": type("Engine", (), {"backend": backend})})
+        engine = type("CheckpointEngineConfig", (), {"backend": backend})
+        self.config = type("RolloutConfig", (), {"checkpoint_engine": engine})
         self.engine = _Engine()
 
     def _get_worker_extension_cls(self) -> str:
@@ -132,7 +134,8 @@ def test_only_a_tensorhub_rollout_server_loads_our_extension_and_returns_results
     assert verl_job._get_worker_extension_cls() == _Server._get_worker_extension_cls(verl_job)
     assert asyncio.run(verl_job.collective_rpc("th_status")) is None  # verl drops the results
     assert tensorhub_job._get_worker_extension_cls() == EXTENSION_QUALNAME
-    assert asyncio.run(tensorhub_job.collective_rpc("th_status")) == ["th_status on rank 0", "th_status on rank 1"]
+    results = asyncio.run(tensorhub_job.collective_rpc("th_status"))
+    assert results == ["th_status on rank 0", "th_status on rank 1"]
 
 
 @pytest.fixture

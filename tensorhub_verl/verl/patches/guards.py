@@ -2,8 +2,8 @@
 
 Installing tensorhub_verl registers every patch at ``import verl`` (the ``verl.plugins`` entry point), so each
 replacement decides at call time, from what the call can see, whether this job uses TensorHub: the job's
-config selecting ``checkpoint_engine.backend == 'tensorhub'``, or verl running on tensorhub_verl's CPU platform
-(``VERL_PLATFORM=cpu``, which only this package provides). A job that uses neither gets verl's behaviour.
+config selecting ``checkpoint_engine.backend == 'tensorhub'``, or verl running on tensorhub_verl's CPU
+platform (``VERL_PLATFORM=cpu``, which only this package provides). A job that uses neither gets verl's behaviour.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ _building = threading.local()
 
 
 def describe() -> str:
-    return "FileLogger opens its JSONL file for appending in tensorhub jobs (fully_async's processes share it)"
+    return "FileLogger appends to its JSONL file in tensorhub jobs (fully_async's processes share it)"
 
 
 def apply(module) -> bool:

@@ -1,9 +1,9 @@
 """verl 0.9.1: the separate_async trainer passes ``flush=True`` to a ``logging.Logger`` call.
 
 Why: ``trainer/ppo/v1/trainer_separate_async.py:181-185`` (in ``PPOTrainerSeparateAsync._setup``) logs with
-``flush=True`` (a ``print`` keyword); ``Logger._log`` rejects it with ``TypeError`` whenever INFO is enabled, so
-every run with ``actor_rollout_ref.hybrid_engine=False`` (all separate_async recipes, on GPUs too) dies at
-set-up. Guard: while a trainer whose config selects ``tensorhub`` runs ``_setup``, the module's logger is an
+``flush=True`` (a ``print`` keyword); ``Logger._log`` rejects it with ``TypeError`` whenever INFO is
+enabled, so every run with ``actor_rollout_ref.hybrid_engine=False`` (all separate_async recipes, on GPUs too)
+dies at set-up. Guard: while a trainer whose config selects ``tensorhub`` runs ``_setup``, the module's logger is an
 adapter that drops the keyword; any other job runs ``_setup`` with verl's logger, unchanged.
 """
 
