@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requires import require
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ["tensorhub_verl/conf/tensorhub/cross_dc.yaml", "tensorhub_verl/conf/tensorhub/elastic.yaml",
            "tensorhub_verl/conf/tensorhub/standalone.yaml",
@@ -40,7 +42,7 @@ LOOKUP = textwrap.dedent("""
 
 @pytest.mark.timeout(180)
 def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
-    pytest.importorskip("hydra")
+    require("hydra")
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -69,7 +71,7 @@ def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
 
 
 def test_the_checkout_finds_the_configs_too():
-    pytest.importorskip("hydra")
+    require("hydra")
     from tensorhub_verl.verl.hydra_searchpath import conf_dir
 
     assert conf_dir() == REPO / "tensorhub_verl" / "conf"

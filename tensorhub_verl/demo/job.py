@@ -17,7 +17,7 @@ from pathlib import Path
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.demo.task import TaskFiles
 from tensorhub_verl.verl.hydra_searchpath import conf_dir
-from tensorhub_verl.verl.cpu_platform_env import PLATFORM_ENV, PLATFORM_NAME
+from tensorhub_verl.settings import PLATFORM_ENV, PLATFORM_NAME
 
 TRAINER_MODES = ("separate_async", "fully_async")
 _ENTRY_POINTS = {"separate_async": "verl.trainer.main_ppo",

@@ -14,11 +14,9 @@ from typing import Any, Mapping
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub_client import is_loopback_url
 from tensorhub_verl.ros.topology import LABEL_KEYS, LINK_KEYS
+from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
-STAGING_MODES = ("none", "cpu", "gpu")
-"""Where a held version's bytes live: the tensors themselves (none), pinned CPU or GPU buffers. The one list
-for the trainer (``staging``), rollout engines (``rollout_staging``, ``HolderConfig``) and ``attach-vllm``."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -25,7 +25,7 @@ import torch
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from tensorhub_verl.verl.cpu_platform_env import PLATFORM_ENV, PLATFORM_NAME, cpu_platform_selected
+from tensorhub_verl.settings import PLATFORM_ENV, PLATFORM_NAME, cpu_platform_selected
 
 
 class CpuDeviceModule(ModuleType):

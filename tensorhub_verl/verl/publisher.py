@@ -26,7 +26,7 @@ import torch
 from tensorhub_verl.errors import ConfigError, InvalidRequest
 from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT
-from tensorhub_verl.verl.config import STAGING_MODES
+from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.dtypes import published_dtype
 from tensorhub_verl.verl.staging import BufferRing, Slot

@@ -35,7 +35,7 @@ import threading
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.topology import Location
-from tensorhub_verl.verl.config import STAGING_MODES
+from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.vllm.follow import Cancelled, Follower, FollowerState, HubWatch
 
 logger = logging.getLogger("tensorhub_verl.vllm.attach")

@@ -47,7 +47,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT, check_dtype, dtype_from_name, dtype_name
-from tensorhub_verl.verl.config import STAGING_MODES
+from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES, load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews

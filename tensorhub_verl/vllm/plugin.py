@@ -14,7 +14,7 @@ from __future__ import annotations
 
 def register() -> None:
     from tensorhub_verl.process_group import exit_with_parent_if_asked
-    from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+    from tensorhub_verl.settings import cpu_platform_selected
 
     exit_with_parent_if_asked()
     if cpu_platform_selected():

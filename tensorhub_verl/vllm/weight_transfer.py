@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.verl.config import STAGING_MODES
+from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder
 

@@ -58,19 +58,20 @@ def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for
         ended: dict = {}
 
         def end() -> None:
-            started = time.monotonic()
             ended["ack"] = early.post("/v1/fetch/end", msg.EndFetch(
                 worker="early", holder="early", model="policy", version=1, layout="hf", ok=False, hold=False,
                 wait_s=20.0), msg.EndFetchAck)
-            ended["s"] = time.monotonic() - started
 
         ender = threading.Thread(target=end)
         ender.start()
         _wait_until_draining(late, "early")  # the end is parked in its drain
         _exchange(late, "late", completed=[a.lease for a in from_early])  # answered while the end waits
         ender.join(30)
+        assert not ender.is_alive()
+        # Drained, not given up: the end's wait (20 s) is shorter than a lease's life (30 s), so only the
+        # late reader's report could bring the reads to zero. Had the parked end held that report up, its wait
+        # would have run out first and it would answer drained=False with the read still counted.
         assert ended["ack"].drained and ended["ack"].inflight == 0
-        assert ended["s"] < 10, f"the drain took {ended['s']:.1f} s: the report it waited for was held up"
     finally:
         server.stop()
 

@@ -6,10 +6,11 @@ import pytest
 
 from tensorhub_verl.sim import plots
 from tensorhub_verl.sim.calibrate import LabWorkload, simulate_lab
+from tests.requires import require
 
 
 def test_plot_all_writes_three_pngs(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     monkeypatch.setattr(plots, "cluster_vs_readers", lambda readers=(8, 16, 32, 64), base=None:
                         {"tensorhub": [1.0] * 4, "pull_from_trainer": [2.0] * 4})
     monkeypatch.setattr(plots, "cluster_vs_size", lambda sizes_gb=(), base=None, rollouts=32:

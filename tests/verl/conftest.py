@@ -11,7 +11,9 @@ import socket
 
 import pytest
 
-pytest.importorskip("verl", reason="the verl integration tests need verl installed (pip install '.[verl]')")
+from tests.requires import require
+
+require("verl", reason="the verl integration tests need verl installed (pip install '.[verl]')")
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("UCX_TLS", "tcp,sm,self")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import subprocess
 import sys
@@ -46,19 +44,6 @@ def test_a_post_import_hook_runs_once_right_after_its_module_executes(tmp_path, 
     assert seen == [1]
     when_imported("th_hooked_mod", lambda m: seen.append(2))  # already imported: runs now
     assert seen == [1, 2]
-
-
-def test_the_flush_patch_drops_only_the_print_keyword(caplog):
-    from tensorhub_verl.verl.patches import verl_0_9_1_logger_flush as patch
-
-    module = type(sys)("fake_separate_async")
-    module.logger = logging.getLogger("tensorhub_verl.tests.fake")
-    with pytest.raises(TypeError):
-        module.logger.error("boom", flush=True)  # what verl 0.9.1 does
-    assert patch.apply(module) is True and patch.apply(module) is False
-    with caplog.at_level(logging.INFO, logger="tensorhub_verl.tests.fake"):
-        module.logger.info("replicas: %d", 2, flush=True)
-    assert "replicas: 2" in caplog.text
 
 
 def test_verl_on_the_cpu_platform_in_a_fresh_process():
@@ -112,21 +97,6 @@ def test_a_cpu_job_missing_settings_is_refused_with_every_fix_named():
     preset = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "tensorhub_verl", "conf",
                                          "tensorhub_cpu", "tiny_grpo.yaml"))
     check_cpu_job(preset)  # the preset passes its own check
-
-
-def test_two_file_loggers_on_one_path_keep_every_line(tmp_path, monkeypatch):
-    """fully_async's rollouter and trainer each open verl's file logger on the same path."""
-    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "m.jsonl"))
-    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  applies the patches
-    from verl.utils.tracking import FileLogger
-
-    rollouter = FileLogger("p", "e")
-    rollouter.log({"r": 1}, 1)
-    trainer = FileLogger("p", "e")
-    trainer.log({"t": 1}, 1)
-    rollouter.log({"r": 2}, 2)
-    lines = (tmp_path / "m.jsonl").read_text().splitlines()
-    assert [sorted(json.loads(line)["data"]) for line in lines] == [["r"], ["t"], ["r"]]
 
 
 @pytest.mark.parametrize(("algorithm", "trainer_mode"),
@@ -193,35 +163,3 @@ def test_the_critic_attention_patch_replaces_only_the_hard_coded_choice():
     assert replace_hard_coded({}, "eager") == {}
     assert requested_attention(type("C", (), {"_attn_implementation": "eager"})()) == "eager"
     assert requested_attention(object()) is None
-
-
-def test_verls_value_model_loader_honours_the_configured_attention(tmp_path):
-    """verl 0.9.1 loads the critic with flash_attention_2 whatever the config says: on this machine (no
-    flash-attn) the load fails and verl blames trl. Patched, the critic loads with the config's eager
-    attention."""
-    import torch
-    from transformers import AutoConfig, PreTrainedModel
-
-    from tensorhub_verl.testing.tiny_model import build_tiny_model
-
-    model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128,
-                                 num_layers=1, num_heads=2, num_kv_heads=1)
-    transformers_loader = PreTrainedModel.__dict__["from_pretrained"]
-    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  applies the patches
-    from verl.utils.model import load_valuehead_model
-
-    # as verl's HFModelConfig builds it from override_config
-    config = AutoConfig.from_pretrained(str(model_dir), attn_implementation="eager")
-    config.num_labels = 1
-    critic = load_valuehead_model(str(model_dir), torch.float32, config, False)
-    assert critic.config._attn_implementation == "eager"
-    assert critic.score.weight.shape == (1, 64)  # a value head: one output per token
-    assert PreTrainedModel.__dict__["from_pretrained"] is transformers_loader  # transformers' method restored
-
-
-def test_the_patches_readme_lists_every_patch():
-    from tensorhub_verl.verl.patches import PATCH_MODULES
-
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "patches", "verl", "README.md")).read()
-    missing = [name for name in (m.rsplit(".", 1)[-1] for m in PATCH_MODULES) if f"| `{name}`" not in readme]
-    assert missing == [], f"patches/verl/README.md does not list {missing}"

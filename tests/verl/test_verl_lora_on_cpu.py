@@ -14,9 +14,10 @@ from tensorhub_verl.demo.grpo import run
 from tensorhub_verl.demo.job import TinyJob
 from tensorhub_verl.demo.progress import read_metrics
 from tensorhub_verl.demo.task import build_task
+from tests.requires import require
 
-pytest.importorskip("vllm", reason="the rollout replicas are vLLM engines (CPU build)")
-pytest.importorskip("peft", reason="verl trains LoRA through peft")
+require("vllm", reason="the rollout replicas are vLLM engines (CPU build)")
+require("peft", reason="verl trains LoRA through peft")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",

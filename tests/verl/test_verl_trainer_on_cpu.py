@@ -16,8 +16,9 @@ from tensorhub_verl.demo.grpo import run
 from tensorhub_verl.demo.job import TinyJob
 from tensorhub_verl.demo.progress import read_metrics
 from tensorhub_verl.demo.task import build_task
+from tests.requires import require
 
-pytest.importorskip("vllm", reason="the rollout replicas are vLLM engines (CPU build)")
+require("vllm", reason="the rollout replicas are vLLM engines (CPU build)")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 ON_POLICY_GAP = 0.02

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm")
+from tests.requires import require
+
+require("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec

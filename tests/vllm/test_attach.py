@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+from tests.requires import require
+
+require("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import ENGINE_ENV

@@ -12,6 +12,7 @@ import pytest
 
 from tensorhub_verl import errors
 from tensorhub_verl.vllm.attach import build_parser, location_labels
+from tests.requires import require
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "scripts" / "attach_vllm_node.sh"
 
@@ -36,7 +37,7 @@ def test_hub_and_token_come_from_the_environment(monkeypatch):
 def test_the_maximum_length_is_the_models_unless_given():
     """vLLM refuses a --max-model-len above the model's own (a 512-token model failed at start-up with the
     old fixed 2048): by default the flag is not passed and vLLM derives it from the model's config."""
-    pytest.importorskip("vllm")
+    require("vllm")
     from tensorhub_verl.vllm.attach import vllm_argv
 
     argv = vllm_argv(build_parser().parse_args(["--model-dir", "m", "--hub", "http://h:1"]))

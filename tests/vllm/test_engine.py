@@ -15,7 +15,9 @@ import signal
 
 import pytest
 
-pytest.importorskip("vllm")
+from tests.requires import require
+
+require("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec

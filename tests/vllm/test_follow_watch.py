@@ -26,9 +26,12 @@ def test_watch_sees_hf_versions_and_versions_only_in_engine_layouts():
                                                          "agent_metadata_b64": "AAAA"})
         http.headers[CREDENTIAL_HEADER] = joined.json()["credential"]
         assert watch.newest() is None
-        t0 = time.monotonic()
+        polls = []
+        hub_wait = watch._hub.wait
+        watch._hub.wait = lambda *args: polls.append(args[-1]) or hub_wait(*args)
         assert watch.wait_newer(None, 5.0) is None
-        assert time.monotonic() - t0 < 3.0  # one poll of at most poll_s, never the whole timeout
+        assert polls == [0.2]  # one long poll of poll_s, never the whole timeout
+        assert watch.wait_newer(None, 0.05) is None and polls[-1] == 0.1  # never a busy loop of tiny polls
         _publish(http, 1, "hf")
         assert watch.wait_newer(None, 5.0) == 1 and watch.wait_newer(0, 5.0) == 1
         assert watch.wait_newer(1, 0.1) is None

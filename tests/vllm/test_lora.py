@@ -14,8 +14,10 @@ import copy
 
 import pytest
 
-pytest.importorskip("vllm")
-pytest.importorskip("peft")
+from tests.requires import require
+
+require("vllm")
+require("peft")
 
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec

@@ -3,7 +3,9 @@
 Each patch is one small module named for the verl version it was written against (``verl_0_9_1_*.py``).
 It exposes ``VERL_VERSIONS`` (the versions it is known to fit), ``describe()``, ``TARGET`` (the verl
 module it changes) and ``apply(module)`` (idempotent: False when already applied), and may set
-``CPU_ONLY = True`` (applied only on verl's CPU platform, ``VERL_PLATFORM=cpu``). ``apply_all`` applies
+``CPU_ONLY = True`` (applied only on verl's CPU platform, ``VERL_PLATFORM=cpu``). Every other replacement
+checks at call time that the job uses TensorHub (``guards``) and otherwise runs verl's code, so installing the
+package changes nothing for jobs with another checkpoint engine. ``apply_all`` applies
 each patch that fits the installed verl as soon as its target module is imported (now, if it already is;
 see ``on_import``), and logs one line per application; a patch for another verl version is skipped with a
 warning, so that an upgrade of verl shows up in the log instead of as a silent behaviour change.
@@ -16,7 +18,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 
-from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+from tensorhub_verl.settings import cpu_platform_selected
 from tensorhub_verl.verl.patches.on_import import when_imported
 
 logger = logging.getLogger("tensorhub_verl.verl.patches")

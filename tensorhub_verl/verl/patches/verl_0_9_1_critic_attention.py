@@ -11,6 +11,10 @@ The patch runs verl's own loader, unchanged, and replaces only that hard-coded a
 implementation in the config (``eager`` on the CPU platform: ``+tensorhub_cpu=...`` presets set it and
 ``cpu_job_check`` requires it). A job that asks for ``flash_attention_2`` (verl's default) takes verl's path
 untouched.
+
+Guard: the loader sees only the model's config, not the job's, so the replacement acts only on verl's CPU
+platform (``VERL_PLATFORM=cpu``, read at call time), where flash-attn never exists; on other platforms verl's
+loader runs as shipped (install flash-attn there).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from tensorhub_verl.verl.patches.guards import cpu_platform_selected
 from tensorhub_verl.verl.patches.replace import replace_once
 
 VERL_VERSIONS = ("0.9.1",)
@@ -33,7 +38,7 @@ _swap_lock = threading.RLock()
 
 def describe() -> str:
     return ("load_valuehead_model uses the critic config's attn_implementation "
-            "instead of always flash_attention_2")
+            "instead of always flash_attention_2 (CPU platform)")
 
 
 def requested_attention(model_config: Any) -> str | None:
@@ -78,7 +83,7 @@ def apply(module) -> bool:
         @functools.wraps(original)
         def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
             requested = requested_attention(model_config)
-            if requested is None or requested == HARD_CODED:
+            if not cpu_platform_selected() or requested is None or requested == HARD_CODED:
                 return original(local_path, torch_dtype, model_config, trust_remote_code)
             with _from_pretrained_asking_for(requested):
                 return original(local_path, torch_dtype, model_config, trust_remote_code)

@@ -4,12 +4,13 @@ Why: with ``tensorhub`` the engines' own parameters are the holders (no copy in 
 so every vLLM worker needs ``TensorHubVerlWorkerExtension`` (verl's extension plus ours), and the updater
 must read what each rank's ``th_*`` call returned (pull state, bytes, sources). verl picks the extension in
 ``vLLMHttpServer._get_worker_extension_cls`` with no config hook, and its ``collective_rpc`` drops the
-engine's results (no caller in verl reads them, so returning them changes nothing for verl). Other backends
-keep verl's extension.
+engine's results. Guard: both replacements take verl's path unless the server's rollout config selects
+``checkpoint_engine.backend == 'tensorhub'``.
 """
 
 from __future__ import annotations
 
+from tensorhub_verl.verl.patches.guards import engine_uses_tensorhub
 from tensorhub_verl.verl.patches.replace import replace_once
 
 VERL_VERSIONS = ("0.9.1",)
@@ -17,14 +18,12 @@ TARGET = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 
 
 def describe() -> str:
-    return "vLLMHttpServer loads TensorHubVerlWorkerExtension with backend == 'tensorhub'; collective_rpc returns"
+    return ("vLLMHttpServer loads TensorHubVerlWorkerExtension and its collective_rpc returns the results "
+            "with backend == 'tensorhub'")
 
 
 def _uses_tensorhub(server) -> bool:
-    from tensorhub_verl.verl import BACKEND_NAME
-
-    engine = getattr(getattr(server, "config", None), "checkpoint_engine", None)
-    return getattr(engine, "backend", None) == BACKEND_NAME
+    return engine_uses_tensorhub(getattr(getattr(server, "config", None), "checkpoint_engine", None))
 
 
 def apply(module) -> bool:
@@ -42,7 +41,9 @@ def apply(module) -> bool:
 
     def wrap_rpc(original):
         async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-            """verl's method, returning each worker's result (a list, one per rank of this server)."""
+            """verl's method; with ``tensorhub`` it returns each worker's result (a list, one per rank)."""
+            if not _uses_tensorhub(self):
+                return await original(self, method, timeout=timeout, args=args, kwargs=kwargs)
             return await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
 
         collective_rpc.__doc__ = original.__doc__ or collective_rpc.__doc__

@@ -25,7 +25,7 @@ def apply(module) -> bool:
     def wrap(original):
         @functools.wraps(original)
         def __init__(self, config, *args, **kwargs):
-            from tensorhub_verl.verl.cpu_platform_env import cpu_platform_selected
+            from tensorhub_verl.settings import cpu_platform_selected
             from tensorhub_verl.verl.trainer_modes import check_trainer_mode
 
             check_trainer_mode(config)

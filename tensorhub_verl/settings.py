@@ -1,0 +1,28 @@
+"""Settings that both the verl integration and the vLLM side read, kept below both layers.
+
+``tensorhub_verl.vllm`` must not import ``tensorhub_verl.verl`` (an attached vLLM server runs without
+verl), so the few names both sides share live here: the staging modes and the variable that selects verl's CPU platform.
+Nothing here imports verl, vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+STAGING_MODES = ("none", "cpu", "gpu")
+"""Where a held version's bytes live: the tensors themselves (none), pinned CPU or GPU buffers. The one list
+for the trainer (``staging``), rollout engines (``rollout_staging``, ``HolderConfig``) and ``attach-vllm``."""
+
+PLATFORM_NAME = "cpu"
+PLATFORM_ENV = "VERL_PLATFORM"
+"""``VERL_PLATFORM=cpu`` is verl's own platform override; ``tensorhub_verl.verl.cpu_platform`` registers the
+platform it names. Ray passes the variable on to every worker it starts on the node, vLLM's processes
+included."""
+
+
+def cpu_platform_selected() -> bool:
+    """Whether this process runs verl on the CPU platform (``VERL_PLATFORM=cpu``); needs no verl import."""
+    return os.environ.get(PLATFORM_ENV, "").strip().lower() == PLATFORM_NAME
+
+
+__all__ = ["PLATFORM_ENV", "PLATFORM_NAME", "STAGING_MODES", "cpu_platform_selected"]

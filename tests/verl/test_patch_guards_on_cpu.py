@@ -1,0 +1,181 @@
+"""Each verl patch changes behaviour only for jobs that use TensorHub: a job with another backend (or off the
+CPU platform, for the CPU fixes) gets verl 0.9.1's own behaviour, a tensorhub job the patched one. In-process,
+no Ray: the patches are applied to verl's real modules (or to a stand-in where verl's needs a running job)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import sys
+import textwrap
+
+import pytest
+
+from tensorhub_verl.verl.patches.guards import engine_uses_tensorhub, job_uses_tensorhub
+
+
+def _job(backend: str) -> dict:
+    """A verl job's config as verl hands it to ``Tracking`` (``OmegaConf.to_container``)."""
+    return {"trainer": {"project_name": "p"}, "actor_rollout_ref": {"rollout": {
+        "checkpoint_engine": {"backend": backend}}}}
+
+
+def test_the_guards_read_the_backend_from_a_job_or_an_engine_config():
+    from omegaconf import OmegaConf
+
+    assert job_uses_tensorhub(_job("tensorhub")) and job_uses_tensorhub(OmegaConf.create(_job("tensorhub")))
+    assert not job_uses_tensorhub(_job("naive"))
+    assert not job_uses_tensorhub(None) and not job_uses_tensorhub({})
+    assert engine_uses_tensorhub({"backend": "tensorhub"}) and not engine_uses_tensorhub({"backend": "nccl"})
+
+
+# verl 0.9.1's PPOTrainerSeparateAsync._setup logs through its module's logger with flush=True.
+SEPARATE_ASYNC = textwrap.dedent("""
+    import logging
+    logger = logging.getLogger("tensorhub_verl.tests.fake_separate_async")
+
+    class PPOTrainerSeparateAsync:
+        def __init__(self, config):
+            self.config = config
+
+        def _setup(self):
+            logger.info("replicas: %d", 2, flush=True)
+            return "set up"
+""")
+
+
+@pytest.fixture
+def separate_async():
+    module = type(sys)("fake_separate_async")
+    exec(SEPARATE_ASYNC, module.__dict__)
+    from tensorhub_verl.verl.patches import verl_0_9_1_logger_flush as patch
+
+    assert patch.apply(module) is True and patch.apply(module) is False
+    return module
+
+
+def test_the_flush_keyword_is_dropped_only_in_a_tensorhub_job(separate_async, caplog):
+    verl_logger = separate_async.logger
+    with caplog.at_level(logging.INFO, logger=verl_logger.name):
+        with pytest.raises(TypeError, match="flush"):  # verl's own behaviour, unchanged for other backends
+            separate_async.PPOTrainerSeparateAsync(_job("naive"))._setup()
+        assert separate_async.PPOTrainerSeparateAsync(_job("tensorhub"))._setup() == "set up"
+    assert "replicas: 2" in caplog.text
+    assert separate_async.logger is verl_logger  # verl's logger is back once the set-up is over
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    """verl's real tracking module, patched; its file logger writes to a file that already holds a line."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 0, "data": {"old": 1}}) + "\n")
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    import verl.utils.tracking as module
+
+    from tensorhub_verl.verl.patches import verl_0_9_1_file_logger_append as patch
+
+    patch.apply(module)  # already applied if the verl.plugins entry point ran: then a no-op
+    return module, path
+
+
+def _keys(path) -> list[list[str]]:
+    return [sorted(json.loads(line)["data"]) for line in path.read_text().splitlines()]
+
+
+def test_a_job_with_another_backend_truncates_the_file_as_verl_does(tracking):
+    module, path = tracking
+    logger = module.Tracking("p", "e", default_backend="file", config=_job("naive"))
+    logger.log({"new": 1}, step=1)
+    assert _keys(path) == [["new"]]
+    assert module.FileLogger("p", "e").fp.mode == "wb"  # built outside a tensorhub Tracking: verl's mode
+
+
+def test_a_tensorhub_job_appends_so_two_processes_keep_every_line(tracking):
+    """fully_async's rollouter and trainer each build a Tracking with the job's config on the same path."""
+    module, path = tracking
+    rollouter = module.Tracking("p", "e", default_backend="file", config=_job("tensorhub"))
+    rollouter.log({"r": 1}, step=1)
+    trainer = module.Tracking("p", "e", default_backend="file", config=_job("tensorhub"))
+    trainer.log({"t": 1}, step=1)
+    rollouter.log({"r": 2}, step=2)
+    assert _keys(path) == [["old"], ["r"], ["t"], ["r"]]
+
+
+class _Engine:
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        return [f"{method} on rank 0", f"{method} on rank 1"]
+
+
+class _Server:
+    """verl 0.9.1's ``vLLMHttpServer``, reduced to the two methods the patch replaces."""
+
+    def __init__(self, backend: str):
+        engine = type("CheckpointEngineConfig", (), {"backend": backend})
+        self.config = type("RolloutConfig", (), {"checkpoint_engine": engine})
+        self.engine = _Engine()
+
+    def _get_worker_extension_cls(self) -> str:
+        return "verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension"
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
+
+
+def test_only_a_tensorhub_rollout_server_loads_our_extension_and_returns_results():
+    from tensorhub_verl.verl.patches import verl_0_9_1_engine_holders as patch
+    from tensorhub_verl.verl.vllm_worker import EXTENSION_QUALNAME
+
+    module = type(sys)("fake_vllm_async_server")
+    module.vLLMHttpServer = type("vLLMHttpServer", (_Server,), {})
+    assert patch.apply(module) is True and patch.apply(module) is False
+    verl_job, tensorhub_job = module.vLLMHttpServer("nccl"), module.vLLMHttpServer("tensorhub")
+    assert verl_job._get_worker_extension_cls() == _Server._get_worker_extension_cls(verl_job)
+    assert asyncio.run(verl_job.collective_rpc("th_status")) is None  # verl drops the results
+    assert tensorhub_job._get_worker_extension_cls() == EXTENSION_QUALNAME
+    results = asyncio.run(tensorhub_job.collective_rpc("th_status"))
+    assert results == ["th_status on rank 0", "th_status on rank 1"]
+
+
+@pytest.fixture
+def value_model(tmp_path):
+    """A tiny model's directory and its config as verl's HFModelConfig builds it from override_config."""
+    from transformers import AutoConfig
+
+    from tensorhub_verl.testing.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128,
+                                 num_layers=1, num_heads=2, num_kv_heads=1)
+    config = AutoConfig.from_pretrained(str(model_dir), attn_implementation="eager")
+    config.num_labels = 1
+    return str(model_dir), config
+
+
+def test_off_the_cpu_platform_the_critic_loads_as_verl_ships_it(value_model, monkeypatch):
+    """verl 0.9.1 asks for flash_attention_2 whatever the config says; without flash-attn the load fails."""
+    import torch
+
+    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the patches
+    from verl.utils.model import load_valuehead_model
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here: verl's own loader succeeds, there is no failure to keep")
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    with pytest.raises(Exception, match="flash|value head"):
+        load_valuehead_model(value_model[0], torch.float32, value_model[1], False)
+
+
+def test_on_the_cpu_platform_the_critic_honours_the_configured_attention(value_model, monkeypatch):
+    import torch
+    from transformers import PreTrainedModel
+
+    transformers_loader = PreTrainedModel.__dict__["from_pretrained"]
+    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the patches
+    from verl.utils.model import load_valuehead_model
+
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    critic = load_valuehead_model(value_model[0], torch.float32, value_model[1], False)
+    assert critic.config._attn_implementation == "eager"
+    assert critic.score.weight.shape == (1, 64)  # a value head: one output per token
+    assert PreTrainedModel.__dict__["from_pretrained"] is transformers_loader  # transformers' method restored
