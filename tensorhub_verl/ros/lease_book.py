@@ -1,6 +1,6 @@
 """The hub's live leases, indexed by every question that planning, settling and draining ask of them.
 
-A lease is one read of one chunk from one holding. The hub asks, for one version: how many reads each source
+A lease is one read of one chunk, or of a run of consecutive chunks, from one holding. The hub asks, for one version: how many reads each source
 serves now, which readers pull each chunk (and from where), which chunks cross the WAN into each datacenter,
 and which leases one reader holds; and, for all versions, which leases are past their deadline. Each answer is
 kept up to date as leases come and go, so that none of them walks every lease of the hub: the cost of one
@@ -32,6 +32,17 @@ class Lease:
     nbytes: int
     distance: Distance
     deadline: float
+    count: int = 1
+    """Chunks [chunk, chunk + count): a run, one read in flight on its source."""
+    nbytes_of: tuple[int, ...] = ()
+    """A run's bytes per chunk (``nbytes`` is their sum); empty for a lease of one chunk."""
+
+    @property
+    def chunks(self) -> range:
+        return range(self.chunk, self.chunk + self.count)
+
+    def bytes_of(self, chunk: int) -> int:
+        return self.nbytes_of[chunk - self.chunk] if self.nbytes_of else self.nbytes
 
 
 class _Pulling(Mapping[int, Sequence[Location]]):
@@ -76,9 +87,11 @@ class LeaseBook:
         heapq.heappush(self._deadlines, (lease.deadline, lease.id))
         self._by_reader.setdefault(lease.reader, {})[lease.id] = lease
         self._by_source[(lease.key, lease.source)] += 1
-        self._pulling.setdefault(lease.key, {}).setdefault(lease.chunk, {})[lease.id] = lease.reader_location
+        pulling = self._pulling.setdefault(lease.key, {})
+        for chunk in lease.chunks:
+            pulling.setdefault(chunk, {})[lease.id] = lease.reader_location
         if lease.distance == Distance.WAN:
-            self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter())[lease.chunk] += 1
+            self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter()).update(lease.chunks)
 
     def pop(self, lease_id: int) -> Lease | None:
         lease = self._by_id.pop(lease_id, None)
@@ -93,21 +106,23 @@ class LeaseBook:
         if not self._by_source[source]:
             del self._by_source[source]
         chunks = self._pulling[lease.key]
-        del chunks[lease.chunk][lease_id]
-        if not chunks[lease.chunk]:
-            del chunks[lease.chunk]
-            if not chunks:
-                del self._pulling[lease.key]
+        for chunk in lease.chunks:
+            del chunks[chunk][lease_id]
+            if not chunks[chunk]:
+                del chunks[chunk]
+        if not chunks:
+            del self._pulling[lease.key]
         if lease.distance == Distance.WAN:
             dcs = self._wan[lease.key]
             crossing = dcs[lease.reader_location.dc]
-            crossing[lease.chunk] -= 1
-            if not crossing[lease.chunk]:
-                del crossing[lease.chunk]
-                if not crossing:
-                    del dcs[lease.reader_location.dc]
-                    if not dcs:
-                        del self._wan[lease.key]
+            for chunk in lease.chunks:
+                crossing[chunk] -= 1
+                if not crossing[chunk]:
+                    del crossing[chunk]
+            if not crossing:
+                del dcs[lease.reader_location.dc]
+                if not dcs:
+                    del self._wan[lease.key]
         if len(self._deadlines) > 2 * len(self._by_id) + 64:  # drop the heap's entries of leases long gone
             self._deadlines = [(d, i) for d, i in self._deadlines if i in self._by_id]
             heapq.heapify(self._deadlines)
@@ -129,7 +144,7 @@ class LeaseBook:
         return list(leases) if key is None else [lease for lease in leases if lease.key == key]
 
     def reads_from(self, key: Key, source: str) -> int:
-        """Reads in flight from ``source``'s holding of version ``key``."""
+        """Reads in flight from ``source``'s holding of version ``key`` (a run counts as one)."""
         return self._by_source.get((key, source), 0)
 
     def pulling(self, key: Key) -> Mapping[int, Sequence[Location]]:
