@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, TypeVar
+from typing import AbstractSet, Callable, TypeVar
 
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
@@ -656,7 +656,7 @@ class HubState:
         now = self._clock()
         self._expire_leases()
         own = self._leases.of_reader(holding.holder, key)
-        mine = {chunk for lease in own for chunk in lease.chunks}
+        mine = self._leases.chunks_of(holding.holder, key)
         own_inflight = Counter(lease.source for lease in own)
         own_wan = sum(lease.distance == Distance.WAN for lease in own)
         views: dict[str, HolderView | None] = {}
@@ -892,7 +892,7 @@ def _same_secret(expected_hash: bytes, presented: str) -> bool:
     return bool(presented) and hmac.compare_digest(expected_hash, _hash(presented))
 
 
-def _needs(holding: Holding, total: int, pulling: set[int]):
+def _needs(holding: Holding, total: int, pulling: AbstractSet[int]):
     """Whether the filling ``holding`` lacks a chunk and is not pulling it (what a run may extend into)."""
     have, need = holding.chunks, holding.need
     return lambda c: c < total and c not in have and c not in pulling and (need is None or c in need)

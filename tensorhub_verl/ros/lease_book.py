@@ -14,11 +14,12 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import AbstractSet, Iterator, Mapping, Sequence
 
 from tensorhub_verl.ros.topology import Distance, Location
 
 Key = tuple[str, int, str]  # (model, version, layout)
+_NONE: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -67,6 +68,8 @@ class LeaseBook:
         self._deadlines: list[tuple[float, int]] = []
         """(deadline, lease id) heap; ids of leases already gone are skipped when they surface."""
         self._by_reader: dict[str, dict[int, Lease]] = {}
+        self._reader_chunks: dict[tuple[str, Key], Counter[int]] = {}
+        """(reader, version) -> the chunks its leases read (a run's every chunk), with their leases' count."""
         self._by_source: Counter[tuple[Key, str]] = Counter()
         self._pulling: dict[Key, dict[int, dict[int, Location]]] = {}
         """version -> chunk -> lease id -> the reader's location."""
@@ -86,6 +89,7 @@ class LeaseBook:
         self._by_id[lease.id] = lease
         heapq.heappush(self._deadlines, (lease.deadline, lease.id))
         self._by_reader.setdefault(lease.reader, {})[lease.id] = lease
+        self._reader_chunks.setdefault((lease.reader, lease.key), Counter()).update(lease.chunks)
         self._by_source[(lease.key, lease.source)] += 1
         pulling = self._pulling.setdefault(lease.key, {})
         for chunk in lease.chunks:
@@ -101,6 +105,13 @@ class LeaseBook:
         del mine[lease_id]
         if not mine:
             del self._by_reader[lease.reader]
+        reading = self._reader_chunks[(lease.reader, lease.key)]
+        for chunk in lease.chunks:
+            reading[chunk] -= 1
+            if not reading[chunk]:
+                del reading[chunk]
+        if not reading:
+            del self._reader_chunks[(lease.reader, lease.key)]
         source = (lease.key, lease.source)
         self._by_source[source] -= 1
         if not self._by_source[source]:
@@ -142,6 +153,11 @@ class LeaseBook:
         """The reader's leases (of one version when ``key`` is given): at most its window."""
         leases = self._by_reader.get(reader, {}).values()
         return list(leases) if key is None else [lease for lease in leases if lease.key == key]
+
+    def chunks_of(self, reader: str, key: Key) -> AbstractSet[int]:
+        """The chunks the reader's leases of version ``key`` read (a live view: read it, do not keep it)."""
+        reading = self._reader_chunks.get((reader, key))
+        return _NONE if reading is None else reading.keys()
 
     def reads_from(self, key: Key, source: str) -> int:
         """Reads in flight from ``source``'s holding of version ``key`` (a run counts as one)."""
