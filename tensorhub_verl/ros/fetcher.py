@@ -125,6 +125,9 @@ class _Run:
     """chunk -> its read, while in flight."""
     landed: list[_Read] = field(default_factory=list)
     """Reads that landed, digests checked."""
+    last_landed: float = 0.0
+    """When its latest read landed: the chunks of a run are read one after another, so a chunk's read is timed
+    from then (or from its post, if later), not from the post of the whole run."""
 
     @property
     def crosses_wan(self) -> bool:
@@ -292,9 +295,11 @@ class ChunkFetcher:
     def _poll(self, now: float, done: list[int], failed: list[msg.FailedRead], finished: dict[int, _Run]) -> None:
         for lease, run in list(self._inflight.items()):
             failure = None
-            for read in list(run.reads.values()):
+            for read in list(run.reads.values()):  # in chunk order: a run's reads land about in order
                 if failure := self._poll_read(now, run, read):
                     break
+                if read.chunk in run.reads:
+                    break  # in flight: the ones behind it are polled once it landed (a run's polls stay O(1))
             if failure is None and run.reads:
                 continue
             del self._inflight[lease]
@@ -316,11 +321,12 @@ class ChunkFetcher:
         """Polls one chunk read of ``run``; a finished one leaves ``run.reads``. (why, corrupt) if it failed."""
         state = self._transport.poll(read.handle)
         reason = "transfer error"
-        if state == "PROC" and now - read.started > self._settings.read_timeout_s:
+        took = now - max(read.started, run.last_landed)
+        if state == "PROC" and took > self._settings.read_timeout_s:
             state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
-        elif state == "PROC" and now - read.started > self._straggler_limit(read):
+        elif state == "PROC" and took > self._straggler_limit(read):
             self._abandoned.add(read.chunk)
-            state, reason = "ERR", f"straggler: {now - read.started:.1f} s, its peers' reads took {self._median(read):.2f} s"
+            state, reason = "ERR", f"straggler: {took:.1f} s, its peers' reads took {self._median(read):.2f} s"
         if state == "PROC":
             return None
         corrupt = state == "DONE" and self._checks(read.chunk) and self._digest(read) != self._digests[read.chunk]
@@ -335,7 +341,8 @@ class ChunkFetcher:
             return f"{read.source.holder}: chunk {read.chunk} fails its digest", True
         if state == "DONE":
             read.landed = now
-            bisect.insort(self._durations.setdefault(read.distance, []), now - read.started)
+            bisect.insort(self._durations.setdefault(read.distance, []), took)
+            run.last_landed = now
             self._throughput.add(now, sum(p.length for p in self._pieces(read.chunk)))
             run.landed.append(read)
             return None
