@@ -55,6 +55,11 @@ class _Pulling(Mapping[int, Sequence[Location]]):
     def __getitem__(self, chunk: int) -> Sequence[Location]:
         return list(self._by_chunk[chunk].values())
 
+    def get(self, chunk: int, default=None):
+        """Without the list ``[]`` builds: a run's extension asks this for every chunk it adds."""
+        pulling = self._by_chunk.get(chunk)
+        return default if pulling is None else pulling.values()
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._by_chunk)
 

@@ -207,12 +207,14 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
 class _Runs:
     """Extends a planned chunk into a run of the chunks after it that the same source serves best."""
 
-    __slots__ = ("_request", "_view", "_partial", "_config", "_needs", "taken")
+    __slots__ = ("_request", "_view", "_partial", "_config", "_needs", "_distance", "taken")
 
     def __init__(self, request: PlanRequest, view: SwarmView, partial: dict[int, list[HolderView]],
                  config: PlannerConfig):
         self._request, self._view, self._partial, self._config = request, view, partial, config
         self._needs = request.needs or set(request.needed).__contains__
+        self._distance: dict[str, Distance] = {}
+        """holder -> its distance from the reader (a run meets the same few holders chunk after chunk)."""
         self.taken: set[int] = set()
         """Chunks this plan assigned (a run's chunks after its first are skipped when the plan reaches them)."""
 
@@ -226,24 +228,31 @@ class _Runs:
                 break
             if distance == Distance.WAN and nxt in wan_busy:
                 break  # rule 4: crossing already
-            if self._config.cooperative and self._nearer(nxt, distance):
+            if self._config.cooperative and distance > Distance.SAME_NODE and self._nearer(nxt, distance):
                 break  # rules 1-2: a nearer copy serves it, or soon will
             self.taken.add(nxt)
             count += 1
         return count
 
     def _nearer(self, chunk: int, distance: Distance) -> bool:
+        """A partial holder other than the reader, or a reader pulling it, is nearer than ``distance`` (complete
+        holders never are: the run's source is the nearest of them)."""
         here = self._request.location
-        if any(here.distance(loc) < distance for loc in self._view.pulling.get(chunk, ())):
+        pullers = self._view.pulling.get(chunk)
+        if pullers and any(here.distance(loc) < distance for loc in pullers):
             return True
-        return any(here.distance(h.location) < distance for h in self._holders(chunk))
-
-    def _holders(self, chunk: int) -> Sequence[HolderView]:
-        """The chunk's partial holders other than the reader (complete ones are never nearer than the run's)."""
         if chunk in self._partial or self._view.partial_holders is None:
-            return self._partial.get(chunk, ())
-        return [h for h in self._view.partial_holders(chunk) if h.holder != self._request.reader
-                and h.chunks is not None]
+            holders = self._partial.get(chunk, ())
+        else:
+            holders = self._view.partial_holders(chunk)
+        known = self._distance
+        for h in holders:
+            d = known.get(h.holder)
+            if d is None:
+                d = known[h.holder] = here.distance(h.location)
+            if d < distance and h.chunks is not None and h.holder != self._request.reader:
+                return True
+        return False
 
 
 class _Inflight:
