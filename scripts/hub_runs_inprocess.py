@@ -22,7 +22,8 @@ _CHUNK = 4096
 
 
 def main(run: int, readers: int, chunks: int) -> None:
-    manifest = Manifest("m", 1, "hf", (TensorSpec("w", (chunks * _CHUNK,), "uint8", chunks * _CHUNK),), _CHUNK, "f")
+    tensor = TensorSpec("w", (chunks * _CHUNK,), "uint8", chunks * _CHUNK)
+    manifest = Manifest("m", 1, "hf", (tensor,), _CHUNK, "f")
     hub = HubState(HubConfig(lease_ttl_s=3600, worker_timeout_s=3600))
     key = dict(model="m", version=1, layout="hf")
 

@@ -4,7 +4,8 @@ A synthetic reader speaks the real protocol (register, /v1/fetch/begin, /v1/fetc
 booked, /v1/fetch/end holding the version) but moves no bytes: each assigned read "lands" at once, or after
 ``1 / rate`` seconds per chunk when a per-reader rate is set (reads of one reader land one after another, as
 they would on one NIC). It reports as the real fetcher does: the landed leases go with the next exchange, which
-asks for a full window, each lease a run of up to ``run_chunks`` chunks (``Exchange.run_chunks``). A reader with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
+asks for a full window, each lease a run of up to ``run_chunks`` chunks (``Exchange.run_chunks``). A reader
+with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
 
 Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
 prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
@@ -113,7 +114,8 @@ async def _main(job: dict) -> dict:
     waits = [w for r in readers for w in r.waits]
     return {"readers": len(readers), "done": sum(r.done for r in readers),
             "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),
-            "reads": sum(r.assigned for r in readers), "leases": sum(r.leases for r in readers), "max_wait_s": max(waits, default=0.0),
+            "reads": sum(r.assigned for r in readers), "leases": sum(r.leases for r in readers),
+            "max_wait_s": max(waits, default=0.0),
             "waits": sorted(waits)[:: max(1, len(waits) // 2000)],
             "reader_seconds": [r.seconds for r in readers if r.done]}
 

@@ -124,9 +124,11 @@ class ClientConfig:
         if self.window < 1:
             raise errors.ConfigError(f"window must be >= 1, got {self.window}")
         if not 1 <= self.max_run_chunks <= msg.MAX_RUN_CHUNKS:
-            raise errors.ConfigError(f"max_run_chunks must be in [1, {msg.MAX_RUN_CHUNKS}], got {self.max_run_chunks}")
+            raise errors.ConfigError(f"max_run_chunks must be in [1, {msg.MAX_RUN_CHUNKS}], "
+                                     f"got {self.max_run_chunks}")
         if not 0 <= self.run_target_s <= 10:
-            raise errors.ConfigError(f"run_target_s must be in [0, 10] (0: a lease per chunk), got {self.run_target_s}")
+            raise errors.ConfigError(f"run_target_s must be in [0, 10] (0: a lease per chunk), "
+                                     f"got {self.run_target_s}")
         if self.wan_reads_posted < 1:
             raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
         if self.transport not in TRANSPORTS:
@@ -390,7 +392,8 @@ class Client:
             settings = FetchSettings(self.config.window, self.config.read_timeout_s, deadline,
                                      self.config.poll_interval_s, self.config.wan_reads_posted,
                                      straggler_factor=self.config.straggler_factor,
-                                     run_target_s=self.config.run_target_s, max_run_chunks=self.config.max_run_chunks)
+                                     run_target_s=self.config.run_target_s,
+                                     max_run_chunks=self.config.max_run_chunks)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
                                          digests=manifest.chunk_digests, plan=plan, first=first)
@@ -432,7 +435,8 @@ class Client:
             **ranged), msg.BeginFetchReply)
         return reply.first
 
-    def _exchange(self, key, *, completed, failed, want, wait_s, known_sources, run_chunks=1) -> msg.ExchangeReply:
+    def _exchange(self, key, *, completed, failed, want, wait_s, known_sources,
+                  run_chunks=1) -> msg.ExchangeReply:
         model, version, layout = key
         request = msg.Exchange(worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
                                completed=completed, failed=failed, want=want, wait_s=wait_s,

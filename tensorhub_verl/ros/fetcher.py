@@ -424,8 +424,8 @@ class ChunkFetcher:
             for read in run.reads.values():
                 self._transport.release(read.handle)
             self.stats.cancelled_reads += len(run.reads)
-            logger.info("read of chunk(s) %s from %s cancelled: the hub revoked its lease", sorted(run.reads)[:8],
-                        run.source.holder)
+            logger.info("read of chunk(s) %s from %s cancelled: the hub revoked its lease",
+                        sorted(run.reads)[:8], run.source.holder)
         if revoked and self._wan_queue:
             self._wan_queue = deque(a for a in self._wan_queue if a.lease not in revoked)
 

@@ -1,8 +1,8 @@
 """The hub's live leases, indexed by every question that planning, settling and draining ask of them.
 
-A lease is one read of one chunk, or of a run of consecutive chunks, from one holding. The hub asks, for one version: how many reads each source
-serves now, which readers pull each chunk (and from where), which chunks cross the WAN into each datacenter,
-and which leases one reader holds; and, for all versions, which leases are past their deadline. Each answer is
+A lease is one read of one chunk, or of a run of consecutive chunks, from one holding. The hub asks, for one
+version: how many reads each source serves now, which readers pull each chunk (and from where), which chunks
+cross the WAN into each datacenter, and which leases (and chunks) one reader holds; and, for all versions, which leases are past their deadline. Each answer is
 kept up to date as leases come and go, so that none of them walks every lease of the hub: the cost of one
 exchange does not grow with the leases (nor the chunks) of the version.
 
@@ -100,7 +100,8 @@ class LeaseBook:
         for chunk in lease.chunks:
             pulling.setdefault(chunk, {})[lease.id] = lease.reader_location
         if lease.distance == Distance.WAN:
-            self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter()).update(lease.chunks)
+            crossing = self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter())
+            crossing.update(lease.chunks)
 
     def pop(self, lease_id: int) -> Lease | None:
         lease = self._by_id.pop(lease_id, None)

@@ -203,11 +203,11 @@ def test_the_hubs_runs_stop_at_a_chunk_a_nearer_reader_already_holds():
     publish(state, "trainer", m)
     for name in ("mate", "reader"):
         register(state, name, node="n0")
-    state.begin_fetch(msg.BeginFetch(worker="mate", holder="mate", model=m.model, version=m.version,
-                                     layout=m.layout, digest=m.digest, regions=[msg.RegionMsg(addr=3000)], have=[3]))
+    state.begin_fetch(msg.BeginFetch(worker="mate", holder="mate", model=m.model, version=m.version, have=[3],
+                                     layout=m.layout, digest=m.digest, regions=[msg.RegionMsg(addr=3000)]))
     state.begin_fetch(msg.BeginFetch(worker="reader", holder="reader", model=m.model, version=m.version,
                                      layout=m.layout, digest=m.digest, regions=[msg.RegionMsg(addr=2000)]))
     reply = exchange(state, m)
     by_chunk = {c: a.source for a in reply.assignments for c in range(a.chunk, a.chunk + a.count)}
-    assert by_chunk[3] == "mate" and len(by_chunk) == 8  # the mate on this node serves chunk 3, the trainer the rest
+    assert by_chunk[3] == "mate" and len(by_chunk) == 8  # the mate on this node serves chunk 3
     assert any(a.count > 1 for a in reply.assignments)
