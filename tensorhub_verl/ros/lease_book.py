@@ -2,9 +2,10 @@
 
 A lease is one read of one chunk, or of a run of consecutive chunks, from one holding. The hub asks, for one
 version: how many reads each source serves now, which readers pull each chunk (and from where), which chunks
-cross the WAN into each datacenter, and which leases (and chunks) one reader holds; and, for all versions, which leases are past their deadline. Each answer is
-kept up to date as leases come and go, so that none of them walks every lease of the hub: the cost of one
-exchange does not grow with the leases (nor the chunks) of the version.
+cross the WAN into each datacenter, and which leases (and chunks) one reader holds; and, for all versions,
+which leases are past their deadline. Each answer is kept up to date as leases come and go, so that none of
+them walks every lease of the hub: the cost of one exchange does not grow with the leases (nor the chunks) of
+the version. A run lease enters each of its chunks (as pulled, and as its reader's): O(run) per lease.
 
 No I/O and no lock: ``HubState`` owns one and calls it under its lock.
 """
