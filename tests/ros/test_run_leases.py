@@ -122,10 +122,12 @@ def test_a_run_lease_lands_all_its_chunks_and_its_reader_serves_them():
 
 def test_a_failed_run_books_what_landed_and_plans_only_the_rest_again():
     state, _, m = fetching(chunks=8, holders=("a", "b"))
-    (run,) = exchange(state, m, want=1).assignments
-    assert run.count > 2
+    (run,) = exchange(state, m, want=1, run=4).assignments
+    assert run.count == 4
     landed = [run.chunk, run.chunk + 1]
-    again = exchange(state, m, failed=[msg.FailedRead(lease=run.lease, reason="peer gone", landed=landed)])
+    outside = (run.chunk + 4) % 8  # not the run's: a report of it books nothing
+    again = exchange(state, m, failed=[msg.FailedRead(lease=run.lease, reason="peer gone",
+                                                      landed=landed + [outside])])
     assert not set(covered(again.assignments)) & set(landed)
     assert set(range(run.chunk + 2, run.chunk + run.count)) <= set(covered(again.assignments))
     assert {a.source for a in again.assignments} == {"a", "b"} - {run.source}  # the failed source is suspect
