@@ -11,6 +11,10 @@ per chunk read, exchanges per reader, and the longest time a reader waited for a
 (idle long-polls of 0.2 s are not waits). A point that does not finish in ``--max-seconds`` stops there: its
 per-exchange and per-read figures are measured on what it did, and its CPU per update is extrapolated from the
 CPU per chunk read (``extrapolated: true``). The last line is JSON.
+
+``--run-chunks N`` has each reader ask for leases that cover runs of up to N consecutive chunks (``auto``: sized
+from ``--rate`` as the fetcher sizes them from its measured throughput, ``--run-target-s`` of reads per run);
+a chunk read is then one chunk of a run, and the JSON also gives leases and chunks per exchange.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import psutil
 from tensorhub_verl.bench import positive_ints
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS
 
 _CHUNK_BYTES = 4096
 """The chunk size the hub sees: the hub's work per chunk does not depend on it, and a small one keeps the
@@ -46,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mib", type=float, default=8.0, help="chunk size the model sizes are given in")
     parser.add_argument("--window", type=int, default=8, help="reads a reader asks for per exchange (ClientConfig.window)")
     parser.add_argument("--rate", type=float, default=0.0, help="chunks/s each reader lands (0: at once)")
+    parser.add_argument("--run-chunks", default="1",
+                        help="longest run of chunks per lease a reader asks for (1..1024), or 'auto': from --rate")
+    parser.add_argument("--run-target-s", type=float, default=0.05,
+                        help="with --run-chunks auto: a run takes this long at --rate (ClientConfig.run_target_s)")
     parser.add_argument("--procs", type=int, default=2, help="load processes sharing the readers")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--nodes-per-rack", type=int, default=8)
@@ -56,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.window < 1 or args.procs < 1 or args.rate < 0 or args.max_seconds <= 0:
         parser.error("--window and --procs must be >= 1, --rate >= 0, --max-seconds > 0")
+    args.run_chunks = _run_chunks(args, parser)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     points = []
     for chunks in args.chunks:
@@ -64,13 +73,29 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
             if not args.json:
                 print(_row(point), flush=True)
-    report = {"bench": "control", "window": args.window, "rate": args.rate, "chunk_mib": args.chunk_mib,
+    report = {"bench": "control", "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
+              "chunk_mib": args.chunk_mib,
               "grants": args.grants, "points": points, "extrapolated_1024_readers_100GB": _extrapolate(points)}
     if not args.json:
         print(f"extrapolated to {_TARGET_READERS} readers x {_TARGET_CHUNKS} chunks (from the largest point): "
               f"{report['extrapolated_1024_readers_100GB']}")
     print(json.dumps(report))
     return 0
+
+
+def _run_chunks(args, parser) -> int:
+    """The run length readers ask for: as given, or as the fetcher sizes it (``ChunkFetcher._run_chunks``)."""
+    if args.run_chunks == "auto":
+        if not args.rate or args.run_target_s <= 0:
+            parser.error("--run-chunks auto needs --rate and --run-target-s > 0")
+        return max(1, min(MAX_RUN_CHUNKS, int(args.rate * args.run_target_s)))
+    try:
+        run = int(args.run_chunks)
+    except ValueError:
+        parser.error(f"--run-chunks must be an integer or 'auto', got {args.run_chunks!r}")
+    if not 1 <= run <= MAX_RUN_CHUNKS:
+        parser.error(f"--run-chunks must be in [1, {MAX_RUN_CHUNKS}]")
+    return run
 
 
 def run_point(chunks: int, readers: int, args) -> dict:
@@ -87,6 +112,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
         for p in range(min(args.procs, readers)):
             job = {"url": hub.url, "model": model, "digest": digest, "readers": names[p::args.procs],
                    "locations": locations[p::args.procs], "window": args.window, "rate": args.rate,
+                   "run_chunks": args.run_chunks,
                    "grants": args.grants, "max_seconds": args.max_seconds, "connections": args.connections}
             proc = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.bench.control_readers"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -121,13 +147,14 @@ def run_point(chunks: int, readers: int, args) -> dict:
 def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results: list[dict]) -> dict:
     exchanges = sum(r["exchanges"] for r in results)
     reads = sum(r["reads"] for r in results)
+    leases = sum(r["leases"] for r in results)
     done = sum(r["done"] for r in results)
     waits = sorted(w for r in results for w in r["waits"])
     complete = done == readers
     per_read = cpu / reads if reads else None
     return {
         "chunks": chunks, "readers": readers, "model_gb": round(chunks * args.chunk_mib / 1024, 2),
-        "complete": complete, "readers_done": done, "reads": reads,
+        "complete": complete, "readers_done": done, "reads": reads, "leases": leases,
         "hub_cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
         "hub_cpu_per_update_s": round(cpu if complete else (per_read or 0) * readers * chunks, 3),
         "extrapolated": not complete,
@@ -135,6 +162,7 @@ def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results
         "hub_cpu_per_chunk_read_ms": round(1000 * per_read, 5) if per_read else None,
         "exchanges_per_reader": round(exchanges / readers, 1),
         "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
+        "leases_per_exchange": round(leases / exchanges, 2) if exchanges else None,
         "idle_waits_per_reader": round(sum(r["idle_waits"] for r in results) / readers, 1),
         "max_wait_s": round(max(r["max_wait_s"] for r in results), 4),
         "p50_wait_ms": round(1000 * waits[len(waits) // 2], 3) if waits else None,
@@ -184,7 +212,8 @@ def _row(p: dict) -> str:
     mark = " (extrapolated)" if p["extrapolated"] else ""
     return (f"readers {p['readers']:>4}  chunks {p['chunks']:>6} ({p['model_gb']:g} GB)  hub CPU/update "
             f"{p['hub_cpu_per_update_s']:.3f} s{mark}  /exchange {p['hub_cpu_per_exchange_ms']} ms  /chunk read "
-            f"{p['hub_cpu_per_chunk_read_ms']} ms  exchanges/reader {p['exchanges_per_reader']}  max wait "
+            f"{p['hub_cpu_per_chunk_read_ms']} ms  exchanges/reader {p['exchanges_per_reader']}  chunks/exchange "
+            f"{p['reads_per_exchange']}  max wait "
             f"{p['max_wait_s']} s  wall {p['wall_s']} s")
 
 

@@ -4,7 +4,8 @@ A synthetic reader speaks the real protocol (register, /v1/fetch/begin, /v1/fetc
 booked, /v1/fetch/end holding the version) but moves no bytes: each assigned read "lands" at once, or after
 ``1 / rate`` seconds per chunk when a per-reader rate is set (reads of one reader land one after another, as
 they would on one NIC). It reports as the real fetcher does: the landed leases go with the next exchange, which
-asks for a full window. A reader with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
+asks for a full window, each lease a run of up to ``run_chunks`` chunks (``Exchange.run_chunks``). A reader
+with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
 
 Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
 prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
@@ -44,6 +45,8 @@ class _Reader:
         self.stop_at = stop_at
         self.exchanges = 0
         self.assigned = 0
+        """Chunk reads assigned (a run lease counts its chunks)."""
+        self.leases = 0
         self.waits: list[float] = []
         """Seconds per exchange that asked for work while the reader had reads to report (not idle long-polls)."""
         self.idle_waits = 0
@@ -57,24 +60,28 @@ class _Reader:
         started = time.perf_counter()
         sent = time.perf_counter()
         reply = await http.post("/v1/fetch/begin", headers=self.headers, json=who | {
-            "digest": job["digest"], "regions": [{"addr": 1 << 20}], "want": window})
+            "digest": job["digest"], "regions": [{"addr": 1 << 20}], "want": window,
+            "run_chunks": job["run_chunks"]})
         reply.raise_for_status()
         self.waits.append(time.perf_counter() - sent)
         self.exchanges += 1
         body = reply.json()["first"]
         while True:
             leases = [a["lease"] for a in body["assignments"]]
-            self.assigned += len(leases)
+            chunks = sum(a["count"] for a in body["assignments"])
+            self.assigned += chunks
+            self.leases += len(leases)
             if body["have"] == body["total"] and not leases:
                 break
             if leases and job["rate"]:
-                await asyncio.sleep(len(leases) / job["rate"])
+                await asyncio.sleep(chunks / job["rate"])
             if time.perf_counter() > self.stop_at:
                 return
             idle = not leases
             sent = time.perf_counter()
             reply = await http.post("/v1/fetch/exchange", headers=self.headers, json=who | {
-                "completed": leases, "want": window, "wait_s": _IDLE_WAIT_S if idle else 0.0})
+                "completed": leases, "want": window, "run_chunks": job["run_chunks"],
+                "wait_s": _IDLE_WAIT_S if idle else 0.0})
             reply.raise_for_status()
             if idle:
                 self.idle_waits += 1
@@ -107,7 +114,8 @@ async def _main(job: dict) -> dict:
     waits = [w for r in readers for w in r.waits]
     return {"readers": len(readers), "done": sum(r.done for r in readers),
             "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),
-            "reads": sum(r.assigned for r in readers), "max_wait_s": max(waits, default=0.0),
+            "reads": sum(r.assigned for r in readers), "leases": sum(r.leases for r in readers),
+            "max_wait_s": max(waits, default=0.0),
             "waits": sorted(waits)[:: max(1, len(waits) // 2000)],
             "reader_seconds": [r.seconds for r in readers if r.done]}
 

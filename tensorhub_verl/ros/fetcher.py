@@ -23,6 +23,15 @@ source for a moment. Each chunk is abandoned this way at most once, so a fetch w
 source is slow still finishes (its second read of a chunk waits up to ``read_timeout_s``). An abandoned
 read may still land later: it writes the bytes that every holder of the version holds.
 
+A lease may cover a run of consecutive chunks from one source (``AssignmentMsg.count``): the fetcher posts one
+read per chunk of the run (the data planes see chunk reads, as before; over TCP each carries the run's grant,
+which signs all of the run's ranges) and reports the lease complete once all of them landed, digests checked.
+When one of them fails, the rest of the run is cancelled and the lease reported failed with the chunks that did
+land (``FailedRead.landed``): the hub books those and plans the others again. The run length this reader asks
+for is sized from its measured throughput so that a run takes about ``run_target_s`` of its link: 1 on slow
+links (so chunks spread through a swarm one by one, as they land), up to ``max_run_chunks`` at RDMA speeds, where
+a lease per chunk would make thousands of hub exchanges per update.
+
 A seed posts its WAN reads ``wan_reads_posted`` at a time and queues the rest of its WAN assignments
 here, starting the next the moment one lands. Over TCP, reads posted together share one stream and land
 together at the end; one after another, each chunk lands (and starts spreading through the datacenter)
@@ -45,6 +54,7 @@ from typing import Callable
 import torch
 
 from tensorhub_verl.errors import TransferFailed
+from tensorhub_verl.ros import grants
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.integrity import byte_views, chunk_digest
 from tensorhub_verl.ros.manifest import Chunk, Segment
@@ -55,6 +65,9 @@ from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
 logger = logging.getLogger("tensorhub_verl.ros.fetch")
 
 _STARVED_RETRY_S = 0.02
+_THROUGHPUT_READS = 256
+_MIN_SPAN_S = 0.002
+"""Reads that land at once (posted together) do not make the measured throughput infinite."""
 _IDLE_WAIT_S = 0.05
 """Longest sleep of a fetch loop that is woken by its reads and exchanges (timeouts and stragglers are checked
 at least this often)."""
@@ -101,6 +114,21 @@ class _Read:
     distance: Distance
     landed: float = 0.0
 
+
+@dataclass(slots=True)
+class _Run:
+    """One lease's reads: one chunk, or a run of them from one source."""
+
+    source: msg.SourceInfo
+    distance: Distance
+    reads: dict[int, _Read]
+    """chunk -> its read, while in flight."""
+    landed: list[_Read] = field(default_factory=list)
+    """Reads that landed, digests checked."""
+    last_landed: float = 0.0
+    """When its latest read landed: the chunks of a run are read one after another, so a chunk's read is timed
+    from then (or from its post, if later), not from the post of the whole run."""
+
     @property
     def crosses_wan(self) -> bool:
         return self.distance == Distance.WAN
@@ -126,6 +154,10 @@ class FetchSettings:
     """...but never before this long."""
     straggler_samples: int = 4
     """...and only once this many reads at that distance have landed (a median to compare with)."""
+    run_target_s: float = 0.0
+    """Ask for runs of chunks that take about this long at the measured throughput (0: a lease per chunk)."""
+    max_run_chunks: int = 1
+    """Longest run asked for (at most ``messages.MAX_RUN_CHUNKS``)."""
 
 
 class ChunkFetcher:
@@ -158,7 +190,10 @@ class ChunkFetcher:
         """holder -> the tensor addresses the hub has sent so far (only those of leases it granted)."""
         self._unusable: dict[str, str] = {}
         """holder -> why its metadata could not be loaded (until the hub sends a new generation)."""
-        self._inflight: dict[int, _Read] = {}
+        self._inflight: dict[int, _Run] = {}
+        """lease -> its reads (``window`` leases at most)."""
+        self._throughput = _Throughput()
+        self._chunk_bytes = max(1, sum(c.nbytes for c in chunks) // max(1, len(chunks)))
         self._durations: dict[Distance, list[float]] = {}
         """distance -> durations of the landed reads at that distance, sorted (for the median)."""
         self._abandoned: set[int] = set()
@@ -176,7 +211,8 @@ class ChunkFetcher:
     def _run(self, hub: ThreadPoolExecutor) -> None:
         done: list[int] = []
         failed: list[msg.FailedRead] = []
-        finished: dict[int, _Read] = {}
+        finished: dict[int, _Run] = {}
+        """Leases reported (done, or failed with chunks that landed) and not yet booked."""
         pending: Future | None = None
         reported: list[int] = []
         asked_for = 0
@@ -231,11 +267,12 @@ class ChunkFetcher:
                 stale = bool(self._inflight) and now - last_exchange >= self._settings.refresh_s
                 if report or ask or stale:
                     idle = not self._inflight and not done and not failed
-                    reported, asked_for = done, max(room, 0)
+                    reported, asked_for = done + [f.lease for f in failed if f.landed], max(room, 0)
                     last_exchange = now
                     self.stats.exchanges += 1
                     pending = hub.submit(self._exchange, completed=done, failed=failed, want=asked_for,
-                                         wait_s=0.2 if idle else 0.0, known_sources=self._known())
+                                         wait_s=0.2 if idle else 0.0, known_sources=self._known(),
+                                         run_chunks=self._run_chunks())
                     pending.add_done_callback(lambda _: self._wake.set())
                     done, failed = [], []
                     unreported_since = 0.0
@@ -255,38 +292,69 @@ class ChunkFetcher:
         self._wake.wait(timeout)
         self._wake.clear()  # a read that finishes after this is seen by the next poll, which follows at once
 
-    def _poll(self, now: float, done: list[int], failed: list[msg.FailedRead], finished: dict[int, _Read]) -> None:
-        for lease, read in list(self._inflight.items()):
-            state = self._transport.poll(read.handle)
-            reason = "transfer error"
-            if state == "PROC" and now - read.started > self._settings.read_timeout_s:
-                state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
-            elif state == "PROC" and now - read.started > self._straggler_limit(read):
-                self._abandoned.add(read.chunk)
-                state, reason = "ERR", f"straggler: {now - read.started:.1f} s, its peers' reads took {self._median(read):.2f} s"
-            if state == "PROC":
+    def _poll(self, now: float, done: list[int], failed: list[msg.FailedRead], finished: dict[int, _Run]) -> None:
+        for lease, run in list(self._inflight.items()):
+            failure = None
+            for read in list(run.reads.values()):  # in chunk order: a run's reads land about in order
+                if failure := self._poll_read(now, run, read):
+                    break
+                if read.chunk in run.reads:
+                    break  # in flight: the ones behind it are polled once it landed (a run's polls stay O(1))
+            if failure is None and run.reads:
                 continue
-            corrupt = state == "DONE" and self._checks(read.chunk) and self._digest(read) != self._digests[read.chunk]
-            self._transport.release(read.handle)
             del self._inflight[lease]
-            if corrupt:
-                # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
-                logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
-                             read.chunk, read.source.holder, read.source.worker)
-                failed.append(msg.FailedRead(lease=lease, corrupt=True,
-                                             reason=f"{read.source.holder}: chunk {read.chunk} fails its digest"))
-                self.stats.corrupt_reads += 1
-                self.stats.failed_reads += 1
-            elif state == "DONE":
-                read.landed = now
-                bisect.insort(self._durations.setdefault(read.distance, []), now - read.started)
+            if failure is None:
                 done.append(lease)
-                finished[lease] = read
+                finished[lease] = run
             else:
-                failed.append(msg.FailedRead(lease=lease, reason=f"{read.source.holder}: {reason}"))
-                self.stats.failed_reads += 1
-            if read.crosses_wan and self._wan_queue:
+                for read in run.reads.values():  # the rest of a failed run: the hub plans it again
+                    self._transport.release(read.handle)
+                reason, corrupt = failure
+                landed = [read.chunk for read in run.landed]
+                failed.append(msg.FailedRead(lease=lease, reason=reason, corrupt=corrupt, landed=landed))
+                if landed:
+                    finished[lease] = run
+            if run.crosses_wan and self._wan_queue:
                 self._post(self._wan_queue.popleft(), failed)
+
+    def _poll_read(self, now: float, run: _Run, read: _Read) -> tuple[str, bool] | None:
+        """Polls one chunk read of ``run``; a finished one leaves ``run.reads``. (why, corrupt) if it failed."""
+        state = self._transport.poll(read.handle)
+        reason = "transfer error"
+        took = now - max(read.started, run.last_landed)
+        if state == "PROC" and took > self._settings.read_timeout_s:
+            state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
+        elif state == "PROC" and took > self._straggler_limit(read):
+            self._abandoned.add(read.chunk)
+            state, reason = "ERR", f"straggler: {took:.1f} s, its peers' reads took {self._median(read):.2f} s"
+        if state == "PROC":
+            return None
+        corrupt = state == "DONE" and self._checks(read.chunk) and self._digest(read) != self._digests[read.chunk]
+        self._transport.release(read.handle)
+        del run.reads[read.chunk]
+        if corrupt:
+            # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
+            logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
+                         read.chunk, read.source.holder, read.source.worker)
+            self.stats.corrupt_reads += 1
+            self.stats.failed_reads += 1
+            return f"{read.source.holder}: chunk {read.chunk} fails its digest", True
+        if state == "DONE":
+            read.landed = now
+            bisect.insort(self._durations.setdefault(read.distance, []), took)
+            run.last_landed = now
+            self._throughput.add(now, sum(p.length for p in self._pieces(read.chunk)))
+            run.landed.append(read)
+            return None
+        self.stats.failed_reads += 1
+        return f"{read.source.holder}: {reason}", False
+
+    def _run_chunks(self) -> int:
+        """The run length to ask for: about ``run_target_s`` of this reader's measured throughput."""
+        if self._settings.max_run_chunks <= 1 or self._settings.run_target_s <= 0:
+            return 1
+        chunks = self._throughput.bytes_per_s() * self._settings.run_target_s / self._chunk_bytes
+        return max(1, min(self._settings.max_run_chunks, int(chunks)))
 
     def _checks(self, chunk: int) -> bool:
         """Whether the chunk's bytes are checked against its digest when they land."""
@@ -311,19 +379,20 @@ class ChunkFetcher:
         landed = self._durations[read.distance]
         return landed[len(landed) // 2]
 
-    def _book(self, done: list[int], finished: dict[int, _Read], revoked: set[int]) -> None:
-        for lease in done:
-            read = finished.pop(lease)
+    def _book(self, reported: list[int], finished: dict[int, _Run], revoked: set[int]) -> None:
+        for lease in reported:
+            run = finished.pop(lease)
             if lease in revoked:
-                self.stats.revoked_reads += 1
+                self.stats.revoked_reads += len(run.landed)
                 continue
-            nbytes = sum(p.length for p in self._pieces(read.chunk))
-            self.landed.add(read.chunk)
-            self.stats.timeline.append((read.started, read.landed, read.chunk, read.source.worker))
-            self.stats.bytes += nbytes
-            self.stats.sources[read.source.worker] = self.stats.sources.get(read.source.worker, 0) + nbytes
-            if read.source.partial:
-                self.stats.partial_source_bytes += nbytes
+            for read in run.landed:
+                nbytes = sum(p.length for p in self._pieces(read.chunk))
+                self.landed.add(read.chunk)
+                self.stats.timeline.append((read.started, read.landed, read.chunk, read.source.worker))
+                self.stats.bytes += nbytes
+                self.stats.sources[read.source.worker] = self.stats.sources.get(read.source.worker, 0) + nbytes
+                if read.source.partial:
+                    self.stats.partial_source_bytes += nbytes
 
     def _load(self, info: msg.SourceInfo) -> None:
         """Loads a source's data-plane metadata (new generation) and merges the addresses sent with it;
@@ -351,17 +420,18 @@ class ChunkFetcher:
     def _cancel(self, revoked: set[int]) -> None:
         """Abandons in-flight or queued reads whose leases the hub revoked; the hub re-plans their chunks."""
         for lease in revoked & self._inflight.keys():
-            read = self._inflight.pop(lease)
-            self._transport.release(read.handle)
-            self.stats.cancelled_reads += 1
-            logger.info("read of chunk %d from %s cancelled: the hub revoked its lease", read.chunk,
-                        read.source.holder)
+            run = self._inflight.pop(lease)
+            for read in run.reads.values():
+                self._transport.release(read.handle)
+            self.stats.cancelled_reads += len(run.reads)
+            logger.info("read of chunk(s) %s from %s cancelled: the hub revoked its lease",
+                        sorted(run.reads)[:8], run.source.holder)
         if revoked and self._wan_queue:
             self._wan_queue = deque(a for a in self._wan_queue if a.lease not in revoked)
 
     def _assign(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
         if a.distance == Distance.WAN:
-            posted = sum(read.crosses_wan for read in self._inflight.values())
+            posted = sum(run.crosses_wan for run in self._inflight.values())
             if posted >= self._settings.wan_reads_posted:
                 self._wan_queue.append(a)
                 return
@@ -375,33 +445,40 @@ class ChunkFetcher:
             self.stats.failed_reads += 1
             return
         regions = self._regions[a.source]
-        pieces = self._pieces(a.chunk)
-        needed = {p.tensor for p in pieces} | ({seg.tensor for seg in self._chunks[a.chunk].segments}
-                                               if not self._checkable(a.chunk) else set())
+        run = range(a.chunk, a.chunk + a.count)
+        needed = {p.tensor for c in run for p in self._pieces(c)} | \
+            {seg.tensor for c in run if not self._checkable(c) for seg in self._chunks[c].segments}
         missing = sorted(t for t in needed if t not in regions)
         if missing:
             failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: no address for tensor {missing[0]}"))
             self.stats.failed_reads += 1
             return
+        reads = _Run(source, Distance(a.distance), {})
         try:
-            copies = []
-            for p in pieces:
-                local, remote = self._local[p.tensor], regions[p.tensor]
-                seg = Segment(p.tensor, p.offset, p.length)
-                copies.append(Copy(local.addr + p.local, local.device, local.mem,
-                                   remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
-                                   remote.mem, p.length))
             granted = ()
-            if not self._checkable(a.chunk):  # parts of the chunk: the grant signs its whole segments
-                granted = [(remote_address(regions[seg.tensor], seg, self._tensor_nbytes(seg.tensor)), seg.length)
-                           for seg in self._chunks[a.chunk].segments]
-            handle = self._transport.start_read(source.agent_name, copies, a.grant, granted, wake=self._wake,
-                                                digest=self._checks(a.chunk))
+            if a.count > 1 or not self._checkable(a.chunk):
+                # A run, or parts of a chunk: the grant signs the whole segments of every chunk of the lease.
+                granted = grants.run_ranges([
+                    [(remote_address(regions[seg.tensor], seg, self._tensor_nbytes(seg.tensor)), seg.length)
+                     for seg in self._chunks[c].segments] for c in run])
+            for chunk in run:
+                copies = []
+                for p in self._pieces(chunk):
+                    local, remote = self._local[p.tensor], regions[p.tensor]
+                    seg = Segment(p.tensor, p.offset, p.length)
+                    copies.append(Copy(local.addr + p.local, local.device, local.mem,
+                                       remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
+                                       remote.mem, p.length))
+                handle = self._transport.start_read(source.agent_name, copies, a.grant, granted, wake=self._wake,
+                                                    digest=self._checks(chunk))
+                reads.reads[chunk] = _Read(handle, chunk, source, time.monotonic(), reads.distance)
         except ReadError as e:
+            for read in reads.reads.values():
+                self._transport.release(read.handle)
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1
             return
-        self._inflight[a.lease] = _Read(handle, a.chunk, source, time.monotonic(), Distance(a.distance))
+        self._inflight[a.lease] = reads
 
     def _pieces(self, chunk: int) -> tuple[Piece, ...]:
         if self._plan is not None:
@@ -430,10 +507,30 @@ class ChunkFetcher:
 
     def abandon(self) -> None:
         """Cancels the reads still in flight (after an error)."""
-        for read in self._inflight.values():
-            self._transport.release(read.handle)
+        for run in self._inflight.values():
+            for read in run.reads.values():
+                self._transport.release(read.handle)
         self._inflight.clear()
         self._wan_queue.clear()
+
+
+class _Throughput:
+    """Bytes per second landed over this fetch's last ``_THROUGHPUT_READS`` chunk reads (the bytes landed after
+    the oldest of them, over the time since it landed)."""
+
+    __slots__ = ("_landed",)
+
+    def __init__(self) -> None:
+        self._landed: deque[tuple[float, int]] = deque(maxlen=_THROUGHPUT_READS)
+
+    def add(self, now: float, nbytes: int) -> None:
+        self._landed.append((now, nbytes))
+
+    def bytes_per_s(self) -> float:
+        if len(self._landed) < 2:
+            return 0.0
+        span = self._landed[-1][0] - self._landed[0][0]
+        return (sum(n for _, n in self._landed) - self._landed[0][1]) / max(span, _MIN_SPAN_S)
 
 
 def remote_address(region: msg.RegionMsg, seg: Segment, tensor_nbytes: int) -> int:

@@ -27,6 +27,23 @@ _RANGE = struct.Struct("!QQ")
 _DOMAIN = b"tensorhub-read-grant-v1"
 
 
+def run_ranges(per_chunk: Sequence[Sequence[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """The ranges a lease's grant signs: one chunk's ranges as they are; a run's, in chunk order, with each range
+    that starts where the one before it ends merged into it (a run's consecutive chunks are mostly contiguous in
+    the source's memory, so a grant over 1,024 chunks signs about one range per tensor, not per chunk). The hub
+    signs and the reader sends this same list; each chunk's own ranges lie inside it."""
+    if len(per_chunk) == 1:
+        return list(per_chunk[0])
+    merged: list[tuple[int, int]] = []
+    for ranges in per_chunk:
+        for addr, length in ranges:
+            if merged and merged[-1][0] + merged[-1][1] == addr:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((addr, length))
+    return merged
+
+
 def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 

@@ -267,7 +267,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             if req.want:
                 first = state.exchange(msg.Exchange(
                     worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
-                    want=req.want))
+                    want=req.want, run_chunks=req.run_chunks))
             return msg.BeginFetchReply(first=first)
 
     def exchange_now(req: msg.Exchange, credential: str) -> msg.ExchangeReply:

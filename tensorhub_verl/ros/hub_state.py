@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, TypeVar
+from typing import AbstractSet, Callable, TypeVar
 
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
@@ -544,7 +544,8 @@ class HubState:
             revoked = self._settle(req, record, holding)
             deadline = self._clock() + req.wait_s
             while True:
-                assignments, everyone, needed = self._plan(key, record, holding, reader.location, req.want)
+                assignments, everyone, needed = self._plan(key, record, holding, reader.location, req.want,
+                                                           req.run_chunks)
                 mine = bool(self._leases.of_reader(req.holder, key))
                 if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
                     break
@@ -553,12 +554,13 @@ class HubState:
             now = self._clock()
             replies, sources, tensors = [], {}, defaultdict(set)
             for a in assignments:
-                lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
-                              record.chunks[a.chunk].nbytes, a.distance, now + self.config.lease_ttl_s)
+                sizes = tuple(record.chunks[c].nbytes for c in range(a.chunk, a.chunk + a.count))
+                lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk, sum(sizes),
+                              a.distance, now + self.config.lease_ttl_s, a.count, sizes if a.count > 1 else ())
                 self._leases.add(lease)
-                replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, source=a.source,
+                replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
                                                  distance=int(a.distance), grant=self._grant(record, lease)))
-                tensors[a.source].update(seg.tensor for seg in record.chunks[a.chunk].segments)
+                tensors[a.source].update(seg.tensor for c in lease.chunks for seg in record.chunks[c].segments)
             # A holder's data-plane metadata and addresses go only to a reader it now has a lease to serve, and
             # only the addresses of the tensors those leases read; the metadata only once per generation.
             for holder_name, needed_tensors in tensors.items():
@@ -580,8 +582,9 @@ class HubState:
         if not key:
             return ""
         # A row shard's region starts at byte ``offset`` of its tensor (the fetcher's ``remote_address``).
-        ranges = [(source.regions[seg.tensor].addr + seg.offset - source.regions[seg.tensor].offset, seg.length)
-                  for seg in record.chunks[lease.chunk].segments]
+        ranges = grants.run_ranges([
+            [(source.regions[seg.tensor].addr + seg.offset - source.regions[seg.tensor].offset, seg.length)
+             for seg in record.chunks[chunk].segments] for chunk in lease.chunks])
         return grants.sign(key, lease.id, grants.expiry_ms(self.config.lease_ttl_s), ranges)
 
     def _settle(self, req: msg.Exchange, record: VersionRecord, holding: Holding) -> set[int]:
@@ -598,20 +601,17 @@ class HubState:
                 continue
             self._leases.pop(lease_id)
             holding.settled.add(lease_id)
-            holding.chunks.add(lease.chunk)
-            if lease.chunk not in holding.unserved:
-                record.index.add(holding.holder, (lease.chunk,))
-            source = record.holdings.get(lease.source)
-            if source is not None:
-                source.served_bytes += lease.nbytes
-                worker = self._workers.get(source.worker)
-                if worker is not None:
-                    worker.bytes_served += lease.nbytes
+            self._land(record, holding, lease, lease.chunks)
         for failure in req.failed:
             lease = self._leases.get(failure.lease)
             if lease is None or lease.reader != req.holder:
+                if failure.landed:
+                    revoked.add(failure.lease)  # the run's landed chunks are not booked: read them again
+                    past.discard(failure.lease)
                 continue
             self._leases.pop(failure.lease)
+            if failure.landed:  # the part of a run that did land
+                self._land(record, holding, lease, sorted(set(failure.landed) & set(lease.chunks)))
             source = record.holdings.get(lease.source)
             if source is not None and failure.corrupt:
                 # Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or
@@ -636,13 +636,27 @@ class HubState:
             self._changed.notify_all()
         return revoked
 
-    def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int):
+    def _land(self, record: VersionRecord, holding: Holding, lease: Lease, chunks) -> None:
+        """Books chunks of ``lease`` as landed: the reader holds them (and serves the whole ones)."""
+        holding.chunks.update(chunks)
+        record.index.add(holding.holder, (c for c in chunks if c not in holding.unserved) if holding.unserved
+                         else chunks)
+        nbytes = lease.nbytes if len(chunks) == lease.count else sum(lease.bytes_of(c) for c in chunks)
+        source = record.holdings.get(lease.source)
+        if source is not None:
+            source.served_bytes += nbytes
+            worker = self._workers.get(source.worker)
+            if worker is not None:
+                worker.bytes_served += nbytes
+
+    def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int,
+              run_chunks: int = 1):
         """One reader's next reads, in O(want + complete holders + the candidate chunks' holders): the lease book
         and the chunk index answer what walks of every lease, holding and chunk once did."""
         now = self._clock()
         self._expire_leases()
         own = self._leases.of_reader(holding.holder, key)
-        mine = {lease.chunk for lease in own}
+        mine = self._leases.chunks_of(holding.holder, key)
         own_inflight = Counter(lease.source for lease in own)
         own_wan = sum(lease.distance == Distance.WAN for lease in own)
         views: dict[str, HolderView | None] = {}
@@ -682,7 +696,8 @@ class HubState:
         seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
         request, record.seeds[location.dc] = reader_request(
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
-            own_wan_reads=own_wan, config=self.config.planner)
+            own_wan_reads=own_wan, config=self.config.planner, run_chunks=run_chunks,
+            needs=_needs(holding, len(record.chunks), mine))
         assignments = plan_chunks(request, view, self.config.planner)
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
@@ -875,6 +890,12 @@ def _hash(secret: str) -> bytes:
 
 def _same_secret(expected_hash: bytes, presented: str) -> bool:
     return bool(presented) and hmac.compare_digest(expected_hash, _hash(presented))
+
+
+def _needs(holding: Holding, total: int, pulling: AbstractSet[int]):
+    """Whether the filling ``holding`` lacks a chunk and is not pulling it (what a run may extend into)."""
+    have, need = holding.chunks, holding.need
+    return lambda c: c < total and c not in have and c not in pulling and (need is None or c in need)
 
 
 def _check_holder(worker: str, holder: str) -> None:

@@ -1,10 +1,11 @@
 """The hub's live leases, indexed by every question that planning, settling and draining ask of them.
 
-A lease is one read of one chunk from one holding. The hub asks, for one version: how many reads each source
-serves now, which readers pull each chunk (and from where), which chunks cross the WAN into each datacenter,
-and which leases one reader holds; and, for all versions, which leases are past their deadline. Each answer is
-kept up to date as leases come and go, so that none of them walks every lease of the hub: the cost of one
-exchange does not grow with the leases (nor the chunks) of the version.
+A lease is one read of one chunk, or of a run of consecutive chunks, from one holding. The hub asks, for one
+version: how many reads each source serves now, which readers pull each chunk (and from where), which chunks
+cross the WAN into each datacenter, and which leases (and chunks) one reader holds; and, for all versions,
+which leases are past their deadline. Each answer is kept up to date as leases come and go, so that none of
+them walks every lease of the hub: the cost of one exchange does not grow with the leases (nor the chunks) of
+the version. A run lease enters each of its chunks (as pulled, and as its reader's): O(run) per lease.
 
 No I/O and no lock: ``HubState`` owns one and calls it under its lock.
 """
@@ -14,11 +15,12 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import AbstractSet, Iterator, Mapping, Sequence
 
 from tensorhub_verl.ros.topology import Distance, Location
 
 Key = tuple[str, int, str]  # (model, version, layout)
+_NONE: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -32,6 +34,17 @@ class Lease:
     nbytes: int
     distance: Distance
     deadline: float
+    count: int = 1
+    """Chunks [chunk, chunk + count): a run, one read in flight on its source."""
+    nbytes_of: tuple[int, ...] = ()
+    """A run's bytes per chunk (``nbytes`` is their sum); empty for a lease of one chunk."""
+
+    @property
+    def chunks(self) -> range:
+        return range(self.chunk, self.chunk + self.count)
+
+    def bytes_of(self, chunk: int) -> int:
+        return self.nbytes_of[chunk - self.chunk] if self.nbytes_of else self.nbytes
 
 
 class _Pulling(Mapping[int, Sequence[Location]]):
@@ -42,6 +55,11 @@ class _Pulling(Mapping[int, Sequence[Location]]):
 
     def __getitem__(self, chunk: int) -> Sequence[Location]:
         return list(self._by_chunk[chunk].values())
+
+    def get(self, chunk: int, default=None):
+        """Without the list ``[]`` builds: a run's extension asks this for every chunk it adds."""
+        pulling = self._by_chunk.get(chunk)
+        return default if pulling is None else pulling.values()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._by_chunk)
@@ -56,6 +74,8 @@ class LeaseBook:
         self._deadlines: list[tuple[float, int]] = []
         """(deadline, lease id) heap; ids of leases already gone are skipped when they surface."""
         self._by_reader: dict[str, dict[int, Lease]] = {}
+        self._reader_chunks: dict[tuple[str, Key], Counter[int]] = {}
+        """(reader, version) -> the chunks its leases read (a run's every chunk), with their leases' count."""
         self._by_source: Counter[tuple[Key, str]] = Counter()
         self._pulling: dict[Key, dict[int, dict[int, Location]]] = {}
         """version -> chunk -> lease id -> the reader's location."""
@@ -75,10 +95,14 @@ class LeaseBook:
         self._by_id[lease.id] = lease
         heapq.heappush(self._deadlines, (lease.deadline, lease.id))
         self._by_reader.setdefault(lease.reader, {})[lease.id] = lease
+        self._reader_chunks.setdefault((lease.reader, lease.key), Counter()).update(lease.chunks)
         self._by_source[(lease.key, lease.source)] += 1
-        self._pulling.setdefault(lease.key, {}).setdefault(lease.chunk, {})[lease.id] = lease.reader_location
+        pulling = self._pulling.setdefault(lease.key, {})
+        for chunk in lease.chunks:
+            pulling.setdefault(chunk, {})[lease.id] = lease.reader_location
         if lease.distance == Distance.WAN:
-            self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter())[lease.chunk] += 1
+            crossing = self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter())
+            crossing.update(lease.chunks)
 
     def pop(self, lease_id: int) -> Lease | None:
         lease = self._by_id.pop(lease_id, None)
@@ -88,26 +112,35 @@ class LeaseBook:
         del mine[lease_id]
         if not mine:
             del self._by_reader[lease.reader]
+        reading = self._reader_chunks[(lease.reader, lease.key)]
+        for chunk in lease.chunks:
+            reading[chunk] -= 1
+            if not reading[chunk]:
+                del reading[chunk]
+        if not reading:
+            del self._reader_chunks[(lease.reader, lease.key)]
         source = (lease.key, lease.source)
         self._by_source[source] -= 1
         if not self._by_source[source]:
             del self._by_source[source]
         chunks = self._pulling[lease.key]
-        del chunks[lease.chunk][lease_id]
-        if not chunks[lease.chunk]:
-            del chunks[lease.chunk]
-            if not chunks:
-                del self._pulling[lease.key]
+        for chunk in lease.chunks:
+            del chunks[chunk][lease_id]
+            if not chunks[chunk]:
+                del chunks[chunk]
+        if not chunks:
+            del self._pulling[lease.key]
         if lease.distance == Distance.WAN:
             dcs = self._wan[lease.key]
             crossing = dcs[lease.reader_location.dc]
-            crossing[lease.chunk] -= 1
-            if not crossing[lease.chunk]:
-                del crossing[lease.chunk]
-                if not crossing:
-                    del dcs[lease.reader_location.dc]
-                    if not dcs:
-                        del self._wan[lease.key]
+            for chunk in lease.chunks:
+                crossing[chunk] -= 1
+                if not crossing[chunk]:
+                    del crossing[chunk]
+            if not crossing:
+                del dcs[lease.reader_location.dc]
+                if not dcs:
+                    del self._wan[lease.key]
         if len(self._deadlines) > 2 * len(self._by_id) + 64:  # drop the heap's entries of leases long gone
             self._deadlines = [(d, i) for d, i in self._deadlines if i in self._by_id]
             heapq.heapify(self._deadlines)
@@ -128,8 +161,13 @@ class LeaseBook:
         leases = self._by_reader.get(reader, {}).values()
         return list(leases) if key is None else [lease for lease in leases if lease.key == key]
 
+    def chunks_of(self, reader: str, key: Key) -> AbstractSet[int]:
+        """The chunks the reader's leases of version ``key`` read (a live view: read it, do not keep it)."""
+        reading = self._reader_chunks.get((reader, key))
+        return _NONE if reading is None else reading.keys()
+
     def reads_from(self, key: Key, source: str) -> int:
-        """Reads in flight from ``source``'s holding of version ``key``."""
+        """Reads in flight from ``source``'s holding of version ``key`` (a run counts as one)."""
         return self._by_source.get((key, source), 0)
 
     def pulling(self, key: Key) -> Mapping[int, Sequence[Location]]:

@@ -21,6 +21,9 @@ MAX_DIMS = 8
 MAX_CHUNKS = 1 << 20
 """Hard cap of chunks per version; the hub's own limit (HubLimits.max_chunks) is lower by default."""
 MAX_SOURCES = 4096
+MAX_RUN_CHUNKS = 1024
+"""Most consecutive chunks one lease may cover (``Exchange.run_chunks``)."""
+RunChunks = Annotated[int, Field(ge=1, le=MAX_RUN_CHUNKS)]
 MAX_ROW_SHARDS = 65_536
 """Hard cap of row shards per version (the hub also caps tensors x row shards: HubLimits.max_shard_pieces)."""
 INSTANCE_HEADER = "X-TensorHub-Instance"
@@ -219,6 +222,8 @@ class BeginFetch(Strict):
     want: Annotated[int, Field(ge=0, le=1024)] = 0
     """Assignments wanted in the reply (``BeginFetchReply.first``), as an ``Exchange`` would ask: the reads
     start one hub round trip sooner. 0: none, the reply is only the manifest."""
+    run_chunks: RunChunks = 1
+    """As ``Exchange.run_chunks``, for the first exchange."""
 
 
 class FailedRead(Strict):
@@ -226,6 +231,9 @@ class FailedRead(Strict):
     reason: Annotated[str, Field(max_length=2000)] = ""
     corrupt: bool = False
     """The read landed but its bytes did not match the chunk's digest: the source is quarantined."""
+    landed: list[Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]] = Field(default=[], max_length=MAX_RUN_CHUNKS)
+    """Chunks of a run lease (``AssignmentMsg.count`` > 1) that did land, digests checked: the hub books them
+    as a completed read would; the run's other chunks are needed again."""
 
 
 class Exchange(Strict):
@@ -237,6 +245,10 @@ class Exchange(Strict):
     completed: list[Annotated[int, Field(ge=0)]] = Field(default=[], max_length=16_384)
     failed: list[FailedRead] = Field(default=[], max_length=16_384)
     want: Annotated[int, Field(ge=0, le=1024)] = 4
+    """Leases wanted: each covers one chunk, or a run of them (``run_chunks``)."""
+    run_chunks: RunChunks = 1
+    """Most consecutive chunks one lease may cover: a reader on a fast link asks for runs, so that it makes one
+    exchange per run instead of one per few chunks (1: a lease per chunk)."""
     wait_s: Annotated[float, Field(ge=0, le=10)] = 0.0
     known_sources: dict[Name, Annotated[int, Field(ge=0)]] = Field(default={}, max_length=MAX_SOURCES)
     """holder -> generation of its region/agent info the reader already has cached."""
@@ -257,10 +269,13 @@ class SourceInfo(Reply):
 class AssignmentMsg(Reply):
     lease: int
     chunk: int
+    count: int = 1
+    """The lease reads chunks [chunk, chunk + count) from ``source`` (a run; 1: one chunk)."""
     source: Name
     distance: int
     grant: str = ""
-    """The lease's proof for the source's data-plane server (grants.py); empty when the source needs none."""
+    """The lease's proof for the source's data-plane server (grants.py); empty when the source needs none. A
+    run's grant signs all of its chunks' ranges (``grants.run_ranges``)."""
 
 
 class ExchangeReply(Reply):

@@ -30,6 +30,13 @@ holders and readers that are still filling), and:
 
 Chunks are visited starting at a reader-specific offset so that readers started together ask for
 different chunks first and have something to trade.
+
+A reader on a fast link asks for runs (``PlanRequest.run_chunks``): a chunk chosen by the rules above is
+extended into a run of consecutive chunks read from the same source under one lease, while the next chunk is
+needed by the reader, not already pulled by it nor taken by this plan, held by that source, and no nearer
+holder or nearer reader pulling it exists (rules 1-2); a WAN run stops at a chunk already crossing into the
+datacenter (rule 4). A run counts as one read in flight on its source (``max_inflight_per_source``, the fair
+share and a seed's WAN reads count leases). Rule 3 applies to a run's first chunk only.
 """
 
 from __future__ import annotations
@@ -107,6 +114,11 @@ class PlanRequest:
     fair_share: int | None = None
     """Most reads this reader may have in flight from one source (None: only the source's cap). With
     several readers filling at once it keeps the first one from taking all of a holder's slots."""
+    run_chunks: int = 1
+    """Most consecutive chunks one assignment may cover (a run, one lease)."""
+    needs: Callable[[int], bool] | None = None
+    """Whether the reader lacks a chunk and is not pulling it, for chunks past ``needed`` that a run may
+    extend into (None: only the chunks in ``needed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +126,14 @@ class Assignment:
     chunk: int
     source: str
     distance: Distance
+    count: int = 1
+    """Chunks [chunk, chunk + count) from ``source``: a run."""
 
 
 def reader_request(reader: str, location: Location, needed: Sequence[int], want: int, *, seeds: Sequence[str],
                    filling: int, own_inflight: Mapping[str, int], own_wan_reads: int, config: PlannerConfig,
-                   fair_share: bool = True) -> tuple[PlanRequest, list[str]]:
+                   fair_share: bool = True, run_chunks: int = 1,
+                   needs: Callable[[int], bool] | None = None) -> tuple[PlanRequest, list[str]]:
     """What the hub asks the planner for one reader, and its datacenter's ``seeds`` once it asked. The hub
     (``HubState._plan``) and the simulator (``sim.tensorhub``) both build their requests here.
 
@@ -130,7 +145,7 @@ def reader_request(reader: str, location: Location, needed: Sequence[int], want:
         seeds.append(reader)
     share = max(1, config.max_inflight_per_source // max(1, filling)) if fair_share else None
     return PlanRequest(reader, location, needed, want, may_cross_wan=reader in seeds, own_inflight=own_inflight,
-                       own_wan_reads=own_wan_reads, fair_share=share), seeds
+                       own_wan_reads=own_wan_reads, fair_share=share, run_chunks=run_chunks, needs=needs), seeds
 
 
 def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
@@ -143,11 +158,14 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
     wan_room = config.wan_reads_per_seed - request.own_wan_reads if request.may_cross_wan else 0
     assignments: list[Assignment] = []
+    runs = _Runs(request, view, partial, config) if request.run_chunks > 1 else None
     if config.cooperative:  # rarest first: the newest copies spread before chunks that many already hold
         order.sort(key=lambda c: len(partial.get(c, ())))  # complete holders have every chunk: no tie-breaker
     for chunk in order:
         if len(assignments) >= request.max_assignments:
             break
+        if runs is not None and chunk in runs.taken:
+            continue  # read by a run this plan already made
         having = complete + partial.get(chunk, [])
         if not having:
             continue
@@ -158,7 +176,8 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
                        key=lambda h: (inflight.of(h), h.holder))
             if inflight.of(best) < config.max_inflight_per_source:
                 inflight.add(best)
-                assignments.append(Assignment(chunk, best.holder, nearest))
+                count = runs.extend(chunk, best, nearest, wan_busy) if runs is not None else 1
+                assignments.append(Assignment(chunk, best.holder, nearest, count))
             continue
         pull_distances = Counter(request.location.distance(loc) for loc in view.pulling.get(chunk, ()))
         if any(d < nearest for d in pull_distances):
@@ -177,11 +196,63 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         best = min(free, key=lambda h: (inflight.of(h), h.served_bytes, h.holder))  # rule 6
         inflight.add(best)
         own[best.holder] += 1
+        count = runs.extend(chunk, best, nearest, wan_busy) if runs is not None else 1
         if nearest == Distance.WAN:
-            wan_busy.add(chunk)
+            wan_busy.update(range(chunk, chunk + count))
             wan_room -= 1
-        assignments.append(Assignment(chunk, best.holder, nearest))
+        assignments.append(Assignment(chunk, best.holder, nearest, count))
     return assignments
+
+
+class _Runs:
+    """Extends a planned chunk into a run of the chunks after it that the same source serves best."""
+
+    __slots__ = ("_request", "_view", "_partial", "_config", "_needs", "_distance", "taken")
+
+    def __init__(self, request: PlanRequest, view: SwarmView, partial: dict[int, list[HolderView]],
+                 config: PlannerConfig):
+        self._request, self._view, self._partial, self._config = request, view, partial, config
+        self._needs = request.needs or set(request.needed).__contains__
+        self._distance: dict[str, Distance] = {}
+        """holder -> its distance from the reader (a run meets the same few holders chunk after chunk)."""
+        self.taken: set[int] = set()
+        """Chunks this plan assigned (a run's chunks after its first are skipped when the plan reaches them)."""
+
+    def extend(self, chunk: int, source: HolderView, distance: Distance, wan_busy: set[int]) -> int:
+        """The run's length: ``chunk`` and the consecutive chunks after it that may join its lease."""
+        count, limit = 1, self._request.run_chunks
+        self.taken.add(chunk)
+        while count < limit:
+            nxt = chunk + count
+            if nxt in self.taken or not self._needs(nxt) or not source.has(nxt):
+                break
+            if distance == Distance.WAN and nxt in wan_busy:
+                break  # rule 4: crossing already
+            if self._config.cooperative and distance > Distance.SAME_NODE and self._nearer(nxt, distance):
+                break  # rules 1-2: a nearer copy serves it, or soon will
+            self.taken.add(nxt)
+            count += 1
+        return count
+
+    def _nearer(self, chunk: int, distance: Distance) -> bool:
+        """A partial holder other than the reader, or a reader pulling it, is nearer than ``distance`` (complete
+        holders never are: the run's source is the nearest of them)."""
+        here = self._request.location
+        pullers = self._view.pulling.get(chunk)
+        if pullers and any(here.distance(loc) < distance for loc in pullers):
+            return True
+        if chunk in self._partial or self._view.partial_holders is None:
+            holders = self._partial.get(chunk, ())
+        else:
+            holders = self._view.partial_holders(chunk)
+        known = self._distance
+        for h in holders:
+            d = known.get(h.holder)
+            if d is None:
+                d = known[h.holder] = here.distance(h.location)
+            if d < distance and h.chunks is not None and h.holder != self._request.reader:
+                return True
+        return False
 
 
 class _Inflight:

@@ -109,3 +109,12 @@ def test_bench_control_drives_the_real_hub_with_synthetic_readers():
     # Every reader booked every chunk through the hub's begin/exchange/end, and the hub's CPU was measured.
     assert point["complete"] and point["readers_done"] == 6 and point["reads"] == 6 * 24
     assert point["hub_cpu_s"] > 0 and point["exchanges_per_reader"] >= 24 / 8
+
+
+def test_bench_control_readers_ask_for_runs_and_count_chunks_per_exchange():
+    result = run_cli("bench", "control", "--chunks", "64", "--readers", "4", "--procs", "1", "--run-chunks", "16",
+                     "--max-seconds", "60", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    point = last_json(result.stdout)["points"][0]
+    assert point["complete"] and point["reads"] == 4 * 64  # every chunk booked once, through run leases
+    assert point["leases"] < point["reads"] and point["exchanges_per_reader"] < 64 / 8

@@ -19,9 +19,10 @@ def _walk(leases: list[Lease], key, reader: str):
         if lease.key != key:
             continue
         sources[lease.source] += 1
-        pulling.setdefault(lease.chunk, []).append(lease.reader_location)
-        if lease.distance == Distance.WAN:
-            wan.setdefault(lease.reader_location.dc, set()).add(lease.chunk)
+        for chunk in range(lease.chunk, lease.chunk + lease.count):  # a run lease pulls each of its chunks
+            pulling.setdefault(chunk, []).append(lease.reader_location)
+            if lease.distance == Distance.WAN:
+                wan.setdefault(lease.reader_location.dc, set()).add(chunk)
     mine = sorted(lease.id for lease in leases if lease.reader == reader and lease.key == key)
     return pulling, wan, sources, mine
 
@@ -36,7 +37,7 @@ def test_the_lease_book_answers_what_a_walk_of_every_lease_answers():
         else:
             place = rng.choice(PLACES)
             lease = Lease(next(ids), rng.choice(KEYS), f"r{rng.randrange(5)}", place, f"s{rng.randrange(4)}",
-                          rng.randrange(30), 8, rng.choice(list(Distance)), step)
+                          rng.randrange(30), 8, rng.choice(list(Distance)), step, rng.choice((1, 1, 2, 5)))
             book.add(lease)
             live[lease.id] = lease
         if step % 50 == 0:
@@ -47,6 +48,8 @@ def test_the_lease_book_answers_what_a_walk_of_every_lease_answers():
                 assert {dc: set(c) for dc, c in book.wan_pulling(key).items()} == wan
                 assert {s: book.reads_from(key, s) for s in sources} == dict(sources)
                 assert sorted(lease.id for lease in book.of_reader("r1", key)) == mine
+                assert set(book.chunks_of("r1", key)) == {c for lease in live.values() if lease.reader == "r1"
+                                                          and lease.key == key for c in lease.chunks}
     assert len(book) == len(live)
 
 
