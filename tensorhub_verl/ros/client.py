@@ -58,9 +58,9 @@ class ClientConfig:
     a run takes about this long: one hub exchange per run instead of one per few chunks (a 100 GB update at
     25 GB/s: 3,000 chunk reads a second). 1 MiB chunks at 200 Mbit/s stay runs of 1, so a swarm on slow links
     spreads chunk by chunk as before; 0: a lease per chunk. Only with ``max_run_chunks`` > 1."""
-    max_run_chunks: int = 1
-    """Longest run a fetch asks for (1 to messages.MAX_RUN_CHUNKS). 1, the default: a lease per chunk, as the
-    lab's swarm figures were measured; on RDMA links set it (e.g. 1024) so a fetch reads in runs."""
+    max_run_chunks: int = 1024
+    """Longest run a fetch asks for (1 to messages.MAX_RUN_CHUNKS); 1: a lease per chunk. Runs are sized by
+    ``run_target_s``, so this cap matters only on links fast enough to read 1,024 chunks in that time."""
     read_timeout_s: float = 30.0
     """A chunk read with no answer for this long is abandoned and re-planned on another source."""
     fetch_timeout_s: float = 600.0
