@@ -115,6 +115,6 @@ def test_engine_follows_two_versions_full_matrix(hub, trainer, arch_models, arch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "phi3", "mistral"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "phi3", "mistral", "qwen3_moe"])
 def test_tp2_engine_follows_two_versions(hub, trainer, arch_models, arch):
     follow_two_versions(hub, trainer, arch, arch_models[arch], tp=2)
