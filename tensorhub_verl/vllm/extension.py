@@ -49,7 +49,7 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
 
     rank, tp = compat.tp_rank_and_size()
     module = compat.worker_model(worker_obj)
-    unsupported = compat.reload_unsupported(module)
+    unsupported = compat.prepare_reload(module)
     if unsupported is not None:
         raise errors.ConfigError(unsupported)
     # With LoRA enabled the base weights are named as without it: one layout, whatever the engine's LoRA.

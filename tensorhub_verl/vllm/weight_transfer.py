@@ -96,7 +96,7 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
 
         self.shutdown()
         rank, tp = compat.tp_rank_and_size()
-        unsupported = compat.reload_unsupported(self.model)
+        unsupported = compat.prepare_reload(self.model)
         if unsupported is not None:
             raise errors.ConfigError(unsupported)
         params = compat.live_parameters(self.model)
@@ -121,9 +121,10 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
             initialize_layerwise_reload,
         )
 
-        initialize_layerwise_reload(self.model)
-        self.model.load_weights(weights)
-        finalize_layerwise_reload(self.model, self.model_config)
+        with compat.unloaded_elements_nan():
+            initialize_layerwise_reload(self.model)
+            self.model.load_weights(weights)
+            finalize_layerwise_reload(self.model, self.model_config)
 
     def _holder(self) -> EngineHolder:
         if self.holder is None:
