@@ -17,7 +17,7 @@ RUNS = dict(max_run_chunks=16, run_target_s=1.0)
 @pytest.mark.parametrize("plane", ["auto", "tcp"])  # auto: NIXL here
 def test_a_fetch_in_runs_moves_the_same_bytes_in_far_fewer_exchanges(hub, roles, plane):
     published = roles(holder, hub.url, "trainer", 4, SIZE_MB, CHUNK, 1, None, plane).result(120)
-    with Client(hub.url, "by-chunk", config=ClientConfig(window=8, transport=plane)) as by_chunk:
+    with Client(hub.url, "by-chunk", config=ClientConfig(window=8, transport=plane, max_run_chunks=1)) as by_chunk:
         single = by_chunk.fetch("policy", 1, hold=False)
     with Client(hub.url, "by-run", config=ClientConfig(window=8, transport=plane, **RUNS)) as by_run:
         stats = by_run.fetch("policy", 1, hold=False)

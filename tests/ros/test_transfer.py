@@ -49,7 +49,7 @@ def test_concurrent_readers_get_the_bytes_and_serve_each_other(hub, roles):
 def test_a_late_reader_reads_from_a_reader_still_filling(hub, roles):
     roles(holder, hub.url, "trainer", 1, 4.0, CHUNK).result(120)
     gated = GatedTransport("early-agent", hold_after=3)
-    early = Client(hub.url, "early", config=ClientConfig(window=1), transport=gated)
+    early = Client(hub.url, "early", config=ClientConfig(window=1, max_run_chunks=1), transport=gated)
     fetch = threading.Thread(target=early.fetch, args=("policy", 1), daemon=True)
     fetch.start()
     assert gated.holding.wait(60), "the early reader never reached its 4th read"
@@ -209,7 +209,8 @@ def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queue
         trainer.publish("policy", 1, weights)
         gated = GatedTransport("seed-agent")
         gated.finish_gate.clear()
-        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8), transport=gated)
+        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8, max_run_chunks=1),
+                      transport=gated)
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
         fetch.start()
