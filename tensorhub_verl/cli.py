@@ -57,11 +57,12 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-inflight-per-source", type=int, default=8)
     parser.add_argument("--url-file", default=None, help="write the hub URL here once listening")
     parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB",
-                        help="only workers whose id matches WORKER_GLOB create versions of the models matching "
-                             "MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong to the job of "
-                             "their first publisher")
+                        help="only workers whose id matches WORKER_GLOB create versions of the models "
+                             "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
+                             "to the job of their first publisher")
     parser.add_argument("--allow-unverified", action="store_true",
-                        help="accept versions without chunk digests (trusted tests only: their bytes go unchecked)")
+                        help="accept versions without chunk digests (trusted tests only: their bytes go "
+                             "unchecked)")
     return parser
 
 

@@ -72,8 +72,8 @@ class ClientConfig:
     always checks what a manifest carries). Costs ~0.1 s per GiB of CPU memory at publish and at fetch. A hub
     refuses versions without them unless started with ``HubConfig(require_digests=False)``."""
     require_digests: bool = True
-    """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its bytes
-    could not be checked. Off only for trusted tests."""
+    """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
+    bytes could not be checked. Off only for trusted tests."""
     job_key: str | None = None
     """The secret of this worker's job: the first job to publish a model owns it, and only its workers create
     versions of it (others may only hold copies of published ones; ``ownership.py``). Give every worker of one
@@ -373,9 +373,9 @@ class Client:
         deadline = started + (timeout or self.config.fetch_timeout_s)
         if self.config.require_digests and not (manifest.chunk_digests and all(manifest.chunk_digests)):
             raise errors.UnverifiedVersion(
-                f"{model} v{manifest.version} ({layout}) has no digest of some chunk, so its bytes cannot be checked "
-                f"as they land; refused. Publish with ClientConfig.chunk_digests=True (the default), or, for a "
-                f"trusted test only, fetch with ClientConfig.require_digests=False")
+                f"{model} v{manifest.version} ({layout}) has no digest of some chunk, so its bytes cannot be "
+                f"checked as they land; refused. Publish with ClientConfig.chunk_digests=True (the default), "
+                f"or, for a trusted test only, fetch with ClientConfig.require_digests=False")
         with self._lock:
             if (self.worker, *key) in self._held:
                 raise errors.InvalidRequest(f"{self.worker} already holds {model} v{manifest.version} ({layout}); "
@@ -549,8 +549,9 @@ class Client:
             try:
                 self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)
             except errors.NotModelOwner as e:
-                # A copy of another job's model, re-published before that job's own holders came back: the new
-                # hub takes copies only of versions already visible. This one serves nobody until fetched again.
+                # A copy of another job's model, re-published before that job's own holders came back: the
+                # new hub takes copies only of versions already visible. This one serves nobody until
+                # fetched again.
                 logger.warning("%s could not re-register %s v%d: %s", self.worker, h.manifest.model,
                                h.manifest.version, e)
         for f in fetches:

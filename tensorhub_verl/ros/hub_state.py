@@ -74,19 +74,19 @@ class HubConfig:
     suspect_s: float = 3.0
     """After a failed read, its source gets no new reads for this long (unless it proves alive)."""
     quarantine_s: float = 300.0
-    """A holding whose bytes failed the digest checks of two readers (``corruption.py``) serves no reads for this
-    long; one reader's report keeps only that reader off it, for as long."""
+    """A holding whose bytes failed the digest checks of two readers (``corruption.py``) serves no reads for
+    this long; one reader's report keeps only that reader off it, for as long."""
     keep_versions: int = 2
     """Retention: the newest N versions of each model are kept; holders are asked to drop older ones."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     limits: HubLimits = field(default_factory=HubLimits)
     """What one version may cost the hub (tensors, bytes, chunks)."""
     owners: tuple[OwnerRule | str, ...] = ()
-    """Models that only the named workers may create (``ownership.py``; ``OwnerRule`` or "MODEL_GLOB=WORKER_GLOB");
-    other models belong to the job of their first publisher."""
+    """Models that only the named workers may create (``ownership.py``; an ``OwnerRule`` or
+    "MODEL_GLOB=WORKER_GLOB"); other models belong to the job of their first publisher."""
     require_digests: bool = True
-    """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version without
-    digests is served unchecked."""
+    """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
+    without digests is served unchecked."""
 
     def __post_init__(self) -> None:
         rules = tuple(r if isinstance(r, OwnerRule) else OwnerRule.parse(r) for r in self.owners)
@@ -132,10 +132,10 @@ class Holding:
     """A filling reader's leases it reported finished: an exchange the client repeated (its reply was lost) finds
     them booked, instead of calling them revoked for chunks the hub already counts."""
     vouched: bool = True
-    """Whether the hub knows where these bytes came from: a publish by the model's owner, or a fetch whose every
-    chunk the hub saw read through its own leases. An unvouched copy (a non-owner's publish, or a fetch that began
-    with chunks it only announced in ``BeginFetch.have``) serves reads, which readers check, but never counts as a
-    reliable copy, and one corruption report quarantines it."""
+    """Whether the hub knows where these bytes came from: a publish by the model's owner, or a fetch whose
+    every chunk the hub saw read through its own leases. An unvouched copy (a non-owner's publish, or a fetch
+    that began with chunks it only announced in ``BeginFetch.have``) serves reads, which readers check, but
+    never counts as a reliable copy, and one corruption report quarantines it."""
 
     def complete(self, total: int) -> bool:
         """A filling reader has every chunk it reads."""
@@ -210,9 +210,10 @@ class HubState:
         self.fetch_seconds: list[tuple[str, float]] = []
 
     # ----------------------------------------------------------------------------------- workers
-    def register_worker(self, req: msg.RegisterWorker, credential: str = "", job_key: str = "") -> msg.WorkerAck:
-        """Registers (or re-registers) a worker; the reply carries its credential. ``job_key``: the secret that
-        admits it to its job (``ownership.py``); empty: the hub's default job.
+    def register_worker(self, req: msg.RegisterWorker, credential: str = "",
+                        job_key: str = "") -> msg.WorkerAck:
+        """Registers (or re-registers) a worker; the reply carries its credential. ``job_key``: the secret
+        that admits it to its job (``ownership.py``); empty: the hub's default job.
 
         A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
         anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
@@ -360,9 +361,10 @@ class HubState:
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
         if self.config.require_digests and not req.manifest.chunk_digests:
-            raise InvalidRequest(f"{req.manifest.model} v{req.manifest.version}: a publish must carry a digest of "
-                                 f"every chunk it holds (ClientConfig.chunk_digests=True, the default), so that "
-                                 f"readers can check the bytes; this hub refuses versions without them")
+            m = req.manifest
+            raise InvalidRequest(f"{m.model} v{m.version}: a publish must carry a digest of every chunk it "
+                                 f"holds (ClientConfig.chunk_digests=True, the default), so that readers can "
+                                 f"check the bytes; this hub refuses versions without them")
         prepared = prepare_version(req.manifest, self.config.limits, req.shard_rank)
         check_row_shard(req)
         check_regions(req.regions, prepared.manifest, req.shard_rank)
@@ -412,16 +414,18 @@ class HubState:
             self._holdings_changed(key[0])
 
     def _check_copy(self, req: msg.Publish, record: VersionRecord | None, job: str) -> None:
-        """A publish by a worker that does not own the model: only a copy of a version already visible, whole and
-        with the version's digests, is accepted (a reader re-registering what it fetched, after a hub restart)."""
+        """A publish by a worker that does not own the model: only a copy of a version already visible, whole
+        and with the version's digests, is accepted (a reader re-registering what it fetched, after a hub
+        restart)."""
         m = req.manifest
         if req.shard_count > 1:
             self._owners.check_create(m.model, req.worker, job, f"shards of group {req.shard_group!r}")
         if record is None or not self._visible(record):
             self._owners.check_create(m.model, req.worker, job, f"version {m.version} ({m.layout})")
         if tuple(m.chunk_digests) != record.manifest.chunk_digests:
-            raise ManifestMismatch(f"{m.model} v{m.version} ({m.layout}) is published with other chunk digests; "
-                                   f"a copy by a worker outside the model's owner job must carry the version's own")
+            raise ManifestMismatch(f"{m.model} v{m.version} ({m.layout}) is published with other chunk "
+                                   f"digests; a copy by a worker outside the model's owner job must carry "
+                                   f"the version's own")
 
     def _check_shard(self, group: GroupKey, count: int, member: Member, rank: int | None) -> None:
         known = self._shard_counts.get(group, count)
@@ -548,7 +552,7 @@ class HubState:
         return [ranks[r] for r in sorted(ranks)]
 
     def _reliable(self, key: Key, holding: Holding, now: float) -> bool:
-        """A copy the hub may count on: it knows where the bytes came from, and no reader found them corrupt."""
+        """A copy the hub may count on: it knows where its bytes came from, and no readers found them bad."""
         return holding.vouched and not self._evidence.quarantined(key, holding.holder, now)
 
     # ----------------------------------------------------------------------------------- fetches
@@ -571,8 +575,8 @@ class HubState:
             if existing is not None and existing.state != "filling":
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
-            # Announced chunks are not read again, but the hub never saw them land: they serve nobody during this
-            # fetch, and the holding never counts as a reliable copy (Holding.vouched).
+            # Announced chunks are not read again, but the hub never saw them land: they serve nobody during
+            # this fetch, and the holding never counts as a reliable copy (Holding.vouched).
             chunks = {c for c in req.have if c < len(record.chunks)}
             need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
             record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
@@ -680,14 +684,16 @@ class HubState:
         return revoked
 
     def _report_corrupt(self, reader: str, lease: Lease, source: Holding) -> None:
-        """Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or a reader
-        that claimed chunks it never verified, or a reader that lies. The reporter reads that chunk elsewhere and
-        is never planned on that copy again; the copy is quarantined on independent evidence (corruption.py)."""
+        """Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or a
+        reader that claimed chunks it never verified, or a reader that lies. The reporter reads that chunk
+        elsewhere and is never planned on that copy again; the copy is quarantined on independent evidence
+        (corruption.py)."""
         quarantined = self._evidence.report(lease.key, lease.source, reader, source.vouched, self._clock())
         self.corrupt_reads[source.worker] += 1
-        logger.error("reader %s found chunk %d from %s (worker %s) corrupt%s", reader, lease.chunk, lease.source,
-                     source.worker, f"; quarantining that copy of {lease.key} for {self.config.quarantine_s:.0f} s"
-                     if quarantined else "; that reader reads it elsewhere")
+        outcome = "that reader reads it elsewhere" if not quarantined else \
+            f"quarantining that copy of {lease.key} for {self.config.quarantine_s:.0f} s"
+        logger.error("reader %s found chunk %d from %s (worker %s) corrupt; %s", reader, lease.chunk,
+                     lease.source, source.worker, outcome)
 
     def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int):
         """One reader's next reads, in O(want + complete holders + the candidate chunks' holders): the lease book
@@ -752,7 +758,8 @@ class HubState:
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             if holding.state == "draining":
-                return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)  # a repeat, while reads drain
+                # A repeated end while the holding's reads drain: it only waits for them.
+                return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
             if holding.state != "filling":
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress: its holding is "
                                      f"{holding.state}; only a fetch begun with /v1/fetch/begin can end")
@@ -902,7 +909,8 @@ class HubState:
                 models[model].append(msg.VersionStatus(
                     version=version, layout=layout, bytes=record.manifest.nbytes, chunks=len(record.chunks),
                     holders=[msg.HolderStatus(holder=h.holder, worker=h.worker, state=h.state,
-                                              quarantined=self._evidence.quarantined((model, version, layout), h.holder, now),
+                                              quarantined=self._evidence.quarantined(
+                                                  (model, version, layout), h.holder, now),
                                               chunks=len(record.chunks) if h.chunks is None else len(h.chunks),
                                               served_bytes=h.served_bytes) for h in record.holdings.values()],
                 ))
