@@ -268,7 +268,8 @@ def test_bad_row_shard_publishes_are_refused_and_change_nothing(api):
         "a region with no length": (_with(good, regions__0__nbytes=None), 400),
         "digests of another rank's chunks": (_with(good, manifest__chunk_digests=digests), 400),
         "no digest of its own chunk": (_with(good, manifest__chunk_digests=["", "", ""]), 400),
-        "another chunk map": (_with(good, manifest__chunk_bytes=8192, manifest__chunk_digests=["", digests[0]]), 409),
+        "another chunk map": (_with(good, manifest__chunk_bytes=8192,
+                                    manifest__chunk_digests=["", digests[0]]), 409),
         "too many row shards": (_with(good, manifest__row_shards=70_000), 422),
         "a negative rank": (_with(good, shard_rank=-1), 422),
         "a whole tensor starting mid-tensor": (

@@ -33,16 +33,16 @@ def _connect(hub, worker, **config):
 
 def _attacker(hub, worker="mallory", job_key=None) -> HubClient:
     raw = HubClient(hub.url, TOKEN, request_timeout_s=10, retry_s=2, job_key=job_key)
-    raw.post(msg.REGISTER_PATH, msg.RegisterWorker(worker=worker, location=msg.LocationMsg(),
-                                                   agent_name=f"{worker}-agent", agent_metadata_b64="bWV0YQ=="),
-             msg.WorkerAck)
+    raw.post(msg.REGISTER_PATH, msg.RegisterWorker(
+        worker=worker, location=msg.LocationMsg(), agent_name=f"{worker}-agent", agent_metadata_b64="bWV0YQ=="),
+        msg.WorkerAck)
     return raw
 
 
 def _publish(raw: HubClient, worker: str, manifest: Manifest, regions=None, **shard):
     regions = regions or [msg.RegionMsg(addr=1 << 20)] * len(manifest.tensors)
-    return raw.post("/v1/publish", msg.Publish(worker=worker, holder=worker, manifest=manifest_to_msg(manifest),
-                                               regions=regions, **shard), msg.OkReply)
+    return raw.post("/v1/publish", msg.Publish(
+        worker=worker, holder=worker, manifest=manifest_to_msg(manifest), regions=regions, **shard), msg.OkReply)
 
 
 def _holders(client, model="policy") -> dict[str, dict]:
@@ -109,7 +109,8 @@ def test_an_outsider_cannot_take_a_shard_rank(hub):
     with _connect(hub, "rank-0", job_key=JOB) as rank0, _connect(hub, "rank-1", job_key=JOB) as rank1:
         mine = rank0.publish_shard("policy", 1, {"w": full[:2048]}, specs=specs, rank=0, ranks=2)
         mallory = _attacker(hub)
-        rows = dataclasses.replace(mine, chunk_digests=tuple("" if d else "0" * 16 for d in mine.chunk_digests))
+        forged = tuple("" if d else "0" * 16 for d in mine.chunk_digests)  # rank 1's chunks, garbage
+        rows = dataclasses.replace(mine, chunk_digests=forged)
         with pytest.raises(NotModelOwner, match="shards of group 'shards'"):
             _publish(mallory, "mallory", rows, [msg.RegionMsg(addr=1 << 20, offset=8192, nbytes=8192)],
                      shard_group="shards", shard_count=2, shard_rank=1)
@@ -122,8 +123,8 @@ def test_an_outsider_cannot_take_a_shard_rank(hub):
 def test_a_version_without_digests_is_refused(hub):
     mallory = _attacker(hub)
     with pytest.raises(InvalidRequest, match="must carry a digest of every chunk"):
-        _publish(mallory, "mallory", th.Manifest("fresh", 1, "hf", (th.TensorSpec("w", (1024,), "float32", 4096),),
-                                                 CHUNK))
+        bare = th.Manifest("fresh", 1, "hf", (th.TensorSpec("w", (1024,), "float32", 4096),), CHUNK)
+        _publish(mallory, "mallory", bare)
     with pytest.raises(InvalidRequest, match="must carry a digest"):
         with _connect(hub, "trainer", chunk_digests=False) as trainer:
             trainer.publish("policy", 1, WEIGHTS)
@@ -148,7 +149,8 @@ def test_a_holder_that_only_announced_its_chunks_is_no_copy_for_the_trainers_unp
 def test_fetch_end_cannot_turn_a_pending_shard_active(hub):
     with _connect(hub, "trainer") as trainer:
         trainer.publish("policy", 1, WEIGHTS, layout="tp/rank0", shard_group="engine", shard_count=2)
-        key = {"worker": "trainer", "holder": "trainer", "model": "policy", "version": 1, "layout": "tp/rank0"}
+        key = {"worker": "trainer", "holder": "trainer", "model": "policy", "version": 1,
+               "layout": "tp/rank0"}
         with pytest.raises(InvalidRequest, match="pending; only a fetch begun"):
             trainer._hub.post("/v1/fetch/end", msg.EndFetch(**key, ok=True, hold=True), msg.EndFetchAck)
         assert trainer.versions("policy") == {}, "1 of 2 shards must stay invisible"

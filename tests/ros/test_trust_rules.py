@@ -1,4 +1,4 @@
-"""The trust rules without processes: who owns a model, when reports quarantine a copy, what counts as a copy."""
+"""The trust rules without processes: who owns a model, when reports quarantine a copy, what is a copy."""
 
 import pytest
 
@@ -20,7 +20,8 @@ def test_a_model_belongs_to_its_first_publishers_job_unless_a_rule_names_its_own
     assert owners.owns("critic", "other-worker", "job-a") and not owners.owns("critic", "w", "job-b")
     with pytest.raises(NotModelOwner, match="model 'critic' belongs to job 'job-a'"):
         owners.check_create("critic", "w", "job-b", "version 2 (hf)")
-    assert job_of("") == DEFAULT_JOB and job_of("k") == job_of("k") != job_of("other") and "k" not in job_of("k")
+    assert job_of("") == DEFAULT_JOB and job_of("k") == job_of("k") != job_of("other")
+    assert "secret" not in job_of("secret")
     with pytest.raises(ConfigError):
         OwnerRule.parse("policy")
 
@@ -29,7 +30,8 @@ def test_one_readers_reports_keep_only_that_reader_off_a_copy_two_quarantine_it(
     evidence = CorruptionEvidence(hold_s=10.0)
     assert not evidence.report(KEY, "holder", "reader-a", vouched=True, now=0.0)
     assert not evidence.report(KEY, "holder", "reader-a", vouched=True, now=1.0)  # the same reader again
-    assert evidence.excluded(KEY, "holder", "reader-a", 1.0) and not evidence.excluded(KEY, "holder", "reader-b", 1.0)
+    assert evidence.excluded(KEY, "holder", "reader-a", 1.0)
+    assert not evidence.excluded(KEY, "holder", "reader-b", 1.0)
     assert evidence.report(KEY, "holder", "reader-b", vouched=True, now=2.0)
     assert evidence.excluded(KEY, "holder", "reader-c", 2.0) and evidence.quarantined(KEY, "holder", 2.0)
     evidence.expire(20.0)
@@ -44,8 +46,8 @@ def test_neither_an_announced_copy_nor_a_quarantined_one_counts_as_a_copy():
         register(state, worker)
     publish(state, "trainer", m)
     begin(state, "liar", m, have=range(4))
-    state.end_fetch(msg.EndFetch(worker="liar", holder="liar", model="policy", version=1, layout="hf", ok=True,
-                                 hold=True))
+    state.end_fetch(msg.EndFetch(worker="liar", holder="liar", model="policy", version=1, layout="hf",
+                                 ok=True, hold=True))
 
     def must_preserve() -> bool:
         return state.must_preserve(msg.PreserveQuery(holder="trainer", model="policy", version=1,
