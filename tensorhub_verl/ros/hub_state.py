@@ -225,6 +225,9 @@ class HubState:
                 raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
                                f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
                                f"its last heartbeat, or when it leaves)")
+            if old is not None and old.job != job_of(job_key):
+                raise NotOwner(f"worker {req.worker!r} is registered in job {old.job!r}; a live worker keeps its "
+                               f"job (leave, then register with the other job key)")
             secret = credential if old is not None else secrets.token_urlsafe(32)
             if old is not None and old.agent_name != req.agent_name:
                 # A new process took over this worker id: the old one's memory is gone.
@@ -402,8 +405,9 @@ class HubState:
                 record = VersionRecord(manifest, prepared.chunks)
                 self._versions[key] = record
                 self._model_keys.setdefault(key[0], set()).add(key)
-            elif req.shard_rank is not None:
-                record.manifest = _merge_digests(record.manifest, manifest)
+            elif (record.manifest.chunk_bytes, record.manifest.row_shards) == (manifest.chunk_bytes,
+                                                                             manifest.row_shards):
+                record.manifest = _merge_digests(record.manifest, manifest)  # fills a partial group's gaps
             state = "pending" if req.shard_count > 1 else "active"
             record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
                                next(self._ids), shard_rank=req.shard_rank, vouched=owner))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tensorhub_verl.errors import ConfigError, InvalidRequest, NotModelOwner
+from tensorhub_verl.errors import ConfigError, InvalidRequest, NotModelOwner, NotOwner
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.corruption import CorruptionEvidence
 from tensorhub_verl.ros.ownership import DEFAULT_JOB, OwnerRule, Owners, job_of
@@ -62,3 +62,12 @@ def test_neither_an_announced_copy_nor_a_quarantined_one_counts_as_a_copy():
     with pytest.raises(InvalidRequest, match="active; only a fetch begun"):
         state.end_fetch(msg.EndFetch(worker="mirror", holder="mirror", model="policy", version=1, layout="hf",
                                      ok=True, hold=True))
+
+
+def test_a_live_worker_keeps_its_job():
+    state, _ = make_state()
+    join = msg.RegisterWorker(worker="w", location=msg.LocationMsg(), agent_name="w-a", agent_metadata_b64="AAAA")
+    credential = state.register_worker(join, job_key="job-a").credential
+    state.register_worker(join, credential, job_key="job-a")  # refreshing its metadata: fine
+    with pytest.raises(NotOwner, match="a live worker keeps its job"):
+        state.register_worker(join, credential, job_key="job-b")
