@@ -25,6 +25,7 @@ _EXPORTS = {
     "start_hub": "tensorhub_verl.ros.hub_server",
     "HubConfig": "tensorhub_verl.ros.hub_state",
     "Manifest": "tensorhub_verl.ros.manifest",
+    "OwnerRule": "tensorhub_verl.ros.ownership",
     "TensorSpec": "tensorhub_verl.ros.manifest",
     "row_range": "tensorhub_verl.ros.manifest",
     "shard_chunks": "tensorhub_verl.ros.manifest",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from tensorhub_verl.ros.hub_server import HubServer, start_hub
     from tensorhub_verl.ros.hub_state import HubConfig
     from tensorhub_verl.ros.manifest import Manifest, TensorSpec, row_range, shard_chunks
+    from tensorhub_verl.ros.ownership import OwnerRule
     from tensorhub_verl.ros.planner import PlannerConfig
     from tensorhub_verl.ros.topology import LinkCapacities, Location
 

@@ -56,6 +56,13 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wan-gbps", type=float, default=None, help="the WAN's rate, Gbit/s")
     parser.add_argument("--max-inflight-per-source", type=int, default=8)
     parser.add_argument("--url-file", default=None, help="write the hub URL here once listening")
+    parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB",
+                        help="only workers whose id matches WORKER_GLOB create versions of the models "
+                             "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
+                             "to the job of their first publisher")
+    parser.add_argument("--allow-unverified", action="store_true",
+                        help="accept versions without chunk digests (trusted tests only: their bytes go "
+                             "unchecked)")
     return parser
 
 
@@ -70,6 +77,7 @@ def hub_seeds_per_dc(args: argparse.Namespace) -> int:
 def _hub_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.hub_server import HubServer, resolve_token
     from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.ownership import OwnerRule
     from tensorhub_verl.ros.planner import PlannerConfig
 
     args = hub_parser().parse_args(argv)
@@ -78,7 +86,8 @@ def _hub_command(argv: list[str]) -> int:
               "--token-file or $TENSORHUB_TOKEN", file=sys.stderr)
     token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
-                       lease_ttl_s=args.lease_ttl,
+                       lease_ttl_s=args.lease_ttl, owners=tuple(OwnerRule.parse(o) for o in args.owner),
+                       require_digests=not args.allow_unverified,
                        planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config,

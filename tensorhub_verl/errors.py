@@ -44,6 +44,20 @@ class NotOwner(Unauthorized):
     worker id, and every later call for that worker must present it."""
 
 
+class NotModelOwner(NotOwner):
+    """A publish would create a version, layout or shard of a model that belongs to another job (or to the
+    workers a hub rule names). ``model``: the model asked for."""
+
+    def __init__(self, message: str, model: str = ""):
+        super().__init__(message)
+        self.model = model
+
+
+class UnverifiedVersion(TensorHubError):
+    """A version's manifest lacks chunk digests, so its bytes cannot be checked as they land; a reader refuses
+    it unless configured not to (``ClientConfig.require_digests``, for trusted tests only)."""
+
+
 class TransferFailed(TensorHubError):
     """No holder could serve a chunk (all sources failed, or the fetch timed out)."""
 
@@ -75,6 +89,8 @@ __all__ = [
     "DtypeMismatch",
     "Unauthorized",
     "NotOwner",
+    "NotModelOwner",
+    "UnverifiedVersion",
     "TransferFailed",
     "HubUnavailable",
     "InvalidRequest",

@@ -198,7 +198,8 @@ def _publish(url: str, model: str, chunks: int, grants: bool) -> str:
             "worker": "trainer", "holder": "trainer", "regions": [{"addr": 1 << 20}], "manifest": {
                 "model": model, "version": 1, "layout": "hf", "chunk_bytes": _CHUNK_BYTES,
                 "tensors": [{"name": tensor.name, "shape": list(tensor.shape), "dtype": tensor.dtype,
-                             "nbytes": tensor.nbytes}]}})
+                             "nbytes": tensor.nbytes}],
+                "chunk_digests": ["0" * 16] * chunks}})  # the hub stores digests; only readers check them
         reply.raise_for_status()
     return layout_digest("hf", [tensor], _CHUNK_BYTES)
 

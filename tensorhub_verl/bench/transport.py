@@ -54,7 +54,9 @@ def _reader(results, control, hub_url: str, index: int, window: int, transport: 
     os.environ.update(env)
     import tensorhub_verl as th
 
-    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport)
+    # require_digests=False: --chunk-digests off measures reads with nothing to check (those present are checked).
+    client = th.connect(hub_url, f"bench-reader-{index}", window=window, progress=progress, transport=transport,
+                        require_digests=False)
     buffers = _touched(client.manifest("bench", 1).allocate())
     client.fetch("bench", 1, into=buffers, hold=False)  # warm-up: connections, registration
     results.put(("ok", "ready"))
@@ -72,7 +74,7 @@ def _joiner(results, control, hub_url: str, index: int, window: int, transport: 
     import tensorhub_verl as th
 
     with th.connect(hub_url, f"bench-joiner-{index}", window=window, progress=progress, transport=transport,
-                    preconnect_peers=preconnect) as client:
+                    preconnect_peers=preconnect, require_digests=False) as client:
         buffers = _touched(client.manifest("first", 1).allocate())
         seconds = [client.fetch("first", 1, into=buffers, hold=False).seconds for _ in range(repeats + 1)]
     results.put(("ok", (seconds[0], statistics.median(seconds[1:]))))
@@ -146,7 +148,7 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
     import tensorhub_verl as th
 
     transport, env = WIRES[wire]
-    hub = th.start_hub()
+    hub = th.start_hub(config=th.HubConfig(require_digests=digests))
     roles: list[Role] = []
     try:
         holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress, digests)

@@ -80,7 +80,16 @@ class ClientConfig:
     """Content check of published bytes: 'sample', 'full' or 'none' (see manifest.content_fingerprint)."""
     chunk_digests: bool = True
     """Publish an xxh3-64 digest of every chunk, which every reader checks as the chunk lands (a reader
-    always checks what a manifest carries). Costs ~0.1 s per GiB of CPU memory at publish and at fetch."""
+    always checks what a manifest carries). Costs ~0.1 s per GiB of CPU memory at publish and at fetch. A hub
+    refuses versions without them unless started with ``HubConfig(require_digests=False)``."""
+    require_digests: bool = True
+    """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
+    bytes could not be checked. Off only for trusted tests."""
+    job_key: str | None = None
+    """The secret of this worker's job: the first job to publish a model owns it, and only its workers create
+    versions of it (others may only hold copies of published ones; ``ownership.py``). Give every worker of one
+    training job the same key (e.g. a random one per job). None: the hub's default job, shared by every worker
+    without a key."""
     spot: bool = False
     """A spot worker may vanish any time; its copies never count as reliable for retention."""
     preserve_on_unpublish: bool = True
@@ -199,7 +208,7 @@ class Client:
         self._transport = transport or transports.create(self.config, worker, hub_url)
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
                               on_new_instance=self._reregister, ca_file=self.config.tls_ca_file,
-                              allow_plain_http=self.config.allow_plain_http)
+                              allow_plain_http=self.config.allow_plain_http, job_key=self.config.job_key)
         self.hub_url = self._hub.url
         ack = self._first_registration()
         self._heartbeat_s = ack.heartbeat_s
@@ -386,6 +395,11 @@ class Client:
         model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
         deadline = started + (timeout or self.config.fetch_timeout_s)
+        if self.config.require_digests and not (manifest.chunk_digests and all(manifest.chunk_digests)):
+            raise errors.UnverifiedVersion(
+                f"{model} v{manifest.version} ({layout}) has no digest of some chunk, so its bytes cannot be "
+                f"checked as they land; refused. Publish with ClientConfig.chunk_digests=True (the default), "
+                f"or, for a trusted test only, fetch with ClientConfig.require_digests=False")
         with self._lock:
             if (self.worker, *key) in self._held:
                 raise errors.InvalidRequest(f"{self.worker} already holds {model} v{manifest.version} ({layout}); "
@@ -559,7 +573,14 @@ class Client:
             held = list(self._held.values())
             fetches = list(self._fetches.values())
         for h in held:
-            self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)
+            try:
+                self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)
+            except errors.NotModelOwner as e:
+                # A copy of another job's model, re-published before that job's own holders came back: the
+                # new hub takes copies only of versions already visible. This one serves nobody until
+                # fetched again.
+                logger.warning("%s could not re-register %s v%d: %s", self.worker, h.manifest.model,
+                               h.manifest.version, e)
         for f in fetches:
             try:
                 self._begin_fetch(f)

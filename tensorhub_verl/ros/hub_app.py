@@ -28,7 +28,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import HubState
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 from tensorhub_verl.ros.tcp_wire import advertised_host_problem
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
@@ -52,6 +52,7 @@ _STATUS_OF = [
 ]
 
 Credential = Annotated[str, Header(alias=CREDENTIAL_HEADER, max_length=256)]
+JobKey = Annotated[str, Header(alias=JOB_KEY_HEADER, max_length=256)]
 
 
 class _BodyLimit:
@@ -217,11 +218,12 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return {"ok": True, "hub_instance": state.instance}
 
     @app.post(msg.REGISTER_PATH)
-    def register(req: msg.RegisterWorker, request: Request, credential: Credential = "") -> msg.WorkerAck:
+    def register(req: msg.RegisterWorker, request: Request, credential: Credential = "",
+                 job_key: JobKey = "") -> msg.WorkerAck:
         problem = _advertised_address_problem(req, request.client.host if request.client else None)
         if problem is not None:
             raise errors.InvalidRequest(problem)
-        return state.register_worker(req, credential)
+        return state.register_worker(req, credential, job_key)
 
     @app.post("/v1/workers/heartbeat")
     async def heartbeat(credential: Credential = "",

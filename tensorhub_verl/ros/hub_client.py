@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, REGISTER_PATH
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER, REGISTER_PATH
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -40,6 +40,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "ManifestMismatch": errors.ManifestMismatch,
     "Unauthorized": errors.Unauthorized,
     "NotOwner": errors.NotOwner,
+    "NotModelOwner": errors.NotModelOwner,
     "InvalidRequest": errors.InvalidRequest,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
@@ -49,10 +50,11 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
 class HubClient:
     def __init__(self, url: str, token: str | None = None, request_timeout_s: float = 15.0,
                  retry_s: float = 30.0, on_new_instance: Callable[[], None] | None = None,
-                 ca_file: str | None = None, allow_plain_http: bool = False):
+                 ca_file: str | None = None, allow_plain_http: bool = False, job_key: str | None = None):
         """``ca_file``: PEM file of the CA that signed an https hub's certificate (default: the system's).
         ``allow_plain_http``: send ``token`` over ``http://`` to a hub on another host (a network where nobody
-        can read or relay the traffic); otherwise such a URL is refused before anything is sent."""
+        can read or relay the traffic); otherwise such a URL is refused before anything is sent.
+        ``job_key``: sent with registrations only, the secret of the worker's job (``ownership.py``)."""
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"hub URL {url!r} must start with http:// or https://")
         if token and url.startswith("http://") and not allow_plain_http and not is_loopback_url(url):
@@ -70,6 +72,7 @@ class HubClient:
         self.url = url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._job_key = job_key
         # urllib3 rather than httpx: it costs about half the CPU per request (0.22 vs 0.4 ms measured here), and
         # a fetch makes one request per exchange. Its connections set TCP_NODELAY (without it a request's header
         # and body writes meet delayed ACKs, ~40 ms per call). One pooled connection per concurrent caller (the
@@ -148,6 +151,8 @@ class HubClient:
                     headers["content-type"] = "application/json"
                 if self._credential:
                     headers[CREDENTIAL_HEADER] = self._credential
+                if self._job_key and path == REGISTER_PATH:
+                    headers[JOB_KEY_HEADER] = self._job_key
                 response = self._http.urlopen(
                     method, f"{path}?{urlencode(params)}" if params else path, body=content, headers=headers,
                     timeout=timeout if timeout is not None else self.request_timeout_s)

@@ -6,6 +6,7 @@ The same ``HubServer`` object is what a Ray actor wraps to run the hub inside a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -153,8 +154,11 @@ class _ProbedServer(uvicorn.Server):
 
 def start_hub(host: str = "127.0.0.1", port: int = 0, token: str | None = None,
               config: HubConfig | None = None, tls_cert: str | os.PathLike | None = None,
-              tls_key: str | os.PathLike | None = None,
+              tls_key: str | os.PathLike | None = None, owners: tuple[str, ...] | None = None,
               connection_limits: ConnectionLimits | None = None) -> HubServer:
-    """Starts an embedded hub in background threads; ``hub.url`` to connect, ``hub.stop()`` to end it."""
+    """Starts an embedded hub in background threads; ``hub.url`` to connect, ``hub.stop()`` to end it.
+    ``owners``: "MODEL_GLOB=WORKER_GLOB" rules (``HubConfig.owners``), e.g. ``("policy=trainer-*",)``."""
+    if owners is not None:
+        config = dataclasses.replace(config or HubConfig(), owners=tuple(owners))
     return HubServer(host, port, token, config, tls_cert=tls_cert, tls_key=tls_key,
                      connection_limits=connection_limits).start()

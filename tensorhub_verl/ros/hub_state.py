@@ -43,6 +43,7 @@ from tensorhub_verl.errors import (
 )
 from tensorhub_verl.ros import grants
 from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
+from tensorhub_verl.ros.corruption import CorruptionEvidence
 from tensorhub_verl.ros.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import (
@@ -50,6 +51,7 @@ from tensorhub_verl.ros.limits import (
 )
 from tensorhub_verl.ros.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
+from tensorhub_verl.ros.ownership import DEFAULT_JOB, OwnerRule, Owners, job_of
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request, unservable
 from tensorhub_verl.ros.topology import Distance, Location
 
@@ -72,12 +74,23 @@ class HubConfig:
     suspect_s: float = 3.0
     """After a failed read, its source gets no new reads for this long (unless it proves alive)."""
     quarantine_s: float = 300.0
-    """A holding whose bytes failed a reader's digest check serves no reads for this long."""
+    """A holding whose bytes failed the digest checks of two readers (``corruption.py``) serves no reads for
+    this long; one reader's report keeps only that reader off it, for as long."""
     keep_versions: int = 2
     """Retention: the newest N versions of each model are kept; holders are asked to drop older ones."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     limits: HubLimits = field(default_factory=HubLimits)
     """What one version may cost the hub (tensors, bytes, chunks)."""
+    owners: tuple[OwnerRule | str, ...] = ()
+    """Models that only the named workers may create (``ownership.py``; an ``OwnerRule`` or
+    "MODEL_GLOB=WORKER_GLOB"); other models belong to the job of their first publisher."""
+    require_digests: bool = True
+    """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
+    without digests is served unchecked."""
+
+    def __post_init__(self) -> None:
+        rules = tuple(r if isinstance(r, OwnerRule) else OwnerRule.parse(r) for r in self.owners)
+        object.__setattr__(self, "owners", rules)
 
 
 @dataclass(slots=True)
@@ -95,6 +108,8 @@ class WorkerRecord:
     """The key this worker's data-plane server checks read grants with (grants.py); empty: it needs none."""
     stall_at_seen: float = 0.0
     """The hub's own stall total (StallMeter.stalled) when this worker was last heard."""
+    job: str = DEFAULT_JOB
+    """The job its registration's job key admits it to (``ownership.job_of``)."""
 
 
 @dataclass(slots=True)
@@ -116,6 +131,11 @@ class Holding:
     settled: set[int] = field(default_factory=set)
     """A filling reader's leases it reported finished: an exchange the client repeated (its reply was lost) finds
     them booked, instead of calling them revoked for chunks the hub already counts."""
+    vouched: bool = True
+    """Whether the hub knows where these bytes came from: a publish by the model's owner, or a fetch whose
+    every chunk the hub saw read through its own leases. An unvouched copy (a non-owner's publish, or a fetch
+    that began with chunks it only announced in ``BeginFetch.have``) serves reads, which readers check, but
+    never counts as a reliable copy, and one corruption report quarantines it."""
 
     def complete(self, total: int) -> bool:
         """A filling reader has every chunk it reads."""
@@ -169,8 +189,9 @@ class HubState:
         self._stale_models: set[str] = set()
         self.model_seq: dict[str, int] = {}
         """model -> bumped whenever its active holdings may have changed (parked long-polls compare it)."""
-        self._quarantined_until: dict[tuple[Key, str], float] = {}
-        """(version key, holder) -> end of its quarantine after a reader found bytes that fail their digest."""
+        self._evidence = CorruptionEvidence(self.config.quarantine_s)
+        """Readers' reports of bytes that fail their digest, and the quarantines they lead to."""
+        self._owners = Owners(self.config.owners)
         self._shard_groups: dict[GroupKey, dict[Member, int | None]] = {}
         """group -> its members and their row shard rank (None: a shard in its own layout, e.g. a TP rank)."""
         self._shard_counts: dict[GroupKey, int] = {}
@@ -189,8 +210,10 @@ class HubState:
         self.fetch_seconds: list[tuple[str, float]] = []
 
     # ----------------------------------------------------------------------------------- workers
-    def register_worker(self, req: msg.RegisterWorker, credential: str = "") -> msg.WorkerAck:
-        """Registers (or re-registers) a worker; the reply carries its credential.
+    def register_worker(self, req: msg.RegisterWorker, credential: str = "",
+                        job_key: str = "") -> msg.WorkerAck:
+        """Registers (or re-registers) a worker; the reply carries its credential. ``job_key``: the secret
+        that admits it to its job (``ownership.py``); empty: the hub's default job.
 
         A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
         anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
@@ -202,6 +225,9 @@ class HubState:
                 raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
                                f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
                                f"its last heartbeat, or when it leaves)")
+            if old is not None and old.job != job_of(job_key):
+                raise NotOwner(f"worker {req.worker!r} is registered in job {old.job!r}; a live worker keeps its "
+                               f"job (leave, then register with the other job key)")
             secret = credential if old is not None else secrets.token_urlsafe(32)
             if old is not None and old.agent_name != req.agent_name:
                 # A new process took over this worker id: the old one's memory is gone.
@@ -212,7 +238,7 @@ class HubState:
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
                                   old.bytes_served if old else 0, _hash(secret),
                                   base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
-                                  self.stall.stalled())
+                                  self.stall.stalled(), job_of(job_key))
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -337,6 +363,11 @@ class HubState:
     # ---------------------------------------------------------------------------------- holdings
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
+        if self.config.require_digests and not req.manifest.chunk_digests:
+            m = req.manifest
+            raise InvalidRequest(f"{m.model} v{m.version}: a publish must carry a digest of every chunk it "
+                                 f"holds (ClientConfig.chunk_digests=True, the default), so that readers can "
+                                 f"check the bytes; this hub refuses versions without them")
         prepared = prepare_version(req.manifest, self.config.limits, req.shard_rank)
         check_row_shard(req)
         check_regions(req.regions, prepared.manifest, req.shard_rank)
@@ -351,12 +382,15 @@ class HubState:
             raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
         key = (manifest.model, manifest.version, manifest.layout)
         with self._lock:
-            self._require_worker(req.worker)
+            job = self._require_worker(req.worker).job
             _check_holder(req.worker, req.holder)
             record = self._versions.get(key)
+            owner = self._owners.owns(key[0], req.worker, job)
+            if not owner:
+                self._check_copy(req, record, job)
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
-                if req.shard_rank is not None:
+                if req.shard_rank is not None or not owner:
                     check_same_chunk_map(record.manifest, manifest)
                 existing = record.holdings.get(req.holder)
                 if existing is not None and existing.worker != req.worker:
@@ -371,14 +405,31 @@ class HubState:
                 record = VersionRecord(manifest, prepared.chunks)
                 self._versions[key] = record
                 self._model_keys.setdefault(key[0], set()).add(key)
-            elif req.shard_rank is not None:
-                record.manifest = _merge_digests(record.manifest, manifest)
+            elif (record.manifest.chunk_bytes, record.manifest.row_shards) == (manifest.chunk_bytes,
+                                                                             manifest.row_shards):
+                record.manifest = _merge_digests(record.manifest, manifest)  # fills a partial group's gaps
             state = "pending" if req.shard_count > 1 else "active"
             record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
-                               next(self._ids), shard_rank=req.shard_rank))
+                               next(self._ids), shard_rank=req.shard_rank, vouched=owner))
+            if owner:
+                self._owners.bind(key[0], job)
             if req.shard_count > 1:
                 self._commit_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
             self._holdings_changed(key[0])
+
+    def _check_copy(self, req: msg.Publish, record: VersionRecord | None, job: str) -> None:
+        """A publish by a worker that does not own the model: only a copy of a version already visible, whole
+        and with the version's digests, is accepted (a reader re-registering what it fetched, after a hub
+        restart)."""
+        m = req.manifest
+        if req.shard_count > 1:
+            self._owners.check_create(m.model, req.worker, job, f"shards of group {req.shard_group!r}")
+        if record is None or not self._visible(record):
+            self._owners.check_create(m.model, req.worker, job, f"version {m.version} ({m.layout})")
+        if tuple(m.chunk_digests) != record.manifest.chunk_digests:
+            raise ManifestMismatch(f"{m.model} v{m.version} ({m.layout}) is published with other chunk "
+                                   f"digests; a copy by a worker outside the model's owner job must carry "
+                                   f"the version's own")
 
     def _check_shard(self, group: GroupKey, count: int, member: Member, rank: int | None) -> None:
         known = self._shard_counts.get(group, count)
@@ -470,13 +521,14 @@ class HubState:
                 # A row shard's rows alone are no copy of the version: archiving them would keep nothing fetchable.
                 return msg.PreserveAnswer(must_preserve=False, reason="a row shard holds part of the version, not "
                                           "a copy; fetch the version to keep a copy")
+            now = self._clock()
             for key, record in self._records_of(req.model):
                 if key[1] != req.version:
                     continue
                 for other in record.holdings.values():
                     worker = self._workers.get(other.worker)
                     if other.holder != req.holder and other.state == "active" and other.chunks is None and worker \
-                            and not worker.spot:
+                            and not worker.spot and self._reliable(key, other, now):
                         return msg.PreserveAnswer(must_preserve=False, reason=f"{other.holder} holds a copy")
                 group = self._reliable_row_shards(record, req.holder)
                 if group:
@@ -490,10 +542,11 @@ class HubState:
         does, so a rank that stopped sending heartbeats counts as dead before the sweep drops it."""
         ranks: dict[int, str] = {}
         now, stalled = self._clock(), self.stall.stalled()
+        key = (record.manifest.model, record.manifest.version, record.manifest.layout)
         for other in record.holdings.values():
             worker = self._workers.get(other.worker)
             if other.shard_rank is None or other.holder == asking or other.state != "active" or worker is None \
-                    or worker.spot:
+                    or worker.spot or not self._reliable(key, other, now):
                 continue
             if now - worker.last_seen - (stalled - worker.stall_at_seen) > self.config.worker_timeout_s:
                 continue
@@ -501,6 +554,10 @@ class HubState:
         if len(ranks) != record.manifest.row_shards:
             return []
         return [ranks[r] for r in sorted(ranks)]
+
+    def _reliable(self, key: Key, holding: Holding, now: float) -> bool:
+        """A copy the hub may count on: it knows where its bytes came from, and no readers found them bad."""
+        return holding.vouched and not self._evidence.quarantined(key, holding.holder, now)
 
     # ----------------------------------------------------------------------------------- fetches
     def begin_fetch(self, req: msg.BeginFetch) -> Manifest:
@@ -522,10 +579,12 @@ class HubState:
             if existing is not None and existing.state != "filling":
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
+            # Announced chunks are not read again, but the hub never saw them land: they serve nobody during
+            # this fetch, and the holding never counts as a reliable copy (Holding.vouched).
             chunks = {c for c in req.have if c < len(record.chunks)}
             need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
             record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
-                               need=need, unserved=frozenset(req.unserved)))
+                               need=need, unserved=frozenset(req.unserved) | chunks, vouched=not chunks))
             self._revoked.pop(req.holder, None)
             return record.manifest
 
@@ -614,15 +673,7 @@ class HubState:
                 self._land(record, holding, lease, sorted(set(failure.landed) & set(lease.chunks)))
             source = record.holdings.get(lease.source)
             if source is not None and failure.corrupt:
-                # Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or
-                # a reader that claimed chunks it never verified. Its copy of this version serves nobody for a
-                # while; readers re-read the chunk elsewhere. (A reader could accuse falsely: it costs the
-                # holding quarantine_s for this one version, never data.)
-                self._quarantined_until[(lease.key, lease.source)] = self._clock() + self.config.quarantine_s
-                self.corrupt_reads[source.worker] += 1
-                logger.error("reader %s found chunk %d from %s (worker %s) corrupt; quarantining that copy of %s for "
-                             "%.0f s", req.holder, lease.chunk, lease.source, source.worker, lease.key,
-                             self.config.quarantine_s)
+                self._report_corrupt(req.worker, lease, source)
             if source is not None:
                 self._suspect_until[source.worker] = self._clock() + self.config.suspect_s
                 self.read_failures[source.worker] += 1
@@ -649,6 +700,18 @@ class HubState:
             if worker is not None:
                 worker.bytes_served += nbytes
 
+    def _report_corrupt(self, reader: str, lease: Lease, source: Holding) -> None:
+        """Bytes that fail the publisher's digest: a holder that changed its tensor after publishing, or a
+        reader that claimed chunks it never verified, or a reader that lies. The reporter reads that chunk
+        elsewhere and is never planned on that copy again; the copy is quarantined on independent evidence
+        (corruption.py)."""
+        quarantined = self._evidence.report(lease.key, lease.source, reader, source.vouched, self._clock())
+        self.corrupt_reads[source.worker] += 1
+        outcome = "that reader reads it elsewhere" if not quarantined else \
+            f"quarantining that copy of {lease.key} for {self.config.quarantine_s:.0f} s"
+        logger.error("reader %s found chunk %d from %s (worker %s) corrupt; %s", reader, lease.chunk,
+                     lease.source, source.worker, outcome)
+
     def _plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int,
               run_chunks: int = 1):
         """One reader's next reads, in O(want + complete holders + the candidate chunks' holders): the lease book
@@ -669,7 +732,7 @@ class HubState:
                 worker = self._workers.get(h.worker) if h is not None else None
                 views[name] = None
                 if worker is not None and h.state not in ("draining", "pending") \
-                        and not self._quarantined(key, name, now):
+                        and not self._evidence.excluded(key, name, holding.worker, now):
                     # A ranged reader's partly read chunks are never served (the index leaves them out too).
                     chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
                     views[name] = HolderView(name, worker.location, chunks, self._leases.reads_from(key, name),
@@ -713,6 +776,12 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
+            if holding.state == "draining":
+                # A repeated end while the holding's reads drain: it only waits for them.
+                return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
+            if holding.state != "filling":
+                raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress: its holding is "
+                                     f"{holding.state}; only a fetch begun with /v1/fetch/begin can end")
             if req.ok and holding.chunks is not None and not holding.complete(len(record.chunks)):
                 raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
                                      f"{len(record.chunks) if holding.need is None else len(holding.need)} chunks")
@@ -750,8 +819,7 @@ class HubState:
                                    "awake); dropping it and its holdings", worker, now - r.last_seen, silence)
                     self._drop_worker(worker)
             self._expire_leases()
-            for entry in [e for e, until in self._quarantined_until.items() if until <= now]:
-                del self._quarantined_until[entry]
+            self._evidence.expire(now)
 
     def _expire_leases(self) -> None:
         overdue = self._leases.overdue(self._clock())
@@ -797,13 +865,6 @@ class HubState:
                 for group in [g for g in self._shard_groups if g[:2] == key[:2]]:
                     del self._shard_groups[group]
                     self._shard_counts.pop(group, None)
-
-    def _quarantined(self, key: Key, holder: str, now: float) -> bool:
-        until = self._quarantined_until.get((key, holder))
-        if until is not None and until <= now:
-            del self._quarantined_until[(key, holder)]
-            return False
-        return until is not None
 
     def _holdings_of(self, worker: str) -> list[Holding]:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
@@ -867,7 +928,8 @@ class HubState:
                 models[model].append(msg.VersionStatus(
                     version=version, layout=layout, bytes=record.manifest.nbytes, chunks=len(record.chunks),
                     holders=[msg.HolderStatus(holder=h.holder, worker=h.worker, state=h.state,
-                                              quarantined=self._quarantined((model, version, layout), h.holder, now),
+                                              quarantined=self._evidence.quarantined(
+                                                  (model, version, layout), h.holder, now),
                                               chunks=len(record.chunks) if h.chunks is None else len(h.chunks),
                                               served_bytes=h.served_bytes) for h in record.holdings.values()],
                 ))

@@ -31,6 +31,9 @@ INSTANCE_HEADER = "X-TensorHub-Instance"
 CREDENTIAL_HEADER = "X-TensorHub-Credential"
 """The per-worker secret that registration returns; every later call for that worker carries it. A header,
 not a body field: request bodies end up in logs and error messages, headers do not."""
+JOB_KEY_HEADER = "X-TensorHub-Job-Key"
+"""Sent with a registration only: the secret that admits the worker to its job, whose members alone create
+versions of the job's models (``ownership.py``). Absent: the hub's default job."""
 REGISTER_PATH = "/v1/workers/register"
 HOLDER_SEPARATOR = "~"
 """A worker's holders are named ``<worker>`` or ``<worker>~<suffix>`` (e.g. its CPU archive ``w~cpu``), so

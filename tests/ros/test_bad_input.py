@@ -15,7 +15,7 @@ LIMITS = HubLimits(max_tensors=16, max_tensor_bytes=1 << 20, max_version_bytes=2
 
 @pytest.fixture
 def api():
-    server = th.start_hub(config=th.HubConfig(limits=LIMITS))
+    server = th.start_hub(config=th.HubConfig(limits=LIMITS, require_digests=False))  # tests other checks
     http = httpx.Client(base_url=server.url, timeout=10)
     joined = http.post("/v1/workers/register", json={"worker": "w", "location": {}, "agent_name": "w-agent",
                                                      "agent_metadata_b64": "AAAA"})

@@ -16,7 +16,7 @@ def _tiny(model: str, version: int) -> msg.ManifestMsg:
 
 
 def test_heartbeats_reuse_the_retention_lists_until_holdings_change(monkeypatch):
-    state = HubState(HubConfig(keep_versions=2))
+    state = HubState(HubConfig(keep_versions=2, require_digests=False))
     for w in ("a", "b"):
         state.register_worker(msg.RegisterWorker(worker=w, location=msg.LocationMsg(), agent_name=w,
                                                  agent_metadata_b64="AAAA"))

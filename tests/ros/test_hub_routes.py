@@ -10,7 +10,8 @@ from tensorhub_verl.ros.manifest import Manifest, TensorSpec
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 CHUNK = 4096
-M = Manifest("policy", 1, "hf", (TensorSpec("w", (4 * CHUNK,), "uint8", 4 * CHUNK),), CHUNK, "f1")
+M = Manifest("policy", 1, "hf", (TensorSpec("w", (4 * CHUNK,), "uint8", 4 * CHUNK),), CHUNK, "f1",
+             ("0" * 16,) * 4)
 
 
 def _worker(url: str, name: str) -> HubClient:

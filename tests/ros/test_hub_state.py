@@ -30,7 +30,7 @@ def manifest(version=1, chunks=4, fingerprint="f1"):
 
 def make_state(**config):
     clock = Clock()
-    return HubState(HubConfig(**config), clock=clock), clock
+    return HubState(HubConfig(**{"require_digests": False, **config}), clock=clock), clock
 
 
 def register(state, worker, dc="dc0", node="n0", spot=False):

@@ -1,13 +1,14 @@
 """Per-chunk digests: a reader verifies every chunk before it reports or serves it, re-reads a bad one
-elsewhere, and the bad copy is quarantined."""
+elsewhere, and the bad copy is quarantined once two readers found it bad."""
 
 import dataclasses
+import time
 
 import pytest
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.errors import ManifestMismatch
+from tensorhub_verl.errors import ManifestMismatch, UnverifiedVersion
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.integrity import chunk_digests
 from tensorhub_verl.ros.manifest import build_manifest
@@ -43,23 +44,41 @@ def test_a_second_publish_whose_bytes_differ_anywhere_is_refused(hub):
 
 
 @pytest.mark.parametrize("plane", ["auto", "tcp"])  # auto: NIXL here; tcp: the chunk is hashed as it lands
-def test_a_holder_that_changed_its_bytes_is_caught_read_around_and_quarantined(hub, roles, plane):
+def test_a_changed_copy_is_caught_read_around_and_quarantined_on_two_readers_reports(hub, roles, plane):
     good = roles(holder, hub.url, "good", 9, 2.0, CHUNK, 1, None, plane).result(120)
     roles(tampering_holder, hub.url, "tamperer", 9, 2.0, CHUNK, 1, plane).result(120)
-    with Client(hub.url, "reader", config=ClientConfig(window=8, transport=plane)) as reader:
+    config = ClientConfig(window=8, transport=plane)
+    with Client(hub.url, "reader", config=config) as reader, \
+            Client(hub.url, "second", config=config) as second:
         assert sorted(reader.versions("policy")[1]) == ["good", "tamperer"]
         stats = reader.fetch("policy", 1, hold=False)
         assert digest(stats.buffers) == good["digest"]  # never a mix of both holders' bytes
         assert stats.corrupt_reads >= 1
         assert set(stats.sources) == {"good"}
-        holders = {h["holder"]: h for h in reader.status()["models"]["policy"][0]["holders"]}
-        assert holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
-        again = reader.fetch("policy", 1, hold=False)  # the quarantined copy is not even tried now
+        assert not _quarantined(reader)["tamperer"], "one reader's report alone quarantines nobody"
+        time.sleep(hub.state.config.suspect_s + 0.5)  # the failed reads' suspicion passes; evidence stays
+        again = reader.fetch("policy", 1, hold=False)  # but that reader is not planned on that copy again
         assert again.corrupt_reads == 0 and set(again.sources) == {"good"}
+        other = second.fetch("policy", 1, hold=False)
+        assert digest(other.buffers) == good["digest"] and other.corrupt_reads >= 1
+        assert _quarantined(reader) == {"good": False, "tamperer": True}, "a second reader's report does"
 
 
-def test_digests_can_be_turned_off(hub):
-    with th.connect(hub.url, "trainer", chunk_digests=False) as trainer:
-        assert trainer.publish("policy", 1, {"w": torch.ones(10)}).chunk_digests == ()
+def _quarantined(client) -> dict[str, bool]:
+    return {h["holder"]: h["quarantined"] for h in client.status()["models"]["policy"][0]["holders"]}
+
+
+def test_digests_can_be_turned_off_for_trusted_tests_on_both_sides():
+    hub = th.start_hub(config=th.HubConfig(require_digests=False))
+    try:
+        with th.connect(hub.url, "trainer", chunk_digests=False) as trainer, \
+                th.connect(hub.url, "strict") as strict, \
+                th.connect(hub.url, "lax", require_digests=False) as lax:
+            assert trainer.publish("policy", 1, {"w": torch.ones(10)}).chunk_digests == ()
+            with pytest.raises(UnverifiedVersion, match="no digest"):
+                strict.fetch("policy", 1, hold=False)
+            assert torch.equal(lax.fetch("policy", 1, hold=False).buffers["w"], torch.ones(10))
+    finally:
+        hub.stop()
     manifest = build_manifest("m", 1, "hf", {"w": torch.ones(10)})
     assert dataclasses.replace(manifest, chunk_digests=("0" * 16,)).digest == manifest.digest  # layout unchanged

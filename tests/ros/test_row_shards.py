@@ -4,6 +4,7 @@ Real hub, real processes, real NIXL/UCX reads; bytes compared exactly.
 """
 
 import json
+from dataclasses import replace
 import os
 import signal
 import time
@@ -168,6 +169,9 @@ def test_a_reader_refuses_a_region_that_does_not_cover_its_segment():
 def _shard_publish(rank, ranks=2, holder=None, **extra):
     manifest = Manifest("policy", 1, "hf", (TensorSpec("w", (2048,), "float32", 8192),
                                             TensorSpec("s", (), "int64", 8)), 4096, row_shards=ranks)
+    own = shard_chunks(manifest, rank)
+    manifest = replace(manifest, chunk_digests=tuple(f"{i:016x}" if i in own else ""
+                                                     for i in range(len(manifest.chunks()))))
     regions = []
     for spec in manifest.tensors:
         start, stop = shard_bytes(spec, rank, ranks)
@@ -264,7 +268,8 @@ def test_bad_row_shard_publishes_are_refused_and_change_nothing(api):
         "a region with no length": (_with(good, regions__0__nbytes=None), 400),
         "digests of another rank's chunks": (_with(good, manifest__chunk_digests=digests), 400),
         "no digest of its own chunk": (_with(good, manifest__chunk_digests=["", "", ""]), 400),
-        "another chunk map": (_with(good, manifest__chunk_bytes=8192), 409),
+        "another chunk map": (_with(good, manifest__chunk_bytes=8192,
+                                    manifest__chunk_digests=["", digests[0]]), 409),
         "too many row shards": (_with(good, manifest__row_shards=70_000), 422),
         "a negative rank": (_with(good, shard_rank=-1), 422),
         "a whole tensor starting mid-tensor": (

@@ -17,7 +17,8 @@ from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 from tensorhub_verl import errors
 
 GOOD = {"model": "m", "version": 1, "layout": "hf", "chunk_bytes": 4096,
-        "tensors": [{"name": "w", "shape": [1024], "dtype": "float32", "nbytes": 4096}]}
+        "tensors": [{"name": "w", "shape": [1024], "dtype": "float32", "nbytes": 4096}],
+        "chunk_digests": ["0123456789abcdef"]}
 
 
 @pytest.fixture

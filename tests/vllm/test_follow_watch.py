@@ -11,7 +11,8 @@ from tensorhub_verl.vllm.follow import HubWatch
 
 def _publish(http, version, layout):
     manifest = {"model": "m", "version": version, "layout": layout, "chunk_bytes": 4096,
-                "tensors": [{"name": "w", "shape": [1024], "dtype": "float32", "nbytes": 4096}]}
+                "tensors": [{"name": "w", "shape": [1024], "dtype": "float32", "nbytes": 4096}],
+                "chunk_digests": ["0" * 16]}
     reply = http.post("/v1/publish", json={"worker": "w", "holder": "w", "manifest": manifest,
                                            "regions": [{"addr": 4096}]})
     assert reply.status_code == 200, reply.text
