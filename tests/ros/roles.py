@@ -82,8 +82,8 @@ def tampering_holder(results, control, hub_url, worker, seed, size_mb, chunk_byt
     client.close()
 
 
-def reader(results, control, hub_url, worker, version="latest", hold=True, window=8):
-    client = th.connect(hub_url, worker, window=window, hub_retry_s=60.0)
+def reader(results, control, hub_url, worker, version="latest", hold=True, window=8, max_run_chunks=1024):
+    client = th.connect(hub_url, worker, window=window, max_run_chunks=max_run_chunks, hub_retry_s=60.0)
     buffers = client.manifest("policy", version).allocate()
     results.put(("ok", "ready"))
     control.get(timeout=600)

@@ -114,7 +114,8 @@ def test_parked_exchanges_hold_no_threads_that_registration_and_publish_need():
         assert len(asked - {"busy"}) == parked, "not every reader's exchange reached the hub"
         newcomer = _worker(server.url, "newcomer")
         newcomer.post("/v1/publish", msg.Publish(worker="newcomer", holder="newcomer", manifest=manifest_to_msg(
-            Manifest("other", 1, "hf", M.tensors, CHUNK, "f2")), regions=[msg.RegionMsg(addr=3000)]), msg.OkReply)
+            Manifest("other", 1, "hf", M.tensors, CHUNK, "f2", M.chunk_digests)), regions=[msg.RegionMsg(addr=3000)]),
+            msg.OkReply)
         still_parked = sum(t.is_alive() for t in threads)
         for t in threads:
             t.join(40)

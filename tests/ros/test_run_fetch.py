@@ -29,15 +29,17 @@ def test_a_fetch_in_runs_moves_the_same_bytes_in_far_fewer_exchanges(hub, roles,
 
 
 @pytest.mark.parametrize("plane", ["auto", "tcp"])
-def test_a_run_from_a_holder_that_changed_its_bytes_is_read_around_and_the_holder_quarantined(hub, roles, plane):
+def test_a_run_from_a_holder_that_changed_its_bytes_is_read_around(hub, roles, plane):
     good = roles(holder, hub.url, "good", 9, SIZE_MB, CHUNK, 1, None, plane).result(120)
     roles(tampering_holder, hub.url, "tamperer", 9, SIZE_MB, CHUNK, 1, plane).result(120)
     with Client(hub.url, "reader", config=ClientConfig(window=8, transport=plane, **RUNS)) as reader:
         stats = reader.fetch("policy", 1, hold=False)
         assert digest(stats.buffers) == good["digest"]  # never a mix of both holders' bytes
         assert set(stats.sources) == {"good"}
+        assert stats.corrupt_reads >= 1  # the tamperer's bytes were read, caught, and read again elsewhere
         holders = {h["holder"]: h for h in reader.status()["models"]["policy"][0]["holders"]}
-        assert holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
+        # One reader's report keeps that reader off the copy; quarantine takes two (test_integrity.py).
+        assert not holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
 
 
 class _FailsOneReadInsideARun(TcpTransport):

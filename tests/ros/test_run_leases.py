@@ -205,11 +205,14 @@ def test_the_hubs_runs_stop_at_a_chunk_a_nearer_reader_already_holds():
     publish(state, "trainer", m)
     for name in ("mate", "reader"):
         register(state, name, node="n0")
-    state.begin_fetch(msg.BeginFetch(worker="mate", holder="mate", model=m.model, version=m.version, have=[3],
+    state.begin_fetch(msg.BeginFetch(worker="mate", holder="mate", model=m.model, version=m.version,
                                      layout=m.layout, digest=m.digest, regions=[msg.RegionMsg(addr=3000)]))
+    mate_exchange = dict(worker="mate", holder="mate", model=m.model, version=m.version, layout=m.layout)
+    (lease,) = state.exchange(msg.Exchange(**mate_exchange, want=1, run_chunks=1)).assignments
+    state.exchange(msg.Exchange(**mate_exchange, want=0, completed=[lease.lease]))  # the mate now holds it
     state.begin_fetch(msg.BeginFetch(worker="reader", holder="reader", model=m.model, version=m.version,
                                      layout=m.layout, digest=m.digest, regions=[msg.RegionMsg(addr=2000)]))
     reply = exchange(state, m)
     by_chunk = {c: a.source for a in reply.assignments for c in range(a.chunk, a.chunk + a.count)}
-    assert by_chunk[3] == "mate" and len(by_chunk) == 8  # the mate on this node serves chunk 3
+    assert by_chunk[lease.chunk] == "mate" and len(by_chunk) == 8  # the mate on this node serves its chunk
     assert any(a.count > 1 for a in reply.assignments)

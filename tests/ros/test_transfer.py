@@ -53,7 +53,7 @@ def test_a_late_reader_reads_from_a_reader_still_filling(hub, roles):
     fetch = threading.Thread(target=early.fetch, args=("policy", 1), daemon=True)
     fetch.start()
     assert gated.holding.wait(60), "the early reader never reached its 4th read"
-    late = roles(reader, hub.url, "late")
+    late = roles(reader, hub.url, "late", "latest", True, 8, 1)  # a lease per chunk: each held chunk counts
     late.result(120)
     late.send("go")
     wait_until(lambda: _served(early, "early") > 0, 60, "the late reader read nothing from the early one")
