@@ -280,15 +280,15 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     async def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
         # An exchange that may wait for work parks on the event loop, as /v1/wait does, and never in the thread
         # pool: a thousand idle readers then hold no pool threads that registrations and publishes need. The
-        # first try books the reports; later tries only ask again (a reader asks to wait only when it has no
-        # reads in flight), and the leases any try revoked are all returned.
+        # first try books the reports; later tries only ask again, while the hub says the fetch waits for work
+        # (as HubState.exchange decides), and the leases any try revoked are all returned.
         reply = exchange_now(req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req, credential)
         if not req.wait_s:
             return reply
         deadline = time.monotonic() + req.wait_s
         again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
         revoked = set(reply.revoked)
-        while not reply.assignments and reply.have < reply.total and time.monotonic() < deadline:
+        while not reply.assignments and time.monotonic() < deadline and state.fetch_waits_for_work(req):
             await asyncio.sleep(min(_EXCHANGE_POLL_S, max(0.0, deadline - time.monotonic())))
             reply = exchange_now(again, credential)
             revoked.update(reply.revoked)

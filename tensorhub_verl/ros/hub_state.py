@@ -605,8 +605,7 @@ class HubState:
             while True:
                 assignments, everyone, needed = self._plan(key, record, holding, reader.location, req.want,
                                                            req.run_chunks)
-                mine = bool(self._leases.of_reader(req.holder, key))
-                if assignments or mine or self._clock() >= deadline or holding.complete(len(record.chunks)):
+                if assignments or self._clock() >= deadline or not self._waits_for_work(key, record, holding):
                     break
                 self._changed.wait(min(0.05, max(0.0, deadline - self._clock())))
                 self._expire_leases()
@@ -633,6 +632,19 @@ class HubState:
             return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
                                      have=len(holding.chunks), total=len(record.chunks),
                                      unservable=[] if assignments else unservable(needed, everyone(), req.holder))
+
+    def fetch_waits_for_work(self, req: msg.Exchange) -> bool:
+        """Whether an exchange of ``req``'s fetch that got no work should keep waiting for some: as ``exchange``
+        itself decides when ``wait_s`` is set (the route that parks exchanges on the event loop asks this)."""
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            record = self._versions.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            return holding is not None and holding.state == "filling" and self._waits_for_work(key, record, holding)
+
+    def _waits_for_work(self, key: Key, record: VersionRecord, holding: Holding) -> bool:
+        """A filling reader with no read of this version in flight that still needs chunks."""
+        return not self._leases.of_reader(holding.holder, key) and not holding.complete(len(record.chunks))
 
     def _grant(self, record: VersionRecord, lease: Lease) -> str:
         """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""
