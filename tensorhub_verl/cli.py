@@ -4,7 +4,7 @@ Logging: the library logs under `tensorhub_verl.*` and never configures logging 
 starts a process does: this `main()`; the `main()` of each command it delegates to and of each bench (when run
 on its own, they configure it as this one would: `basicConfig` does nothing once a handler exists); and the
 entry functions of the child processes the package spawns (`bench.procs`, `vllm.engine_proc`). The one
-exception, NIXL's own logger, is explained in `ros.nixl_transport._quiet_nixl_logger`.
+exception, NIXL's own logger, is explained in `ros.planes.nixl._quiet_nixl_logger`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ _POLL_S = 0.001
 
 
 def _agent(name: str):
-    from tensorhub_verl.ros.nixl_build import nixl_api
+    from tensorhub_verl.ros.planes.nixl_build import nixl_api
 
     api = nixl_api()
     return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))

@@ -23,7 +23,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros import transports
+from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
@@ -31,11 +31,11 @@ from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
-from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
+from tensorhub_verl.ros.planes.nixl import PROGRESS_MODES
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
-from tensorhub_verl.ros.transports import TRANSPORTS
-from tensorhub_verl.ros.transport import ReadError, Region, Transport
+from tensorhub_verl.ros.planes.registry import TRANSPORTS
+from tensorhub_verl.ros.planes.base import ReadError, Region, Transport
 from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
@@ -118,7 +118,7 @@ class ClientConfig:
     memory only; 0.99-1.0 of a raw TCP flow where the link is the limit, `bench transport --lab-mbit`, and UCX's
     TCP 0.6-0.7 of one on loopback), or 'auto': TCP streams when the
     wire between peers can only be TCP (no RDMA, no CUDA, peers on other hosts, or UCX_TLS=tcp), else NIXL.
-    Every worker of one hub must use the same plane. See transports.py."""
+    Every worker of one hub must use the same plane. See planes/registry.py."""
     tcp_host: str | None = None
     """Address the TCP plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
     else this host's address on the route to the hub."""
@@ -205,7 +205,7 @@ class Client:
         (``preserve_on_unpublish``), over its life: callers report the difference across an operation."""
         self._fetches: dict[tuple[str, int, str], _InFlightFetch] = {}
         self._closed = False
-        self._transport = transport or transports.create(self.config, worker, hub_url)
+        self._transport = transport or registry.create(self.config, worker, hub_url)
         self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
                               on_new_instance=self._reregister, ca_file=self.config.tls_ca_file,
                               allow_plain_http=self.config.allow_plain_http, job_key=self.config.job_key)

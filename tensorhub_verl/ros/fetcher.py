@@ -54,13 +54,13 @@ from typing import Callable
 import torch
 
 from tensorhub_verl.errors import TransferFailed
-from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.integrity import byte_views, chunk_digest
 from tensorhub_verl.ros.manifest import Chunk, Segment
 from tensorhub_verl.ros.ranges import Piece, ReadPlan
 from tensorhub_verl.ros.topology import Distance
-from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
+from tensorhub_verl.ros.planes.base import Copy, ReadError, Region, Transport
 
 logger = logging.getLogger("tensorhub_verl.ros.fetch")
 

@@ -29,7 +29,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
-from tensorhub_verl.ros.tcp_wire import advertised_host_problem
+from tensorhub_verl.ros.planes.tcp_wire import advertised_host_problem
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")

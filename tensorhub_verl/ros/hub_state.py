@@ -41,7 +41,7 @@ from typing import AbstractSet, Callable, TypeVar
 from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
-from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
 from tensorhub_verl.ros.corruption import CorruptionEvidence
 from tensorhub_verl.ros.lease_book import Lease, LeaseBook

@@ -11,7 +11,7 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl.bench.procs import content_digest as digest
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.nixl_transport import NixlTransport
+from tensorhub_verl.ros.planes.nixl import NixlTransport
 
 
 def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]:

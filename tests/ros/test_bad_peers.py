@@ -8,8 +8,8 @@ import pytest
 import tensorhub_verl as th
 from tensorhub_verl.bench.soak_roles import impostor
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros import transports
-from tensorhub_verl.ros.nixl_transport import NixlTransport
+from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.planes.nixl import NixlTransport
 
 from tests.ros.roles import GatedTransport, digest, holder, make_weights
 
@@ -56,7 +56,7 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
 
     # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
     transport = GatedTransport("reader-agent", on_read=freeze_h1,
-                               inner=transports.create(ClientConfig(), "reader", hub.url))
+                               inner=registry.create(ClientConfig(), "reader", hub.url))
     # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
     # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", transport=transport,

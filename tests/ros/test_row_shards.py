@@ -21,7 +21,7 @@ from tensorhub_verl.ros.hub_state import HubConfig, HubState
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 from tensorhub_verl.ros.manifest import Manifest, Segment, TensorSpec, shard_bytes, shard_chunks, split_into_chunks
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
-from tensorhub_verl.ros.transport import ReadError
+from tensorhub_verl.ros.planes.base import ReadError
 
 from tests.ros.roles import digest, reader, shard_holder, shard_weights
 

@@ -4,7 +4,7 @@ import pytest
 
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings
-from tensorhub_verl.ros.tcp_transport import TcpTransport
+from tensorhub_verl.ros.planes.tcp import TcpTransport
 
 from tests.ros.roles import digest, holder, tampering_holder
 

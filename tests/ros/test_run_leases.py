@@ -3,7 +3,7 @@ booking, settling, draining and granting them (no processes)."""
 
 import base64
 
-from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks
 from tensorhub_verl.ros.topology import Distance

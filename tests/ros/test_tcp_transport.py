@@ -1,4 +1,4 @@
-"""The TCP data plane (tcp_transport.py): real processes, real sockets, the hub's grants, dead and silent peers."""
+"""The TCP data plane (planes/tcp.py): real processes, real sockets, the hub's grants, dead and silent peers."""
 
 import base64
 import os
@@ -15,11 +15,11 @@ import xxhash
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.ros import grants
+from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.tcp_transport import TcpTransport
-from tensorhub_verl.ros.transport import Copy, ReadError, Transport
-from tensorhub_verl.ros import transports
+from tensorhub_verl.ros.planes.tcp import TcpTransport
+from tensorhub_verl.ros.planes.base import Copy, ReadError, Transport
+from tensorhub_verl.ros.planes import registry
 
 from tests.ros.roles import digest, make_weights
 
@@ -276,7 +276,7 @@ def test_a_silent_holder_times_out(roles):
     threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
     reader = TcpTransport("timeout-reader", "127.0.0.1", io_timeout_s=0.5)
     try:
-        from tensorhub_verl.ros import tcp_wire
+        from tensorhub_verl.ros.planes import tcp_wire
 
         reader.load_peer("silent", tcp_wire.encode_metadata("silent", "127.0.0.1", listener.getsockname()[1]))
         into = torch.zeros(4096, dtype=torch.uint8)
@@ -288,8 +288,8 @@ def test_a_silent_holder_times_out(roles):
 
 
 def test_metadata_of_another_plane_or_agent_is_unusable():
-    from tensorhub_verl.ros import tcp_wire
-    from tensorhub_verl.ros.nixl_transport import NixlTransport
+    from tensorhub_verl.ros.planes import tcp_wire
+    from tensorhub_verl.ros.planes.nixl import NixlTransport
 
     reader = TcpTransport("meta-reader", "127.0.0.1")
     nixl = NixlTransport("a-nixl-agent")
@@ -318,27 +318,27 @@ def test_the_tcp_plane_refuses_gpu_memory_in_its_own_words():
 
 def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_path):
     monkeypatch.delenv("UCX_TLS", raising=False)
-    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: shared memory
-    assert transports.choose("tcp", "http://127.0.0.1:7777")[0] == "tcp"  # configured wins
-    assert transports.choose("nixl", "http://10.1.2.3:7777")[0] == "nixl"
+    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: shared memory
+    assert registry.choose("tcp", "http://127.0.0.1:7777")[0] == "tcp"  # configured wins
+    assert registry.choose("nixl", "http://10.1.2.3:7777")[0] == "nixl"
     monkeypatch.setenv("UCX_TLS", "tcp")
-    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
+    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
     monkeypatch.setenv("UCX_TLS", "tcp,self")
-    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
+    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
     monkeypatch.setenv("UCX_TLS", "tcp,sm,self")
-    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
+    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
     monkeypatch.setenv("UCX_TLS", "^sm")
-    assert transports.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
+    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
     monkeypatch.delenv("UCX_TLS")
     rdma = tmp_path / "infiniband"
     rdma.mkdir()
-    monkeypatch.setattr(transports, "_RDMA_SYSFS", rdma)
+    monkeypatch.setattr(registry, "_RDMA_SYSFS", rdma)
     remote = "http://10.1.2.3:7777"
-    assert transports.choose("auto", remote)[0] == ("nixl" if torch.cuda.is_available() else "tcp")
+    assert registry.choose("auto", remote)[0] == ("nixl" if torch.cuda.is_available() else "tcp")
     (rdma / "mlx5_0").mkdir()
-    assert transports.choose("auto", remote) == ("nixl", "RDMA devices present")
+    assert registry.choose("auto", remote) == ("nixl", "RDMA devices present")
     with pytest.raises(errors.ConfigError):
-        transports.choose("rdma", remote)
+        registry.choose("rdma", remote)
     with pytest.raises(errors.ConfigError):
         ClientConfig(transport="udp")
 
@@ -349,30 +349,30 @@ def test_a_loopback_hub_confines_ucx_to_lo_only_where_there_is_no_cuda_and_no_rd
     monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
     rdma = tmp_path / "infiniband"
     rdma.mkdir()
-    monkeypatch.setattr(transports, "_RDMA_SYSFS", rdma)
-    monkeypatch.setattr(transports, "cuda_present", lambda: False)
+    monkeypatch.setattr(registry, "_RDMA_SYSFS", rdma)
+    monkeypatch.setattr(registry, "cuda_present", lambda: False)
     local, remote = "http://127.0.0.1:7777", "http://10.1.2.3:7777"
-    assert transports.net_devices(None, local) == "lo"
-    assert transports.net_devices(None, remote) is None
-    assert transports.net_devices("eth1", local) == "eth1"  # configured wins
-    monkeypatch.setattr(transports, "cuda_present", lambda: True)
-    assert transports.net_devices(None, local) is None
-    monkeypatch.setattr(transports, "cuda_present", lambda: False)
+    assert registry.net_devices(None, local) == "lo"
+    assert registry.net_devices(None, remote) is None
+    assert registry.net_devices("eth1", local) == "eth1"  # configured wins
+    monkeypatch.setattr(registry, "cuda_present", lambda: True)
+    assert registry.net_devices(None, local) is None
+    monkeypatch.setattr(registry, "cuda_present", lambda: False)
     (rdma / "mlx5_0").mkdir()
-    assert transports.net_devices(None, local) is None
+    assert registry.net_devices(None, local) is None
     monkeypatch.setenv("UCX_NET_DEVICES", "mlx5_0:1")
-    assert transports.net_devices(None, local) is None  # UCX reads the environment itself
+    assert registry.net_devices(None, local) is None  # UCX reads the environment itself
 
 
 def _raw_request(grant: str, granted, wanted) -> bytes:
-    from tensorhub_verl.ros import tcp_wire as wire
+    from tensorhub_verl.ros.planes import tcp_wire as wire
 
     return (wire.REQUEST.pack(wire.MAGIC, len(grant), len(granted), len(wanted)) + grant.encode()
             + b"".join(wire.RANGE.pack(a, n) for a, n in granted) + b"".join(wire.RANGE.pack(a, n) for a, n in wanted))
 
 
 def _holder_address(info) -> tuple[str, int]:
-    from tensorhub_verl.ros import tcp_wire as wire
+    from tensorhub_verl.ros.planes import tcp_wire as wire
 
     _, host, port = wire.decode_metadata(info["metadata"])
     return host, port
@@ -381,7 +381,7 @@ def _holder_address(info) -> tuple[str, int]:
 def test_one_grant_never_yields_more_bytes_than_it_signs(bare):
     """An attacker with one real 64 KiB grant repeats its wanted range 1,024 times (64 MiB asked): refused
     before a byte of memory is sent."""
-    from tensorhub_verl.ros import tcp_wire as wire
+    from tensorhub_verl.ros.planes import tcp_wire as wire
 
     info, _ = bare
     granted = [(info["addr"], 65536)]
@@ -434,7 +434,7 @@ def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
     """A token holder registers with TCP-plane metadata naming some other host's port (here an SSH port
     elsewhere): the hub refuses it, so no joiner is ever told to connect there. Its own address passes."""
     from tensorhub_verl.ros import messages as msg
-    from tensorhub_verl.ros import tcp_wire
+    from tensorhub_verl.ros.planes import tcp_wire
     from tensorhub_verl.ros.hub_client import HubClient
 
     raw = HubClient(hub.url, retry_s=1.0)

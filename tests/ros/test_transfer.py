@@ -193,8 +193,8 @@ def test_a_holder_serves_reads_in_either_progress_mode(hub, roles, progress):
 
 
 def test_transports_satisfy_the_protocol():
-    from tensorhub_verl.ros.nixl_transport import NixlTransport
-    from tensorhub_verl.ros.transport import Transport
+    from tensorhub_verl.ros.planes.nixl import NixlTransport
+    from tensorhub_verl.ros.planes.base import Transport
 
     for transport in (NixlTransport("protocol-check"), GatedTransport("protocol-check-gated")):
         assert isinstance(transport, Transport)

@@ -19,8 +19,8 @@ import socket
 import threading
 from typing import Callable
 
-from tensorhub_verl.ros import grants
-from tensorhub_verl.ros import tcp_wire as wire
+from tensorhub_verl.ros.planes import grants
+from tensorhub_verl.ros.planes import tcp_wire as wire
 
 logger = logging.getLogger("tensorhub_verl.ros.tcp")
 

@@ -1,5 +1,5 @@
-"""The data-plane seam: register memory once, read remote memory one-sided. NIXL (nixl_transport.py) and
-plain TCP streams (tcp_transport.py) implement it; transports.py picks one.
+"""The data-plane seam: register memory once, read remote memory one-sided. NIXL (nixl.py) and
+plain TCP streams (tcp.py) implement it; registry.py picks one.
 
 Kept narrow so the fetch loop can be tested against any implementation of the same Protocol.
 """

@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.transport import Transport
+from tensorhub_verl.ros.planes.base import Transport
 
-logger = logging.getLogger("tensorhub_verl.ros.transports")
+logger = logging.getLogger("tensorhub_verl.ros.planes.registry")
 
 TRANSPORTS = ("auto", "nixl", "tcp")
 _TCP_ONLY_TLS = {"tcp", "self"}
@@ -65,11 +65,11 @@ def create(config, worker: str, hub_url: str) -> Transport:
     agent_name = f"{worker}-{uuid.uuid4().hex[:8]}"
     logger.info("%s: %s data plane (%s)", worker, kind, why)
     if kind == "tcp":
-        from tensorhub_verl.ros.tcp_transport import TcpTransport
+        from tensorhub_verl.ros.planes.tcp import TcpTransport
 
         return TcpTransport(agent_name, config.tcp_host or advertised_host(hub_url), streams=config.tcp_streams,
                             io_timeout_s=config.read_timeout_s)
-    from tensorhub_verl.ros.nixl_transport import NixlTransport
+    from tensorhub_verl.ros.planes.nixl import NixlTransport
 
     return NixlTransport(agent_name, progress=config.progress, net_devices=net_devices(config.net_devices, hub_url))
 

@@ -30,7 +30,7 @@ import torch
 
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from tensorhub_verl.ros.transport import Copy, ReadError, Region
+from tensorhub_verl.ros.planes.base import Copy, ReadError, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.nixl")
 
@@ -82,7 +82,7 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
     `pthrDelay`. The Python binding (nixl-cu12 1.5) hard-codes pthrDelay = 0, which makes that poll return
     at once: the thread spins. For "events", the config class is swapped, only while this agent is built,
     for one that keeps a nonzero pthrDelay."""
-    from tensorhub_verl.ros.nixl_build import nixl_api as load_nixl_api
+    from tensorhub_verl.ros.planes.nixl_build import nixl_api as load_nixl_api
 
     nixl_api = load_nixl_api()  # raises with the real reason: a broken NIXL install is not "no backend"
     config = nixl_api.nixl_agent_config(enable_prog_thread=progress != "pump", backends=list(backends))

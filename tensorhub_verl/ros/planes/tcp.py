@@ -1,7 +1,7 @@
 """The TCP data plane: reads of peers' registered CPU memory over plain TCP streams, for hosts without RDMA.
 
 UCX's TCP transport emulates a one-sided GET with active messages and segment copies on both sides (measured
-here: 0.37 of a raw socket copy with UCX's defaults, 0.6-0.68 tuned, see nixl_transport.TCP_DEFAULTS). This
+here: 0.37 of a raw socket copy with UCX's defaults, 0.6-0.68 tuned, see nixl.TCP_DEFAULTS). This
 plane moves a chunk the way a raw socket does: the holder ``sendall``s it from the registered tensor, the reader
 ``recv_into``s it straight into its destination tensor.
 
@@ -29,10 +29,11 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import grants, integrity
-from tensorhub_verl.ros import tcp_wire as wire
-from tensorhub_verl.ros.tcp_server import ReadServer
-from tensorhub_verl.ros.transport import Copy, ReadError, Region
+from tensorhub_verl.ros import integrity
+from tensorhub_verl.ros.planes import grants
+from tensorhub_verl.ros.planes import tcp_wire as wire
+from tensorhub_verl.ros.planes.tcp_server import ReadServer
+from tensorhub_verl.ros.planes.base import Copy, ReadError, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.tcp")
 
