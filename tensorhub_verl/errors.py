@@ -78,6 +78,22 @@ class UnknownFetch(InvalidRequest):
     """The hub has no record of this fetch (it restarted); the client begins it again with what has landed."""
 
 
+class PlaneMismatch(InvalidRequest):
+    """A worker registered with a data plane other than the one the hub's other live workers use (a reader
+    can read only from holders on its own plane). ``plane``: the worker's; ``hub_plane``: the others'.
+    The message names the setting that fixes it."""
+
+    def __init__(self, message: str, plane: str = "", hub_plane: str = ""):
+        super().__init__(message)
+        self.plane = plane
+        self.hub_plane = hub_plane
+
+
+class Cancelled(TensorHubError):
+    """The caller stopped the operation before it produced anything (e.g. an attached node asked to stop
+    before it served a first version)."""
+
+
 class ConfigError(TensorHubError, ValueError):
     """A configuration value is invalid; the message names the field and the accepted values."""
 
@@ -96,5 +112,7 @@ __all__ = [
     "InvalidRequest",
     "UnknownWorker",
     "UnknownFetch",
+    "PlaneMismatch",
+    "Cancelled",
     "ConfigError",
 ]

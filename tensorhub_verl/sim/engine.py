@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.errors import ConfigError, TensorHubError
 from tensorhub_verl.sim.maxmin import max_min_rates
 from tensorhub_verl.sim.topology import Cluster, Link
 
@@ -22,7 +22,7 @@ log = logging.getLogger("tensorhub_verl.sim")
 _EPS_S = 1e-9
 
 
-class SimulationStuck(RuntimeError):
+class SimulationStuck(TensorHubError, RuntimeError):
     """No flow is moving and no timer is pending, but the caller expected progress."""
 
 

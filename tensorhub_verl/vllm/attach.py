@@ -208,7 +208,7 @@ def _hub_lost_policy(ns: argparse.Namespace):
     return shut_down
 
 
-class VllmRefused(Exception):
+class VllmRefused(errors.TensorHubError):
     """vLLM rejected the engine configuration this node built (bad or incompatible arguments)."""
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tensorhub_verl import errors
+from tensorhub_verl.errors import Cancelled
 from tensorhub_verl.ros.manifest import HF_LAYOUT
 
 logger = logging.getLogger("tensorhub_verl.vllm.follow")
@@ -102,7 +103,7 @@ class Follower:
 
     def first_version(self, timeout: float) -> dict:
         """Waits (at most ``timeout`` s) for a published version and applies it. Raises TimeoutError, or
-        ``errors.Cancelled`` when ``stop()`` was called meanwhile."""
+        ``Cancelled`` (errors.py) when ``stop()`` was called meanwhile."""
         deadline = time.monotonic() + timeout
         logger.info("waiting up to %.0f s for a version of %s", timeout, self.state.model)
         while True:
@@ -182,10 +183,6 @@ class Follower:
     def close(self, timeout: float = 30.0) -> None:
         self.stop(timeout)
         self.watch.close()
-
-
-class Cancelled(errors.TensorHubError):
-    """The node was asked to stop before it served anything."""
 
 
 __all__ = ["Cancelled", "Follower", "FollowerState", "HubWatch"]
