@@ -67,7 +67,7 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     logger.info("rank %d of %d: layout %s, %s", rank, tp, mapping.layout, mapping.reason)
     # Engines take the client's defaults, the UCX pump included: NIXL's own progress thread ("thread") kept
     # engine processes from exiting on vLLM's CPU build (a worker spinning after shutdown).
-    cfg = th.ClientConfig(**(client_config or {}))
+    cfg = th.ClientConfig.from_fields(**(client_config or {}))
     client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
                         config=cfg)
     try:
@@ -125,10 +125,6 @@ class TensorHubWorkerExtension:
     def th_status(self) -> dict:
         return self._th().status()
 
-    def th_watch(self, poll_timeout_s: float = 10.0) -> None:
-        """Starts watching the hub for newer versions (reported as ``newest_seen`` in ``th_status``)."""
-        self._th().start_watch(poll_timeout_s)
-
     def th_newest_version(self) -> int | None:
         return self._th().newest_version()
 
@@ -141,17 +137,9 @@ class TensorHubWorkerExtension:
     def th_abort(self) -> None:
         self._th().abort()
 
-    def th_update(self, version: int | str = "latest", timeout: float = 300.0) -> dict:
-        return self._th().update(version, timeout)
-
     def th_hf_digests(self) -> dict:
         """Per-tensor digests of the served weights as HF tensors (``EngineHolder.hf_digests``)."""
         return self._th().hf_digests()
-
-    def th_publish_served(self, version: int) -> dict:
-        """Declares the currently loaded weights to be ``version`` and holds them."""
-        self._th().publish_served(version)
-        return self._th().status()
 
     def th_layout(self) -> dict:
         """This rank's layout name and ``{name: [shape, dtype]}`` (for tests and tooling)."""

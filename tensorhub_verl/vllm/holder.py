@@ -154,9 +154,6 @@ class EngineHolder:
         self.broken = False
         self.last_phases: dict[str, float] = {}
         """Seconds of each phase of the last apply (for benchmarks)."""
-        self.newest_seen: int | None = None
-        self._watch: threading.Thread | None = None
-        self._watch_stop = threading.Event()
 
     # ------------------------------------------------------------------ queries
     @property
@@ -168,7 +165,6 @@ class EngineHolder:
         with self._lock:
             p = self._pull
             return {"worker": self.worker, "layout": self.config.layout, "served": self.served,
-                    "newest_seen": self.newest_seen,
                     "broken": self.broken, "staging": self.config.staging, "extra_bytes": self.extra_bytes,
                     "pull": None if p is None else {"version": p.version, "state": p.state.value,
                                                     "source_layout": p.source_layout,
@@ -188,43 +184,7 @@ class EngineHolder:
         raise errors.VersionNotFound(f"no worker holds {self.config.model} v{version} in {self.config.layout!r} "
                                      f"or 'hf'")
 
-    def start_watch(self, poll_timeout_s: float = 10.0) -> None:
-        """Starts a thread that long-polls the hub for newer versions (``status()["newest_seen"]``), so a
-        driver can learn of them through cheap status calls that never block the engine on the network."""
-        with self._lock:
-            if self._watch is not None:
-                return
-            self._watch_stop = threading.Event()
-            self._watch = threading.Thread(target=self._watch_loop, args=(poll_timeout_s,), daemon=True,
-                                           name=f"tensorhub-watch-{self.config.model}")
-            self._watch.start()
-
-    def _watch_loop(self, poll_timeout_s: float) -> None:
-        while not self._watch_stop.is_set():
-            try:
-                seen = self.newest_seen
-                try:
-                    v = self.client.wait_for_version(self.config.model, newer_than=seen, layout=HF_LAYOUT,
-                                                     timeout=poll_timeout_s)
-                except TimeoutError:
-                    v = self.newest_version()  # versions that exist only in engine layouts
-                if v is not None and (seen is None or v > seen):
-                    self.newest_seen = v
-            except errors.TensorHubError as e:
-                logger.warning("%s: watching for new versions failed (%s); retrying", self.worker, e)
-                self._watch_stop.wait(1.0)
-
     # ------------------------------------------------------------------ publish
-    def publish_served(self, version: int) -> None:
-        """Declares that the parameters now hold ``version`` (e.g. loaded from disk) and registers them."""
-        with self._lock:
-            if self._pull is not None and self._pull.state is PullState.PULLING:
-                raise errors.InvalidRequest("a pull is running; wait for it or abort it first")
-            self._unpublish_served()
-            self._publish_params(version)
-            self.served = version
-            self.broken = False
-
     def _publish_params(self, version: int) -> None:
         """Holds the parameters as ``version`` in the engine's layout, as one shard of the engine's group."""
         kw = {} if self.config.shard_count == 1 else {"shard_group": self.config.shard_group,
@@ -647,7 +607,6 @@ class EngineHolder:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops holding anything; the parameters may change freely afterwards."""
-        self._watch_stop.set()
         with self._lock:
             pull = self._pull
         if pull is not None and pull.thread is not None:
