@@ -191,6 +191,7 @@ def _publish(url: str, model: str, chunks: int, grants: bool) -> str:
                 "agent_name": "trainer-agent", "agent_metadata_b64": "AAAA"}
         if grants:
             body["grant_key_b64"] = base64.b64encode(os.urandom(32)).decode()
+            body["plane"] = "tcp"
         reply = http.post("/v1/workers/register", json=body)
         reply.raise_for_status()
         headers = {CREDENTIAL_HEADER: reply.json()["credential"]}

@@ -32,6 +32,7 @@ async def _register(http: httpx.AsyncClient, worker: str, location: dict, grants
     body = {"worker": worker, "location": location, "agent_name": f"{worker}-agent", "agent_metadata_b64": "AAAA"}
     if grants:
         body["grant_key_b64"] = base64.b64encode(os.urandom(32)).decode()
+        body["plane"] = "tcp"
     reply = await http.post("/v1/workers/register", json=body)
     reply.raise_for_status()
     return reply.json()["credential"]

@@ -30,7 +30,7 @@ WIRES = {
     "ucx-tcp": ("nixl", {"UCX_TLS": "tcp"}),
     "ucx": ("nixl", {}),
 }
-"""--wire name -> (ClientConfig.transport, environment of the holder and readers)."""
+"""--wire name -> (PlaneConfig.kind, environment of the holder and readers)."""
 _TIMEOUT_S = 600.0
 
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mb", type=float, default=64)
     parser.add_argument("--versions", type=int, default=2)
     parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                        help="the data plane (ClientConfig.transport): auto picks NIXL shared memory on one host")
+                        help="the data plane (PlaneConfig.kind): auto picks NIXL shared memory on one host")
     args = parser.parse_args(argv)
     started = time.monotonic()
     rows = run(args.readers, args.size_mb, args.versions, args.transport)

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -24,6 +24,8 @@ from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.planes.base import DataPlane, ReadError, Region
+from tensorhub_verl.ros.planes.registry import FLAT_FIELDS, PlaneConfig, from_flat
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
@@ -31,11 +33,8 @@ from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
-from tensorhub_verl.ros.planes.nixl import PROGRESS_MODES
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
-from tensorhub_verl.ros.planes.registry import TRANSPORTS
-from tensorhub_verl.ros.planes.base import ReadError, Region, Transport
 from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
@@ -105,30 +104,16 @@ class ClientConfig:
     queued here to start the moment one lands. One at a time suits TCP, where reads posted together share
     a stream and land together. On an RDMA WAN with a long round trip (reads on one queue pair complete in
     order) raise both to cover the bandwidth-delay product."""
-    net_devices: str | None = None
-    """Network devices the data plane uses and listens on (UCX_NET_DEVICES syntax: 'eth0', 'mlx5_0:1', ...).
-    None: $UCX_NET_DEVICES if set, else 'lo' when the hub is on loopback (every peer is on this host), else
-    UCX's default, which is every device: name the cluster interface in production."""
-    progress: str = "events"
-    """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'
-    (a Python thread polling every 0.5 ms) or 'thread' (NIXL's thread as its binding sets it: spinning).
-    See NixlTransport."""
-    transport: str = "auto"
-    """The data plane: 'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams, CPU
-    memory only; 0.99-1.0 of a raw TCP flow where the link is the limit, `bench transport --lab-mbit`, and UCX's
-    TCP 0.6-0.7 of one on loopback), or 'auto': TCP streams when the
-    wire between peers can only be TCP (no RDMA, no CUDA, peers on other hosts, or UCX_TLS=tcp), else NIXL.
-    Every worker of one hub must use the same plane. See planes/registry.py."""
-    tcp_host: str | None = None
-    """Address the TCP plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
-    else this host's address on the route to the hub."""
-    preconnect_peers: int = 4
-    """At registration, connect to this many likely sources (the nearest holders of the newest versions), so a
-    joiner's first fetch reads over open connections. TCP plane only (its metadata is just an address); 0: off."""
-    tcp_streams: int = 2
-    """TCP connections a reader keeps to each peer it reads from. Each has the next read's request sent ahead
-    of the reply it receives, so one stream keeps the wire busy; more spread a fast link's copies over cores
-    (on this 2-core test machine 1-2 beat 4)."""
+    plane: PlaneConfig = field(default_factory=PlaneConfig)
+    """The data plane (NIXL or TCP streams) and each plane's own settings; see planes/registry.py."""
+
+    @classmethod
+    def from_fields(cls, **fields: Any) -> "ClientConfig":
+        """A ClientConfig from keyword fields, where each plane setting may also be given flat, as
+        ``registry.FLAT_FIELDS`` names them (``transport='tcp', tcp_streams=4``), and ``plane`` as plain data."""
+        flat = {key: fields.pop(key) for key in list(fields) if key in FLAT_FIELDS}
+        plane = PlaneConfig.of(fields.pop("plane", PlaneConfig()))
+        return cls(plane=from_flat(plane, flat), **fields)
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_bytes <= 1 << 31:
@@ -143,14 +128,9 @@ class ClientConfig:
                                      f"got {self.run_target_s}")
         if self.wan_reads_posted < 1:
             raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
-        if self.transport not in TRANSPORTS:
-            raise errors.ConfigError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
-        if not 0 <= self.preconnect_peers <= 16:
-            raise errors.ConfigError(f"preconnect_peers must be in [0, 16], got {self.preconnect_peers}")
-        if self.tcp_streams < 1:
-            raise errors.ConfigError(f"tcp_streams must be >= 1, got {self.tcp_streams}")
-        if self.progress not in PROGRESS_MODES:
-            raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
+        if not isinstance(self.plane, PlaneConfig):
+            raise errors.ConfigError(f"plane must be a PlaneConfig, got {type(self.plane).__name__}; "
+                                     f"use ClientConfig.from_fields for plain data")
         if self.fingerprint not in ("sample", "full", "none"):
             raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
         if self.straggler_factor < 0:
@@ -190,7 +170,7 @@ class _InFlightFetch:
 class Client:
     def __init__(self, hub_url: str, worker: str, location: Location | Mapping[str, str] | str | None = None,
                  token: str | None = None, config: ClientConfig | None = None,
-                 transport: Transport | None = None):
+                 plane: DataPlane | None = None):
         _check_name("worker", worker)
         if msg.HOLDER_SEPARATOR in worker:
             raise errors.ConfigError(f"worker ids may not contain {msg.HOLDER_SEPARATOR!r} (it names a worker's "
@@ -205,12 +185,23 @@ class Client:
         (``preserve_on_unpublish``), over its life: callers report the difference across an operation."""
         self._fetches: dict[tuple[str, int, str], _InFlightFetch] = {}
         self._closed = False
-        self._transport = transport or registry.create(self.config, worker, hub_url)
-        self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
-                              on_new_instance=self._reregister, ca_file=self.config.tls_ca_file,
-                              allow_plain_http=self.config.allow_plain_http, job_key=self.config.job_key)
+        self._plane = plane or registry.create(self.config.plane, worker, hub_url, self.config.read_timeout_s)
+        try:
+            self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
+                                  on_new_instance=self._reregister, ca_file=self.config.tls_ca_file,
+                                  allow_plain_http=self.config.allow_plain_http, job_key=self.config.job_key)
+        except BaseException:
+            if plane is None:  # a plane passed in stays its caller's to close
+                self._plane.close()
+            raise
         self.hub_url = self._hub.url
-        ack = self._first_registration()
+        try:
+            ack = self._first_registration()
+        except BaseException:  # e.g. PlaneMismatch: nothing of this client outlives a refused registration
+            self._hub.close()
+            if plane is None:
+                self._plane.close()
+            raise
         self._heartbeat_s = ack.heartbeat_s
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tensorhub-hb-{worker}", daemon=True)
@@ -275,7 +266,7 @@ class Client:
         return manifest
 
     def _publish(self, held: "_Held") -> None:
-        if self._transport.register(held.tensors.values()):
+        if self._plane.register(held.tensors.values()):
             self._register_worker()
         self._hub.post("/v1/publish", held.message(self.worker), msg.OkReply)
         holder, manifest = held.holder, held.manifest
@@ -339,7 +330,7 @@ class Client:
                              for t in f.tensors.values()}
         # No read of these bytes is in flight now: stop serving them, so that no grant the hub signed before
         # the unpublish reads them later (their storage may be reused or hold the next version's bytes).
-        self._transport.unregister([t for t in held.tensors.values()
+        self._plane.unregister([t for t in held.tensors.values()
                                     if t.untyped_storage().data_ptr() not in still_served])
 
     # ----------------------------------------------------------------------------------- fetch
@@ -411,7 +402,7 @@ class Client:
         stats = FetchStats(model, manifest.version, layout, chunks=len(chunks) if plan is None else len(plan.pieces))
         ok = False
         try:
-            if self._transport.register(tensors.values()):
+            if self._plane.register(tensors.values()):
                 self._register_worker()
             first = self._through_restart(lambda: self._begin_fetch(fetch, want=self.config.window), deadline)
             settings = FetchSettings(self.config.window, self.config.read_timeout_s, deadline,
@@ -419,7 +410,7 @@ class Client:
                                      straggler_factor=self.config.straggler_factor,
                                      run_target_s=self.config.run_target_s,
                                      max_run_chunks=self.config.max_run_chunks)
-            fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
+            fetch.fetcher = ChunkFetcher(self._plane, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
                                          digests=manifest.chunk_digests, plan=plan, first=first)
             fetch.have = fetch.fetcher.landed
@@ -532,13 +523,13 @@ class Client:
 
     # ------------------------------------------------------------------------- worker lifecycle
     def _register_worker(self) -> msg.WorkerAck:
-        metadata = base64.b64encode(self._transport.metadata()).decode()
-        grant_key = getattr(self._transport, "grant_key", None)  # only a plane whose server checks reads has one
+        metadata = base64.b64encode(self._plane.metadata()).decode()
+        grant_key = self._plane.grant_key
         ack = self._hub.post("/v1/workers/register", msg.RegisterWorker(
             worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
-            agent_name=self._transport.agent_name, agent_metadata_b64=metadata,
+            agent_name=self._plane.agent_name, agent_metadata_b64=metadata,
             grant_key_b64=base64.b64encode(grant_key).decode() if grant_key else None,
-            preconnect=self.config.preconnect_peers if grant_key else 0), msg.WorkerAck)
+            preconnect=self._plane.preconnect_peers, plane=self._plane.name), msg.WorkerAck)
         self._preconnect(ack.peers)
         return ack
 
@@ -547,7 +538,7 @@ class Client:
         background: a joiner's first fetch then finds its connections open (bench transport's first read)."""
         for peer in peers:
             try:
-                self._transport.load_peer(peer.agent_name, base64.b64decode(peer.agent_metadata_b64, validate=True))
+                self._plane.load_peer(peer.agent_name, base64.b64decode(peer.agent_metadata_b64, validate=True))
             except (ReadError, binascii.Error, ValueError) as e:
                 logger.info("%s: not connecting early to %s: %s", self.worker, peer.worker, e)
 
@@ -636,7 +627,7 @@ class Client:
         except errors.TensorHubError as e:  # the hub forgets us at our heartbeat timeout anyway
             logger.debug("%s could not say goodbye to the hub: %s", self.worker, e)
         self._hub.close()
-        self._transport.close()
+        self._plane.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -651,11 +642,12 @@ class Client:
 
 def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | str | None = None,
             token: str | None = None, config: ClientConfig | None = None, **config_fields) -> Client:
-    """Connects a worker to the hub. Extra keyword arguments are ClientConfig fields."""
+    """Connects a worker to the hub. Extra keyword arguments are ClientConfig fields (``ClientConfig.from_fields``:
+    plane settings may be given flat, e.g. ``transport='tcp'``)."""
     if config_fields:
         if config is not None:
             raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
-        config = ClientConfig(**config_fields)
+        config = ClientConfig.from_fields(**config_fields)
     return Client(hub_url, worker, location, token, config)
 
 

@@ -60,7 +60,7 @@ from tensorhub_verl.ros.integrity import byte_views, chunk_digest
 from tensorhub_verl.ros.manifest import Chunk, Segment
 from tensorhub_verl.ros.ranges import Piece, ReadPlan
 from tensorhub_verl.ros.topology import Distance
-from tensorhub_verl.ros.planes.base import Copy, ReadError, Region, Transport
+from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.fetch")
 
@@ -107,7 +107,7 @@ class FetchStats:
 
 @dataclass(slots=True)
 class _Read:
-    handle: object
+    handle: ReadHandle
     chunk: int
     source: msg.SourceInfo
     started: float
@@ -167,7 +167,7 @@ class ChunkFetcher:
     into ``local`` buffers that hold the selected bytes back to back; its partly read chunks are not checked
     against their digest (which covers the whole chunk)."""
 
-    def __init__(self, transport: Transport, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
+    def __init__(self, transport: DataPlane, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
                  exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
                  digests: tuple[str, ...] = (), plan: ReadPlan | None = None,
                  first: msg.ExchangeReply | None = None):
@@ -322,14 +322,16 @@ class ChunkFetcher:
         state = self._transport.poll(read.handle)
         reason = "transfer error"
         took = now - max(read.started, run.last_landed)
-        if state == "PROC" and took > self._settings.read_timeout_s:
-            state, reason = "ERR", f"no answer within {self._settings.read_timeout_s} s"
-        elif state == "PROC" and took > self._straggler_limit(read):
+        if state is ReadState.IN_PROGRESS and took > self._settings.read_timeout_s:
+            state, reason = ReadState.FAILED, f"no answer within {self._settings.read_timeout_s} s"
+        elif state is ReadState.IN_PROGRESS and took > self._straggler_limit(read):
             self._abandoned.add(read.chunk)
-            state, reason = "ERR", f"straggler: {took:.1f} s, its peers' reads took {self._median(read):.2f} s"
-        if state == "PROC":
+            state = ReadState.FAILED
+            reason = f"straggler: {took:.1f} s, its peers' reads took {self._median(read):.2f} s"
+        if state is ReadState.IN_PROGRESS:
             return None
-        corrupt = state == "DONE" and self._checks(read.chunk) and self._digest(read) != self._digests[read.chunk]
+        corrupt = state is ReadState.DONE and self._checks(read.chunk) and \
+            self._digest(read) != self._digests[read.chunk]
         self._transport.release(read.handle)
         del run.reads[read.chunk]
         if corrupt:
@@ -339,7 +341,7 @@ class ChunkFetcher:
             self.stats.corrupt_reads += 1
             self.stats.failed_reads += 1
             return f"{read.source.holder}: chunk {read.chunk} fails its digest", True
-        if state == "DONE":
+        if state is ReadState.DONE:
             read.landed = now
             bisect.insort(self._durations.setdefault(read.distance, []), took)
             run.last_landed = now
@@ -455,12 +457,7 @@ class ChunkFetcher:
             return
         reads = _Run(source, Distance(a.distance), {})
         try:
-            granted = ()
-            if a.count > 1 or not self._checkable(a.chunk):
-                # A run, or parts of a chunk: the grant signs the whole segments of every chunk of the lease.
-                granted = grants.run_ranges([
-                    [(remote_address(regions[seg.tensor], seg, self._tensor_nbytes(seg.tensor)), seg.length)
-                     for seg in self._chunks[c].segments] for c in run])
+            grant = self._grant(a, regions) if self._transport.needs_grant else None
             for chunk in run:
                 copies = []
                 for p in self._pieces(chunk):
@@ -469,8 +466,9 @@ class ChunkFetcher:
                     copies.append(Copy(local.addr + p.local, local.device, local.mem,
                                        remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
                                        remote.mem, p.length))
-                handle = self._transport.start_read(source.agent_name, copies, a.grant, granted, wake=self._wake,
-                                                    digest=self._checks(chunk))
+                landing = {"wake": self._wake, "digest": self._checks(chunk)} \
+                    if self._transport.lands_on_own_threads else {}
+                handle = self._transport.start_read(source.agent_name, copies, grant, **landing)
                 reads.reads[chunk] = _Read(handle, chunk, source, time.monotonic(), reads.distance)
         except ReadError as e:
             for read in reads.reads.values():
@@ -479,6 +477,15 @@ class ChunkFetcher:
             self.stats.failed_reads += 1
             return
         self._inflight[a.lease] = reads
+
+    def _grant(self, a: msg.AssignmentMsg, regions: dict[int, msg.RegionMsg]) -> Grant:
+        """The lease's grant. For a run, or parts of a chunk, it signs the whole segments of every chunk of the
+        lease (``grants.run_ranges``); else the copies' own ranges."""
+        if a.count == 1 and self._checkable(a.chunk):
+            return Grant(a.grant)
+        return Grant(a.grant, tuple(grants.run_ranges([
+            [(remote_address(regions[seg.tensor], seg, self._tensor_nbytes(seg.tensor)), seg.length)
+             for seg in self._chunks[c].segments] for c in range(a.chunk, a.chunk + a.count)])))
 
     def _pieces(self, chunk: int) -> tuple[Piece, ...]:
         if self._plan is not None:

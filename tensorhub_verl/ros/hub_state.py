@@ -42,6 +42,7 @@ from tensorhub_verl.errors import (
     InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros.planes import grants
+from tensorhub_verl.ros.planes.one_plane import check_one_plane
 from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
 from tensorhub_verl.ros.corruption import CorruptionEvidence
 from tensorhub_verl.ros.lease_book import Lease, LeaseBook
@@ -110,6 +111,8 @@ class WorkerRecord:
     """The hub's own stall total (StallMeter.stalled) when this worker was last heard."""
     job: str = DEFAULT_JOB
     """The job its registration's job key admits it to (``ownership.job_of``)."""
+    plane: str = "nixl"
+    """Its data plane (``RegisterWorker.plane``): one per hub (``planes/one_plane.py``)."""
 
 
 @dataclass(slots=True)
@@ -221,6 +224,7 @@ class HubState:
             now = self._clock()
             location = Location(**req.location.model_dump())
             old = self._workers.get(req.worker)
+            check_one_plane(req.worker, req.plane, {w: r.plane for w, r in self._workers.items() if w != req.worker})
             if old is not None and not _same_secret(old.credential_hash, credential):
                 raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
                                f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
@@ -238,7 +242,7 @@ class HubState:
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
                                   old.bytes_served if old else 0, _hash(secret),
                                   base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
-                                  self.stall.stalled(), job_of(job_key))
+                                  self.stall.stalled(), job_of(job_key), req.plane)
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata

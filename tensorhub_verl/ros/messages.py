@@ -115,10 +115,13 @@ class RegisterWorker(Strict):
     agent_metadata_b64: Base64
     grant_key_b64: Annotated[str, Field(min_length=44, max_length=44), AfterValidator(_is_base64)] | None = None
     """A data plane whose server checks each read (TCP) gives the hub this 32-byte key: every lease on this
-    worker's memory then carries a grant signed with it (grants.py). Never sent to anyone else."""
+    worker's memory then carries a grant signed with it (planes/grants.py). Never sent to anyone else."""
     preconnect: Annotated[int, Field(ge=0, le=16)] = 0
     """How many likely sources the reply should name (``WorkerAck.peers``), so the worker connects to them
     before its first fetch needs them. Named only between workers whose data planes check grants."""
+    plane: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_-]+$")] = "nixl"
+    """The worker's data plane (``planes/registry.py``: 'nixl' or 'tcp'). Every worker of one hub uses the same
+    one: the hub refuses a worker whose plane differs from its other live workers' (``PlaneMismatch``)."""
 
 
 class WorkerAck(Reply):

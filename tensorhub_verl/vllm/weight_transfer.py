@@ -104,7 +104,7 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
                                  quantization=self.model_config.quantization, load_hf=self._load_hf)
         client = th.connect(init_info.hub_url, worker=rank_worker_id(init_info.worker, rank, tp),
                             location=init_info.location, token=init_info.token,
-                            config=th.ClientConfig(**init_info.client_config))
+                            config=th.ClientConfig.from_fields(**init_info.client_config))
         try:
             self.holder = EngineHolder(client, HolderConfig(model=init_info.model, layout=mapping.layout,
                                                             staging=init_info.staging,

@@ -11,7 +11,8 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl.bench.procs import content_digest as digest
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.planes.nixl import NixlTransport
+from tensorhub_verl.ros.planes.base import DataPlane, ReadState
+from tensorhub_verl.ros.planes.nixl import NixlPlane
 
 
 def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]:
@@ -98,9 +99,9 @@ def stalling_reader(results, control, hub_url, worker, announce):
     """Fetches policy v1 one read at a time; after ``announce`` reads it stops noticing that reads finish, so
     the next chunk lands in its buffers unverified and unannounced (a fetch caught mid-way). Then it waits
     to be killed."""
-    transport = GatedTransport(f"{worker}-agent")
+    transport = GatedPlane(f"{worker}-agent")
     transport.on_read = lambda n: n > announce and transport.finish_gate.clear()
-    client = Client(hub_url, worker, transport=transport,
+    client = Client(hub_url, worker, plane=transport,
                     config=ClientConfig(window=1, max_run_chunks=1, hub_retry_s=60.0))  # a chunk per lease
     threading.Thread(target=client.fetch, args=("policy", 1), daemon=True).start()
     deadline = time.monotonic() + 120
@@ -110,20 +111,23 @@ def stalling_reader(results, control, hub_url, worker, announce):
     control.get(timeout=600)
 
 
-class GatedTransport:
+class GatedPlane(DataPlane):
     """Real transfers (NIXL unless ``inner`` is given), but the test decides when reads may start or finish.
 
     ``start_gate`` blocks every read after the first ``hold_after``; ``finish_gate`` makes polls report
-    "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted.
+    "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted. It declares the inner
+    plane's grant capability; it never lands reads on its own threads: the gate, not the inner plane, decides
+    when a read finishes, so the fetch loop polls (and hashes what landed).
     """
 
     lands_on_own_threads = False
-    """The fetch loop polls: the gate, not the inner transport, decides when a read finishes."""
 
-    def __init__(self, name: str, hold_after: int | None = None, on_read=None, inner=None):
-        self.inner = inner or NixlTransport(name)
-        self.agent_name = self.inner.agent_name
-        self.grant_key = getattr(self.inner, "grant_key", None)
+    def __init__(self, name: str, hold_after: int | None = None, on_read=None, inner: DataPlane | None = None):
+        self.inner = inner or NixlPlane(name)
+        self.name, self.needs_grant = self.inner.name, self.inner.needs_grant
+        self.preconnect_peers = self.inner.preconnect_peers
+        super().__init__(self.inner.agent_name)
+        self.grant_key = self.inner.grant_key
         self.hold_after = hold_after
         self.on_read = on_read
         self.reads = 0
@@ -144,20 +148,17 @@ class GatedTransport:
     def load_peer(self, agent_name, metadata):
         self.inner.load_peer(agent_name, metadata)
 
-    def start_read(self, peer, copies, grant="", granted=(), **landing):
+    def _start_read(self, peer, copies, grant, wake, digest):
         self.reads += 1
         if self.on_read is not None:
             self.on_read(self.reads)
         if self.hold_after is not None and self.reads > self.hold_after:
             self.holding.set()
             self.start_gate.wait(120)
-        return self.inner.start_read(peer, copies, grant, granted)  # no wake: the gate decides when reads finish
+        return self.inner._start_read(peer, copies, grant, None, False)  # no wake: the gate decides
 
     def poll(self, handle):
-        return self.inner.poll(handle) if self.finish_gate.is_set() else "PROC"
-
-    def landed_digest(self, handle):
-        return None  # the fetch loop hashes what landed
+        return self.inner.poll(handle) if self.finish_gate.is_set() else ReadState.IN_PROGRESS
 
     def release(self, handle):
         self.inner.release(handle)

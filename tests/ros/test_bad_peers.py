@@ -9,9 +9,10 @@ import tensorhub_verl as th
 from tensorhub_verl.bench.soak_roles import impostor
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.planes import registry
-from tensorhub_verl.ros.planes.nixl import NixlTransport
+from tensorhub_verl.ros.planes.base import ReadState
+from tensorhub_verl.ros.planes.nixl import NixlPlane
 
-from tests.ros.roles import GatedTransport, digest, holder, make_weights
+from tests.ros.roles import GatedPlane, digest, holder, make_weights
 
 CHUNK = 256 << 10
 
@@ -19,7 +20,7 @@ CHUNK = 256 << 10
 def test_peers_with_unusable_metadata_cost_a_re_plan(hub, roles):
     published = roles(holder, hub.url, "trainer", 5, 4.0, CHUNK).result(120)
     impostor(hub.url, "garbage", os.urandom(300))  # NIXL: nixlMismatchError
-    other = NixlTransport("someone-else")
+    other = NixlPlane("someone-else")
     try:
         impostor(hub.url, "liar", other.metadata())  # metadata of another agent
         client = Client(hub.url, "reader", config=ClientConfig(window=4, fetch_timeout_s=60))
@@ -55,11 +56,11 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
             stopped.append(True)
 
     # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
-    transport = GatedTransport("reader-agent", on_read=freeze_h1,
-                               inner=registry.create(ClientConfig(), "reader", hub.url))
+    transport = GatedPlane("reader-agent", on_read=freeze_h1,
+                               inner=registry.create(ClientConfig().plane, "reader", hub.url, 30.0))
     # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
     # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
-    client = Client(hub.url, "reader", transport=transport,
+    client = Client(hub.url, "reader", plane=transport,
                     config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90, straggler_factor=0))
     try:
         stats = client.fetch("policy", 1)
@@ -72,7 +73,7 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
         client.close()
 
 
-class _NeverFrom(GatedTransport):
+class _NeverFrom(GatedPlane):
     """Reads from agents whose name starts with ``prefix`` never finish: a holder far slower than its peers."""
 
     def __init__(self, name: str, prefix: str):
@@ -80,14 +81,14 @@ class _NeverFrom(GatedTransport):
         self.prefix = prefix
         self.stuck: list[object] = []
 
-    def start_read(self, peer, copies, grant="", granted=(), **landing):
-        handle = super().start_read(peer, copies, grant, granted)
+    def _start_read(self, peer, copies, grant, wake, digest):
+        handle = super()._start_read(peer, copies, grant, wake, digest)
         if peer.startswith(self.prefix):
             self.stuck.append(handle)
         return handle
 
     def poll(self, handle):
-        return "PROC" if any(handle is h for h in self.stuck) else super().poll(handle)
+        return ReadState.IN_PROGRESS if any(handle is h for h in self.stuck) else super().poll(handle)
 
 
 def test_a_straggler_holder_costs_a_re_plan_not_a_read_timeout(hub, roles):
@@ -95,7 +96,7 @@ def test_a_straggler_holder_costs_a_re_plan_not_a_read_timeout(hub, roles):
     roles(holder, hub.url, "slow", 11, 4.0, CHUNK).result(120)  # the same bytes, on a hopeless link
     transport = _NeverFrom("reader-agent", prefix="slow-")
     # A read timeout beyond the fetch timeout: only abandoning the straggler's reads can finish this fetch.
-    client = Client(hub.url, "reader", transport=transport,
+    client = Client(hub.url, "reader", plane=transport,
                     config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
     try:
         stats = client.fetch("policy", 1)

@@ -11,7 +11,7 @@ from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client import Client, ClientConfig
 
-from tests.ros.roles import GatedTransport, digest, holder, make_weights, stalling_reader, wait_until
+from tests.ros.roles import GatedPlane, digest, holder, make_weights, stalling_reader, wait_until
 
 CHUNK = 256 << 10
 
@@ -24,8 +24,8 @@ def test_a_holder_killed_mid_read_costs_only_a_re_plan(hub, roles):
         if n == 3:  # reads 1 and 2 already went out, to h1 and h2 in turn
             os.kill(first["pid"], signal.SIGKILL)
 
-    transport = GatedTransport("reader-agent", on_read=kill_h1)
-    client = Client(hub.url, "reader", config=ClientConfig(read_timeout_s=3.0, window=4), transport=transport)
+    transport = GatedPlane("reader-agent", on_read=kill_h1)
+    client = Client(hub.url, "reader", config=ClientConfig(read_timeout_s=3.0, window=4), plane=transport)
     manifest = client.manifest("policy", 1)
     stats = client.fetch("policy", 1)
     assert digest(stats.buffers) == digest(make_weights(4, 4.0))
@@ -37,10 +37,10 @@ def test_a_holder_killed_mid_read_costs_only_a_re_plan(hub, roles):
 
 def test_a_fetch_fails_cleanly_when_its_only_holder_dies(hub, roles):
     only = roles(holder, hub.url, "h1", 4, 4.0, CHUNK).result(120)
-    transport = GatedTransport("reader-agent",
+    transport = GatedPlane("reader-agent",
                                on_read=lambda n: n == 2 and os.kill(only["pid"], signal.SIGKILL))
     client = Client(hub.url, "reader", config=ClientConfig(read_timeout_s=2.0, window=2, fetch_timeout_s=60),
-                    transport=transport)
+                    plane=transport)
     # It fails once the holder is proven dead ("no holder"), not at the fetch timeout ("fetch timed out").
     with pytest.raises(TransferFailed, match="no holder"):
         client.fetch("policy", 1)
@@ -53,8 +53,8 @@ def test_a_hub_restart_mid_fetch_loses_nothing(roles):
     url = hub_process.url
     try:
         published = roles(holder, url, "trainer", 6, 4.0, CHUNK).result(120)
-        gated = GatedTransport("reader-agent", hold_after=3)
-        client = Client(url, "reader", config=ClientConfig(window=1, hub_retry_s=60), transport=gated)
+        gated = GatedPlane("reader-agent", hold_after=3)
+        client = Client(url, "reader", config=ClientConfig(window=1, hub_retry_s=60), plane=gated)
         result = {}
         fetch = threading.Thread(target=lambda: result.update(stats=client.fetch("policy", 1)), daemon=True)
         fetch.start()

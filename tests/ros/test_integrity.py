@@ -47,7 +47,7 @@ def test_a_second_publish_whose_bytes_differ_anywhere_is_refused(hub):
 def test_a_changed_copy_is_caught_read_around_and_quarantined_on_two_readers_reports(hub, roles, plane):
     good = roles(holder, hub.url, "good", 9, 2.0, CHUNK, 1, None, plane).result(120)
     roles(tampering_holder, hub.url, "tamperer", 9, 2.0, CHUNK, 1, plane).result(120)
-    config = ClientConfig(window=8, transport=plane)
+    config = ClientConfig.from_fields(window=8, transport=plane)
     with Client(hub.url, "reader", config=config) as reader, \
             Client(hub.url, "second", config=config) as second:
         assert sorted(reader.versions("policy")[1]) == ["good", "tamperer"]

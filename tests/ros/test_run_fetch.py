@@ -4,7 +4,8 @@ import pytest
 
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings
-from tensorhub_verl.ros.planes.tcp import TcpTransport
+from tensorhub_verl.ros.planes.base import ReadState
+from tensorhub_verl.ros.planes.tcp import TcpPlane
 
 from tests.ros.roles import digest, holder, tampering_holder
 
@@ -17,9 +18,10 @@ RUNS = dict(max_run_chunks=16, run_target_s=1.0)
 @pytest.mark.parametrize("plane", ["auto", "tcp"])  # auto: NIXL here
 def test_a_fetch_in_runs_moves_the_same_bytes_in_far_fewer_exchanges(hub, roles, plane):
     published = roles(holder, hub.url, "trainer", 4, SIZE_MB, CHUNK, 1, None, plane).result(120)
-    with Client(hub.url, "by-chunk", config=ClientConfig(window=8, transport=plane, max_run_chunks=1)) as by_chunk:
+    by_chunk_config = ClientConfig.from_fields(window=8, transport=plane, max_run_chunks=1)
+    with Client(hub.url, "by-chunk", config=by_chunk_config) as by_chunk:
         single = by_chunk.fetch("policy", 1, hold=False)
-    with Client(hub.url, "by-run", config=ClientConfig(window=8, transport=plane, **RUNS)) as by_run:
+    with Client(hub.url, "by-run", config=ClientConfig.from_fields(window=8, transport=plane, **RUNS)) as by_run:
         stats = by_run.fetch("policy", 1, hold=False)
     assert digest(stats.buffers) == digest(single.buffers) == published["digest"]
     assert stats.bytes == single.bytes and stats.failed_reads == 0 and stats.chunks > 60
@@ -32,7 +34,7 @@ def test_a_fetch_in_runs_moves_the_same_bytes_in_far_fewer_exchanges(hub, roles,
 def test_a_run_from_a_holder_that_changed_its_bytes_is_read_around(hub, roles, plane):
     good = roles(holder, hub.url, "good", 9, SIZE_MB, CHUNK, 1, None, plane).result(120)
     roles(tampering_holder, hub.url, "tamperer", 9, SIZE_MB, CHUNK, 1, plane).result(120)
-    with Client(hub.url, "reader", config=ClientConfig(window=8, transport=plane, **RUNS)) as reader:
+    with Client(hub.url, "reader", config=ClientConfig.from_fields(window=8, transport=plane, **RUNS)) as reader:
         stats = reader.fetch("policy", 1, hold=False)
         assert digest(stats.buffers) == good["digest"]  # never a mix of both holders' bytes
         assert set(stats.sources) == {"good"}
@@ -42,7 +44,7 @@ def test_a_run_from_a_holder_that_changed_its_bytes_is_read_around(hub, roles, p
         assert not holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
 
 
-class _FailsOneReadInsideARun(TcpTransport):
+class _FailsOneReadInsideARun(TcpPlane):
     """Reports the first chunk read that is not the first of its run as failed, once its bytes have landed
     (a read whose completion was lost): its run fails with the chunks before it landed."""
 
@@ -50,21 +52,21 @@ class _FailsOneReadInsideARun(TcpTransport):
         super().__init__(*args, **kwargs)
         self.target = None
 
-    def start_read(self, peer, copies, grant="", granted=(), **landing):
-        handle = super().start_read(peer, copies, grant, granted, **landing)
-        if self.target is None and granted and copies[0].remote_addr > min(addr for addr, _ in granted):
+    def _start_read(self, peer, copies, grant, wake, digest):
+        handle = super()._start_read(peer, copies, grant, wake, digest)
+        if self.target is None and grant.ranges and copies[0].remote_addr > min(addr for addr, _ in grant.ranges):
             self.target = handle
         return handle
 
     def poll(self, handle):
         state = super().poll(handle)
-        return "ERR" if handle is self.target and state == "DONE" else state
+        return ReadState.FAILED if handle is self.target and state is ReadState.DONE else state
 
 
 def test_a_run_that_fails_midway_books_what_landed_and_reads_only_the_rest_again(hub, roles):
     published = roles(holder, hub.url, "trainer", 5, SIZE_MB, CHUNK, 1, None, "tcp").result(120)
     transport = _FailsOneReadInsideARun("failing-reader", "127.0.0.1")
-    client = Client(hub.url, "reader", transport=transport, config=ClientConfig(window=8, **RUNS))
+    client = Client(hub.url, "reader", plane=transport, config=ClientConfig(window=8, **RUNS))
     reported = []
     exchange = client._exchange
 

@@ -17,8 +17,8 @@ import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.planes.tcp import TcpTransport
-from tensorhub_verl.ros.planes.base import Copy, ReadError, Transport
+from tensorhub_verl.ros.planes.tcp import TcpPlane
+from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadState
 from tensorhub_verl.ros.planes import registry
 
 from tests.ros.roles import digest, make_weights
@@ -37,8 +37,8 @@ def tcp_holder(results, control, hub_url, worker, seed, size_mb):
 
 
 def bare_holder(results, control):
-    """A TcpTransport serving one registered 1 MiB tensor; hands the test its key so it can sign grants."""
-    transport = TcpTransport("bare-holder", "127.0.0.1")
+    """A TcpPlane serving one registered 1 MiB tensor; hands the test its key so it can sign grants."""
+    transport = TcpPlane("bare-holder", "127.0.0.1")
     tensor = torch.arange(NBYTES, dtype=torch.uint8)
     transport.register([tensor])
     results.put(("ok", {"metadata": transport.metadata(), "key": transport.grant_key, "addr": tensor.data_ptr(),
@@ -47,7 +47,7 @@ def bare_holder(results, control):
     transport.close()
 
 
-def _read(transport: TcpTransport, peer: str, into: torch.Tensor, remote: int, nbytes: int, grant: str,
+def _read(transport: TcpPlane, peer: str, into: torch.Tensor, remote: int, nbytes: int, grant: str,
           timeout: float = 30.0, granted=()) -> str:
     return _poll_read(transport, peer, [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant,
                       granted, timeout)
@@ -56,16 +56,21 @@ def _read(transport: TcpTransport, peer: str, into: torch.Tensor, remote: int, n
 @pytest.fixture
 def bare(roles):
     info = roles(bare_holder).result(60)
-    reader = TcpTransport("bare-reader", "127.0.0.1")
+    reader = TcpPlane("bare-reader", "127.0.0.1")
     reader.load_peer("bare-holder", info["metadata"])
     yield info, reader
     reader.close()
 
 
-def test_tcp_transport_satisfies_the_protocol():
-    transport = TcpTransport("protocol-check-tcp", "127.0.0.1")
-    assert isinstance(transport, Transport)
-    transport.close()
+def test_the_tcp_plane_declares_what_it_needs():
+    plane = TcpPlane("protocol-check-tcp", "127.0.0.1")
+    try:
+        assert isinstance(plane, DataPlane) and plane.name == "tcp"
+        assert plane.needs_grant and plane.lands_on_own_threads and len(plane.grant_key) == grants.KEY_BYTES
+        with pytest.raises(ReadError, match="grant"):
+            plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], None)
+    finally:
+        plane.close()
 
 
 def test_a_fetch_over_tcp_moves_the_same_bytes_from_every_holder(hub, roles):
@@ -117,7 +122,7 @@ def test_idle_streams_end_and_the_next_read_starts_them_again(roles):
     """Workers come and go: a reader must not keep threads and sockets for every peer it ever read from. Streams
     idle for ``idle_close_s`` close; the next read to that peer opens them again."""
     info = roles(bare_holder).result(60)
-    reader = TcpTransport("idle-reader", "127.0.0.1", idle_close_s=0.5)
+    reader = TcpPlane("idle-reader", "127.0.0.1", idle_close_s=0.5)
     try:
         reader.load_peer("bare-holder", info["metadata"])
         assert _wait_until(lambda: _connections_to(info["pid"]) == 2), "two streams connect before any read"
@@ -161,7 +166,7 @@ def test_a_fetch_over_tcp_is_driven_by_its_reads_not_by_polling(hub, roles):
     """The fetch loop sleeps until a read lands or an exchange returns: with a poll interval longer than the
     fetch's timeout, it can only finish if its reads wake it."""
     published = roles(tcp_holder, hub.url, "trainer", 3, 4.0).result(120)
-    config = ClientConfig(window=4, transport="tcp", poll_interval_s=60.0, fetch_timeout_s=30.0)
+    config = ClientConfig.from_fields(window=4, transport="tcp", poll_interval_s=60.0, fetch_timeout_s=30.0)
     with Client(hub.url, "woken-reader", config=config) as reader:
         stats = reader.fetch("policy", 1)
         assert digest(stats.buffers) == published["digest"] and stats.failed_reads == 0
@@ -216,18 +221,22 @@ def test_grants_cover_exact_ranges_until_they_expire():
 
 def test_the_hub_signs_grants_only_for_holders_that_gave_it_a_key(hub, roles):
     roles(tcp_holder, hub.url, "tcp-trainer", 1, 1.0).result(120)
-    reader = TcpTransport("grant-reader", "127.0.0.1")
+    reader = TcpPlane("grant-reader", "127.0.0.1")
     try:
-        client = Client(hub.url, "reader", transport=reader, config=ClientConfig(window=2))
+        client = Client(hub.url, "reader", plane=reader, config=ClientConfig(window=2))
         stats = client.fetch("policy", 1)
         assert stats.failed_reads == 0 and stats.sources == {"tcp-trainer": stats.bytes}
         client.close()
     finally:
         reader.close()
-    with th.connect(hub.url, "nixl-trainer", transport="nixl") as nixl:  # no key: no grant, reads unchanged
-        nixl.publish("other", 1, make_weights(2, 1.0))
-        with th.connect(hub.url, "nixl-reader", transport="nixl") as nixl_reader:
-            assert nixl_reader.fetch("other", 1).failed_reads == 0
+    nixl_hub = th.start_hub()  # one plane per hub: the NIXL workers get a hub of their own
+    try:
+        with th.connect(nixl_hub.url, "nixl-trainer", transport="nixl") as nixl:  # no key: no grant
+            nixl.publish("other", 1, make_weights(2, 1.0))
+            with th.connect(nixl_hub.url, "nixl-reader", transport="nixl") as nixl_reader:
+                assert nixl_reader.fetch("other", 1).failed_reads == 0
+    finally:
+        nixl_hub.stop()
 
 
 def test_a_dead_peer_fails_reads_with_read_error(bare, roles):
@@ -251,15 +260,15 @@ def test_a_holder_killed_mid_fetch_costs_a_re_plan(hub, roles):
     survivor = roles(tcp_holder, hub.url, "h2", 5, 4.0).result(120)
     killed = []
 
-    class KillingTransport(TcpTransport):
-        def start_read(self, peer, copies, grant="", granted=(), **landing):
+    class KillingTransport(TcpPlane):
+        def _start_read(self, peer, copies, grant, wake, digest):
             if not killed:
                 os.kill(doomed["pid"], signal.SIGKILL)
                 killed.append(peer)
-            return super().start_read(peer, copies, grant, granted, **landing)
+            return super()._start_read(peer, copies, grant, wake, digest)
 
     transport = KillingTransport("killing-reader", "127.0.0.1")
-    client = Client(hub.url, "reader", transport=transport,
+    client = Client(hub.url, "reader", plane=transport,
                     config=ClientConfig(window=4, read_timeout_s=20, fetch_timeout_s=90))
     try:
         stats = client.fetch("policy", 1)
@@ -274,7 +283,7 @@ def test_a_silent_holder_times_out(roles):
     listener = socket.create_server(("127.0.0.1", 0))
     accepted = []
     threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
-    reader = TcpTransport("timeout-reader", "127.0.0.1", io_timeout_s=0.5)
+    reader = TcpPlane("timeout-reader", "127.0.0.1", io_timeout_s=0.5)
     try:
         from tensorhub_verl.ros.planes import tcp_wire
 
@@ -289,10 +298,10 @@ def test_a_silent_holder_times_out(roles):
 
 def test_metadata_of_another_plane_or_agent_is_unusable():
     from tensorhub_verl.ros.planes import tcp_wire
-    from tensorhub_verl.ros.planes.nixl import NixlTransport
+    from tensorhub_verl.ros.planes.nixl import NixlPlane
 
-    reader = TcpTransport("meta-reader", "127.0.0.1")
-    nixl = NixlTransport("a-nixl-agent")
+    reader = TcpPlane("meta-reader", "127.0.0.1")
+    nixl = NixlPlane("a-nixl-agent")
     try:
         with pytest.raises(ReadError, match="another data plane"):
             reader.load_peer("a-nixl-agent", nixl.metadata())
@@ -306,7 +315,7 @@ def test_metadata_of_another_plane_or_agent_is_unusable():
 
 
 def test_the_tcp_plane_refuses_gpu_memory_in_its_own_words():
-    reader = TcpTransport("cpu-only", "127.0.0.1")
+    reader = TcpPlane("cpu-only", "127.0.0.1")
     try:
         assert reader.register([torch.zeros(16)]) is False  # metadata never changes: nothing to re-send
         if torch.cuda.is_available():
@@ -340,7 +349,7 @@ def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_pat
     with pytest.raises(errors.ConfigError):
         registry.choose("rdma", remote)
     with pytest.raises(errors.ConfigError):
-        ClientConfig(transport="udp")
+        ClientConfig.from_fields(transport="udp")
 
 
 def test_a_loopback_hub_confines_ucx_to_lo_only_where_there_is_no_cuda_and_no_rdma(monkeypatch, tmp_path):
@@ -451,16 +460,16 @@ def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
     raw.close()
 
 
-class _RecordingTcp(TcpTransport):
+class _RecordingTcp(TcpPlane):
     """A reader's TCP plane that keeps every read it posted (peer, copies, grant), to replay them later."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.posted: list[tuple] = []
 
-    def start_read(self, peer, copies, grant="", granted=(), **landing):
-        self.posted.append((peer, copies, grant, granted))
-        return super().start_read(peer, copies, grant, granted, **landing)
+    def _start_read(self, peer, copies, grant, wake, digest):
+        self.posted.append((peer, copies, grant.token, grant.ranges))
+        return super()._start_read(peer, copies, grant, wake, digest)
 
 
 def test_an_unpublished_holding_refuses_reads_whose_grants_have_not_expired(hub):
@@ -471,7 +480,7 @@ def test_an_unpublished_holding_refuses_reads_whose_grants_have_not_expired(hub)
     holder.publish("policy", 1, weights)
     reader_plane = _RecordingTcp("replaying-reader", "127.0.0.1")
     try:
-        reader = Client(hub.url, "replaying-reader", transport=reader_plane, config=ClientConfig(window=2))
+        reader = Client(hub.url, "replaying-reader", plane=reader_plane, config=ClientConfig(window=2))
         assert reader.fetch("policy", 1).failed_reads == 0
         assert reader_plane.posted
         peer, copies, grant, granted = reader_plane.posted[0]
@@ -488,11 +497,15 @@ def test_an_unpublished_holding_refuses_reads_whose_grants_have_not_expired(hub)
         holder.close()
 
 
-def _poll_read(transport: TcpTransport, peer: str, copies, grant: str, granted, timeout: float = 30.0) -> str:
-    handle = transport.start_read(peer, copies, grant, granted)
+def _poll_read(transport: TcpPlane, peer: str, copies, grant: str, granted, timeout: float = 30.0) -> str:
+    """Posts one read and waits for it: "DONE", or "ERR <why>". An empty grant goes to the holder as it is
+    (past the reader's own check), as a reader that skips that check would send it."""
+    signed = Grant(grant, tuple(granted))
+    handle = transport.start_read(peer, copies, signed) if grant else transport._start_read(peer, copies, signed,
+                                                                                              None, False)
     deadline = time.monotonic() + timeout
-    while transport.poll(handle) == "PROC" and time.monotonic() < deadline:
+    while transport.poll(handle) is ReadState.IN_PROGRESS and time.monotonic() < deadline:
         time.sleep(0.005)
     state = transport.poll(handle)
     transport.release(handle)
-    return state if state != "ERR" else f"ERR {transport.failure(handle)}"
+    return state.value if state is not ReadState.FAILED else f"ERR {transport.failure(handle)}"

@@ -11,7 +11,7 @@ import tensorhub_verl as th
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client import Client, ClientConfig
 
-from tests.ros.roles import GatedTransport, digest, holder, make_weights, reader, wait_until
+from tests.ros.roles import GatedPlane, digest, holder, make_weights, reader, wait_until
 
 CHUNK = 256 << 10
 
@@ -48,8 +48,8 @@ def test_concurrent_readers_get_the_bytes_and_serve_each_other(hub, roles):
 
 def test_a_late_reader_reads_from_a_reader_still_filling(hub, roles):
     roles(holder, hub.url, "trainer", 1, 4.0, CHUNK).result(120)
-    gated = GatedTransport("early-agent", hold_after=3)
-    early = Client(hub.url, "early", config=ClientConfig(window=1, max_run_chunks=1), transport=gated)
+    gated = GatedPlane("early-agent", hold_after=3)
+    early = Client(hub.url, "early", config=ClientConfig(window=1, max_run_chunks=1), plane=gated)
     fetch = threading.Thread(target=early.fetch, args=("policy", 1), daemon=True)
     fetch.start()
     assert gated.holding.wait(60), "the early reader never reached its 4th read"
@@ -73,9 +73,9 @@ def test_unpublish_waits_for_reads_in_flight(hub):
     weights = make_weights(2, 1.0)  # fewer chunks than the window: every chunk is in flight at once
     trainer = th.connect(hub.url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False)
     trainer.publish("policy", 1, weights)
-    gated = GatedTransport("reader-agent")
+    gated = GatedPlane("reader-agent")
     gated.finish_gate.clear()
-    reader_client = Client(hub.url, "reader", config=ClientConfig(window=16), transport=gated)
+    reader_client = Client(hub.url, "reader", config=ClientConfig(window=16), plane=gated)
     buffers = reader_client.manifest("policy", 1).allocate()
     fetch = threading.Thread(target=reader_client.fetch, args=("policy", 1, buffers), daemon=True)
     fetch.start()
@@ -101,9 +101,9 @@ def _gated_fetch(hub_url: str, reader_config: ClientConfig):
     trainer = th.connect(hub_url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False,
                          unpublish_timeout_s=0.5)
     trainer.publish("policy", 1, make_weights(2, 1.0))
-    gated = GatedTransport("reader-agent")
+    gated = GatedPlane("reader-agent")
     gated.finish_gate.clear()
-    reader_client = Client(hub_url, "reader", config=reader_config, transport=gated)
+    reader_client = Client(hub_url, "reader", config=reader_config, plane=gated)
     outcome: dict = {}
 
     def run():
@@ -152,9 +152,9 @@ def test_a_lease_past_its_deadline_is_revoked():
     try:
         trainer = th.connect(hub.url, "trainer", chunk_bytes=CHUNK, preserve_on_unpublish=False)
         trainer.publish("policy", 1, make_weights(2, 1.0))
-        gated = GatedTransport("reader-agent")
+        gated = GatedPlane("reader-agent")
         gated.finish_gate.clear()
-        reader_client = Client(hub.url, "reader", config=ClientConfig(fetch_timeout_s=30), transport=gated)
+        reader_client = Client(hub.url, "reader", config=ClientConfig(fetch_timeout_s=30), plane=gated)
         errors = []
 
         def run():
@@ -192,13 +192,20 @@ def test_a_holder_serves_reads_in_either_progress_mode(hub, roles, progress):
         assert late.result(120)["digest"] == digest(weights)
 
 
-def test_transports_satisfy_the_protocol():
-    from tensorhub_verl.ros.planes.nixl import NixlTransport
-    from tensorhub_verl.ros.planes.base import Transport
+def test_the_nixl_plane_declares_what_it_needs():
+    from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant
+    from tensorhub_verl.ros.planes.nixl import NixlPlane
 
-    for transport in (NixlTransport("protocol-check"), GatedTransport("protocol-check-gated")):
-        assert isinstance(transport, Transport)
-        transport.close()
+    for plane in (NixlPlane("protocol-check"), GatedPlane("protocol-check-gated")):
+        try:
+            assert isinstance(plane, DataPlane) and plane.name == "nixl"
+            assert not plane.needs_grant and plane.grant_key is None and not plane.lands_on_own_threads
+            with pytest.raises(ValueError, match="takes no grant"):
+                plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], Grant("1.2.ab"))
+            with pytest.raises(ValueError, match="lands no reads"):
+                plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], digest=True)
+        finally:
+            plane.close()
 
 
 def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queued(hub):
@@ -207,10 +214,10 @@ def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queue
     weights = make_weights(2, 2.0)
     with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
         trainer.publish("policy", 1, weights)
-        gated = GatedTransport("seed-agent")
+        gated = GatedPlane("seed-agent")
         gated.finish_gate.clear()
         seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8, max_run_chunks=1),
-                      transport=gated)
+                      plane=gated)
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
         fetch.start()

@@ -74,7 +74,7 @@ class StubEngineRank:
                 import tensorhub_verl as th
 
                 client = th.connect(hub_url, worker=worker, location=location, token=token,
-                                    config=th.ClientConfig(**(client_config or {})))
+                                    config=th.ClientConfig.from_fields(**(client_config or {})))
 
                 def load_hf(weights):
                     for name, t in weights:

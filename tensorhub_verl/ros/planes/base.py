@@ -1,16 +1,34 @@
 """The data-plane seam: register memory once, read remote memory one-sided. NIXL (nixl.py) and
-plain TCP streams (tcp.py) implement it; registry.py picks one.
+plain TCP streams (tcp.py) implement it; registry.py creates one by name.
 
-Kept narrow so the fetch loop can be tested against any implementation of the same Protocol.
+Planes differ in what they can do, and say so in capabilities the caller reads, never by arguments one of
+them ignores:
+
+- ``needs_grant``: the holder's side checks each read against a grant the hub signed for the lease (TCP: its
+  server answers whoever connects). Such a plane has a ``grant_key``, given to the hub at registration only;
+  every read then carries a ``Grant``. A plane without it (NIXL) gets no grant: a reader can address only
+  memory whose metadata the hub handed it with a lease.
+- ``lands_on_own_threads``: reads land on the plane's own threads, which set the read's ``wake`` event when it
+  finishes and, when asked (``digest``), hash its bytes as they land (``landed_digest``). Without it the fetch
+  loop polls every read and hashes a landed chunk itself.
+- ``preconnect_peers``: how many likely sources the hub should name at registration so that the plane
+  connects to them before the first fetch (0: none).
+
+``start_read`` owns the checks that tie these together; each plane implements ``_start_read``.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Generic, Iterable, Sequence, TypeVar
 
 import torch
+
+from tensorhub_verl.errors import TensorHubError
+from tensorhub_verl.ros.planes import grants
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,50 +60,104 @@ class Copy:
     length: int
 
 
-@runtime_checkable
-class Transport(Protocol):
-    agent_name: str
-    lands_on_own_threads: bool
-    """True when reads land on the transport's own threads (TCP), which then set a read's ``wake`` event when it
-    finishes and hash its bytes as they land, when asked (``landed_digest``). False (NIXL): the fetch loop
-    polls every ``poll_interval_s`` and hashes a landed chunk itself."""
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The hub's proof of a lease (grants.py), for a plane that ``needs_grant``: ``token`` as the hub signed
+    it, over ``ranges``, the exact remote (address, length) ranges it signs when the copies read only parts of
+    them (a run of chunks, a ranged read); empty: the copies' own ranges are the signed ones."""
 
+    token: str
+    ranges: tuple[tuple[int, int], ...] = ()
+
+
+class ReadState(enum.Enum):
+    IN_PROGRESS = "PROC"
+    DONE = "DONE"
+    FAILED = "ERR"
+
+
+class ReadError(TensorHubError):
+    """A read could not be posted or failed (peer gone, memory not registered, metadata unusable): the
+    fetch reads that chunk from another source."""
+
+
+class ReadHandle:
+    """One posted read. Each plane subclasses it with what it needs to poll and cancel the read."""
+
+    __slots__ = ()
+
+
+H = TypeVar("H", bound=ReadHandle)
+
+
+class DataPlane(ABC, Generic[H]):
+    """One process's endpoint of a data plane: serves its registered memory, reads peers' memory."""
+
+    name: str = ""
+    """The registry name (``registry.PLANES``): what the worker declares to the hub at registration."""
+    needs_grant: bool = False
+    lands_on_own_threads: bool = False
+    preconnect_peers: int = 0
+
+    def __init__(self, agent_name: str):
+        self.agent_name = agent_name
+        self.grant_key: bytes | None = grants.new_key() if self.needs_grant else None
+        """The key the hub signs this plane's grants with; given to the hub at registration, to nobody else."""
+
+    @abstractmethod
     def register(self, tensors: Iterable[torch.Tensor]) -> bool:
         """Makes the tensors' memory readable by peers. Returns True when new memory was registered
         (the agent metadata changed and must be re-sent to the hub). Each buffer is registered once."""
 
+    @abstractmethod
     def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
         """Stops serving the tensors' memory: called once an unpublish drained every read of it, so a grant
         the hub signed earlier cannot read it afterwards. A plane whose reads need no grant may keep the
         registration (NIXL: its metadata reaches only leaseholders, and re-registering changes it)."""
 
+    @abstractmethod
     def metadata(self) -> bytes:
         """What a peer needs to read this agent's registered memory."""
 
+    @abstractmethod
     def load_peer(self, agent_name: str, metadata: bytes) -> None:
         """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
-    def start_read(self, peer: str, copies: list[Copy], grant: str = "",
-                   granted: Sequence[tuple[int, int]] = (), *, wake: threading.Event | None = None,
-                   digest: bool = False) -> object:
+    def start_read(self, peer: str, copies: Sequence[Copy], grant: Grant | None = None, *,
+                   wake: threading.Event | None = None, digest: bool = False) -> H:
         """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError.
-        ``grant`` is the hub's proof of the lease (grants.py), for a data plane whose holder checks reads;
-        ``granted``: the exact remote (address, length) ranges it signs, when the copies read only parts of
-        them (a ranged read); empty: the copies' ranges are the granted ones. ``wake`` and ``digest``: see
-        ``lands_on_own_threads`` (ignored where it is False)."""
+        ``grant``: required by a plane that ``needs_grant``, refused by one that does not. ``wake`` and
+        ``digest``: only for a plane that ``lands_on_own_threads``."""
+        if self.needs_grant and (grant is None or not grant.token):
+            raise ReadError(f"the {self.name} plane reads only with the hub's grant of a lease; the hub signed "
+                            f"none for {peer} (it registered without a grant key)")
+        if not self.needs_grant and grant is not None:
+            raise ValueError(f"the {self.name} plane takes no grant (needs_grant is False)")
+        if (wake is not None or digest) and not self.lands_on_own_threads:
+            raise ValueError(f"the {self.name} plane lands no reads on its own threads: it takes no wake event "
+                             f"and hashes nothing (the fetch loop polls and hashes)")
+        return self._start_read(peer, list(copies), grant, wake, digest)
 
-    def poll(self, handle: object) -> str:
-        """'DONE', 'PROC' (in progress) or 'ERR'."""
+    @abstractmethod
+    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None,
+                    digest: bool) -> H:
+        """Posts the read; the arguments were checked against this plane's capabilities."""
 
-    def landed_digest(self, handle: object) -> str | None:
-        """The digest (integrity.py) of a 'DONE' read's bytes, in copy order, hashed as they landed, when the read
-        was started with ``digest=True`` and the transport lands on its own threads; otherwise None."""
+    @abstractmethod
+    def poll(self, handle: H) -> ReadState: ...
 
-    def release(self, handle: object) -> None:
+    def failure(self, handle: H) -> str:
+        """Why a read whose state is FAILED failed, when the plane knows."""
+        return ""
+
+    def landed_digest(self, handle: H) -> str | None:
+        """The digest (integrity.py) of a DONE read's bytes, in copy order, hashed as they landed, when the
+        read was started with ``digest=True`` on a plane that ``lands_on_own_threads``; otherwise None."""
+        return None
+
+    @abstractmethod
+    def release(self, handle: H) -> None:
         """Frees the handle; cancels the read if it is still in progress."""
 
+    @abstractmethod
     def close(self) -> None: ...
-
-
-class ReadError(Exception):
-    """A read could not be posted or failed (peer gone, memory not registered)."""

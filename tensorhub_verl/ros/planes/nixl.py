@@ -1,4 +1,4 @@
-"""Transport over NIXL with its UCX backend: one-sided READs from registered DRAM or VRAM.
+"""The NIXL data plane, with its UCX backend: one-sided READs from registered DRAM or VRAM.
 
 UCX picks the wire: TCP or shared memory on a plain host; RDMA, GPUDirect or CUDA IPC on a GPU cluster.
 Set UCX_TLS / UCX_NET_DEVICES in the environment to force one (the network lab forces TCP).
@@ -23,14 +23,15 @@ import threading
 import weakref
 from dataclasses import dataclass
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 import torch
 
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from tensorhub_verl.ros.planes.base import Copy, ReadError, Region
+from tensorhub_verl import errors
+from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.nixl")
 
@@ -42,7 +43,7 @@ class _Registration:
     descs: object
 
 
-_PUMPED: "weakref.WeakSet[NixlTransport]" = weakref.WeakSet()
+_PUMPED: "weakref.WeakSet[NixlPlane]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -54,6 +55,24 @@ def _stop_pumps() -> None:
 
 
 PROGRESS_MODES = ("events", "pump", "thread")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NixlConfig:
+    """Settings of the NIXL plane (``ClientConfig.planes.nixl``)."""
+
+    progress: str = "events"
+    """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'
+    (a Python thread polling every 0.5 ms) or 'thread' (NIXL's thread as its binding sets it: spinning).
+    See NixlPlane."""
+    net_devices: str | None = None
+    """Network devices UCX uses and listens on (UCX_NET_DEVICES syntax: 'eth0', 'mlx5_0:1', ...).
+    None: $UCX_NET_DEVICES if set, else 'lo' when the hub is on loopback (every peer is on this host), else
+    UCX's default, which is every device: name the cluster interface in production."""
+
+    def __post_init__(self) -> None:
+        if self.progress not in PROGRESS_MODES:
+            raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
 
 _EVENTS_WAKEUP_US = 100_000
 """NIXL's progress thread waits this long in poll() when no UCX event comes (events mode)."""
@@ -138,9 +157,31 @@ def _ucx_env(settings: dict[str, str]):
                 os.environ[name] = value
 
 
-class NixlTransport:
+class _NixlRead(ReadHandle):
+    """A read's NIXL transfer handles: one per (local, remote) memory kind of its copies."""
+
+    __slots__ = ("xfers",)
+
+    def __init__(self, xfers: list[object]):
+        self.xfers = xfers
+
+
+_STATES = {"DONE": ReadState.DONE, "PROC": ReadState.IN_PROGRESS, "ERR": ReadState.FAILED}
+
+
+class NixlPlane(DataPlane[_NixlRead]):
+    """One-sided READs through a NIXL agent. No grants: a reader can address only memory whose metadata the
+    hub handed it with a lease. UCX lands reads; the fetch loop polls them and hashes landed chunks itself."""
+
+    name = "nixl"
+    needs_grant = False
     lands_on_own_threads = False
-    """UCX lands reads; the fetch loop polls them (``poll``) and hashes landed chunks itself."""
+
+    @classmethod
+    def from_config(cls, agent_name: str, config: NixlConfig, hub_url: str, io_timeout_s: float) -> "NixlPlane":
+        from tensorhub_verl.ros.planes.registry import net_devices
+
+        return cls(agent_name, progress=config.progress, net_devices=net_devices(config.net_devices, hub_url))
 
     def __init__(self, agent_name: str, backends: tuple[str, ...] = ("UCX",), progress: str = "events",
                  pump_interval_s: float = 0.0005, net_devices: str | None = None):
@@ -157,8 +198,8 @@ class NixlTransport:
         devices UCX uses and listens on; None leaves UCX's environment and defaults alone.
         """
         if progress not in PROGRESS_MODES:
-            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
-        self.agent_name = agent_name
+            raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
+        super().__init__(agent_name)
         self._agent = _new_agent(agent_name, backends, progress, net_devices)
         self._lock = threading.Lock()
         self._registered: list[_Registration] = []
@@ -185,7 +226,7 @@ class NixlTransport:
                     logger.debug("UCX progress failed: %s", e)
 
     def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Keeps the registration (see ``Transport.unregister``): a freed storage is deregistered by the next
+        """Keeps the registration (see ``DataPlane.unregister``): a freed storage is deregistered by the next
         ``register``, before its address can be reused."""
 
     def register(self, tensors: Iterable[torch.Tensor]) -> bool:
@@ -260,11 +301,9 @@ class NixlTransport:
             except Exception as e:  # the first read connects instead, and reports what is wrong
                 logger.debug("connecting to %s ahead of its first read failed: %s", agent_name, e)
 
-    def start_read(self, peer: str, copies: list[Copy], grant: str = "",
-                   granted: Sequence[tuple[int, int]] = (), *, wake: threading.Event | None = None,
-                   digest: bool = False) -> list[object]:
-        """``grant`` and ``granted`` are unused: a NIXL reader can only address memory the hub gave it
-        metadata for. ``wake`` and ``digest`` too: NIXL lands reads on its own (the fetch loop polls)."""
+    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None,
+                    digest: bool) -> _NixlRead:
+        """``grant`` and ``wake`` are None and ``digest`` False here (``DataPlane.start_read`` checks it)."""
         groups: dict[tuple[str, str], list[Copy]] = defaultdict(list)
         for c in copies:
             groups[(c.local_mem, c.remote_mem)].append(c)
@@ -286,26 +325,23 @@ class NixlTransport:
             except Exception as e:  # NIXL raises its own classes (e.g. nixlRemoteDisconnectError)
                 self._release_all(handles)
                 raise ReadError(f"read from {peer} failed: {type(e).__name__}: {e}") from e
-        return handles
+        return _NixlRead(handles)
 
-    def poll(self, handle: list[object]) -> str:
+    def poll(self, handle: _NixlRead) -> ReadState:
         with self._lock:
             states = []
-            for h in handle:
+            for h in handle.xfers:
                 try:
-                    states.append(self._agent.check_xfer_state(h))
+                    states.append(_STATES.get(self._agent.check_xfer_state(h), ReadState.FAILED))
                 except Exception:
-                    states.append("ERR")
-        if "ERR" in states:
-            return "ERR"
-        return "DONE" if all(s == "DONE" for s in states) else "PROC"
+                    states.append(ReadState.FAILED)
+        if ReadState.FAILED in states:
+            return ReadState.FAILED
+        return ReadState.DONE if all(s is ReadState.DONE for s in states) else ReadState.IN_PROGRESS
 
-    def landed_digest(self, handle: list[object]) -> None:
-        return None
-
-    def release(self, handle: list[object]) -> None:
+    def release(self, handle: _NixlRead) -> None:
         with self._lock:
-            self._release_all(handle)
+            self._release_all(handle.xfers)
 
     def _release_all(self, handles: list[object]) -> None:
         for h in handles:

@@ -1,34 +1,117 @@
-"""Which data plane a client uses: NIXL/UCX or plain TCP streams, by configuration or picked from the host.
+"""Which data plane a client uses, and the registry that creates it by name.
+
+Planes register by name with the module and class that implement them (``register_plane``, as vLLM's
+weight-transfer factory does); the class is looked up when a plane is created, and NIXL's library is imported
+only when a NIXL plane is created (a broken NIXL install raises its own ImportError then; a TCP-only host never
+imports it). A duplicate name and an unknown name raise.
 
 ``auto`` picks NIXL wherever it is faster than TCP streams or TCP cannot serve: a loopback hub (every peer is on
-this host, and UCX's shared memory beats any socket: 1.2-1.5x a raw socket copy here), RDMA devices, CUDA
-(GPUDirect, CUDA IPC; the TCP plane serves CPU memory only) or a UCX_TLS that names more than TCP. Otherwise the
-wire between hosts is TCP, and TCP streams beat UCX's emulated GET over TCP (bench transport: ~0.9-1.0 of a raw
-socket vs 0.6-0.7). A reader and a holder must use the same plane: one that gets metadata of the other kind
-treats that peer as unusable (a re-plan), so pick ``transport`` explicitly on clusters whose hosts differ.
+this host, and UCX's shared memory beats any socket), RDMA devices, CUDA (GPUDirect, CUDA IPC; the TCP plane
+serves CPU memory only) or a UCX_TLS that names more than TCP. Otherwise the wire between hosts is TCP, and TCP
+streams beat UCX's emulated GET over TCP (docs/measurements.md). Every worker of one hub must use the same plane:
+the hub refuses a worker whose plane differs from its other workers' (``errors.PlaneMismatch``), so pick
+``PlaneConfig.kind`` explicitly on clusters whose hosts differ.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import ipaddress
 import logging
 import os
 import socket
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.planes.base import Transport
+from tensorhub_verl.ros.planes.base import DataPlane
+from tensorhub_verl.ros.planes.nixl import NixlConfig
+from tensorhub_verl.ros.planes.tcp import TcpConfig
 
 logger = logging.getLogger("tensorhub_verl.ros.planes.registry")
 
-TRANSPORTS = ("auto", "nixl", "tcp")
+_PLANES: dict[str, tuple[str, str]] = {}
+"""name -> (module, class) of each registered plane."""
+
+
+def register_plane(name: str, module: str, class_name: str) -> None:
+    """Registers a plane class by name, imported when a plane of that name is first created."""
+    if name in _PLANES or name == "auto":
+        raise errors.ConfigError(f"a data plane named {name!r} is already registered (or the name is reserved)")
+    _PLANES[name] = (module, class_name)
+
+
+def plane_names() -> tuple[str, ...]:
+    return tuple(_PLANES)
+
+
+register_plane("nixl", "tensorhub_verl.ros.planes.nixl", "NixlPlane")
+register_plane("tcp", "tensorhub_verl.ros.planes.tcp", "TcpPlane")
+
+TRANSPORTS = ("auto", *_PLANES)
+"""Values of ``PlaneConfig.kind``."""
 _TCP_ONLY_TLS = {"tcp", "self"}
 _RDMA_SYSFS = Path("/sys/class/infiniband")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlaneConfig:
+    """The data plane of a client (``ClientConfig.plane``): which one, and each plane's own settings."""
+
+    kind: str = "auto"
+    """'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams, CPU memory only; close to
+    a raw TCP flow where the link is the limit, docs/measurements.md), or 'auto' (see this module's docstring).
+    Every worker of one hub must use the same plane."""
+    nixl: NixlConfig = field(default_factory=NixlConfig)
+    tcp: TcpConfig = field(default_factory=TcpConfig)
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRANSPORTS:
+            raise errors.ConfigError(f"transport must be one of {TRANSPORTS}, got {self.kind!r}")
+
+    def settings(self, name: str) -> Any:
+        """The settings of plane ``name``."""
+        return getattr(self, name)
+
+    @classmethod
+    def of(cls, value: "PlaneConfig | Mapping[str, Any]") -> "PlaneConfig":
+        """From a PlaneConfig or plain data ({'kind': 'tcp', 'tcp': {'streams': 4}}, e.g. from a verl config)."""
+        if isinstance(value, PlaneConfig):
+            return value
+        nested = {"nixl": NixlConfig, "tcp": TcpConfig}
+        try:
+            return cls(**{k: nested[k](**v) if k in nested and isinstance(v, Mapping) else v
+                          for k, v in value.items()})
+        except TypeError as e:
+            raise errors.ConfigError(f"plane settings {dict(value)!r} are invalid: {e}") from e
+
+
+FLAT_FIELDS = {"transport": ("kind",), "progress": ("nixl", "progress"), "net_devices": ("nixl", "net_devices"),
+               "tcp_host": ("tcp", "host"), "tcp_streams": ("tcp", "streams"),
+               "preconnect_peers": ("tcp", "preconnect_peers")}
+"""The flat ``ClientConfig`` keyword of each plane setting (``connect(transport='tcp', tcp_streams=4)``)."""
+
+
+def from_flat(base: PlaneConfig, flat: Mapping[str, Any]) -> PlaneConfig:
+    """``base`` with the flat settings (``FLAT_FIELDS``) applied."""
+    top: dict[str, Any] = {}
+    per_plane: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        path = FLAT_FIELDS[key]
+        if len(path) == 1:
+            top[path[0]] = value
+        else:
+            per_plane.setdefault(path[0], {})[path[1]] = value
+    for plane, values in per_plane.items():
+        top[plane] = dataclasses.replace(getattr(base, plane), **values)
+    return dataclasses.replace(base, **top)
+
+
 def choose(transport: str, hub_url: str) -> tuple[str, str]:
-    """(``"nixl"`` or ``"tcp"``, why)."""
+    """(a registered plane name, why)."""
     if transport not in TRANSPORTS:
         raise errors.ConfigError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     if transport != "auto":
@@ -59,19 +142,14 @@ def cuda_present() -> bool:
     return torch.cuda.is_available()
 
 
-def create(config, worker: str, hub_url: str) -> Transport:
-    """The transport ``config`` (a ClientConfig) asks for, named uniquely for this process."""
-    kind, why = choose(config.transport, hub_url)
-    agent_name = f"{worker}-{uuid.uuid4().hex[:8]}"
-    logger.info("%s: %s data plane (%s)", worker, kind, why)
-    if kind == "tcp":
-        from tensorhub_verl.ros.planes.tcp import TcpTransport
-
-        return TcpTransport(agent_name, config.tcp_host or advertised_host(hub_url), streams=config.tcp_streams,
-                            io_timeout_s=config.read_timeout_s)
-    from tensorhub_verl.ros.planes.nixl import NixlTransport
-
-    return NixlTransport(agent_name, progress=config.progress, net_devices=net_devices(config.net_devices, hub_url))
+def create(config: PlaneConfig, worker: str, hub_url: str, io_timeout_s: float) -> DataPlane:
+    """The plane ``config`` asks for (``auto``: ``choose``), named uniquely for this process."""
+    name, why = choose(config.kind, hub_url)
+    module, class_name = _PLANES[name]
+    plane_class = getattr(importlib.import_module(module), class_name)
+    logger.info("%s: %s data plane (%s)", worker, name, why)
+    return plane_class.from_config(f"{worker}-{uuid.uuid4().hex[:8]}", config.settings(name), hub_url,
+                                   io_timeout_s)
 
 
 def net_devices(configured: str | None, hub_url: str) -> str | None:

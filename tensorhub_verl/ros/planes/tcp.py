@@ -23,17 +23,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import integrity
-from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.planes import tcp_wire as wire
 from tensorhub_verl.ros.planes.tcp_server import ReadServer
-from tensorhub_verl.ros.planes.base import Copy, ReadError, Region
+from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.tcp")
 
@@ -48,7 +47,7 @@ starts them again. Workers come and go in an elastic job: without this, a long-l
 threads and two sockets for every peer it ever read from."""
 
 
-class _Read:
+class _Read(ReadHandle):
     """One chunk's read on one stream: posted, then done or failed; ``cancel`` hangs its stream up."""
 
     def __init__(self, request: bytes, copies: list[Copy], wake: threading.Event | None, digest: bool):
@@ -57,16 +56,16 @@ class _Read:
         self.wake = wake
         self.wants_digest = digest
         self.digest: str | None = None
-        self.state = "PROC"
+        self.state = ReadState.IN_PROGRESS
         self.reason = ""
         self.cancelled = False
         self.lock = threading.Lock()
         self.sock: socket.socket | None = None
         self.attempts = 0
 
-    def finish(self, state: str, reason: str = "", digest: str | None = None) -> None:
+    def finish(self, state: ReadState, reason: str = "", digest: str | None = None) -> None:
         with self.lock:
-            if self.state == "PROC":
+            if self.state is ReadState.IN_PROGRESS:
                 self.state, self.reason, self.digest = state, reason, digest
         if self.wake is not None:
             self.wake.set()
@@ -76,8 +75,8 @@ class _Read:
         current recv (at most wire.RECV_PIECE bytes)."""
         with self.lock:
             self.cancelled = True
-            if self.state == "PROC":
-                self.state, self.reason = "ERR", "cancelled"
+            if self.state is ReadState.IN_PROGRESS:
+                self.state, self.reason = ReadState.FAILED, "cancelled"
                 if self.sock is not None:
                     _shutdown(self.sock)
 
@@ -179,7 +178,7 @@ class _Peer:
             if sock is None:
                 sock = self._connect()
         except OSError as e:
-            read.finish("ERR", f"{type(e).__name__}: {e}")
+            read.finish(ReadState.FAILED, f"{type(e).__name__}: {e}")
             return None
         read.attempts += 1
         with read.lock:
@@ -196,14 +195,14 @@ class _Peer:
             status, length = wire.REPLY.unpack(wire.recv_exact(sock, wire.REPLY.size))
             if status != wire.OK:
                 why = wire.recv_exact(sock, min(length, wire.MAX_REASON)).decode(errors="replace")
-                read.finish("ERR", f"peer {self.agent} refused the read: {why}")
+                read.finish(ReadState.FAILED, f"peer {self.agent} refused the read: {why}")
                 return self._broken(sent, "the holder refused an earlier read on this connection", sock, sent)
             hasher = integrity.new_hasher() if read.wants_digest else None  # afresh on each attempt
             for c in read.copies:
                 wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length), hasher)
         except OSError as e:
             return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
-        read.finish("DONE", digest=hasher.hexdigest() if hasher is not None else None)
+        read.finish(ReadState.DONE, digest=hasher.hexdigest() if hasher is not None else None)
         return sock
 
     def _broken(self, reads, why: str, sock: socket.socket | None = None, sent: deque[_Read] | None = None) -> None:
@@ -217,7 +216,7 @@ class _Peer:
             if read.attempts < 2 and not self._stop.is_set():
                 self.reads.put(read)
             else:
-                read.finish("ERR", why)
+                read.finish(ReadState.FAILED, why)
         if sent is not None:
             sent.clear()
         return None
@@ -239,20 +238,49 @@ class _Registration:
     storage: StorageWeakRef
 
 
-class TcpTransport:
-    """The Transport protocol over TCP (see the module docstring). ``host`` is the address peers reach this
-    process on (the server listens there only)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TcpConfig:
+    """Settings of the TCP plane (``ClientConfig.planes.tcp``)."""
 
+    host: str | None = None
+    """Address the plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
+    else this host's address on the route to the hub."""
+    streams: int = 2
+    """TCP connections a reader keeps to each peer it reads from. Each has the next read's request sent ahead
+    of the reply it receives, so one stream keeps the wire busy; more spread a fast link's copies over cores."""
+    preconnect_peers: int = 4
+    """At registration, connect to this many likely sources (the nearest holders of the newest versions), so a
+    joiner's first fetch reads over open connections (the plane's metadata is just an address); 0: off."""
+
+    def __post_init__(self) -> None:
+        if self.streams < 1:
+            raise errors.ConfigError(f"tcp streams must be >= 1, got {self.streams}")
+        if not 0 <= self.preconnect_peers <= 16:
+            raise errors.ConfigError(f"preconnect_peers must be in [0, 16], got {self.preconnect_peers}")
+
+
+class TcpPlane(DataPlane[_Read]):
+    """The TCP data plane (see the module docstring). ``host`` is the address peers reach this process on (the
+    server listens there only). Its server checks every read against a grant the hub signed with
+    ``grant_key``; reads land on the streams' threads, which wake the fetch loop and hash the bytes as they land."""
+
+    name = "tcp"
+    needs_grant = True
     lands_on_own_threads = True
-    """Reads land on the streams' threads: they wake the fetch loop and hash the bytes as they land."""
+
+    @classmethod
+    def from_config(cls, agent_name: str, config: TcpConfig, hub_url: str, io_timeout_s: float) -> "TcpPlane":
+        from tensorhub_verl.ros.planes.registry import advertised_host
+
+        return cls(agent_name, config.host or advertised_host(hub_url), streams=config.streams,
+                   io_timeout_s=io_timeout_s, preconnect_peers=config.preconnect_peers)
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
-                 connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S):
+                 connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S, preconnect_peers: int = 4):
         if streams < 1:
             raise errors.ConfigError(f"streams must be >= 1, got {streams}")
-        self.agent_name = agent_name
-        self.grant_key = grants.new_key()
-        """Given to the hub at registration (only): it signs each lease's grant with it."""
+        super().__init__(agent_name)
+        self.preconnect_peers = preconnect_peers
         self._streams, self._io_timeout_s, self._connect_timeout_s = streams, io_timeout_s, connect_timeout_s
         self._idle_close_s = idle_close_s
         self._lock = threading.Lock()
@@ -270,7 +298,7 @@ class TcpTransport:
                     continue
                 if tensor.device.type != "cpu":
                     raise errors.ConfigError(f"the TCP data plane serves CPU memory only, not {tensor.device}; "
-                                             f"use ClientConfig(transport='nixl') for GPU memory")
+                                             f"use the NIXL plane (PlaneConfig(kind='nixl')) for GPU memory")
                 storage = tensor.untyped_storage()
                 whole = Region(storage.data_ptr(), storage.nbytes(), 0, "DRAM")
                 if not any(_inside(r.region, whole.addr, whole.nbytes) for r in self._registered):
@@ -308,9 +336,10 @@ class TcpTransport:
         if known is not None:
             known[1].close()
 
-    def start_read(self, peer: str, copies: list[Copy], grant: str = "",
-                   granted: Sequence[tuple[int, int]] = (), *, wake: threading.Event | None = None,
-                   digest: bool = False) -> _Read:
+    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None,
+                    digest: bool) -> _Read:
+        if grant is None:  # refused by DataPlane.start_read already; kept for direct callers of the hook
+            raise ReadError(f"a read from {peer} over TCP needs the hub's grant")
         with self._lock:
             known = self._peers.get(peer)
         if known is None:
@@ -320,11 +349,12 @@ class TcpTransport:
         if any(c.local_mem != "DRAM" or c.remote_mem != "DRAM" for c in copies):
             raise ReadError("the TCP data plane reads CPU memory into CPU memory only")
         wanted = [(c.remote_addr, c.length) for c in copies]
-        signed = list(granted) or wanted
+        signed = list(grant.ranges) or wanted
         if not copies or len(signed) > wire.MAX_RANGES or len(copies) > wire.MAX_RANGES or \
-                len(grant) > wire.MAX_GRANT:
-            raise ReadError(f"a read of {len(copies)} ranges with a {len(grant)}-character grant cannot be sent")
-        encoded = grant.encode("ascii")
+                len(grant.token) > wire.MAX_GRANT:
+            raise ReadError(f"a read of {len(copies)} ranges with a {len(grant.token)}-character grant cannot be "
+                            f"sent")
+        encoded = grant.token.encode("ascii")
         parts = wanted if signed != wanted else []  # none: all of the granted ranges
         request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
             b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
@@ -332,11 +362,10 @@ class TcpTransport:
         known[1].submit(read)
         return read
 
-    def poll(self, handle: _Read) -> str:
+    def poll(self, handle: _Read) -> ReadState:
         return handle.state
 
     def failure(self, handle: _Read) -> str:
-        """Why a read whose state is 'ERR' failed."""
         return handle.reason
 
     def landed_digest(self, handle: _Read) -> str | None:
