@@ -59,7 +59,7 @@ class LabBenchParams(LabWorkload):
     """The workload (shared with the simulator) plus how the lab runs it."""
 
     progress: str = "events"
-    """Who drives UCX in the trainer and readers (ClientConfig.progress)."""
+    """Who drives UCX in the trainer and readers (NixlConfig.progress)."""
     hub_on_trainer: bool = False
     """Run the hub on the trainer's host instead of its own host in the trainer's rack. There, every hub
     reply waits behind the bulk data in the trainer's NIC queue (tbf is one FIFO, up to 50 ms deep)."""

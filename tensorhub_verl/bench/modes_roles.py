@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-inflight-per-source", type=int, default=8)
     ap.add_argument("--seeds-per-dc", type=int, default=1)
     ap.add_argument("--master", help="bcast: host:port of rank 0's rendezvous")
-    ap.add_argument("--progress", default="events", help="ClientConfig.progress of trainer and readers")
+    ap.add_argument("--progress", default="events", help="NixlConfig.progress of trainer and readers")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     a = ap.parse_args(argv)

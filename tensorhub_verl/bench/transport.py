@@ -204,13 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mb", type=float, default=8)
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--progress", choices=PROGRESS_MODES, default="events",
-                        help="who drives UCX in the holder (see NixlTransport)")
+                        help="who drives UCX in the holder (see NixlPlane)")
     parser.add_argument("--chunk-digests", choices=("on", "off"), default="on",
                         help="off: publish without chunk digests, so readers check nothing (shows what the check costs)")
     parser.add_argument("--first-readers", type=int, default=3,
                         help="fresh joiners whose first read is measured, one after another (0: skip)")
     parser.add_argument("--preconnect", type=int, default=4,
-                        help="peers a reader connects to at registration (ClientConfig.preconnect_peers; 0: at its "
+                        help="peers a reader connects to at registration (TcpConfig.preconnect_peers; 0: at its "
                              "first lease, which the first read then waits for)")
     parser.add_argument("--lab-mbit", type=float, default=0,
                         help="run in the network lab instead of on loopback: every process on its own host with a NIC "

@@ -33,6 +33,10 @@ class TensorHubVerlConfig:
     allow_plain_http: bool = False
     """Send ``token`` to an ``http://`` hub on another host, in clear (a cluster network nobody else can read).
     Off: a job with a token and a plain-HTTP hub off loopback refuses to start and says what to set."""
+    transport: str = "auto"
+    """The data plane of every worker of the job: 'nixl', 'tcp', or 'auto' (picked per host: NIXL with CUDA, RDMA
+    or a loopback hub, else TCP streams). One hub serves one plane: set it explicitly when hosts differ (e.g. a
+    GPU trainer and CPU-only attached nodes, which then pass ``tensorhub attach-vllm --transport``)."""
     model: str = "policy"
     """Model name under which the policy's versions are published."""
     keep_versions: int = 2
@@ -110,6 +114,10 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.token would cross the network in clear to {self.hub_address}: use an "
                               f"https:// hub (tensorhub.tls_ca_file for a private CA), or set "
                               f"tensorhub.allow_plain_http=true on a network nobody else can read")
+        from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
+
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(f"tensorhub.transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if not self.model or not isinstance(self.model, str):
             raise ConfigError(f"tensorhub.model must be a non-empty string, got {self.model!r}")
         if self.keep_versions < 1:
@@ -179,7 +187,7 @@ class TensorHubVerlConfig:
     def client_settings(self) -> dict[str, Any]:
         """The ``ClientConfig`` fields every worker of the job connects with (trainer ranks and engines)."""
         return {"chunk_bytes": self.chunk_bytes, "tls_ca_file": self.tls_ca_file,
-                "allow_plain_http": self.allow_plain_http}
+                "allow_plain_http": self.allow_plain_http, "transport": self.transport}
 
     def wan_seeds(self) -> int:
         """seeds_per_dc, or sized from link_capacities when it is None."""

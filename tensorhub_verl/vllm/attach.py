@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send the token to an http:// hub on another host in clear (a network you trust)")
     p.add_argument("--worker", default=None, help="worker id (default: vllm-<hostname>-<port>)")
     p.add_argument("--staging", default="cpu", choices=STAGING_MODES)
+    from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
+
+    p.add_argument("--transport", default="auto", choices=TRANSPORTS,
+                   help="data plane (default auto: NIXL with CUDA, RDMA or a loopback hub, else TCP); it must match "
+                        "the plane of the hub's other workers (the hub refuses another one and names it)")
     p.add_argument("--first-version-timeout", type=float, default=600.0,
                    help="seconds to wait for a first published version")
     p.add_argument("--fetch-timeout", type=float, default=300.0)
@@ -177,7 +182,8 @@ async def _serve(ns: argparse.Namespace) -> int:
         try:
             await asyncio.to_thread(updater.setup, ns.hub, ns.model, worker, location_labels(ns.location),
                                     ns.token, ns.staging,
-                                    {"tls_ca_file": ns.ca_file, "allow_plain_http": ns.allow_plain_http},
+                                    {"tls_ca_file": ns.ca_file, "allow_plain_http": ns.allow_plain_http,
+                                     "transport": ns.transport},
                                     ns.fetch_timeout)
             # every engine RPC goes through this loop: blocking calls run on threads, never on the loop itself
             await asyncio.to_thread(follower.first_version, ns.first_version_timeout)

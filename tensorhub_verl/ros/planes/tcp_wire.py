@@ -107,7 +107,7 @@ def advertised_host_problem(metadata: bytes, registered_from: str | None) -> str
         return None
     return (f"the TCP plane's advertised address {host} is not the address this worker registered from "
             f"({registered_from}): peers would connect to a host that is not this worker. Set "
-            f"ClientConfig.tcp_host to this host's address on the route to the hub")
+            f"TcpConfig.host to this host's address on the route to the hub")
 
 
 def _local_addresses() -> set[str]:
