@@ -59,7 +59,7 @@ PROGRESS_MODES = ("events", "pump", "thread")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NixlConfig:
-    """Settings of the NIXL plane (``ClientConfig.planes.nixl``)."""
+    """Settings of the NIXL plane (``ClientConfig.plane.nixl``)."""
 
     progress: str = "events"
     """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'

@@ -70,7 +70,8 @@ class PlaneConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in TRANSPORTS:
-            raise errors.ConfigError(f"transport must be one of {TRANSPORTS}, got {self.kind!r}")
+            raise errors.ConfigError(f"the data plane (PlaneConfig.kind, flat: transport) must be one of "
+                                     f"{TRANSPORTS}, got {self.kind!r}")
 
     def settings(self, name: str) -> Any:
         """The settings of plane ``name``."""

@@ -240,7 +240,7 @@ class _Registration:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TcpConfig:
-    """Settings of the TCP plane (``ClientConfig.planes.tcp``)."""
+    """Settings of the TCP plane (``ClientConfig.plane.tcp``)."""
 
     host: str | None = None
     """Address the plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
@@ -254,7 +254,7 @@ class TcpConfig:
 
     def __post_init__(self) -> None:
         if self.streams < 1:
-            raise errors.ConfigError(f"tcp streams must be >= 1, got {self.streams}")
+            raise errors.ConfigError(f"TcpConfig.streams must be >= 1, got {self.streams}")
         if not 0 <= self.preconnect_peers <= 16:
             raise errors.ConfigError(f"preconnect_peers must be in [0, 16], got {self.preconnect_peers}")
 
