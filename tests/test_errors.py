@@ -11,8 +11,8 @@ from pathlib import Path
 from tensorhub_verl import errors
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tensorhub_verl"
-_BUILTIN_EXCEPTIONS = {name for name in dir(builtins)
-                       if isinstance(getattr(builtins, name), type) and issubclass(getattr(builtins, name), BaseException)}
+_BUILTIN_EXCEPTIONS = {name for name, value in vars(builtins).items()
+                       if isinstance(value, type) and issubclass(value, BaseException)}
 
 
 def _base_names(node: ast.ClassDef) -> set[str]:
