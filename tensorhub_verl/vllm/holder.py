@@ -428,7 +428,8 @@ class EngineHolder:
         """Makes the pulled version the served one, all-or-nothing. The engine must not run a forward pass
         meanwhile (the vLLM extension runs this inside a collective RPC, between engine steps).
 
-        Returns ``{"version", "source_layout", "stall_s", "pull_s", "bytes", "sources", "preserved_bytes"}``
+        Returns ``{"worker", "version", "applied", "source_layout", "stall_s", "pull_s", "bytes", "sources",
+        "phases", "preserved_bytes", "peak_bucket_bytes"}`` (``update`` returns the same keys)
         (``preserved_bytes``: what unpublishing the old version copied to CPU inside the stall). On a failed pull
         raises it (TransferFailed, ...) with the parameters untouched.
         """
@@ -450,7 +451,7 @@ class EngineHolder:
             stats = pull.stats
             self._pull = None
             stall = time.monotonic() - t0
-        result = {"worker": self.worker, "version": pull.version, "source_layout": pull.source_layout,
+        result = {"worker": self.worker, "version": pull.version, "applied": True, "source_layout": pull.source_layout,
                   "stall_s": stall,
                   "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
                   "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases),
@@ -600,9 +601,10 @@ class EngineHolder:
     def update(self, version: int | str = "latest", timeout: float | None = None) -> dict:
         """``begin_pull`` then ``apply`` (the whole pull is a stall: use the two halves to overlap)."""
         started = self.begin_pull(version)
-        if not started["started"]:
-            return {"version": started["version"], "source_layout": None, "stall_s": 0.0, "pull_s": 0.0,
-                    "bytes": 0, "sources": {}}
+        if not started["started"]:  # already served: the keys of apply's result, nothing moved
+            return {"worker": self.worker, "version": started["version"], "applied": False, "source_layout": None,
+                    "stall_s": 0.0, "pull_s": 0.0, "bytes": 0, "sources": {}, "phases": {}, "preserved_bytes": 0,
+                    "peak_bucket_bytes": 0}
         return self.apply(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
