@@ -154,10 +154,10 @@ def test_a_read_asked_for_its_digest_hashes_the_bytes_as_they_land_and_wakes_its
     grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
     wake = threading.Event()
     remote, nbytes = ranges[0]
-    handle = reader.start_read("bare-holder", [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)], grant,
-                               wake=wake, digest=True)
+    handle = reader.start_read("bare-holder", [Copy(into.data_ptr(), 0, "DRAM", remote, 0, "DRAM", nbytes)],
+                               Grant(grant), wake=wake, digest=True)
     assert wake.wait(30), "a finished read must set the event the fetch loop sleeps on"
-    assert reader.poll(handle) == "DONE"
+    assert reader.poll(handle) is ReadState.DONE
     assert reader.landed_digest(handle) == xxhash.xxh3_64(into.numpy()).hexdigest()
     reader.release(handle)
 
