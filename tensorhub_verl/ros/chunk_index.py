@@ -6,6 +6,10 @@ set on each exchange costs readers x chunks; here it is kept up to date as chunk
 chunk), and each reader's next candidates come from a cursor over its chunks still to read, so one exchange
 looks at a bounded number of chunks whatever the size of the version.
 
+Partial holders are also listed by place (datacenter, rack, node): a run is extended by asking only the holders
+nearer to its reader than its source where each first holds a chunk of the run (``nearer``), by bisection in
+their interval sets, not chunk by chunk.
+
 A reader's cursor visits its chunks from a reader-specific offset (readers started together ask for different
 chunks first and have something to trade). The planner ranks each batch of candidates rarest first; when a
 batch yields fewer reads than asked for (its chunks are busy or held only far away), the cursor moves on to the
@@ -18,6 +22,9 @@ from __future__ import annotations
 
 import zlib
 from typing import AbstractSet, Iterable, Protocol, Sequence
+
+from tensorhub_verl.ros.intervals import IntervalSet
+from tensorhub_verl.ros.topology import Distance, Location
 
 _EMPTY: frozenset[str] = frozenset()
 _MIN_CANDIDATES = 64
@@ -61,12 +68,20 @@ class NeedCursor:
         found: list[int] = []
         order, n = self._order, len(self._order)
         walked = 0
+        runs = have.run_end if isinstance(have, IntervalSet) else None
         while walked < n and len(found) < limit:
-            chunk = order[(self._pos + walked) % n]
-            walked += 1
+            at = (self._pos + walked) % n
+            chunk = order[at]
             if chunk in have:
-                self._stale += 1
-            elif chunk not in busy:
+                # A landed run: skip it whole where the order visits its chunks one after another.
+                skip = min(runs(chunk) - chunk, n - at, n - walked) if runs is not None else 1
+                while skip > 1 and order[at + skip - 1] != chunk + skip - 1:
+                    skip = 1
+                walked += skip
+                self._stale += skip
+                continue
+            walked += 1
+            if chunk not in busy:
                 found.append(chunk)
         self._walked = walked
         return found
@@ -91,13 +106,22 @@ class ChunkIndex:
         self._cursors: dict[str, NeedCursor] = {}
         self.complete: set[str] = set()
         """Holders of every chunk (in any state: the hub checks whether each may serve)."""
+        self._places: dict[tuple[str, ...], set[str]] = {}
+        """(dc,), (dc, rack), (dc, rack, node) -> the partial holders there."""
+        self._place_of: dict[str, Location] = {}
 
-    def enter(self, holding: IndexedHolding) -> None:
-        """A holding appears: its chunks serve (a ranged reader's partly read ones never do); a filling one reads."""
+    def enter(self, holding: IndexedHolding, location: Location | None = None) -> None:
+        """A holding appears: its chunks serve (a ranged reader's partly read ones never do); a filling one reads.
+        A partial holder's ``location`` lists it among the holders near a reader (``nearer``)."""
         if holding.chunks is None:
             self.complete.add(holding.holder)
-        elif holding.chunks:
-            self.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
+        else:
+            if location is not None:
+                self._place_of[holding.holder] = location
+                for place in _places(location):
+                    self._places.setdefault(place, set()).add(holding.holder)
+            if holding.chunks:
+                self.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
         if holding.state == "filling":
             self.start_reader(holding.holder, holding.need)
 
@@ -106,6 +130,13 @@ class ChunkIndex:
         if holding.chunks:
             self.remove(holding.holder, holding.chunks)
         self.complete.discard(holding.holder)
+        location = self._place_of.pop(holding.holder, None)
+        if location is not None:
+            for place in _places(location):
+                names = self._places[place]
+                names.discard(holding.holder)
+                if not names:
+                    del self._places[place]
         self.end_reader(holding.holder)
 
     def add(self, holder: str, chunks: Iterable[int]) -> None:
@@ -124,6 +155,12 @@ class ChunkIndex:
     def holders_of(self, chunk: int) -> AbstractSet[str]:
         return self._holders.get(chunk, _EMPTY)
 
+    def nearer(self, here: Location, distance: Distance) -> AbstractSet[str]:
+        """The partial holders nearer to ``here`` than ``distance`` (entered with a location)."""
+        if distance == Distance.SAME_NODE:
+            return _EMPTY
+        return self._places.get(_places(here)[Distance.WAN - distance], _EMPTY)  # WAN: its dc; rack: its node
+
     def start_reader(self, reader: str, need: AbstractSet[int] | None) -> None:
         """A fetch begins: ``need`` its chunks (None: every chunk of the version)."""
         self._cursors[reader] = NeedCursor(reader, range(self.total) if need is None else sorted(need))
@@ -139,3 +176,8 @@ class ChunkIndex:
         """The reader's cursor; one with nothing to read once its fetch ended (an exchange that waited for work
         with the hub's lock released may find its fetch ended, or its worker dropped, meanwhile)."""
         return self._cursors.get(reader) or NeedCursor(reader, ())
+
+
+def _places(where: Location) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The datacenter, rack and node of ``where`` (widest first)."""
+    return (where.dc,), (where.dc, where.rack), (where.dc, where.rack, where.node)

@@ -43,13 +43,27 @@ def test_the_lease_book_answers_what_a_walk_of_every_lease_answers():
         if step % 50 == 0:
             for key in KEYS:
                 pulling, wan, sources, mine = _walk(list(live.values()), key, "r1")
-                assert {c: sorted(map(repr, v)) for c, v in book.pulling(key).items()} == \
-                    {c: sorted(map(repr, v)) for c, v in pulling.items()}
-                assert {dc: set(c) for dc, c in book.wan_pulling(key).items()} == wan
+                index = book.pulling(key)
+                assert index.chunks() == set(pulling)
+                for here in PLACES:
+                    for chunk in range(36):
+                        counts = [0, 0, 0, 0]
+                        for where in pulling.get(chunk, ()):
+                            counts[here.distance(where)] += 1
+                        assert list(index.distances(here, chunk)) == counts
+                    for distance in Distance:  # a run's extension: the first chunk a nearer reader pulls
+                        start, end = rng.randrange(30), rng.randrange(30, 40)
+                        nearer = [c for c in range(start, end)
+                                  if any(here.distance(w) < distance for w in pulling.get(c, ()))]
+                        assert index.first_nearer(here, distance, start, end) == min(nearer, default=end)
+                assert {dc: c.covered() for dc, c in book.wan_pulling(key).items()} == wan
                 assert {s: book.reads_from(key, s) for s in sources} == dict(sources)
                 assert sorted(lease.id for lease in book.of_reader("r1", key)) == mine
                 assert set(book.chunks_of("r1", key)) == {c for lease in live.values() if lease.reader == "r1"
                                                           and lease.key == key for c in lease.chunks}
+                mine_now = book.chunks_of("r1", key)
+                assert all((c in mine_now) == (c in set(mine_now)) for c in range(36))
+                assert mine_now.first_in(10, 20) == min((c for c in mine_now if 10 <= c < 20), default=20)
     assert len(book) == len(live)
 
 
