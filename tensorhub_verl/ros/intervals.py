@@ -35,6 +35,11 @@ class IntervalSet(MutableSet[int]):
         i = bisect_right(self._starts, x) - 1  # type: ignore[arg-type]
         return i >= 0 and x < self._ends[i]  # type: ignore[operator]
 
+    def holds(self, x: int) -> bool:
+        """``x in self`` for an int, without the ``in`` protocol's dispatch (the index asks it per candidate)."""
+        i = bisect_right(self._starts, x) - 1
+        return i >= 0 and x < self._ends[i]
+
     def __len__(self) -> int:
         return self._size
 

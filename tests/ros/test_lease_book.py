@@ -86,6 +86,25 @@ def test_the_chunk_index_tracks_partial_holders_per_chunk():
     assert index.holders_of(1) == set() and index.holders_of(2) == {"b"}
 
 
+def test_the_chunk_index_answers_who_holds_each_chunk_through_runs_long_and_short():
+    # Long runs are filed by block and interval, short ones chunk by chunk: the answer is a walk's either way.
+    rng = random.Random(4)
+    index, model = ChunkIndex(1000), {f"h{i}": set() for i in range(5)}
+    for step in range(600):
+        holder = rng.choice(list(model))
+        if rng.random() < 0.15:
+            index.remove(holder, set(model[holder]))
+            model[holder] = set()
+        else:
+            start = rng.randrange(1000)
+            chunks = range(start, min(1000, start + rng.choice((1, 3, 64, 200, 1024))))
+            index.add(holder, chunks if rng.random() < 0.5 else list(chunks))
+            model[holder].update(chunks)
+        if step % 20 == 0:
+            for chunk in range(0, 1000, 7):
+                assert set(index.holders_of(chunk)) == {h for h, held in model.items() if chunk in held}
+
+
 def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
     cursor = NeedCursor("reader", range(100))
     have: set[int] = set()
