@@ -102,8 +102,26 @@ class NeedCursor:
     def _compact(self, have: AbstractSet[int]) -> None:
         n = len(self._order)
         head = self._order[self._pos:] + self._order[:self._pos] if n else []
-        self._order = [c for c in head if c not in have]
+        self._order = _without(head, have) if isinstance(have, IntervalSet) else [c for c in head if c not in have]
         self._pos, self._stale = 0, 0
+
+
+def _without(order: list[int], have: IntervalSet) -> list[int]:
+    """``order`` less the chunks in ``have``, a stretch at a time where ``order`` lists consecutive chunks (a
+    landed run is one step, not one per chunk)."""
+    kept: list[int] = []
+    i, n = 0, len(order)
+    while i < n:
+        chunk = order[i]
+        held = have.holds(chunk)
+        end = have.run_end(chunk) if held else have.first_in(chunk, chunk + n - i)
+        step = min(end - chunk, n - i)
+        if step < 1 or order[i + step - 1] != chunk + step - 1:
+            step = 1  # not consecutive here: one chunk
+        if not held:
+            kept.extend(order[i:i + step])
+        i += step
+    return kept
 
 
 class ChunkIndex:
@@ -156,7 +174,7 @@ class ChunkIndex:
         self.end_reader(holding.holder)
 
     def add(self, holder: str, chunks: Iterable[int]) -> None:
-        added = chunks if isinstance(chunks, range) else IntervalSet(chunks)
+        added = chunks if isinstance(chunks, (range, IntervalSet)) else IntervalSet(chunks)
         few = None
         for start, end in _spans(added):
             if end - start >= _BLOCK:
@@ -171,7 +189,7 @@ class ChunkIndex:
 
     def remove(self, holder: str, chunks: Iterable[int]) -> None:
         """``holder`` no longer serves ``chunks`` as a partial holder (it left, or now holds every chunk)."""
-        gone = chunks if isinstance(chunks, range) else IntervalSet(chunks)
+        gone = chunks if isinstance(chunks, (range, IntervalSet)) else IntervalSet(chunks)
         held = self._held.get(holder)
         if held is not None:
             for start, end in _spans(gone):

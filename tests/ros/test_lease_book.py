@@ -121,6 +121,25 @@ def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
     assert cursor.candidates(have, {0, 1}, 7) == []
 
 
+def test_a_cursor_over_landed_runs_offers_what_it_offers_over_a_plain_set():
+    # The hub's holdings are interval sets: the cursor skips (and compacts away) a landed run in one step.
+    from tensorhub_verl.ros.intervals import IntervalSet
+
+    rng = random.Random(2)
+    for wanted in (range(500), sorted(rng.sample(range(500), 300))):
+        plain, runs = NeedCursor("reader", wanted), NeedCursor("reader", wanted)
+        have_set, have_runs = set(), IntervalSet()
+        for _ in range(60):
+            got = plain.candidates(have_set, {7}, 16)
+            assert runs.candidates(have_runs, {7}, 16) == got
+            for chunk in got[:2]:  # some land as runs after them
+                landed = range(chunk, min(500, chunk + rng.choice((1, 40, 120))))
+                have_set.update(landed)
+                have_runs.update(landed)
+            plain.move_on()
+            runs.move_on()
+
+
 def test_a_cursor_without_moving_on_offers_the_same_chunks_again():
     cursor = NeedCursor("reader", range(50))
     first = cursor.candidates(set(), set(), 5)
