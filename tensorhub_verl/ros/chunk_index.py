@@ -152,7 +152,7 @@ class ChunkIndex:
         else:
             if location is not None:
                 self._place_of[holding.holder] = location
-                for place in _places(location):
+                for place in places(location):
                     self._places.setdefault(place, set()).add(holding.holder)
             if holding.chunks:
                 self.add(holding.holder, holding.chunks - holding.unserved if holding.unserved else holding.chunks)
@@ -166,7 +166,7 @@ class ChunkIndex:
         self.complete.discard(holding.holder)
         location = self._place_of.pop(holding.holder, None)
         if location is not None:
-            for place in _places(location):
+            for place in places(location):
                 names = self._places[place]
                 names.discard(holding.holder)
                 if not names:
@@ -248,7 +248,7 @@ class ChunkIndex:
         """The partial holders nearer to ``here`` than ``distance`` (entered with a location)."""
         if distance == Distance.SAME_NODE:
             return _EMPTY
-        return self._places.get(_places(here)[Distance.WAN - distance], _EMPTY)  # WAN: its dc; rack: its node
+        return self._places.get(places(here)[Distance.WAN - distance], _EMPTY)  # WAN: its dc; rack: its node
 
     def start_reader(self, reader: str, need: AbstractSet[int] | None) -> None:
         """A fetch begins: ``need`` its chunks (None: every chunk of the version)."""
@@ -267,8 +267,8 @@ class ChunkIndex:
         return self._cursors.get(reader) or NeedCursor(reader, ())
 
 
-def _places(where: Location) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The datacenter, rack and node of ``where`` (widest first)."""
+def places(where: Location) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The datacenter, rack and node of ``where``, widest first (keys of the indexes kept per place)."""
     return (where.dc,), (where.dc, where.rack), (where.dc, where.rack, where.node)
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import AbstractSet, Iterator, Mapping
 
+from tensorhub_verl.ros.chunk_index import places
 from tensorhub_verl.ros.intervals import Coverage
 from tensorhub_verl.ros.planner import PullCounts
 from tensorhub_verl.ros.topology import Distance, Location
@@ -60,7 +61,7 @@ class PullIndex(PullCounts):
 
     def add(self, start: int, end: int, where: Location, delta: int = 1) -> None:
         self._all.add(start, end, delta)
-        for place in _places(where):
+        for place in places(where):
             coverage = self._places.setdefault(place, Coverage())
             coverage.add(start, end, delta)
             if not coverage:
@@ -72,7 +73,7 @@ class PullIndex(PullCounts):
         total = self._all.count(chunk)
         if not total:
             return _NOBODY
-        dc, rack, node = (self._count(place, chunk) for place in _places(here))
+        dc, rack, node = (self._count(place, chunk) for place in places(here))
         return node, rack - node, dc - rack, total - dc
 
     def pulled(self, chunk: int) -> bool:
@@ -82,7 +83,7 @@ class PullIndex(PullCounts):
         """The first chunk in [start, end) that a reader nearer to ``here`` than ``distance`` pulls; ``end`` if none."""
         if distance == Distance.SAME_NODE:
             return end
-        coverage = self._places.get(_places(here)[Distance.WAN - distance])  # WAN: same dc; ...; rack: same node
+        coverage = self._places.get(places(here)[Distance.WAN - distance])  # WAN: same dc; ...; rack: same node
         return end if coverage is None else coverage.first_in(start, end)
 
     def chunks(self) -> set[int]:
@@ -92,11 +93,6 @@ class PullIndex(PullCounts):
     def _count(self, place: tuple[str, ...], chunk: int) -> int:
         coverage = self._places.get(place)
         return 0 if coverage is None else coverage.count(chunk)
-
-
-def _places(where: Location) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The datacenter, rack and node of ``where``, each a key of ``PullIndex._places`` (widest first)."""
-    return (where.dc,), (where.dc, where.rack), (where.dc, where.rack, where.node)
 
 
 class ReaderRuns(AbstractSet[int]):
