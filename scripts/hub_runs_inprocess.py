@@ -32,8 +32,9 @@ def main(run: int, readers: int, chunks: int) -> None:
                                                agent_name=f"{worker}-agent", agent_metadata_b64="AAAA"))
 
     register("trainer", "trainer")
-    hub.publish(msg.Publish(worker="trainer", holder="trainer", manifest=manifest_to_msg(manifest),
-                            regions=[msg.RegionMsg(addr=1 << 20)]))
+    manifest_msg = manifest_to_msg(manifest).model_copy(update={"chunk_digests": ["0" * 16] * chunks})
+    hub.publish(msg.Publish(worker="trainer", holder="trainer", manifest=manifest_msg,
+                            regions=[msg.RegionMsg(addr=1 << 20)]))  # the hub stores digests; readers check them
     names = [f"r{i}" for i in range(readers)]
     for name in names:
         register(name, "n0")

@@ -44,8 +44,10 @@ from tensorhub_verl.errors import (
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.planes.one_plane import check_one_plane
 from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
+from tensorhub_verl.ros.chunk_spans import ChunkSpans
 from tensorhub_verl.ros.corruption import CorruptionEvidence
-from tensorhub_verl.ros.lease_book import Lease, LeaseBook
+from tensorhub_verl.ros.intervals import IntervalSet, first_held, first_missing
+from tensorhub_verl.ros.lease_book import Lease, LeaseBook, ReaderRuns
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.limits import (
     HubLimits, PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, prepare_version,
@@ -120,8 +122,8 @@ class Holding:
     holder: str
     worker: str
     regions: list[msg.RegionMsg]
-    chunks: set[int] | frozenset[int] | None
-    """None: every chunk. A row shard's (frozen) never change; a filling reader's grow."""
+    chunks: IntervalSet | frozenset[int] | None
+    """None: every chunk. A row shard's (frozen) never change; a filling reader's grow, a run as one interval."""
     state: str  # "pending" (a shard of an uncommitted group) | "filling" | "active" | "draining"
     generation: int
     served_bytes: int = 0
@@ -153,15 +155,18 @@ class VersionRecord:
     seeds: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     index: ChunkIndex = field(init=False)
     """Who serves each chunk as a partial holder, and each filling reader's chunks still to read."""
+    spans: ChunkSpans = field(init=False)
+    """A run's bytes and tensors without a visit of each of its chunks."""
 
     def __post_init__(self) -> None:
         self.index = ChunkIndex(len(self.chunks))
+        self.spans = ChunkSpans(self.chunks)
 
-    def put(self, holding: Holding) -> None:
-        """Adds (or replaces) a holding; its chunks enter the index."""
+    def put(self, holding: Holding, location: Location) -> None:
+        """Adds (or replaces) a holding of a worker at ``location``; its chunks enter the index."""
         self.pop(holding.holder)
         self.holdings[holding.holder] = holding
-        self.index.enter(holding)
+        self.index.enter(holding, location)
 
     def pop(self, holder: str) -> Holding | None:
         holding = self.holdings.pop(holder, None)
@@ -414,7 +419,8 @@ class HubState:
                 record.manifest = _merge_digests(record.manifest, manifest)  # fills a partial group's gaps
             state = "pending" if req.shard_count > 1 else "active"
             record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
-                               next(self._ids), shard_rank=req.shard_rank, vouched=owner))
+                               next(self._ids), shard_rank=req.shard_rank, vouched=owner),
+                       self._workers[req.worker].location)
             if owner:
                 self._owners.bind(key[0], job)
             if req.shard_count > 1:
@@ -585,10 +591,11 @@ class HubState:
                                      f"({existing.state}); unpublish it before fetching it again")
             # Announced chunks are not read again, but the hub never saw them land: they serve nobody during
             # this fetch, and the holding never counts as a reliable copy (Holding.vouched).
-            chunks = {c for c in req.have if c < len(record.chunks)}
+            chunks = IntervalSet(c for c in req.have if c < len(record.chunks))
             need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
             record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
-                               need=need, unserved=frozenset(req.unserved) | chunks, vouched=not chunks))
+                               need=need, unserved=frozenset(req.unserved) | frozenset(chunks), vouched=not chunks),
+                       self._workers[req.worker].location)
             self._revoked.pop(req.holder, None)
             return record.manifest
 
@@ -616,13 +623,13 @@ class HubState:
             now = self._clock()
             replies, sources, tensors = [], {}, defaultdict(set)
             for a in assignments:
-                sizes = tuple(record.chunks[c].nbytes for c in range(a.chunk, a.chunk + a.count))
-                lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk, sum(sizes),
-                              a.distance, now + self.config.lease_ttl_s, a.count, sizes if a.count > 1 else ())
+                end = a.chunk + a.count
+                lease = Lease(next(self._ids), key, req.holder, reader.location, a.source, a.chunk,
+                              record.spans.nbytes(a.chunk, end), a.distance, now + self.config.lease_ttl_s, a.count)
                 self._leases.add(lease)
                 replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
                                                  distance=int(a.distance), grant=self._grant(record, lease)))
-                tensors[a.source].update(seg.tensor for c in lease.chunks for seg in record.chunks[c].segments)
+                tensors[a.source].update(record.spans.tensors(a.chunk, end))
             # A holder's data-plane metadata and addresses go only to a reader it now has a lease to serve, and
             # only the addresses of the tensors those leases read; the metadata only once per generation.
             for holder_name, needed_tensors in tensors.items():
@@ -708,7 +715,7 @@ class HubState:
         holding.chunks.update(chunks)
         record.index.add(holding.holder, (c for c in chunks if c not in holding.unserved) if holding.unserved
                          else chunks)
-        nbytes = lease.nbytes if len(chunks) == lease.count else sum(lease.bytes_of(c) for c in chunks)
+        nbytes = lease.nbytes if len(chunks) == lease.count else sum(record.spans.nbytes(c, c + 1) for c in chunks)
         source = record.holdings.get(lease.source)
         if source is not None:
             source.served_bytes += nbytes
@@ -762,7 +769,8 @@ class HubState:
 
         pulling, wan = self._leases.pulling(key), self._leases.wan_pulling(key)
         view = SwarmView(serving(record.index.complete), pulling, wan,
-                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)))
+                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)),
+                         nearer_holders=lambda here, distance: serving(record.index.nearer(here, distance)))
 
         def everyone() -> SwarmView:
             """The candidates' holders, suspects too: a suspect may recover, so a chunk only it has is servable."""
@@ -776,7 +784,7 @@ class HubState:
         request, record.seeds[location.dc] = reader_request(
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
             own_wan_reads=own_wan, config=self.config.planner, run_chunks=run_chunks,
-            needs=_needs(holding, len(record.chunks), mine))
+            needs=_needs(holding, len(record.chunks), mine), needs_until=_needs_until(holding, len(record.chunks), mine))
         assignments = plan_chunks(request, view, self.config.planner)
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
@@ -974,6 +982,17 @@ def _needs(holding: Holding, total: int, pulling: AbstractSet[int]):
     """Whether the filling ``holding`` lacks a chunk and is not pulling it (what a run may extend into)."""
     have, need = holding.chunks, holding.need
     return lambda c: c < total and c not in have and c not in pulling and (need is None or c in need)
+
+
+def _needs_until(holding: Holding, total: int, pulling: ReaderRuns):
+    """The first chunk in [start, end) that ``_needs`` refuses, by interval lookups (a ranged reader's ``need``
+    chunk by chunk)."""
+    have, need = holding.chunks, holding.need
+
+    def until(start: int, end: int) -> int:
+        end = pulling.first_in(start, first_held(have, start, min(end, total)))
+        return end if need is None else first_missing(need, start, end)
+    return until
 
 
 def _check_holder(worker: str, holder: str) -> None:

@@ -5,7 +5,8 @@ version: how many reads each source serves now, which readers pull each chunk (a
 cross the WAN into each datacenter, and which leases (and chunks) one reader holds; and, for all versions,
 which leases are past their deadline. Each answer is kept up to date as leases come and go, so that none of
 them walks every lease of the hub: the cost of one exchange does not grow with the leases (nor the chunks) of
-the version. A run lease enters each of its chunks (as pulled, and as its reader's): O(run) per lease.
+the version. A run lease is booked as one interval wherever a lease of one chunk is (``intervals.py``): its
+cost does not grow with the run's length.
 
 No I/O and no lock: ``HubState`` owns one and calls it under its lock.
 """
@@ -15,12 +16,16 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import AbstractSet, Iterator, Mapping, Sequence
+from typing import AbstractSet, Iterator, Mapping
 
+from tensorhub_verl.ros.chunk_index import places
+from tensorhub_verl.ros.intervals import Coverage
+from tensorhub_verl.ros.planner import PullCounts
 from tensorhub_verl.ros.topology import Distance, Location
 
 Key = tuple[str, int, str]  # (model, version, layout)
-_NONE: frozenset[int] = frozenset()
+_NO_RUNS: dict[int, tuple[int, int]] = {}
+_NOBODY = (0, 0, 0, 0)
 
 
 @dataclass(slots=True)
@@ -36,36 +41,84 @@ class Lease:
     deadline: float
     count: int = 1
     """Chunks [chunk, chunk + count): a run, one read in flight on its source."""
-    nbytes_of: tuple[int, ...] = ()
-    """A run's bytes per chunk (``nbytes`` is their sum); empty for a lease of one chunk."""
 
     @property
     def chunks(self) -> range:
         return range(self.chunk, self.chunk + self.count)
 
-    def bytes_of(self, chunk: int) -> int:
-        return self.nbytes_of[chunk - self.chunk] if self.nbytes_of else self.nbytes
+
+class PullIndex(PullCounts):
+    """The chunks of one version that readers pull now, counted per place: every reader, per datacenter, per
+    rack, per node. The planner asks how far each pulling reader is from one chunk (rules 2-3) and, to extend a
+    run, the first chunk a reader nearer than its source pulls: both by bisection, whatever the runs' lengths."""
+
+    __slots__ = ("_all", "_places", "leases")
+
+    def __init__(self) -> None:
+        self._all = Coverage()
+        self._places: dict[tuple[str, ...], Coverage] = {}
+        self.leases = 0
+
+    def add(self, start: int, end: int, where: Location, delta: int = 1) -> None:
+        self._all.add(start, end, delta)
+        for place in places(where):
+            coverage = self._places.setdefault(place, Coverage())
+            coverage.add(start, end, delta)
+            if not coverage:
+                del self._places[place]
+        self.leases += delta
+
+    def distances(self, here: Location, chunk: int) -> tuple[int, int, int, int]:
+        """How many readers pull ``chunk``, by their distance from ``here`` (indexed by ``Distance``)."""
+        total = self._all.count(chunk)
+        if not total:
+            return _NOBODY
+        dc, rack, node = (self._count(place, chunk) for place in places(here))
+        return node, rack - node, dc - rack, total - dc
+
+    def pulled(self, chunk: int) -> bool:
+        return self._all.count(chunk) > 0
+
+    def first_nearer(self, here: Location, distance: Distance, start: int, end: int) -> int:
+        """The first chunk in [start, end) that a reader nearer to ``here`` than ``distance`` pulls; ``end`` if none."""
+        if distance == Distance.SAME_NODE:
+            return end
+        coverage = self._places.get(places(here)[Distance.WAN - distance])  # WAN: same dc; ...; rack: same node
+        return end if coverage is None else coverage.first_in(start, end)
+
+    def chunks(self) -> set[int]:
+        """Every chunk pulled now (for tests: O(chunks pulled))."""
+        return self._all.covered()
+
+    def _count(self, place: tuple[str, ...], chunk: int) -> int:
+        coverage = self._places.get(place)
+        return 0 if coverage is None else coverage.count(chunk)
 
 
-class _Pulling(Mapping[int, Sequence[Location]]):
-    """chunk -> locations of the readers pulling it, as the planner reads ``SwarmView.pulling`` (a live view)."""
+class ReaderRuns(AbstractSet[int]):
+    """The chunks one reader's leases of one version read, as their runs (a reader holds at most its window of
+    leases, so a walk of them is short). A live view: read it, do not keep it."""
 
-    def __init__(self, by_chunk: dict[int, dict[int, Location]]):
-        self._by_chunk = by_chunk
+    __slots__ = ("_runs",)
 
-    def __getitem__(self, chunk: int) -> Sequence[Location]:
-        return list(self._by_chunk[chunk].values())
+    def __init__(self, runs: Mapping[int, tuple[int, int]]):
+        self._runs = runs
 
-    def get(self, chunk: int, default=None):
-        """Without the list ``[]`` builds: a run's extension asks this for every chunk it adds."""
-        pulling = self._by_chunk.get(chunk)
-        return default if pulling is None else pulling.values()
+    def __contains__(self, chunk: object) -> bool:
+        for start, end in self._runs.values():
+            if start <= chunk < end:  # type: ignore[operator]
+                return True
+        return False
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._by_chunk)
+        return iter({c for start, end in self._runs.values() for c in range(start, end)})
 
     def __len__(self) -> int:
-        return len(self._by_chunk)
+        return sum(1 for _ in self)
+
+    def first_in(self, start: int, end: int) -> int:
+        """The first chunk in [start, end) these leases read; ``end`` when none."""
+        return min((max(start, s) for s, e in self._runs.values() if s < end and e > start), default=end)
 
 
 class LeaseBook:
@@ -74,12 +127,11 @@ class LeaseBook:
         self._deadlines: list[tuple[float, int]] = []
         """(deadline, lease id) heap; ids of leases already gone are skipped when they surface."""
         self._by_reader: dict[str, dict[int, Lease]] = {}
-        self._reader_chunks: dict[tuple[str, Key], Counter[int]] = {}
-        """(reader, version) -> the chunks its leases read (a run's every chunk), with their leases' count."""
+        self._reader_runs: dict[tuple[str, Key], dict[int, tuple[int, int]]] = {}
+        """(reader, version) -> lease id -> the chunks [start, end) it reads."""
         self._by_source: Counter[tuple[Key, str]] = Counter()
-        self._pulling: dict[Key, dict[int, dict[int, Location]]] = {}
-        """version -> chunk -> lease id -> the reader's location."""
-        self._wan: dict[Key, dict[str, Counter[int]]] = {}
+        self._pulling: dict[Key, PullIndex] = {}
+        self._wan: dict[Key, dict[str, Coverage]] = {}
         """version -> datacenter -> chunks crossing the WAN into it (a count per chunk)."""
 
     def __len__(self) -> int:
@@ -95,14 +147,13 @@ class LeaseBook:
         self._by_id[lease.id] = lease
         heapq.heappush(self._deadlines, (lease.deadline, lease.id))
         self._by_reader.setdefault(lease.reader, {})[lease.id] = lease
-        self._reader_chunks.setdefault((lease.reader, lease.key), Counter()).update(lease.chunks)
+        end = lease.chunk + lease.count
+        self._reader_runs.setdefault((lease.reader, lease.key), {})[lease.id] = (lease.chunk, end)
         self._by_source[(lease.key, lease.source)] += 1
-        pulling = self._pulling.setdefault(lease.key, {})
-        for chunk in lease.chunks:
-            pulling.setdefault(chunk, {})[lease.id] = lease.reader_location
+        self._pulling.setdefault(lease.key, PullIndex()).add(lease.chunk, end, lease.reader_location)
         if lease.distance == Distance.WAN:
-            crossing = self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Counter())
-            crossing.update(lease.chunks)
+            crossing = self._wan.setdefault(lease.key, {}).setdefault(lease.reader_location.dc, Coverage())
+            crossing.add(lease.chunk, end)
 
     def pop(self, lease_id: int) -> Lease | None:
         lease = self._by_id.pop(lease_id, None)
@@ -112,31 +163,23 @@ class LeaseBook:
         del mine[lease_id]
         if not mine:
             del self._by_reader[lease.reader]
-        reading = self._reader_chunks[(lease.reader, lease.key)]
-        for chunk in lease.chunks:
-            reading[chunk] -= 1
-            if not reading[chunk]:
-                del reading[chunk]
+        end = lease.chunk + lease.count
+        reading = self._reader_runs[(lease.reader, lease.key)]
+        del reading[lease_id]
         if not reading:
-            del self._reader_chunks[(lease.reader, lease.key)]
+            del self._reader_runs[(lease.reader, lease.key)]
         source = (lease.key, lease.source)
         self._by_source[source] -= 1
         if not self._by_source[source]:
             del self._by_source[source]
-        chunks = self._pulling[lease.key]
-        for chunk in lease.chunks:
-            del chunks[chunk][lease_id]
-            if not chunks[chunk]:
-                del chunks[chunk]
-        if not chunks:
+        pulling = self._pulling[lease.key]
+        pulling.add(lease.chunk, end, lease.reader_location, -1)
+        if not pulling.leases:
             del self._pulling[lease.key]
         if lease.distance == Distance.WAN:
             dcs = self._wan[lease.key]
             crossing = dcs[lease.reader_location.dc]
-            for chunk in lease.chunks:
-                crossing[chunk] -= 1
-                if not crossing[chunk]:
-                    del crossing[chunk]
+            crossing.remove(lease.chunk, end)
             if not crossing:
                 del dcs[lease.reader_location.dc]
                 if not dcs:
@@ -161,18 +204,18 @@ class LeaseBook:
         leases = self._by_reader.get(reader, {}).values()
         return list(leases) if key is None else [lease for lease in leases if lease.key == key]
 
-    def chunks_of(self, reader: str, key: Key) -> AbstractSet[int]:
+    def chunks_of(self, reader: str, key: Key) -> ReaderRuns:
         """The chunks the reader's leases of version ``key`` read (a live view: read it, do not keep it)."""
-        reading = self._reader_chunks.get((reader, key))
-        return _NONE if reading is None else reading.keys()
+        return ReaderRuns(self._reader_runs.get((reader, key), _NO_RUNS))
 
     def reads_from(self, key: Key, source: str) -> int:
         """Reads in flight from ``source``'s holding of version ``key`` (a run counts as one)."""
         return self._by_source.get((key, source), 0)
 
-    def pulling(self, key: Key) -> Mapping[int, Sequence[Location]]:
-        return _Pulling(self._pulling.get(key, {}))
+    def pulling(self, key: Key) -> PullIndex:
+        """The chunks of version ``key`` pulled now, per place (a live view: read it, do not keep it)."""
+        return self._pulling.get(key) or PullIndex()
 
-    def wan_pulling(self, key: Key) -> Mapping[str, Counter[int]]:
+    def wan_pulling(self, key: Key) -> Mapping[str, Coverage]:
         """datacenter -> chunks crossing the WAN into it now (a live view: read it, do not keep it)."""
         return self._wan.get(key, {})

@@ -36,7 +36,9 @@ extended into a run of consecutive chunks read from the same source under one le
 needed by the reader, not already pulled by it nor taken by this plan, held by that source, and no nearer
 holder or nearer reader pulling it exists (rules 1-2); a WAN run stops at a chunk already crossing into the
 datacenter (rule 4). A run counts as one read in flight on its source (``max_inflight_per_source``, the fair
-share and a seed's WAN reads count leases). Rule 3 applies to a run's first chunk only.
+share and a seed's WAN reads count leases). Rule 3 applies to a run's first chunk only. With an index of the
+swarm (``SwarmView.nearer_holders``, the hub's ``PullIndex`` and interval sets) a run's length is found by
+bisection, where the next reason to stop is, instead of chunk by chunk: the same run either way.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ from __future__ import annotations
 import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import AbstractSet, Callable, Mapping, Sequence
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.intervals import Coverage, first_held, first_missing
 from tensorhub_verl.ros.topology import Distance, Location
 
 
@@ -88,14 +91,33 @@ class HolderView:
 @dataclass(frozen=True, slots=True)
 class SwarmView:
     holders: Sequence[HolderView]
-    pulling: Mapping[int, Sequence[Location]] = field(default_factory=dict)
-    """chunk -> locations of the readers pulling it right now (the requesting reader excluded)."""
-    wan_pulling: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    pulling: "Mapping[int, Sequence[Location]] | PullCounts" = field(default_factory=dict)
+    """chunk -> locations of the readers pulling it right now (the requesting reader excluded); or the hub's
+    index of them per place (``lease_book.PullIndex``)."""
+    wan_pulling: Mapping[str, AbstractSet[int] | Coverage] = field(default_factory=dict)
     """datacenter -> chunks crossing the WAN into it right now."""
     partial_holders: Callable[[int], Sequence[HolderView]] | None = None
     """chunk -> the partial holders (row shards, filling readers) that have it, from an index kept up to date
     (``chunk_index.ChunkIndex``); ``holders`` then need list only the complete holders. None: the partial
     holders are found by walking the chunks of every partial holder in ``holders``."""
+    nearer_holders: Callable[[Location, Distance], Sequence[HolderView]] | None = None
+    """(reader's location, distance) -> every partial holder nearer to it than that: with it a run is extended by
+    interval lookups (the holders' chunks, ``pulling`` and ``wan_pulling`` as interval sets answer "the first
+    chunk in [a, b) held or pulled" by bisection). None: chunk by chunk."""
+
+
+class PullCounts:
+    """What the planner asks of an index of the chunks pulled now (``lease_book.PullIndex``)."""
+
+    def distances(self, here: Location, chunk: int) -> Sequence[int]:
+        """Readers pulling ``chunk``, counted by their distance from ``here`` (indexed by ``Distance``)."""
+        raise NotImplementedError
+
+    def pulled(self, chunk: int) -> bool:
+        raise NotImplementedError
+
+    def first_nearer(self, here: Location, distance: Distance, start: int, end: int) -> int:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +141,9 @@ class PlanRequest:
     needs: Callable[[int], bool] | None = None
     """Whether the reader lacks a chunk and is not pulling it, for chunks past ``needed`` that a run may
     extend into (None: only the chunks in ``needed``)."""
+    needs_until: Callable[[int, int], int] | None = None
+    """The first chunk in [start, end) that ``needs`` refuses (``end`` when none): the same answer, by interval
+    lookups (the hub's; None: ``needs`` asked chunk by chunk)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +157,8 @@ class Assignment:
 
 def reader_request(reader: str, location: Location, needed: Sequence[int], want: int, *, seeds: Sequence[str],
                    filling: int, own_inflight: Mapping[str, int], own_wan_reads: int, config: PlannerConfig,
-                   fair_share: bool = True, run_chunks: int = 1,
-                   needs: Callable[[int], bool] | None = None) -> tuple[PlanRequest, list[str]]:
+                   fair_share: bool = True, run_chunks: int = 1, needs: Callable[[int], bool] | None = None,
+                   needs_until: Callable[[int, int], int] | None = None) -> tuple[PlanRequest, list[str]]:
     """What the hub asks the planner for one reader, and its datacenter's ``seeds`` once it asked. The hub
     (``HubState._plan``) and the simulator (``sim.tensorhub``) both build their requests here.
 
@@ -145,7 +170,8 @@ def reader_request(reader: str, location: Location, needed: Sequence[int], want:
         seeds.append(reader)
     share = max(1, config.max_inflight_per_source // max(1, filling)) if fair_share else None
     return PlanRequest(reader, location, needed, want, may_cross_wan=reader in seeds, own_inflight=own_inflight,
-                       own_wan_reads=own_wan_reads, fair_share=share, run_chunks=run_chunks, needs=needs), seeds
+                       own_wan_reads=own_wan_reads, fair_share=share, run_chunks=run_chunks, needs=needs,
+                       needs_until=needs_until), seeds
 
 
 def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
@@ -155,7 +181,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     complete = [h for h in holders if h.chunks is None]
     order = _rotated(request.needed, request.reader)
     partial = _partial_holders(order, holders, view, request.reader, config)
-    wan_busy = set(view.wan_pulling.get(request.location.dc, ()))
+    wan_busy = _WanBusy(view.wan_pulling.get(request.location.dc))
     wan_room = config.wan_reads_per_seed - request.own_wan_reads if request.may_cross_wan else 0
     assignments: list[Assignment] = []
     runs = _Runs(request, view, partial, config) if request.run_chunks > 1 else None
@@ -164,7 +190,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     for chunk in order:
         if len(assignments) >= request.max_assignments:
             break
-        if runs is not None and chunk in runs.taken:
+        if runs is not None and runs.took(chunk):
             continue  # read by a run this plan already made
         having = complete + partial.get(chunk, [])
         if not having:
@@ -179,13 +205,13 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
                 count = runs.extend(chunk, best, nearest, wan_busy) if runs is not None else 1
                 assignments.append(Assignment(chunk, best.holder, nearest, count))
             continue
-        pull_distances = Counter(request.location.distance(loc) for loc in view.pulling.get(chunk, ()))
-        if any(d < nearest for d in pull_distances):
+        pull_distances = _pull_distances(view.pulling, request.location, chunk)
+        if any(pull_distances[:nearest]):
             continue  # rule 2
         nearest_holders = [h for h in having if distance_of[h.holder] == nearest]
         if pull_distances[nearest] >= len(nearest_holders):
             continue  # rule 3
-        if nearest == Distance.WAN and (wan_room < 1 or chunk in wan_busy):
+        if nearest == Distance.WAN and (wan_room < 1 or wan_busy.has(chunk)):
             continue  # rule 4
         # Seeds are the only readers crossing the WAN, so they need no share: it would idle the WAN.
         share = None if nearest == Distance.WAN else request.fair_share
@@ -198,7 +224,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         own[best.holder] += 1
         count = runs.extend(chunk, best, nearest, wan_busy) if runs is not None else 1
         if nearest == Distance.WAN:
-            wan_busy.update(range(chunk, chunk + count))
+            wan_busy.add(chunk, chunk + count)
             wan_room -= 1
         assignments.append(Assignment(chunk, best.holder, nearest, count))
     return assignments
@@ -207,7 +233,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
 class _Runs:
     """Extends a planned chunk into a run of the chunks after it that the same source serves best."""
 
-    __slots__ = ("_request", "_view", "_partial", "_config", "_needs", "_distance", "taken")
+    __slots__ = ("_request", "_view", "_partial", "_config", "_needs", "_distance", "_taken")
 
     def __init__(self, request: PlanRequest, view: SwarmView, partial: dict[int, list[HolderView]],
                  config: PlannerConfig):
@@ -215,31 +241,61 @@ class _Runs:
         self._needs = request.needs or set(request.needed).__contains__
         self._distance: dict[str, Distance] = {}
         """holder -> its distance from the reader (a run meets the same few holders chunk after chunk)."""
-        self.taken: set[int] = set()
-        """Chunks this plan assigned (a run's chunks after its first are skipped when the plan reaches them)."""
+        self._taken: list[tuple[int, int]] = []
+        """The runs [start, end) this plan assigned (a run's chunks after its first are skipped when the plan
+        reaches them)."""
 
-    def extend(self, chunk: int, source: HolderView, distance: Distance, wan_busy: set[int]) -> int:
+    def took(self, chunk: int) -> bool:
+        return any(start <= chunk < end for start, end in self._taken)
+
+    def extend(self, chunk: int, source: HolderView, distance: Distance, wan_busy: "_WanBusy") -> int:
         """The run's length: ``chunk`` and the consecutive chunks after it that may join its lease."""
-        count, limit = 1, self._request.run_chunks
-        self.taken.add(chunk)
-        while count < limit:
-            nxt = chunk + count
-            if nxt in self.taken or not self._needs(nxt) or not source.has(nxt):
-                break
-            if distance == Distance.WAN and nxt in wan_busy:
-                break  # rule 4: crossing already
-            if self._config.cooperative and distance > Distance.SAME_NODE and self._nearer(nxt, distance):
-                break  # rules 1-2: a nearer copy serves it, or soon will
-            self.taken.add(nxt)
-            count += 1
-        return count
+        if self._view.nearer_holders is not None:
+            end = self._stop(chunk + 1, chunk + self._request.run_chunks, source, distance, wan_busy)
+        else:
+            end = chunk + 1
+            while end < chunk + self._request.run_chunks and self._joins(end, source, distance, wan_busy):
+                end += 1
+        self._taken.append((chunk, end))
+        return end - chunk
+
+    def _joins(self, nxt: int, source: HolderView, distance: Distance, wan_busy: "_WanBusy") -> bool:
+        """Whether chunk ``nxt`` may join the run (asked chunk by chunk)."""
+        if self.took(nxt) or not self._needs(nxt) or not source.has(nxt):
+            return False
+        if distance == Distance.WAN and wan_busy.has(nxt):
+            return False  # rule 4: crossing already
+        # rules 1-2: a nearer copy serves it, or soon will
+        return not (self._config.cooperative and distance > Distance.SAME_NODE and self._nearer(nxt, distance))
+
+    def _stop(self, start: int, end: int, source: HolderView, distance: Distance, wan_busy: "_WanBusy") -> int:
+        """The first chunk in [start, end) that may not join the run (``end`` when all may), by interval lookups:
+        the earliest of each rule's first refusal is where ``_joins`` would first say no."""
+        end = min((max(start, s) for s, e in self._taken if s < end and e > start), default=end)
+        request = self._request
+        end = request.needs_until(start, end) if request.needs_until is not None else \
+            next((c for c in range(start, end) if not self._needs(c)), end)
+        end = first_missing(source.chunks, start, end)
+        if distance == Distance.WAN:
+            end = wan_busy.first_in(start, end)  # rule 4
+        if self._config.cooperative and distance > Distance.SAME_NODE and start < end:  # rules 1-2
+            here = request.location
+            pulling = self._view.pulling
+            if isinstance(pulling, PullCounts):
+                end = pulling.first_nearer(here, distance, start, end)
+            else:
+                end = next((c for c in range(start, end)
+                            if any(here.distance(loc) < distance for loc in pulling.get(c, ()))), end)
+            for h in self._view.nearer_holders(here, distance):
+                if h.holder != request.reader and h.chunks is not None and start < end:
+                    end = first_held(h.chunks, start, end)
+        return max(start, end)
 
     def _nearer(self, chunk: int, distance: Distance) -> bool:
         """A partial holder other than the reader, or a reader pulling it, is nearer than ``distance`` (complete
         holders never are: the run's source is the nearest of them)."""
         here = self._request.location
-        pullers = self._view.pulling.get(chunk)
-        if pullers and any(here.distance(loc) < distance for loc in pullers):
+        if any(_pull_distances(self._view.pulling, here, chunk)[:distance]):
             return True
         if chunk in self._partial or self._view.partial_holders is None:
             holders = self._partial.get(chunk, ())
@@ -253,6 +309,38 @@ class _Runs:
             if d < distance and h.chunks is not None and h.holder != self._request.reader:
                 return True
         return False
+
+
+class _WanBusy:
+    """The chunks crossing the WAN into the reader's datacenter: the view's, and the runs this plan adds."""
+
+    __slots__ = ("_base", "_added")
+
+    def __init__(self, base: AbstractSet[int] | Coverage | None):
+        self._base = base if base is not None else frozenset()
+        self._added: list[tuple[int, int]] = []
+
+    def has(self, chunk: int) -> bool:
+        base = self._base
+        crossing = base.count(chunk) > 0 if isinstance(base, Coverage) else chunk in base
+        return crossing or any(start <= chunk < end for start, end in self._added)
+
+    def add(self, start: int, end: int) -> None:
+        self._added.append((start, end))
+
+    def first_in(self, start: int, end: int) -> int:
+        end = first_held(self._base, start, end)
+        return min((max(start, s) for s, e in self._added if s < end and e > start), default=end)
+
+
+def _pull_distances(pulling, here: Location, chunk: int) -> Sequence[int]:
+    """How many readers pull ``chunk`` now, by distance from ``here`` (indexed by ``Distance``)."""
+    if isinstance(pulling, PullCounts):
+        return pulling.distances(here, chunk)
+    counts = [0, 0, 0, 0]
+    for loc in pulling.get(chunk, ()):
+        counts[here.distance(loc)] += 1
+    return counts
 
 
 class _Inflight:
@@ -289,8 +377,9 @@ def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: 
 
 def unservable(needed: Sequence[int], view: SwarmView, reader: str) -> list[int]:
     """Chunks no holder has and no reader is pulling: the read cannot complete."""
-    return [c for c in needed
-            if not view.pulling.get(c) and not any(h.holder != reader and h.has(c) for h in view.holders)]
+    pulling = view.pulling
+    pulled = pulling.pulled if isinstance(pulling, PullCounts) else lambda c: bool(pulling.get(c))
+    return [c for c in needed if not pulled(c) and not any(h.holder != reader and h.has(c) for h in view.holders)]
 
 
 def _rotated(needed: Sequence[int], reader: str) -> list[int]:

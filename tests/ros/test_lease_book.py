@@ -43,13 +43,27 @@ def test_the_lease_book_answers_what_a_walk_of_every_lease_answers():
         if step % 50 == 0:
             for key in KEYS:
                 pulling, wan, sources, mine = _walk(list(live.values()), key, "r1")
-                assert {c: sorted(map(repr, v)) for c, v in book.pulling(key).items()} == \
-                    {c: sorted(map(repr, v)) for c, v in pulling.items()}
-                assert {dc: set(c) for dc, c in book.wan_pulling(key).items()} == wan
+                index = book.pulling(key)
+                assert index.chunks() == set(pulling)
+                for here in PLACES:
+                    for chunk in range(36):
+                        counts = [0, 0, 0, 0]
+                        for where in pulling.get(chunk, ()):
+                            counts[here.distance(where)] += 1
+                        assert list(index.distances(here, chunk)) == counts
+                    for distance in Distance:  # a run's extension: the first chunk a nearer reader pulls
+                        start, end = rng.randrange(30), rng.randrange(30, 40)
+                        nearer = [c for c in range(start, end)
+                                  if any(here.distance(w) < distance for w in pulling.get(c, ()))]
+                        assert index.first_nearer(here, distance, start, end) == min(nearer, default=end)
+                assert {dc: c.covered() for dc, c in book.wan_pulling(key).items()} == wan
                 assert {s: book.reads_from(key, s) for s in sources} == dict(sources)
                 assert sorted(lease.id for lease in book.of_reader("r1", key)) == mine
                 assert set(book.chunks_of("r1", key)) == {c for lease in live.values() if lease.reader == "r1"
                                                           and lease.key == key for c in lease.chunks}
+                mine_now = book.chunks_of("r1", key)
+                assert all((c in mine_now) == (c in set(mine_now)) for c in range(36))
+                assert mine_now.first_in(10, 20) == min((c for c in mine_now if 10 <= c < 20), default=20)
     assert len(book) == len(live)
 
 
@@ -72,6 +86,25 @@ def test_the_chunk_index_tracks_partial_holders_per_chunk():
     assert index.holders_of(1) == set() and index.holders_of(2) == {"b"}
 
 
+def test_the_chunk_index_answers_who_holds_each_chunk_through_runs_long_and_short():
+    # Long runs are filed by block and interval, short ones chunk by chunk: the answer is a walk's either way.
+    rng = random.Random(4)
+    index, model = ChunkIndex(1000), {f"h{i}": set() for i in range(5)}
+    for step in range(600):
+        holder = rng.choice(list(model))
+        if rng.random() < 0.15:
+            index.remove(holder, set(model[holder]))
+            model[holder] = set()
+        else:
+            start = rng.randrange(1000)
+            chunks = range(start, min(1000, start + rng.choice((1, 3, 64, 200, 1024))))
+            index.add(holder, chunks if rng.random() < 0.5 else list(chunks))
+            model[holder].update(chunks)
+        if step % 20 == 0:
+            for chunk in range(0, 1000, 7):
+                assert set(index.holders_of(chunk)) == {h for h, held in model.items() if chunk in held}
+
+
 def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
     cursor = NeedCursor("reader", range(100))
     have: set[int] = set()
@@ -86,6 +119,25 @@ def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
             break
     assert seen == set(range(2, 100))
     assert cursor.candidates(have, {0, 1}, 7) == []
+
+
+def test_a_cursor_over_landed_runs_offers_what_it_offers_over_a_plain_set():
+    # The hub's holdings are interval sets: the cursor skips (and compacts away) a landed run in one step.
+    from tensorhub_verl.ros.intervals import IntervalSet
+
+    rng = random.Random(2)
+    for wanted in (range(500), sorted(rng.sample(range(500), 300))):
+        plain, runs = NeedCursor("reader", wanted), NeedCursor("reader", wanted)
+        have_set, have_runs = set(), IntervalSet()
+        for _ in range(60):
+            got = plain.candidates(have_set, {7}, 16)
+            assert runs.candidates(have_runs, {7}, 16) == got
+            for chunk in got[:2]:  # some land as runs after them
+                landed = range(chunk, min(500, chunk + rng.choice((1, 40, 120))))
+                have_set.update(landed)
+                have_runs.update(landed)
+            plain.move_on()
+            runs.move_on()
 
 
 def test_a_cursor_without_moving_on_offers_the_same_chunks_again():

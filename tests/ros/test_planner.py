@@ -154,3 +154,68 @@ def test_planning_from_the_chunk_index_gives_the_plan_the_full_walk_gives():
             indexed = plan_chunks(request, SwarmView(holders, pulling, partial_holders=lambda c: by_chunk.get(c, [])),
                                   config)
             assert walked == indexed
+
+
+def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
+    # The hub extends a run by interval lookups (holders' IntervalSets, the lease book's PullIndex and WAN
+    # coverage, SwarmView.nearer_holders, PlanRequest.needs_until); the simulator and the tests walk chunk by
+    # chunk. On random swarms of runs both must plan exactly the same reads.
+    import random
+
+    from tensorhub_verl.ros.intervals import Coverage, IntervalSet, first_held
+    from tensorhub_verl.ros.lease_book import PullIndex
+
+    rng = random.Random(11)
+    locations = [N0, N1, RACK1, DC1_A, DC1_B]
+    total = 120
+    lengths = []
+
+    def runs_of(p):  # chunks in random runs, as a swarm of run leases leaves them
+        chunks = set()
+        for _ in range(rng.randrange(6)):
+            start = rng.randrange(total)
+            chunks.update(range(start, min(total, start + rng.randrange(1, 30))))
+        return chunks if rng.random() < p else set()
+
+    for trial in range(300):
+        here = rng.choice(locations)
+        walked_holders = [HolderView("trainer", rng.choice(locations), None, inflight=rng.randrange(3))]
+        indexed_holders = list(walked_holders)
+        for i in range(6):
+            chunks, where, inflight = runs_of(0.9), rng.choice(locations), rng.randrange(3)
+            walked_holders.append(HolderView(f"p{i}", where, frozenset(chunks), inflight=inflight))
+            indexed_holders.append(HolderView(f"p{i}", where, IntervalSet(chunks), inflight=inflight))
+        pulling_walk: dict[int, list[Location]] = {}
+        pulling_index = PullIndex()
+        for _ in range(rng.randrange(8)):
+            start, where = rng.randrange(total), rng.choice(locations)
+            end = min(total, start + rng.randrange(1, 40))
+            pulling_index.add(start, end, where)
+            for c in range(start, end):
+                pulling_walk.setdefault(c, []).append(where)
+        crossing = runs_of(0.5)
+        wan_index = Coverage()
+        for c in crossing:
+            wan_index.add(c, c + 1)
+        have, pulling_mine = runs_of(1.0), runs_of(0.5)
+        needed = [c for c in range(total) if c not in have and c not in pulling_mine][:rng.randrange(1, 40)]
+        needs = lambda c: c < total and c not in have and c not in pulling_mine  # noqa: E731
+        have_set, mine_set = IntervalSet(have), IntervalSet(pulling_mine)
+
+        def needs_until(start, end):
+            return first_held(mine_set, start, first_held(have_set, start, min(end, total)))
+
+        def nearer(location, distance):
+            return [h for h in indexed_holders[1:] if location.distance(h.location) < distance]
+
+        request = dict(reader="p0", location=here, needed=needed, max_assignments=rng.randrange(1, 9),
+                       may_cross_wan=rng.random() < 0.5, run_chunks=rng.choice((2, 8, 64)))
+        walked = plan_chunks(PlanRequest(**request, needs=needs),
+                             SwarmView(walked_holders, pulling_walk, {here.dc: frozenset(crossing)}), PlannerConfig())
+        indexed = plan_chunks(PlanRequest(**request, needs=needs, needs_until=needs_until),
+                              SwarmView(indexed_holders, pulling_index, {here.dc: wan_index},
+                                        nearer_holders=nearer), PlannerConfig())
+        assert walked == indexed, trial
+        lengths += [(a.count, request["run_chunks"]) for a in walked]
+    assert sum(n > 1 for n, _ in lengths) > 100  # runs were made, and cut short by the swarm
+    assert sum(1 < n < cap for n, cap in lengths) > 50
