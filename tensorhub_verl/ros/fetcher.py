@@ -150,8 +150,7 @@ class FetchSettings:
     report_s: float = 0.02
     """A landed chunk is reported within this long (with the next exchange, or one of its own), or sooner,
     once half a window of them has landed: an exchange per landed chunk cost each 256 MiB TCP fetch as
-    much CPU time in HTTP as in moving its bytes. A chunk that landed this long or more after the one before it
-    is reported at once (on a slow link no other would join its batch in time)."""
+    much CPU time in HTTP as in moving its bytes."""
     straggler_factor: float = 4.0
     """A read slower than this many times the median landed read at its distance is abandoned (0: never)."""
     straggler_floor_s: float = 1.0
@@ -206,9 +205,6 @@ class ChunkFetcher:
         self._abandoned: set[int] = set()
         """Chunks whose read was abandoned as a straggler once already: their next read is not."""
         self._wan_queue: deque[msg.AssignmentMsg] = deque()
-        self._last_landing = 0.0
-        self._sparse = False
-        """Whether the latest read landed ``report_s`` or more after the one before it: reported at once."""
         self._wake = threading.Event()
         """Set when a read finishes (transports that land reads on their own threads) or an exchange returns."""
 
@@ -272,11 +268,9 @@ class ChunkFetcher:
                 # sooner, the faster a version spreads), but in batches of half a window, or after
                 # ``report_s``: each exchange costs CPU in this process and the hub that the reads need.
                 # Failures go at once; ask for work when half the window is free.
-                # The last landings go at once: nothing is left to batch them with. So do landings that come
-                # further apart than ``report_s`` (a slow link): none would join the batch in time, and every hop
-                # of a chunk through the swarm would wait ``report_s`` more.
+                # The last landings go at once: nothing is left to batch them with.
                 last = bool(done) and not self._inflight and not self._wan_queue
-                report = bool(failed) or last or len(done) * 2 >= window or (bool(done) and self._sparse) or (
+                report = bool(failed) or last or len(done) * 2 >= window or (
                     bool(done) and now - unreported_since >= self._settings.report_s)
                 ask = (room * 2 >= window or not self._inflight) and now >= starved_until
                 stale = bool(self._inflight) and now - last_exchange >= self._settings.refresh_s
@@ -379,8 +373,6 @@ class ChunkFetcher:
             return f"{read.source.holder}: chunk {read.chunk} fails its digest", True
         if state == "DONE":
             read.landed = now
-            self._sparse = now - self._last_landing >= self._settings.report_s
-            self._last_landing = now
             bisect.insort(self._durations.setdefault(read.distance, []), took)
             run.last_landed = now
             self._throughput.add(now, sum(p.length for p in self._pieces(read.chunk)))
