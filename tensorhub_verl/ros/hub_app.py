@@ -38,11 +38,7 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 _WAIT_POLL_S = 0.05
 """A parked /v1/wait looks at the hub's change counter this often (an int compare, on the event loop)."""
 _EXCHANGE_POLL_S = 0.05
-"""A parked exchange plans again at least this often (time alone may free work: a suspect source's pause ends)."""
-_EXCHANGE_WAKE_S = 0.002
-"""...and looks at the hub's change counter this often, planning again at once when it moved (a chunk landed):
-an idle reader hears of a new source within a few ms, not up to a poll period later, on a link where one chunk
-takes tens of ms."""
+"""A parked exchange plans again this often (the hub's own wait re-planned as often)."""
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
@@ -286,7 +282,6 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         # pool: a thousand idle readers then hold no pool threads that registrations and publishes need. The
         # first try books the reports; later tries only ask again, while the hub says the fetch waits for work
         # (as HubState.exchange decides), and the leases any try revoked are all returned.
-        seen = state.changes  # read before planning: a chunk that lands while it plans wakes the wait below
         reply = exchange_now(req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req, credential)
         if not req.wait_s:
             return reply
@@ -294,10 +289,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
         revoked = set(reply.revoked)
         while not reply.assignments and time.monotonic() < deadline and state.fetch_waits_for_work(req):
-            planned = time.monotonic()
-            while state.changes == seen and time.monotonic() < min(deadline, planned + _EXCHANGE_POLL_S):
-                await asyncio.sleep(min(_EXCHANGE_WAKE_S, max(0.0, deadline - time.monotonic())))
-            seen = state.changes
+            await asyncio.sleep(min(_EXCHANGE_POLL_S, max(0.0, deadline - time.monotonic())))
             reply = exchange_now(again, credential)
             revoked.update(reply.revoked)
         return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply

@@ -176,8 +176,6 @@ class HubState:
         """Ticked by the server's event-loop probe: silence while the hub itself was stalled is not the workers'."""
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self.changes = 0
-        """Counts ``_notify`` calls: a parked exchange plans again only once it moved (an int compare, no lock)."""
         self._workers: dict[str, WorkerRecord] = {}
         self._versions: dict[Key, VersionRecord] = {}
         self._leases = LeaseBook()
@@ -244,7 +242,7 @@ class HubState:
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
-            self._notify()
+            self._changed.notify_all()
             peers = self._likely_sources(record, req.preconnect) if req.preconnect and record.grant_key else []
             return self._ack(req.worker).model_copy(update={"credential": secret, "peers": peers})
 
@@ -322,19 +320,13 @@ class HubState:
             self._rebuild_retention(self._stale_models.pop())
         return list(self._release_of.get(worker, {}).values())
 
-    def _notify(self) -> None:
-        """Something a waiter may be waiting for changed (a chunk landed, a read failed, a holding came or went):
-        wakes the waiters on the hub's condition and counts it for the waiters parked on the event loop."""
-        self.changes += 1
-        self._changed.notify_all()
-
     def _holdings_changed(self, *models: str) -> None:
         """Called wherever a holding appears, turns active, or goes: retention and /v1/wait look again."""
         self._stale_models.update(models)
         self._newest_dirty.update(models)
         for model in models:
             self.model_seq[model] = self.model_seq.get(model, 0) + 1
-        self._notify()
+        self._changed.notify_all()
 
     def _rebuild_retention(self, model: str) -> None:
         """Which active holdings of ``model`` fall outside its newest ``keep_versions``."""
@@ -704,7 +696,7 @@ class HubState:
         revoked |= past
         past.clear()
         if req.completed or req.failed:
-            self._notify()
+            self._changed.notify_all()
         return revoked
 
     def _land(self, record: VersionRecord, holding: Holding, lease: Lease, chunks) -> None:
@@ -849,7 +841,7 @@ class HubState:
             logger.warning("lease %d (chunk %d from %s to %s) outlived its deadline; revoked",
                            lease.id, lease.chunk, lease.source, lease.reader)
         if overdue:
-            self._notify()
+            self._changed.notify_all()
 
     def _drop_worker(self, worker: str) -> None:
         self._workers.pop(worker, None)

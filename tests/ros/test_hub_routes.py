@@ -124,23 +124,3 @@ def test_parked_exchanges_hold_no_threads_that_registration_and_publish_need():
         assert all(not r.assignments for r in replies.values()) and len(replies) == parked
     finally:
         server.stop()
-
-
-def test_a_landed_chunk_moves_the_change_counter_that_parked_exchanges_watch():
-    """A parked exchange plans again as soon as ``HubState.changes`` moves: a report of a landed chunk moves it (the
-    chunk is a new source), an exchange that books nothing does not (a parked reader would plan again for nothing)."""
-    server = th.start_hub()
-    try:
-        trainer, reader = _worker(server.url, "trainer"), _worker(server.url, "reader")
-        trainer.post("/v1/publish", msg.Publish(worker="trainer", holder="trainer", manifest=manifest_to_msg(M),
-                                                regions=[msg.RegionMsg(addr=1000)]), msg.OkReply)
-        _begin(reader, "reader")
-        leases = [a.lease for a in _exchange(reader, "reader", want=1).assignments]
-        assert leases
-        before = server.state.changes
-        _exchange(reader, "reader")
-        assert server.state.changes == before
-        _exchange(reader, "reader", completed=leases)
-        assert server.state.changes > before
-    finally:
-        server.stop()
