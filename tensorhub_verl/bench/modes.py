@@ -151,6 +151,10 @@ class Phase:
             r.wait(60)
 
 
+_TRACE = ("worker", "location", "window", "t0", "seconds", "sources", "timeline", "exchanges")
+"""What `_summary` keeps of each reader's report: its timelines, for `bench.modes_gap`."""
+
+
 def _summary(fetched: list[dict]) -> dict:
     secs = [f["seconds"] for f in fetched]
     sources: dict[str, int] = {}
@@ -160,7 +164,8 @@ def _summary(fetched: list[dict]) -> dict:
     return {"total_s": sum(secs), "max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
             "cpu_s": [round(f.get("cpu_s", 0.0), 3) for f in fetched],
             "bytes_from": dict(sorted(sources.items())),
-            "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched)}
+            "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched),
+            "readers": [{k: f[k] for k in _TRACE if k in f} for f in fetched]}
 
 
 def start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[LabProcess, Path]]]:

@@ -89,9 +89,12 @@ def reader(a: argparse.Namespace) -> None:
         stats = client.fetch(a.model, 1, into=buffers, hold=a.hold, timeout=a.timeout)
         timeline = [(round(posted - t0, 3), round(landed - t0, 3), chunk, source)
                     for posted, landed, chunk, source in stats.timeline]
+        exchanges = [(round(sent - t0, 3), round(answered - t0, 3), asked, got)
+                     for sent, answered, asked, got in stats.exchange_log]
         _say(event="fetched", worker=a.worker, model=a.model, started=started, seconds=stats.seconds,
              bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
-             cpu_s=_cpu_s() - cpu0, timeline=timeline)
+             cpu_s=_cpu_s() - cpu0, timeline=timeline, exchanges=exchanges, t0=t0,
+             location=a.location, window=a.window)
         if a.hold:
             wait_file(a.stop, a.timeout)
     finally:

@@ -234,3 +234,31 @@ def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queue
         posted_after_previous_landed = [later[0] >= earlier[1] for earlier, later in zip(stats.timeline, stats.timeline[1:])]
         assert all(posted_after_previous_landed), stats.timeline
         seed.close()
+
+
+def test_a_seed_posts_its_queued_wan_read_before_the_one_in_flight_lands(hub):
+    """Once a WAN read has landed (a duration to go by), the queued one is posted shortly before the one in flight
+    is due (FetchSettings.wan_lead): the WAN goes from chunk to chunk without a round trip's pause between them."""
+    weights = make_weights(2, 2.0)
+    with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
+        trainer.publish("policy", 1, weights)
+        gated = GatedTransport("seed-ahead", on_read=lambda n: n == 2 and gated.finish_gate.clear())
+        gated.finish_gate.clear()
+        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8, max_run_chunks=1),
+                      transport=gated)
+        outcome = {}
+        fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
+        fetch.start()
+        wait_until(lambda: gated.reads == 1, 30, "the seed posted no WAN read", poll_s=0.02)
+        time.sleep(0.3)  # the first WAN read takes a while: the second is timed by it
+        gated.finish_gate.set()  # the first lands; the second is posted and held in flight (on_read)
+        wait_until(lambda: gated.reads >= 3, 30, "the queued WAN read waited for the one in flight to land",
+                   poll_s=0.02)
+        assert not gated.finish_gate.is_set()  # the second read is still in flight
+        gated.finish_gate.set()
+        fetch.join(60)
+        stats = outcome["stats"]
+        assert stats.sources == {"trainer": stats.bytes}
+        for name, tensor in weights.items():
+            assert torch.equal(stats.buffers[name], tensor), name
+        seed.close()

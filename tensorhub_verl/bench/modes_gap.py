@@ -1,0 +1,175 @@
+"""Where `bench modes` loses time against the lab's ceiling: `python -m tensorhub_verl.bench.modes_gap modes.json`.
+
+Reads the JSON of `tensorhub bench modes --out modes.json` (each TensorHub reader's chunk timeline and hub
+exchanges) and prints, per mode, the ceiling of the lab's topology and where each reader's stall above it goes:
+
+- ceiling: the least total stall that chunked store-and-forward allows. A chunk takes ``c`` on a NIC and ``w`` on
+  the WAN (tbf counts each frame's headers: 1,514 bytes on the wire per 1,448 of payload; M chunks, as many as
+  the readers' timelines show). Standalone: the
+  trainer sends every chunk at least once, so the last distinct chunk leaves it at ``M c``; the
+  reader that got it and the trainer spread it, the holders doubling every ``c``: readers finish at M c,
+  (M + 1) c, (M + 1) c, (M + 2) c x 4, (M + 3) c for 8 readers. Cross-dc: the WAN carries one copy, its last
+  chunk lands at ``M w`` at the seed, and spreads in dc1 by doubling: 1 reader at M w, then 1, 2, 4 more each
+  ``c`` later. The ratio ceiling is the measured pull baseline's total over that.
+- per reader: when its first read was posted (``start``), the time with no read in flight before its last
+  landing (``idle``), the time it waited for exchanges that granted nothing (``starved``), the mean hub round
+  trip, and the bytes it read from the trainer, from complete peers and from partial peers.
+- sources: how busy the trainer's NIC was while anyone still lacked a chunk (the share of time one of its reads
+  was in flight) and, cross-dc, the seed's WAN: the time between one WAN chunk landing and the next being posted,
+  and the WAN's achieved rate.
+- spread: for each chunk, from its first landing in the readers' datacenter to its last.
+
+Times are on the machine's monotonic clock (every lab host shares it), relative to the earliest reader's go.
+Prints one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+MIB = 1 << 20
+WIRE = 1514 / 1448
+"""Bytes on the wire per byte of TCP payload (Ethernet + IP + TCP headers with timestamps, 1,500 MTU)."""
+
+
+def copy_seconds(size_mb: float, mbit: float) -> float:
+    """One copy of the version through a link of ``mbit``, headers counted."""
+    return size_mb * MIB * 8 * WIRE / (mbit * 1e6)
+
+
+def ceiling(mode: str, params: dict, readers: int, chunks: int) -> dict:
+    """The least total and mean stall of ``readers`` rollouts in ``mode`` for a version of ``chunks`` chunks (see
+    the module doc)."""
+    c = copy_seconds(params["size_mb"], params["nic_mbit"]) / chunks
+    if mode == "cross_dc":
+        first, holders = copy_seconds(params["size_mb"], params["wan_mbit"]), 1  # the seed, then doubling in dc1
+    else:
+        first, holders = chunks * c, 2  # the reader that got the last chunk, and the trainer that sent it
+    finish, hop = [first], 1
+    while len(finish) < readers:
+        finish += [first + hop * c] * min(holders, readers - len(finish))
+        holders, hop = holders * 2, hop + 1
+    return {"chunks": chunks, "chunk_nic_s": round(c, 4), "one_copy_s": round(first, 3),
+            "total_s": round(sum(finish), 2), "mean_s": round(sum(finish) / readers, 3)}
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
+def reader_gaps(r: dict, base: float, trainer: str = "trainer") -> dict:
+    """One reader's timeline, in seconds from the earliest go (``base``)."""
+    off = r["t0"] - base
+    tl = [(p + off, l + off, c, s) for p, l, c, s in r["timeline"]]
+    done = max(l for _, l, _, _ in tl)
+    busy = _union([(p, l) for p, l, _, _ in tl])
+    ex = r.get("exchanges", [])
+    starved = sum(b - a for a, b, asked, got in ex if asked and not got)
+    by = {"trainer": 0, "peers": 0}
+    for _, _, _, s in tl:
+        by["trainer" if s == trainer else "peers"] += 1
+    return {"worker": r["worker"], "go_s": round(off, 3), "first_post_s": round(min(p for p, *_ in tl), 3),
+            "done_s": round(done, 3), "seconds": round(r["seconds"], 3),
+            "idle_s": round(done - off - busy, 3), "starved_s": round(starved, 3),
+            "exchanges": len(ex), "empty_exchanges": sum(1 for _, _, a, g in ex if a and not g),
+            "rtt_ms": round(1000 * statistics.median([b - a for a, b, *_ in ex]), 1) if ex else None,
+            "chunks_from": by}
+
+
+def trainer_use(readers: list[dict], base: float, trainer: str = "trainer") -> dict:
+    """The share of time, until the trainer's last read landed, that one of its reads was in flight."""
+    spans = [(p + r["t0"] - base, l + r["t0"] - base) for r in readers for p, l, _, s in r["timeline"] if s == trainer]
+    if not spans:
+        return {"reads": 0}
+    start, end = min(a for a, _ in spans), max(b for _, b in spans)
+    return {"reads": len(spans), "first_s": round(start, 3), "last_s": round(end, 3),
+            "busy_share": round(_union(spans) / (end - start), 3)}
+
+
+def wan_pacing(readers: list[dict], base: float, params: dict, trainer: str = "trainer") -> dict:
+    """The seed's WAN reads: their landings' spacing against one chunk's WAN time."""
+    reads = sorted((p + r["t0"] - base, l + r["t0"] - base) for r in readers for p, l, _, s in r["timeline"]
+                   if s == trainer)
+    if not reads:
+        return {"reads": 0}
+    landed = [l for _, l in reads]
+    gaps = [b - a for a, b in zip(landed, landed[1:])]
+    w = copy_seconds(params["size_mb"], params["wan_mbit"]) / len({c for r in readers for _, _, c, _ in r["timeline"]})
+    span = landed[-1] - reads[0][0]
+    return {"reads": len(reads), "first_post_s": round(reads[0][0], 3), "last_landed_s": round(landed[-1], 3),
+            "chunk_wan_s": round(w, 4), "median_gap_s": round(statistics.median(gaps), 4) if gaps else None,
+            "max_gap_s": round(max(gaps), 4) if gaps else None,
+            "wan_rate_share": round(len(reads) * w / span, 3) if span > 0 else None}
+
+
+def spread(readers: list[dict], base: float) -> dict:
+    """Per chunk: from its first landing at a reader to its last (the time to reach every reader)."""
+    lands: dict[int, list[float]] = {}
+    for r in readers:
+        for _, l, c, _ in r["timeline"]:
+            lands.setdefault(c, []).append(l + r["t0"] - base)
+    spans = [max(v) - min(v) for v in lands.values() if len(v) == len(readers)]
+    last = max(lands, key=lambda c: min(lands[c])) if lands else None
+    return {"median_s": round(statistics.median(spans), 3) if spans else None,
+            "max_s": round(max(spans), 3) if spans else None,
+            "last_chunk_first_landing_s": round(min(lands[last]), 3) if last is not None else None,
+            "last_chunk_spread_s": round(max(lands[last]) - min(lands[last]), 3) if last is not None else None}
+
+
+def analyse(result: dict) -> dict:
+    params, out = result["params"], {}
+    for mode, res in result["modes"].items():
+        th = res["runs"]["tensorhub"]
+        readers = [r for r in th.get("readers", []) if r.get("timeline")]
+        if mode == "elastic" or not readers:
+            continue
+        base = min(r["t0"] for r in readers)
+        ceil = ceiling(mode, params, len(readers), len({c for r in readers for _, _, c, _ in r["timeline"]}))
+        pull = res["baseline_s"]["pull_from_trainer"]
+        rows = [reader_gaps(r, base) for r in readers]
+        entry = {"tensorhub_s": res["tensorhub_s"], "pull_s": pull, "ratio": round(res["ratio"], 2),
+                 "ceiling": ceil, "ratio_ceiling": round(pull / ceil["total_s"], 2),
+                 "gap_s": round(res["tensorhub_s"] - ceil["total_s"], 2),
+                 "start_s": round(sum(r["first_post_s"] for r in rows), 3),
+                 "idle_s": round(sum(r["idle_s"] for r in rows), 3),
+                 "starved_s": round(sum(r["starved_s"] for r in rows), 3),
+                 "trainer": trainer_use(readers, base), "spread": spread(readers, base), "readers": rows}
+        if mode == "cross_dc":
+            entry["wan"] = wan_pacing(readers, base, params)
+        out[mode] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tensorhub_verl.bench.modes_gap", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", type=Path, help="the --out file of `tensorhub bench modes`")
+    a = ap.parse_args(argv)
+    report = analyse(json.loads(a.json.read_text()))
+    for mode, e in report.items():
+        c = e["ceiling"]
+        print(f"{mode}: tensorhub {e['tensorhub_s']:.2f} s vs ceiling {c['total_s']:.2f} s (gap {e['gap_s']:.2f} s); "
+              f"ratio {e['ratio']}x of a ceiling {e['ratio_ceiling']}x (pull {e['pull_s']:.1f} s)")
+        print(f"  summed over readers: first read posted {e['start_s']:.2f} s, idle {e['idle_s']:.2f} s, "
+              f"starved {e['starved_s']:.2f} s; trainer {e['trainer']}; spread {e['spread']}")
+        if "wan" in e:
+            print(f"  WAN: {e['wan']}")
+        for r in e["readers"]:
+            print(f"  {r['worker']:<22} go {r['go_s']:6.3f} first {r['first_post_s']:6.3f} done {r['done_s']:6.3f} "
+                  f"idle {r['idle_s']:5.3f} starved {r['starved_s']:5.3f} ex {r['exchanges']:3d} "
+                  f"(empty {r['empty_exchanges']:2d}) rtt {r['rtt_ms']} ms  chunks {r['chunks_from']}")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

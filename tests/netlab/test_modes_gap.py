@@ -1,0 +1,35 @@
+"""`bench.modes_gap` (pure): the lab's ceiling and where a reader's stall goes, from `bench modes` timelines."""
+
+import pytest
+
+from tensorhub_verl.bench import modes_gap
+
+P = {"size_mb": 64.0, "chunk_mb": 2.0, "nic_mbit": 200.0, "wan_mbit": 100.0}
+
+
+def test_the_ceiling_doubles_the_holders_of_the_last_chunk_every_chunk_time():
+    c = modes_gap.copy_seconds(64.0, 200.0) / 33
+    standalone = modes_gap.ceiling("standalone", P, 8, 33)
+    # The reader that got the trainer's last chunk, then 2 more (it and the trainer send), 4, and the last one.
+    assert standalone["total_s"] == pytest.approx(8 * 33 * c + (2 * 1 + 4 * 2 + 1 * 3) * c, abs=0.01)
+    cross = modes_gap.ceiling("cross_dc", P, 8, 33)
+    # The seed, then 1, 2 and 4 more readers inside its datacenter.
+    assert cross["total_s"] == pytest.approx(8 * modes_gap.copy_seconds(64.0, 100.0) + (1 + 2 * 2 + 4 * 3) * c, abs=0.01)
+    assert cross["one_copy_s"] == pytest.approx(2 * standalone["one_copy_s"], abs=0.01)
+
+
+def test_a_reader_idle_between_its_reads_and_waiting_on_empty_exchanges_is_counted():
+    readers = [
+        {"worker": "r-0", "t0": 100.0, "seconds": 1.0, "timeline": [(0.0, 0.2, 0, "trainer"), (0.5, 1.0, 1, "r-1")],
+         "exchanges": [(0.0, 0.01, 2, 1), (0.2, 0.5, 1, 0), (0.5, 0.51, 1, 1)]},
+        {"worker": "r-1", "t0": 100.1, "seconds": 0.5, "timeline": [(0.0, 0.3, 1, "trainer"), (0.0, 0.4, 0, "r-0")],
+         "exchanges": [(0.0, 0.01, 2, 2)]},
+    ]
+    result = {"params": P, "modes": {"standalone": {
+        "tensorhub_s": 1.5, "ratio": 2.0, "baseline_s": {"pull_from_trainer": 3.0},
+        "runs": {"tensorhub": {"readers": readers}}}}}
+    gap = modes_gap.analyse(result)["standalone"]
+    first, second = gap["readers"]
+    assert (first["idle_s"], first["starved_s"], first["empty_exchanges"]) == (0.3, 0.3, 1)
+    assert first["chunks_from"] == {"trainer": 1, "peers": 1} and second["go_s"] == pytest.approx(0.1)
+    assert gap["trainer"]["reads"] == 2 and gap["spread"]["max_s"] == pytest.approx(0.6)
