@@ -26,7 +26,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros import transports
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
+from tensorhub_verl.ros.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, row_range, shard_bytes, shard_chunks, _DTYPES,
@@ -79,9 +79,13 @@ class ClientConfig:
     fingerprint: str = "sample"
     """Content check of published bytes: 'sample', 'full' or 'none' (see manifest.content_fingerprint)."""
     chunk_digests: bool = True
-    """Publish an xxh3-64 digest of every chunk, which every reader checks as the chunk lands (a reader
-    always checks what a manifest carries). Costs ~0.1 s per GiB of CPU memory at publish and at fetch. A hub
-    refuses versions without them unless started with ``HubConfig(require_digests=False)``."""
+    """Publish a digest of every chunk (integrity.py), which every reader checks as the chunk lands (a reader
+    always checks what a manifest carries). Computed with torch ops where the bytes are (a GPU's tensors on the
+    GPU); its cost per GiB on CPU is in docs/security-and-reliability.md. A hub refuses versions without them
+    unless started with ``HubConfig(require_digests=False)``."""
+    block_digests: bool = True
+    """With ``chunk_digests``, also publish per-tensor block digests (integrity.py), so that ranged readers (TP
+    ranks reading their slices) check the chunks they read in part. Costs about two more passes at publish."""
     require_digests: bool = True
     """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
     bytes could not be checked. Off only for trusted tests."""
@@ -236,8 +240,10 @@ class Client:
         manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
                                   self.config.fingerprint)
         if self.config.chunk_digests:
-            digests = chunk_digests(manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors])
-            manifest = dataclasses.replace(manifest, chunk_digests=digests)
+            chunks, ordered = manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors]
+            manifest = dataclasses.replace(
+                manifest, chunk_digests=chunk_digests(chunks, ordered), digest_algorithm=ALGORITHM,
+                block_digests=block_digests(chunks, manifest.tensors, ordered) if self.config.block_digests else ())
         self._publish(_Held(self.worker, manifest, tensors, shard_group, shard_count))
         return manifest
 
@@ -269,8 +275,9 @@ class Client:
         manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.chunk_bytes, row_shards=ranks)
         if self.config.chunk_digests:
             starts = [shard_bytes(spec, rank, ranks)[0] for spec in full]
-            digests = shard_chunk_digests(manifest.chunks(), tensors.values(), starts, shard_chunks(manifest, rank))
-            manifest = dataclasses.replace(manifest, chunk_digests=digests)
+            digests = shard_chunk_digests(manifest.chunks(), full, tensors.values(), starts,
+                                          shard_chunks(manifest, rank))
+            manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM)
         self._publish(_Held(self.worker, manifest, tensors, group, ranks, rank))
         return manifest
 
@@ -386,15 +393,21 @@ class Client:
         started = time.monotonic()
         deadline = started + (timeout or self.config.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
-        tensors, plan = _ranged(manifest, into, slices or {})
-        return self._run_fetch(manifest, tensors, plan, False, started, timeout)
+        tensors, plan, by_index = _ranged(manifest, into, slices or {})
+        return self._run_fetch(manifest, tensors, plan, False, started, timeout, by_index)
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,
-                   started: float, timeout: float | None) -> FetchStats:
+                   started: float, timeout: float | None,
+                   slices: Mapping[int, TensorSlice | None] | None = None) -> FetchStats:
         """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion."""
         model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
         deadline = started + (timeout or self.config.fetch_timeout_s)
+        if manifest.chunk_digests and manifest.digest_algorithm != ALGORITHM:
+            raise errors.UnverifiedVersion(
+                f"{model} v{manifest.version} ({layout}) carries {manifest.digest_algorithm or 'unnamed'} digests; "
+                f"this reader checks {ALGORITHM} ones, so its bytes cannot be checked; refused. Run the publisher "
+                f"and its readers at the same tensorhub_verl version")
         if self.config.require_digests and not (manifest.chunk_digests and all(manifest.chunk_digests)):
             raise errors.UnverifiedVersion(
                 f"{model} v{manifest.version} ({layout}) has no digest of some chunk, so its bytes cannot be "
@@ -421,7 +434,7 @@ class Client:
                                      max_run_chunks=self.config.max_run_chunks)
             fetch.fetcher = ChunkFetcher(self._transport, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
-                                         digests=manifest.chunk_digests, plan=plan, first=first)
+                                         checker=ChunkChecker(manifest, plan, slices), plan=plan, first=first)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()
@@ -713,9 +726,11 @@ def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank
 
 
 def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
-            slices: Mapping[str, TensorSlice | tuple[int, int, int]]) -> tuple[dict[str, torch.Tensor], ReadPlan]:
+            slices: Mapping[str, TensorSlice | tuple[int, int, int]]
+            ) -> tuple[dict[str, torch.Tensor], ReadPlan, dict[int, TensorSlice | None]]:
     """Checks a ranged read's buffers against the manifest, before any byte moves; returns one buffer per
-    tensor in manifest order (an empty one for each tensor not read) and the read plan."""
+    tensor in manifest order (an empty one for each tensor not read), the read plan, and each read tensor's slice
+    (None: whole) by index."""
     if not isinstance(into, Mapping) or not into:
         raise errors.InvalidRequest("fetch_slices needs into: a non-empty dict of tensor name -> buffer")
     index = {spec.name: i for i, spec in enumerate(manifest.tensors)}
@@ -726,7 +741,7 @@ def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
     extra = [name for name in slices if name not in into]
     if extra:
         raise errors.ManifestMismatch(f"slices names {extra[0]!r} but into has no buffer for it", tensor=extra[0])
-    tensors, runs = {}, {}
+    tensors, runs, by_index = {}, {}, {}
     for i, spec in enumerate(manifest.tensors):
         buf = into.get(spec.name)
         if buf is None:
@@ -742,7 +757,8 @@ def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
                 f"contiguous", tensor=spec.name)
         tensors[spec.name] = buf
         runs[i] = Runs.whole(spec) if sl is None else Runs.of_slice(spec, TensorSlice.of(sl))
-    return tensors, plan_reads(manifest, runs)
+        by_index[i] = None if sl is None else TensorSlice.of(sl)
+    return tensors, plan_reads(manifest, runs), by_index
 
 
 def _is_int(value: object) -> bool:
