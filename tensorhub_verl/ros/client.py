@@ -29,7 +29,7 @@ from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
-    dtype_name, row_range, shard_bytes, shard_chunks, _DTYPES,
+    dtype_name, layout_digest, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.nixl_transport import PROGRESS_MODES
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
@@ -222,9 +222,14 @@ class Client:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1) -> Manifest:
+                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1,
+                verified: Manifest | None = None) -> Manifest:
         """Registers live tensors as a holder of (model, version, layout). No copy is made: the caller
         must not change these bytes until ``unpublish`` returns.
+
+        ``verified``: the manifest these very bytes were fetched and checked against, chunk by chunk
+        (``FetchStats.manifest``); where it has the same chunk map, its digests are reused rather than computed
+        again over every byte.
 
         The shards of one engine (e.g. its TP ranks, each in its own layout) pass the same
         ``shard_group`` and ``shard_count``: none of them is visible until all have been published.
@@ -237,9 +242,15 @@ class Client:
             raise errors.InvalidRequest(f"shard_count must be >= 1, and > 1 only with a shard_group; "
                                         f"got {shard_count}, {shard_group!r}")
         tensors = _check_tensors(tensors)
+        reuse = verified is not None and _reusable(verified, model, version, layout, tensors,
+                                                   chunk_bytes or self.config.chunk_bytes)
         manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
-                                  self.config.fingerprint)
-        if self.config.chunk_digests:
+                                  "none" if reuse else self.config.fingerprint)
+        if reuse:
+            manifest = dataclasses.replace(manifest, fingerprint=verified.fingerprint,
+                                           chunk_digests=verified.chunk_digests, block_digests=verified.block_digests,
+                                           digest_algorithm=verified.digest_algorithm)
+        elif self.config.chunk_digests:
             chunks, ordered = manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors]
             manifest = dataclasses.replace(
                 manifest, chunk_digests=chunk_digests(chunks, ordered), digest_algorithm=ALGORITHM,
@@ -444,6 +455,8 @@ class Client:
         finally:
             stats.seconds = time.monotonic() - started
             self._end_fetch(key, ok, hold, stats.seconds)
+        if plan is None:
+            stats.manifest = manifest
         if hold:
             with self._lock:
                 self._held[(self.worker, *key)] = _Held(self.worker, manifest, tensors)
@@ -723,6 +736,16 @@ def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank
         out.append(msg.RegionMsg(addr=region.addr, device=region.device, mem=region.mem, offset=start,
                                  nbytes=stop - start))
     return out
+
+
+def _reusable(verified: Manifest, model: str, version: int, layout: str, tensors: Mapping[str, torch.Tensor],
+              chunk_bytes: int) -> bool:
+    """Whether ``verified`` describes these tensors as this publish would, with a checked digest of every chunk."""
+    specs = tuple(TensorSpec.of(name, t) for name, t in tensors.items())
+    return ((verified.model, verified.version, verified.layout, verified.row_shards) == (model, version, layout, 1)
+            and verified.digest == layout_digest(layout, specs, chunk_bytes)
+            and verified.digest_algorithm == ALGORITHM and bool(verified.chunk_digests)
+            and all(verified.chunk_digests))
 
 
 def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],

@@ -57,7 +57,7 @@ from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros import grants
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.integrity import ChunkChecker, local_views
-from tensorhub_verl.ros.manifest import Chunk, Segment
+from tensorhub_verl.ros.manifest import Chunk, Manifest, Segment
 from tensorhub_verl.ros.ranges import Piece, ReadPlan
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.transport import Copy, ReadError, Region, Transport
@@ -99,6 +99,9 @@ class FetchStats:
     fetch spent its time."""
     buffers: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     """The filled buffers (those passed as ``into``, or allocated when it was None)."""
+    manifest: Manifest | None = field(default=None, repr=False)
+    """Of a whole fetch: the manifest whose digests every landed chunk was checked against (a re-publish of
+    these bytes in this layout reuses them: ``Client.publish(verified=...)``)."""
 
     @property
     def gbps(self) -> float:

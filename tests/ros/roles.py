@@ -213,15 +213,13 @@ def tp_weights() -> dict[str, torch.Tensor]:
 
 
 def sliced_holder(results, control, hub_url, worker, chunk_bytes, lie=False, transport="auto"):
-    """Publishes ``tp_weights``; a liar then swaps the column halves of ``o`` and the row halves of ``q`` in place,
-    so that each TP rank reading from it gets the other rank's slice."""
+    """Publishes ``tp_weights``; a liar then swaps the column halves of ``o`` in place, so that each TP rank reading
+    its columns from it gets the other rank's: chunks only ever read in part, which only block digests check."""
     client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0, transport=transport)
     weights = tp_weights()
     client.publish("policy", 1, weights)
     if lie:
-        for t, dim in ((weights["o"], 1), (weights["q"], 0)):
-            a, b = t.chunk(2, dim)
-            swapped = torch.cat([b, a], dim)
-            t.copy_(swapped)
+        left, right = weights["o"].chunk(2, 1)
+        weights["o"].copy_(torch.cat([right, left], 1))
     results.put(("ok", {"pid": os.getpid()}))
     _serve(results, control, client, 1)
