@@ -102,25 +102,34 @@ def zero(device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 def _words(words: torch.Tensor, row0: int, col0: int, groups: int) -> torch.Tensor:
-    """Digest lanes of int16 ``words`` [rows, n] lying at grid rows ``row0``.. and word columns ``col0``.."""
+    """Digest lanes of int16 ``words`` [rows, n] lying at grid rows ``row0``.. and word columns ``col0``..
+
+    Column by column range: a run of whole weight groups goes as one [rows * k, GROUP] matmul, a part of one
+    group as [rows, part] times that part of B; nothing is padded, so narrow rows cost what they hold."""
     rows, n = words.shape
     acc = zero(words.device)
     if not rows or not n:
         return acc
-    pad = col0 % GROUP
-    span = -(-(pad + n) // GROUP)
     a, b = _TABLES.get(words.device, (row0 + rows) * groups)
-    step = max(1, _BATCH_WORDS // (span * GROUP))
-    cols = torch.arange(span, device=words.device) + col0 // GROUP
+    step = max(1, _BATCH_WORDS // n)
     for r in range(0, rows, step):
-        x = words[r:r + step]
-        if pad or span * GROUP != n:
-            padded = x.new_zeros(x.shape[0], span * GROUP)
-            padded[:, pad:pad + n] = x
-            x = padded
-        y = (x.to(torch.float64).reshape(-1, GROUP) @ b).to(torch.int64).remainder_(P)
-        g = (torch.arange(row0 + r, row0 + r + x.shape[0], device=words.device) * groups)[:, None] + cols[None]
-        acc = (acc + (y * a[g.reshape(-1)]).remainder_(P).sum(0)).remainder_(P)
+        x = words[r:r + step].to(torch.float64)
+        m = x.shape[0]
+        first = torch.arange(row0 + r, row0 + r + m, device=words.device) * groups
+        c = 0
+        while c < n:
+            q, off = divmod(col0 + c, GROUP)
+            if off == 0 and n - c >= GROUP:
+                k = (n - c) // GROUP
+                y = x[:, c:c + k * GROUP].reshape(m * k, GROUP) @ b
+                g = (first[:, None] + (q + torch.arange(k, device=words.device))[None]).reshape(-1)
+                width = k * GROUP
+            else:
+                width = min(GROUP - off, n - c)
+                y = x[:, c:c + width] @ b[off:off + width]
+                g = first + q
+            acc = (acc + (y.to(torch.int64).remainder_(P) * a[g]).remainder_(P).sum(0)).remainder_(P)
+            c += width
     return acc
 
 
