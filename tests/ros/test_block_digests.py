@@ -146,3 +146,22 @@ def test_a_tp_rank_reading_from_a_holder_that_serves_the_wrong_slices_reads_them
         stats = rank.fetch_slices("policy", 1, into=into, slices=slices, timeout=60)
     assert torch.equal(into["o"], want["o"][:, 256:]) and torch.equal(into["q"], want["q"][256:])
     assert set(stats.sources) == {"honest"}
+
+
+def test_a_reader_republishes_what_it_fetched_with_the_digests_it_checked(hub, monkeypatch):
+    weights = _weights(7)
+    with th.connect(hub.url, "trainer", chunk_bytes=4096) as trainer, \
+            th.connect(hub.url, "engine", chunk_bytes=4096) as engine:
+        published = trainer.publish("policy", 1, weights)
+        buffers = published.allocate()
+        stats = engine.fetch("policy", 1, into=buffers, hold=False)
+        assert stats.manifest is not None and stats.manifest.chunk_digests == published.chunk_digests
+
+        def no_second_pass(*args, **kwargs):
+            raise AssertionError("digests of verified bytes are computed again")
+
+        monkeypatch.setattr("tensorhub_verl.ros.client.chunk_digests", no_second_pass)
+        again = engine.publish("policy", 1, buffers, verified=stats.manifest)
+        assert again.chunk_digests == published.chunk_digests and again.block_digests == published.block_digests
+        with pytest.raises(AssertionError, match="computed again"):  # another chunk map: computed, not reused
+            engine.publish("policy", 1, buffers, chunk_bytes=8192, verified=stats.manifest)
