@@ -28,10 +28,10 @@ from tensorhub_verl.ros.planes.base import DataPlane, ReadError, Region
 from tensorhub_verl.ros.planes.registry import FLAT_FIELDS, PlaneConfig, from_flat
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.integrity import chunk_digests, shard_chunk_digests
+from tensorhub_verl.ros.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
-    dtype_name, row_range, shard_bytes, shard_chunks, _DTYPES,
+    dtype_name, layout_digest, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
@@ -78,9 +78,13 @@ class ClientConfig:
     fingerprint: str = "sample"
     """Content check of published bytes: 'sample', 'full' or 'none' (see manifest.content_fingerprint)."""
     chunk_digests: bool = True
-    """Publish an xxh3-64 digest of every chunk, which every reader checks as the chunk lands (a reader
-    always checks what a manifest carries). Costs ~0.1 s per GiB of CPU memory at publish and at fetch. A hub
-    refuses versions without them unless started with ``HubConfig(require_digests=False)``."""
+    """Publish a digest of every chunk (integrity.py), which every reader checks as the chunk lands (a reader
+    always checks what a manifest carries). Computed with torch ops where the bytes are (a GPU's tensors on the
+    GPU); its cost per GiB on CPU is in docs/security-and-reliability.md. A hub refuses versions without them
+    unless started with ``HubConfig(require_digests=False)``."""
+    block_digests: bool = True
+    """With ``chunk_digests``, also publish per-tensor block digests (integrity.py), so that ranged readers (TP
+    ranks reading their slices) check the chunks they read in part. Costs about two more passes at publish."""
     require_digests: bool = True
     """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
     bytes could not be checked. Off only for trusted tests."""
@@ -209,9 +213,14 @@ class Client:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1) -> Manifest:
+                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1,
+                verified: Manifest | None = None) -> Manifest:
         """Registers live tensors as a holder of (model, version, layout). No copy is made: the caller
         must not change these bytes until ``unpublish`` returns.
+
+        ``verified``: the manifest these very bytes were fetched and checked against, chunk by chunk
+        (``FetchStats.manifest``); where it has the same chunk map, its digests are reused rather than computed
+        again over every byte.
 
         The shards of one engine (e.g. its TP ranks, each in its own layout) pass the same
         ``shard_group`` and ``shard_count``: none of them is visible until all have been published.
@@ -224,11 +233,19 @@ class Client:
             raise errors.InvalidRequest(f"shard_count must be >= 1, and > 1 only with a shard_group; "
                                         f"got {shard_count}, {shard_group!r}")
         tensors = _check_tensors(tensors)
+        reuse = verified is not None and _reusable(verified, model, version, layout, tensors,
+                                                   chunk_bytes or self.config.chunk_bytes)
         manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
-                                  self.config.fingerprint)
-        if self.config.chunk_digests:
-            digests = chunk_digests(manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors])
-            manifest = dataclasses.replace(manifest, chunk_digests=digests)
+                                  "none" if reuse else self.config.fingerprint)
+        if reuse:
+            manifest = dataclasses.replace(manifest, fingerprint=verified.fingerprint,
+                                           chunk_digests=verified.chunk_digests, block_digests=verified.block_digests,
+                                           digest_algorithm=verified.digest_algorithm)
+        elif self.config.chunk_digests:
+            chunks, ordered = manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors]
+            manifest = dataclasses.replace(
+                manifest, chunk_digests=chunk_digests(chunks, ordered), digest_algorithm=ALGORITHM,
+                block_digests=block_digests(chunks, manifest.tensors, ordered) if self.config.block_digests else ())
         self._publish(_Held(self.worker, manifest, tensors, shard_group, shard_count))
         return manifest
 
@@ -260,8 +277,9 @@ class Client:
         manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.chunk_bytes, row_shards=ranks)
         if self.config.chunk_digests:
             starts = [shard_bytes(spec, rank, ranks)[0] for spec in full]
-            digests = shard_chunk_digests(manifest.chunks(), tensors.values(), starts, shard_chunks(manifest, rank))
-            manifest = dataclasses.replace(manifest, chunk_digests=digests)
+            digests = shard_chunk_digests(manifest.chunks(), full, tensors.values(), starts,
+                                          shard_chunks(manifest, rank))
+            manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM)
         self._publish(_Held(self.worker, manifest, tensors, group, ranks, rank))
         return manifest
 
@@ -377,15 +395,21 @@ class Client:
         started = time.monotonic()
         deadline = started + (timeout or self.config.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
-        tensors, plan = _ranged(manifest, into, slices or {})
-        return self._run_fetch(manifest, tensors, plan, False, started, timeout)
+        tensors, plan, by_index = _ranged(manifest, into, slices or {})
+        return self._run_fetch(manifest, tensors, plan, False, started, timeout, by_index)
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,
-                   started: float, timeout: float | None) -> FetchStats:
+                   started: float, timeout: float | None,
+                   slices: Mapping[int, TensorSlice | None] | None = None) -> FetchStats:
         """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion."""
         model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
         deadline = started + (timeout or self.config.fetch_timeout_s)
+        if manifest.chunk_digests and manifest.digest_algorithm != ALGORITHM:
+            raise errors.UnverifiedVersion(
+                f"{model} v{manifest.version} ({layout}) carries {manifest.digest_algorithm or 'unnamed'} digests; "
+                f"this reader checks {ALGORITHM} ones, so its bytes cannot be checked; refused. Run the publisher "
+                f"and its readers at the same tensorhub_verl version")
         if self.config.require_digests and not (manifest.chunk_digests and all(manifest.chunk_digests)):
             raise errors.UnverifiedVersion(
                 f"{model} v{manifest.version} ({layout}) has no digest of some chunk, so its bytes cannot be "
@@ -412,7 +436,7 @@ class Client:
                                      max_run_chunks=self.config.max_run_chunks)
             fetch.fetcher = ChunkFetcher(self._plane, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
-                                         digests=manifest.chunk_digests, plan=plan, first=first)
+                                         checker=ChunkChecker(manifest, plan, slices), plan=plan, first=first)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()
@@ -422,6 +446,8 @@ class Client:
         finally:
             stats.seconds = time.monotonic() - started
             self._end_fetch(key, ok, hold, stats.seconds)
+        if plan is None:
+            stats.manifest = manifest
         if hold:
             with self._lock:
                 self._held[(self.worker, *key)] = _Held(self.worker, manifest, tensors)
@@ -704,10 +730,22 @@ def _regions(tensors: Mapping[str, torch.Tensor], manifest: Manifest, shard_rank
     return out
 
 
+def _reusable(verified: Manifest, model: str, version: int, layout: str, tensors: Mapping[str, torch.Tensor],
+              chunk_bytes: int) -> bool:
+    """Whether ``verified`` describes these tensors as this publish would, with a checked digest of every chunk."""
+    specs = tuple(TensorSpec.of(name, t) for name, t in tensors.items())
+    return ((verified.model, verified.version, verified.layout, verified.row_shards) == (model, version, layout, 1)
+            and verified.digest == layout_digest(layout, specs, chunk_bytes)
+            and verified.digest_algorithm == ALGORITHM and bool(verified.chunk_digests)
+            and all(verified.chunk_digests))
+
+
 def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
-            slices: Mapping[str, TensorSlice | tuple[int, int, int]]) -> tuple[dict[str, torch.Tensor], ReadPlan]:
+            slices: Mapping[str, TensorSlice | tuple[int, int, int]]
+            ) -> tuple[dict[str, torch.Tensor], ReadPlan, dict[int, TensorSlice | None]]:
     """Checks a ranged read's buffers against the manifest, before any byte moves; returns one buffer per
-    tensor in manifest order (an empty one for each tensor not read) and the read plan."""
+    tensor in manifest order (an empty one for each tensor not read), the read plan, and each read tensor's slice
+    (None: whole) by index."""
     if not isinstance(into, Mapping) or not into:
         raise errors.InvalidRequest("fetch_slices needs into: a non-empty dict of tensor name -> buffer")
     index = {spec.name: i for i, spec in enumerate(manifest.tensors)}
@@ -718,7 +756,7 @@ def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
     extra = [name for name in slices if name not in into]
     if extra:
         raise errors.ManifestMismatch(f"slices names {extra[0]!r} but into has no buffer for it", tensor=extra[0])
-    tensors, runs = {}, {}
+    tensors, runs, by_index = {}, {}, {}
     for i, spec in enumerate(manifest.tensors):
         buf = into.get(spec.name)
         if buf is None:
@@ -734,7 +772,8 @@ def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
                 f"contiguous", tensor=spec.name)
         tensors[spec.name] = buf
         runs[i] = Runs.whole(spec) if sl is None else Runs.of_slice(spec, TensorSlice.of(sl))
-    return tensors, plan_reads(manifest, runs)
+        by_index[i] = None if sl is None else TensorSlice.of(sl)
+    return tensors, plan_reads(manifest, runs), by_index
 
 
 def _is_int(value: object) -> bool:

@@ -56,8 +56,8 @@ import torch
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.integrity import byte_views, chunk_digest
-from tensorhub_verl.ros.manifest import Chunk, Segment
+from tensorhub_verl.ros.integrity import ChunkChecker, local_views
+from tensorhub_verl.ros.manifest import Chunk, Manifest, Segment
 from tensorhub_verl.ros.ranges import Piece, ReadPlan
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
@@ -102,6 +102,9 @@ class FetchStats:
     fetch waited for its plans, and how often the hub had nothing for it."""
     buffers: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     """The filled buffers (those passed as ``into``, or allocated when it was None)."""
+    manifest: Manifest | None = field(default=None, repr=False)
+    """Of a whole fetch: the manifest whose digests every landed chunk was checked against (a re-publish of
+    these bytes in this layout reuses them: ``Client.publish(verified=...)``)."""
 
     @property
     def gbps(self) -> float:
@@ -170,12 +173,13 @@ class ChunkFetcher:
     """Runs one fetch to completion. ``exchange`` is the hub call (bound to model, version, layout).
 
     With a ``plan`` (a ranged read, ``ranges.py``) only the plan's chunks are read, each only for its pieces,
-    into ``local`` buffers that hold the selected bytes back to back; its partly read chunks are not checked
-    against their digest (which covers the whole chunk)."""
+    into ``local`` buffers that hold the selected bytes back to back. ``checker`` says which landed chunks are
+    checked and against what (``integrity.ChunkChecker``: whole chunks by their digest, chunks read in part by
+    the block digests their slices cover, where the manifest has them); None: nothing is checked."""
 
     def __init__(self, transport: DataPlane, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
                  exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
-                 digests: tuple[str, ...] = (), plan: ReadPlan | None = None,
+                 checker: ChunkChecker | None = None, plan: ReadPlan | None = None,
                  first: msg.ExchangeReply | None = None):
         """``first``: the assignments that came with the fetch's begin (``BeginFetchReply.first``), if any."""
         self._transport = transport
@@ -183,10 +187,10 @@ class ChunkFetcher:
         self._chunks = chunks
         self._plan = plan
         self._local = [Region.of_tensor(t) for t in local]
-        self._digests = digests
+        self._checker = checker
         self._local_tensors = local
         self._views: list | None = None
-        """Byte views of ``local``, made when a landed chunk is first hashed here (not by the transport)."""
+        """Byte views of ``local``, made when a landed chunk is first checked."""
         self._exchange = exchange
         self._settings = settings
         self.stats = stats
@@ -363,7 +367,7 @@ class ChunkFetcher:
         if state is ReadState.IN_PROGRESS:
             return None
         corrupt = state is ReadState.DONE and self._checks(read.chunk) and \
-            self._digest(read) != self._digests[read.chunk]
+            self._digest(read) != self._checker.expected(read.chunk)
         self._transport.release(read.handle)
         del run.reads[read.chunk]
         if corrupt:
@@ -391,16 +395,14 @@ class ChunkFetcher:
         return max(1, min(self._settings.max_run_chunks, int(chunks)))
 
     def _checks(self, chunk: int) -> bool:
-        """Whether the chunk's bytes are checked against its digest when they land."""
-        return bool(self._digests and self._digests[chunk]) and self._checkable(chunk)
+        """Whether the chunk's bytes are checked against its digest (or its blocks') when they land."""
+        return self._checker is not None and self._checker.checks(chunk)
 
     def _digest(self, read: _Read) -> str:
-        """The landed chunk's digest: the transport's, hashed as the bytes landed, or hashed here."""
-        if landed := self._transport.landed_digest(read.handle):
-            return landed
+        """The digest of what landed of the chunk, computed where the local buffers are (integrity.py)."""
         if self._views is None:
-            self._views = byte_views(self._local_tensors)
-        return chunk_digest(self._landing(read.chunk), self._views)
+            self._views = local_views(self._local_tensors)
+        return self._checker.landed(self._pieces(read.chunk), self._views)
 
     def _straggler_limit(self, read: _Read) -> float:
         landed = self._durations.get(read.distance, ())
@@ -497,8 +499,7 @@ class ChunkFetcher:
                     copies.append(Copy(local.addr + p.local, local.device, local.mem,
                                        remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
                                        remote.mem, p.length))
-                landing = {"wake": self._wake, "digest": self._checks(chunk)} \
-                    if self._transport.lands_on_own_threads else {}
+                landing = {"wake": self._wake} if self._transport.lands_on_own_threads else {}
                 handle = self._transport.start_read(source.agent_name, copies, grant, **landing)
                 reads.reads[chunk] = _Read(handle, chunk, source, time.monotonic(), reads.distance)
         except ReadError as e:
@@ -529,12 +530,6 @@ class ChunkFetcher:
 
     def _checkable(self, chunk: int) -> bool:
         return self._plan is None or chunk in self._plan.whole
-
-    def _landing(self, chunk: int) -> Chunk:
-        """The chunk's bytes as they lie in the local buffers, in the chunk's order (for its digest)."""
-        if self._plan is None:
-            return self._chunks[chunk]
-        return Chunk(chunk, tuple(Segment(p.tensor, p.local, p.length) for p in self._plan.pieces[chunk]))
 
     @property
     def deadline(self) -> float:

@@ -1,90 +1,233 @@
-"""Per-chunk digests: computed by the publisher, carried in the manifest, checked by every reader.
+"""Chunk and block digests: computed by the publisher, carried in the manifest, checked by every reader.
 
-A reader checks each chunk as it lands, before it reports the chunk to the hub, so it never serves or
-claims bytes it has not verified. xxh3-64 is not a cryptographic hash: it catches torn, stale and
-mixed-up bytes (a holder that changed its tensor after publishing, a read from the wrong address), not a
-forger who can pick colliding bytes -- that one would first need a credential to publish at all.
+A reader checks each chunk as it lands, before it reports the chunk to the hub, so it never serves or claims
+bytes it has not verified. The digest (``lindigest.py``) is linear and runs as torch ops on the device that
+holds the bytes: no device-to-host copy of data, on the publisher or the reader. Not cryptographic: it catches
+torn, stale, garbage and mixed-up bytes, not a forger who picks colliding bytes -- that one would first need a
+credential to publish at all.
 
-CPU tensors are hashed in place (zero-copy numpy views); CUDA tensors are hashed after a device-to-host
-copy of each segment, which costs a PCIe transfer: turn ``ClientConfig.chunk_digests`` off there if that
-matters more than the check.
+Ranged reads (``ranges.py``): a chunk read whole is checked against its chunk digest; a chunk read in part (a
+TP rank's rows or columns of it) against the sum of the manifest's block digests that its slice covers, when
+the slice is made of whole blocks (``TensorBlocks``: up to ``MAX_BLOCKS`` blocks along dims 0 and 1, per chunk
+segment, so every power-of-two TP degree up to it is aligned). Other partial reads are not checked.
+
+``tensor_digests`` is another thing: xxh3 of whole tensors, for the end-to-end ``verify_digests`` of verl jobs.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable, Mapping, Sequence
 
 import torch
 import xxhash
 
-from tensorhub_verl.ros.manifest import Chunk
+from tensorhub_verl.ros import lindigest
+from tensorhub_verl.ros.lindigest import ALGORITHM, row_bytes
+from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorBlocks, TensorSpec
+from tensorhub_verl.ros.ranges import Piece, ReadPlan, TensorSlice
 
-ALGORITHM = "xxh3_64"
+logger = logging.getLogger("tensorhub_verl.ros.integrity")
+
 DIGEST_CHARS = 16
+MAX_BLOCKS = 16
+"""Blocks per dim of a tensor's block digests: the largest power of two up to this that divides the dim."""
+
+__all__ = ["ALGORITHM", "ChunkChecker", "block_digests", "chunk_digests", "shard_chunk_digests", "tensor_digests"]
 
 
-class _DeviceBytes:
-    """Byte slices of a CUDA tensor, copied to the host on demand."""
-
-    def __init__(self, flat: torch.Tensor):
-        self._flat = flat
-
-    def __getitem__(self, span: slice):
-        return self._flat[span].cpu().numpy()
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
+                                                                                  device=t.device)
 
 
-def byte_views(tensors: Iterable[torch.Tensor]) -> list:
-    """One sliceable byte view per tensor, in manifest order."""
-    views = []
-    for t in tensors:
-        flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        views.append(flat.numpy() if flat.device.type == "cpu" else _DeviceBytes(flat))
-    return views
+def _blocks(size: int) -> int:
+    n = 1
+    while n < MAX_BLOCKS and size % (2 * n) == 0 and size >= 2 * n:
+        n *= 2
+    return n
 
 
-def new_hasher() -> "xxhash.xxh3_64":
-    """A streaming hasher of ALGORITHM: ``update`` bytes in a chunk's order, then ``hexdigest`` equals
-    ``chunk_digest`` of the same bytes."""
-    return xxhash.xxh3_64()
-
-
-def chunk_digest(chunk: Chunk, views: Sequence) -> str:
-    h = new_hasher()
-    for seg in chunk.segments:
-        h.update(views[seg.tensor][seg.offset:seg.offset + seg.length])
-    return h.hexdigest()
+def _segments(chunks: Iterable[Chunk]) -> dict[int, dict[int, int]]:
+    """tensor -> {chunk: k}: the tensor's segments, numbered in chunk order."""
+    out: dict[int, dict[int, int]] = {}
+    for chunk in chunks:
+        for seg in chunk.segments:
+            per = out.setdefault(seg.tensor, {})
+            per[chunk.index] = len(per)
+    return out
 
 
 def chunk_digests(chunks: Iterable[Chunk], tensors: Iterable[torch.Tensor]) -> tuple[str, ...]:
-    views = byte_views(tensors)
-    return tuple(chunk_digest(c, views) for c in chunks)
+    """One digest per chunk, each computed on the device that holds its bytes."""
+    tensors = list(tensors)
+    return _digests(chunks, [_flat(t) for t in tensors], [0] * len(tensors), [_rb(t) for t in tensors], None)
+
+
+def shard_chunk_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec], pieces: Iterable[torch.Tensor],
+                        starts: Sequence[int], own: set[int]) -> tuple[str, ...]:
+    """A row shard's digests: of the chunks in ``own`` (all within its pieces), "" for the other ranks' chunks.
+    Piece ``i`` holds bytes from ``starts[i]`` of tensor ``i`` (whose full spec is ``specs[i]``)."""
+    return _digests(chunks, [_flat(p) for p in pieces], starts, [row_bytes(s.shape, s.nbytes) for s in specs], own)
+
+
+def _rb(t: torch.Tensor) -> int:
+    return row_bytes(tuple(t.shape), t.numel() * t.element_size())
+
+
+def _digests(chunks: Iterable[Chunk], flats: list[torch.Tensor], starts: Sequence[int], rbs: Sequence[int],
+             own: set[int] | None) -> tuple[str, ...]:
+    chunks = list(chunks)
+    lanes, index = [], []
+    for chunk in chunks:
+        if own is not None and chunk.index not in own:
+            continue
+        acc = None
+        for seg in chunk.segments:
+            data, start = flats[seg.tensor], starts[seg.tensor]
+            part = lindigest.span(data[seg.offset - start:seg.offset - start + seg.length], seg.offset,
+                                  rbs[seg.tensor])
+            acc = part if acc is None else acc + part.to(acc.device)
+        lanes.append(lindigest.zero() if acc is None else acc)
+        index.append(chunk.index)
+    device = lanes[0].device if lanes else None
+    out = [""] * len(chunks)
+    for i, digest in zip(index, lindigest.many_to_hex([v.to(device) for v in lanes])):
+        out[i] = digest
+    return tuple(out)
+
+
+def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec],
+                  tensors: Sequence[torch.Tensor]) -> tuple[TensorBlocks, ...]:
+    """Every tensor's block digests along dim 0 (every tensor: a 0-dim one has one block) and, for a tensor of
+    2+ dims whose grid rows are its dim-0 rows, along dim 1."""
+    chunks = list(chunks)
+    seg_of = {t: sorted(per, key=per.get) for t, per in _segments(chunks).items()}
+    by_chunk = {c.index: c for c in chunks}
+    out, lanes = [], []
+    for t, spec in enumerate(specs):
+        flat, rb = _flat(tensors[t]), row_bytes(spec.shape, spec.nbytes)
+        segs = [next(s for s in by_chunk[c].segments if s.tensor == t) for c in seg_of.get(t, [])]
+        dims = [(0, _blocks(spec.shape[0]) if spec.shape else 1)]
+        if len(spec.shape) >= 2 and spec.shape[0] and rb == spec.nbytes // spec.shape[0] and _blocks(spec.shape[1]) > 1:
+            dims.append((1, _blocks(spec.shape[1])))
+        for dim, nb in dims:
+            width = (spec.nbytes if dim == 0 else rb) // nb
+            cells: list[torch.Tensor | None] = []
+            for seg in segs:
+                data = flat[seg.offset:seg.offset + seg.length]
+                for j in range(nb):
+                    lo, hi = j * width, (j + 1) * width
+                    if dim == 0:
+                        a, b = max(lo, seg.offset), min(hi, seg.offset + seg.length)
+                        cells.append(lindigest.span(data[a - seg.offset:b - seg.offset], a, rb) if a < b else None)
+                    else:
+                        cells.append(lindigest.span(data, seg.offset, rb, window=(lo, hi)))
+            out.append((t, dim, nb, cells))
+            lanes.extend(c for c in cells if c is not None)
+    texts = iter(lindigest.many_to_hex(lanes))
+    return tuple(TensorBlocks(t, dim, nb, tuple("" if c is None else next(texts) for c in cells))
+                 for t, dim, nb, cells in out)
+
+
+def _expected(manifest: Manifest, plan: ReadPlan, slices: Mapping[int, TensorSlice | None]) -> dict[int, str]:
+    """chunk -> the digest of what a ranged read reads of it, for each chunk read in part whose every touched
+    tensor is read whole or by a slice of whole blocks."""
+    blocks = {(b.tensor, b.dim): b for b in manifest.block_digests}
+    segments = _segments(manifest.chunks())
+    out = {}
+    for chunk, pieces in plan.pieces.items():
+        if chunk in plan.whole:
+            continue
+        parts = []
+        for t in sorted({p.tensor for p in pieces}):
+            sl = slices.get(t)
+            spec = manifest.tensors[t]
+            dim, start, length = (0, 0, spec.shape[0] if spec.shape else 1) if sl is None else \
+                (sl.dim, sl.start, sl.length)
+            tb = blocks.get((t, dim))
+            size = spec.shape[dim] if spec.shape else 1
+            if tb is None or size % tb.blocks or start % (size // tb.blocks) or length % (size // tb.blocks):
+                parts = None
+                break
+            k, bs = segments[t][chunk], size // tb.blocks
+            parts.extend(tb.digests[k * tb.blocks + j] for j in range(start // bs, (start + length) // bs))
+        if parts is not None:
+            out[chunk] = lindigest.add_hex(parts)
+    return out
+
+
+class ChunkChecker:
+    """What a fetch checks of each landed chunk, and how: its chunk digest when it reads the chunk whole, the
+    sum of its block digests when it reads a slice of whole blocks of it, nothing otherwise."""
+
+    def __init__(self, manifest: Manifest, plan: ReadPlan | None = None,
+                 slices: Mapping[int, TensorSlice | None] | None = None):
+        self._digests = manifest.chunk_digests
+        self._plan = plan
+        self._rbs = [row_bytes(s.shape, s.nbytes) for s in manifest.tensors]
+        self._partial = {} if plan is None or not manifest.block_digests else _expected(manifest, plan, slices or {})
+        if plan is not None:
+            unchecked = len(plan.pieces) - len(plan.whole) - len(self._partial)
+            if unchecked:
+                logger.info("%s v%d: %d chunk(s) read in part are not checked (no block digests, or slices not "
+                            "made of whole blocks)", manifest.model, manifest.version, unchecked)
+
+    def checks(self, chunk: int) -> bool:
+        if self._plan is None or chunk in self._plan.whole:
+            return bool(self._digests and self._digests[chunk])
+        return chunk in self._partial
+
+    def expected(self, chunk: int) -> str:
+        return self._partial[chunk] if self._plan is not None and chunk not in self._plan.whole \
+            else self._digests[chunk]
+
+    def landed(self, pieces: Sequence[Piece], local: Sequence[torch.Tensor]) -> str:
+        """The digest of ``pieces`` as they lie in the local buffers (``local``: flat uint8 views), taken at
+        their places in the whole tensors. Runs of equal pieces one row apart (a column slice) go at once."""
+        acc = None
+        i = 0
+        while i < len(pieces):
+            p = pieces[i]
+            rb, data = self._rbs[p.tensor], local[p.tensor]
+            n = 1
+            if p.offset % rb + p.length <= rb:
+                while i + n < len(pieces) and _next_row(pieces[i + n - 1], pieces[i + n], rb):
+                    n += 1
+            if n > 1:
+                block = data[p.local:p.local + n * p.length].view(n, p.length)
+                part = lindigest.rect(block, p.offset // rb, p.offset % rb, rb)
+            else:
+                part = lindigest.span(data[p.local:p.local + p.length], p.offset, rb)
+            acc = part if acc is None else acc + part.to(acc.device)
+            i += n
+        return lindigest.to_hex(lindigest.zero() if acc is None else acc)
+
+
+def _next_row(p: Piece, q: Piece, rb: int) -> bool:
+    return (q.tensor == p.tensor and q.length == p.length and q.offset == p.offset + rb
+            and q.local == p.local + p.length)
+
+
+def new_hasher() -> "xxhash.xxh3_64":
+    """xxh3-64 of bytes streamed in order: what the TCP transport hashes a read with as it lands when asked
+    (``Transport.landed_digest``). Not the chunk digest: the fetcher no longer asks for it (it checks chunks
+    with ``ChunkChecker``); it goes when the transports drop ``landed_digest``."""
+    return xxhash.xxh3_64()
+
+
+def local_views(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Flat byte views of a fetch's local buffers, for ``ChunkChecker.landed``."""
+    return [_flat(t) for t in tensors]
 
 
 def tensor_digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """xxh3-64 of each tensor's dtype, shape and bytes: proves end to end that a reader holds, tensor by tensor,
-    what a publisher published (``verify_digests`` in verl jobs). Non-contiguous views are read through a copy."""
+    what a publisher published (``verify_digests`` in verl jobs). Non-contiguous views are read through a copy;
+    CUDA tensors through a copy to the host (an opt-in check, off the weight-update path)."""
     out = {}
     for name, t in tensors.items():
         h = xxhash.xxh3_64(f"{t.dtype}|{tuple(t.shape)}|".encode())
-        (view,) = byte_views([t.detach().contiguous()])
-        h.update(view[0:t.numel() * t.element_size()])
+        h.update(_flat(t.detach().contiguous()).cpu().numpy())
         out[name] = h.hexdigest()
     return out
-
-
-class _Shifted:
-    """A byte view of a row shard's piece, indexed by offsets in the whole tensor (the piece starts at ``start``)."""
-
-    def __init__(self, view, start: int):
-        self._view, self._start = view, start
-
-    def __getitem__(self, span: slice):
-        return self._view[span.start - self._start:span.stop - self._start]
-
-
-def shard_chunk_digests(chunks: Iterable[Chunk], pieces: Iterable[torch.Tensor], starts: Sequence[int],
-                        own: set[int]) -> tuple[str, ...]:
-    """A row shard's digests: of the chunks in ``own`` (all within its pieces), "" for the other ranks' chunks.
-    Piece ``i`` holds bytes from ``starts[i]`` of tensor ``i``."""
-    views = [_Shifted(view, start) for view, start in zip(byte_views(pieces), starts)]
-    return tuple(chunk_digest(c, views) if c.index in own else "" for c in chunks)

@@ -96,7 +96,26 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
                              f"(0..{m.row_shards - 1})")
     own = None if shard_rank is None else range(sum(counts[:shard_rank]), sum(counts[:shard_rank + 1]))
     _check_digests(m.chunk_digests, own)
-    return PreparedVersion(manifest, manifest.chunks(), None if own is None else frozenset(own))
+    chunk_map = manifest.chunks()
+    _check_blocks(manifest, chunk_map)
+    return PreparedVersion(manifest, chunk_map, None if own is None else frozenset(own))
+
+
+def _check_blocks(manifest: Manifest, chunks: tuple) -> None:
+    """Block digests name a tensor, a dim it has, a block count that divides that dim, and one digest per
+    block and segment of the tensor: what a ranged reader indexes (integrity.py)."""
+    if not manifest.block_digests:
+        return
+    segments: dict[int, int] = {}
+    for chunk in chunks:
+        for seg in chunk.segments:
+            segments[seg.tensor] = segments.get(seg.tensor, 0) + 1
+    for b in manifest.block_digests:
+        spec = manifest.tensors[b.tensor] if b.tensor < len(manifest.tensors) else None
+        size = None if spec is None else (spec.shape[b.dim] if b.dim < len(spec.shape) else 1 if b.dim == 0 else None)
+        if size is None or size % b.blocks or len(b.digests) != segments.get(b.tensor, 0) * b.blocks:
+            raise InvalidRequest(f"block digests of tensor {b.tensor} dim {b.dim} do not fit the manifest: send "
+                                 f"{b.blocks} per segment of a tensor that has that dim, or none")
 
 
 def _check_digests(digests: list[str], own: range | None) -> None:

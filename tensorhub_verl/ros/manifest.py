@@ -77,6 +77,19 @@ class Chunk:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorBlocks:
+    """Digests of one tensor's blocks along ``dim`` (``blocks`` equal runs of its indices in that dim), per chunk
+    segment of the tensor: ``digests[k * blocks + j]`` covers the bytes of the tensor's ``k``-th segment (in
+    chunk order) that lie in block ``j`` ("" where there are none). A ranged read of a chunk whose slice is made
+    of whole blocks is checked against the sum of the blocks it covers (``integrity.py``)."""
+
+    tensor: int
+    dim: int
+    blocks: int
+    digests: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """What a version looks like in one layout. Holder-independent: addresses live with each holder."""
 
@@ -91,6 +104,10 @@ class Manifest:
     shard's publish has "" for the chunks of other ranks; the hub merges the shards' digests."""
     row_shards: int = 1
     """How many dim-0 row shards the chunk map is aligned to (1: the plain chunk map)."""
+    digest_algorithm: str = ""
+    """The algorithm of ``chunk_digests`` and ``block_digests`` (``lindigest.ALGORITHM``); "" without digests."""
+    block_digests: tuple[TensorBlocks, ...] = ()
+    """Per-tensor block digests that check ranged reads of chunks read in part; empty: those are unchecked."""
 
     @property
     def nbytes(self) -> int:
@@ -284,6 +301,11 @@ def check_same_tensors(existing: Manifest, incoming: Manifest) -> None:
         name = longer[min(len(existing.tensors), len(incoming.tensors))].name
         raise ManifestMismatch(f"tensor {name!r} is in only one of the two publishes of version "
                                f"{existing.version} ({existing.layout})", tensor=name)
+    if existing.chunk_digests and incoming.chunk_digests and existing.digest_algorithm != incoming.digest_algorithm:
+        raise ManifestMismatch(
+            f"version {existing.version} of {existing.model!r} ({existing.layout}) is published with "
+            f"{existing.digest_algorithm or 'unnamed'} digests, this publish has {incoming.digest_algorithm or 'unnamed'}"
+            f" ones; run every publisher of a model at the same tensorhub_verl version")
     same_map = existing.chunk_bytes == incoming.chunk_bytes and existing.row_shards == incoming.row_shards
     # A row shard knows only its own chunks' digests (the others are ""): compare where both know one.
     first = next((i for i, (a, b) in enumerate(zip(existing.chunk_digests, incoming.chunk_digests))

@@ -79,6 +79,15 @@ class TensorSpecMsg(Strict):
     nbytes: Annotated[int, Field(ge=0, le=2**52)]
 
 
+class TensorBlocksMsg(Strict):
+    """One tensor's block digests along one dim (``manifest.TensorBlocks``)."""
+
+    tensor: Annotated[int, Field(ge=0, lt=MAX_TENSORS)]
+    dim: Annotated[int, Field(ge=0, le=1)]
+    blocks: Annotated[int, Field(ge=1, le=64)]
+    digests: list[Annotated[str, Field(pattern=r"^([0-9a-f]{16})?$")]] = Field(max_length=MAX_CHUNKS)
+
+
 class ManifestMsg(Strict):
     model: Name
     version: Version
@@ -87,8 +96,12 @@ class ManifestMsg(Strict):
     chunk_bytes: Annotated[int, Field(ge=4096, le=1 << 31)]
     fingerprint: Annotated[str, Field(max_length=128)] = ""
     chunk_digests: list[Annotated[str, Field(pattern=r"^([0-9a-f]{16})?$")]] = Field(default=[], max_length=MAX_CHUNKS)
-    """xxh3-64 of each chunk, hex, from the publisher; readers check every chunk against it. Empty: unchecked.
-    A row shard's publish sends "" for the chunks of other ranks (only that is allowed: see limits.py)."""
+    """The digest of each chunk (``digest_algorithm``), hex, from the publisher; readers check every chunk against
+    it. Empty: unchecked. A row shard's publish sends "" for the chunks of other ranks (see limits.py)."""
+    digest_algorithm: Annotated[str, Field(max_length=32)] = "xxh3_64"
+    """What computed the digests; a publisher that does not say used xxh3-64. Readers refuse other than theirs."""
+    block_digests: list[TensorBlocksMsg] = Field(default=[], max_length=2 * MAX_TENSORS)
+    """Per-tensor block digests, which check ranged reads of chunks read in part (integrity.py)."""
     row_shards: Annotated[int, Field(ge=1, le=MAX_ROW_SHARDS)] = 1
     """The chunk map is aligned to this many dim-0 row shards (manifest.py); 1: the plain chunk map."""
 

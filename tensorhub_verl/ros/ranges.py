@@ -13,8 +13,9 @@ ranged read is served by any holder of the covering chunks, and per chunk:
 - a chunk whose bytes are all selected is read whole (its pieces, in order, are the chunk's bytes: the chunk
   digest is checked); when every tensor it touches is selected as one contiguous byte range, the reader's
   buffer holds it as a plain holder would, and it serves the chunk to later readers like any landed chunk;
-- a chunk partly selected is read only for the selected pieces. Its digest covers the whole chunk, so those
-  bytes are not checked against it, and the reader never serves that chunk (``ReadPlan.unserved``).
+- a chunk partly selected is read only for the selected pieces, checked against the sum of the manifest's block
+  digests they cover where the slice is made of whole blocks (``integrity.py``), and the reader never serves
+  that chunk (``ReadPlan.unserved``).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class ReadPlan:
     pieces: Mapping[int, tuple[Piece, ...]]
     """chunk index -> what to read of it, for every chunk with a selected byte."""
     whole: frozenset[int]
-    """Chunks read whole (their digest is checked)."""
+    """Chunks read whole (checked against their chunk digest)."""
     unserved: frozenset[int]
     """Chunks of ``pieces`` this reader's buffers do not hold as a plain holder would: never served from it."""
     regions: Mapping[int, tuple[int, int]]

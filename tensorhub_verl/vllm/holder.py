@@ -46,7 +46,7 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
-from tensorhub_verl.ros.manifest import HF_LAYOUT, check_dtype, dtype_from_name, dtype_name
+from tensorhub_verl.ros.manifest import HF_LAYOUT, Manifest, check_dtype, dtype_from_name, dtype_name
 from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES, load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
@@ -185,11 +185,14 @@ class EngineHolder:
                                      f"or 'hf'")
 
     # ------------------------------------------------------------------ publish
-    def _publish_params(self, version: int) -> None:
-        """Holds the parameters as ``version`` in the engine's layout, as one shard of the engine's group."""
+    def _publish_params(self, version: int, verified: Manifest | None = None) -> None:
+        """Holds the parameters as ``version`` in the engine's layout, as one shard of the engine's group.
+        ``verified``: the manifest the parameters' bytes were fetched and checked against in this very layout;
+        its digests are reused, so that no pass over the model runs again at apply."""
         kw = {} if self.config.shard_count == 1 else {"shard_group": self.config.shard_group,
                                                      "shard_count": self.config.shard_count}
-        self.client.publish(self.config.model, version, self.params, layout=self.config.layout, **kw)
+        self.client.publish(self.config.model, version, self.params, layout=self.config.layout, verified=verified,
+                            **kw)
 
     def _fetch_raw_into_params(self, version: int, layout: str):
         """Raw read of ``version`` straight into the parameters, which then hold it in the engine's layout.
@@ -199,7 +202,7 @@ class EngineHolder:
         stats = self.client.fetch(self.config.model, version, into=self.params, layout=layout, hold=single,
                                   timeout=self.config.fetch_timeout_s)
         if not single:
-            self._publish_params(version)
+            self._publish_params(version, getattr(stats, "manifest", None))
         return stats
 
     def _unpublish_served(self) -> None:
@@ -493,7 +496,8 @@ class EngineHolder:
         self._release_pull_hold(pull)
         self.last_phases["release_staging_s"] = time.monotonic() - t
         t = time.monotonic()
-        self._publish_params(pull.version)
+        verified = getattr(pull.stats, "manifest", None) if pull.in_engine_layout else None
+        self._publish_params(pull.version, verified)
         self.last_phases["publish_s"] = time.monotonic() - t
         self.served = pull.version
         self.broken = False

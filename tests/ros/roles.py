@@ -205,3 +205,22 @@ def exposed_holder(results, control, hub_url, worker):
     results.put(("ok", listening_addresses(os.getpid())))
     control.get(timeout=600)
     client.close()
+
+
+def tp_weights() -> dict[str, torch.Tensor]:
+    """Two matrices that TP ranks read in slices: rows of ``q`` (column-parallel), columns of ``o`` (row-parallel)."""
+    g = torch.Generator().manual_seed(11)
+    return {"q": torch.randn(512, 256, generator=g).to(torch.bfloat16), "o": torch.randn(256, 512, generator=g)}
+
+
+def sliced_holder(results, control, hub_url, worker, chunk_bytes, lie=False, transport="auto"):
+    """Publishes ``tp_weights``; a liar then swaps the column halves of ``o`` in place, so that each TP rank reading
+    its columns from it gets the other rank's: chunks only ever read in part, which only block digests check."""
+    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0, transport=transport)
+    weights = tp_weights()
+    client.publish("policy", 1, weights)
+    if lie:
+        left, right = weights["o"].chunk(2, 1)
+        weights["o"].copy_(torch.cat([right, left], 1))
+    results.put(("ok", {"pid": os.getpid()}))
+    _serve(results, control, client, 1)

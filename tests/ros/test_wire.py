@@ -11,7 +11,7 @@ import tensorhub_verl as th
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub_app import _send_error
 from tensorhub_verl.ros.hub_client import HubClient, _error_of
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.manifest import Manifest, TensorBlocks, TensorSpec
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 from tensorhub_verl import errors
@@ -111,10 +111,13 @@ def test_client_reads_error_bodies():
 
 def test_manifest_round_trips_through_the_wire():
     m = Manifest("m", 3, "hf", (TensorSpec("a", (2, 3), "float32", 24), TensorSpec("b", (), "int64", 8)), 4096,
-                 "fp", ("0123456789abcdef",), 1)
+                 "fp", ("0123456789abcdef",), 1, "lin31x2/1", (TensorBlocks(0, 1, 3, ("", "0123456789abcdef", "")),))
     wire = manifest_to_msg(m)
     assert wire.model_dump() == {"model": "m", "version": 3, "layout": "hf", "chunk_bytes": 4096, "fingerprint": "fp",
                                  "chunk_digests": ["0123456789abcdef"], "row_shards": 1,
+                                 "digest_algorithm": "lin31x2/1",
+                                 "block_digests": [{"tensor": 0, "dim": 1, "blocks": 3,
+                                                    "digests": ["", "0123456789abcdef", ""]}],
                                  "tensors": [{"name": "a", "shape": [2, 3], "dtype": "float32", "nbytes": 24},
                                              {"name": "b", "shape": [], "dtype": "int64", "nbytes": 8}]}
     assert manifest_from_msg(wire) == m

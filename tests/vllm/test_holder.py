@@ -58,9 +58,9 @@ class FlakyClient:
         self.calls.append(f"unpublish v{version} {layout}")
         return self._c.unpublish(model, version, layout=layout, timeout=timeout)
 
-    def publish(self, model, version, tensors, layout="hf"):
+    def publish(self, model, version, tensors, layout="hf", verified=None):
         self.calls.append(f"publish v{version} {layout}")
-        return self._c.publish(model, version, tensors, layout=layout)
+        return self._c.publish(model, version, tensors, layout=layout, verified=verified)
 
     def fetch(self, model, version, into=None, layout="hf", hold=True, timeout=None):
         self.calls.append(f"fetch v{version} {layout}")

@@ -1,0 +1,79 @@
+"""Throughput of the chunk digest (``lindigest.py``) against xxh3-64 (what chunk digests used before), on the CPU
+and, where there is one, on the GPU: what a publisher pays per GB at publish and a reader as chunks land.
+
+    python -m tensorhub_verl.bench.digest [--size-mb 256] [--threads 1]
+
+Prints one line per measurement, then a JSON line with all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import xxhash
+
+from tensorhub_verl.ros.integrity import block_digests, chunk_digests
+from tensorhub_verl.ros.manifest import DEFAULT_CHUNK_BYTES, build_manifest
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(size_mb: int, repeats: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    rows = max(1, size_mb * (1 << 20) // (4096 * 2))
+    weights = {"w": torch.randn(rows, 4096, generator=g).to(torch.bfloat16)}
+    m = build_manifest("bench", 1, "hf", weights, DEFAULT_CHUNK_BYTES, "none")
+    chunks, gb = m.chunks(), m.nbytes / 1e9
+    flat = weights["w"].reshape(-1).view(torch.uint8).numpy()
+    out = {"size_mb": size_mb, "threads": threads,
+           "xxh3_cpu_gbps": gb / _best(lambda: [xxhash.xxh3_64(flat[s.offset:s.offset + s.length]).hexdigest()
+                                                 for c in chunks for s in c.segments], repeats)}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        tensors = [weights["w"].to(device)]
+        chunk_digests(chunks, tensors)  # tables made and copied once
+
+        def chunk_pass():
+            chunk_digests(chunks, tensors)
+            _sync(device)
+
+        def block_pass():
+            block_digests(chunks, m.tensors, tensors)
+            _sync(device)
+
+        out[f"linear_{device}_gbps"] = gb / _best(chunk_pass, repeats)
+        out[f"blocks_{device}_gbps"] = gb / _best(block_pass, repeats)
+    out["linear_cpu_s_per_gb"] = 1 / out["linear_cpu_gbps"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (xxh3 runs on one)")
+    args = parser.parse_args()
+    result = run(args.size_mb, args.repeats, args.threads)
+    for key, value in result.items():
+        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
