@@ -42,6 +42,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "NotOwner": errors.NotOwner,
     "NotModelOwner": errors.NotModelOwner,
     "InvalidRequest": errors.InvalidRequest,
+    "OverBudget": errors.OverBudget,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
 }

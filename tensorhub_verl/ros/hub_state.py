@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Callable, TypeVar
 
 from tensorhub_verl.errors import (
-    InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
+    InvalidRequest, ManifestMismatch, NotOwner, OverBudget, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros import grants
 from tensorhub_verl.ros.chunk_index import ChunkIndex, candidates_for
@@ -192,6 +192,9 @@ class HubState:
         self._evidence = CorruptionEvidence(self.config.quarantine_s)
         """Readers' reports of bytes that fail their digest, and the quarantines they lead to."""
         self._owners = Owners(self.config.owners)
+        self._id_jobs: dict[str, str] = {}
+        """worker id -> the job of its first registration: an id that leaves or times out is freed only for
+        workers of the same job (an ``--owner`` rule names ids, so a freed id must not change hands)."""
         self._shard_groups: dict[GroupKey, dict[Member, int | None]] = {}
         """group -> its members and their row shard rank (None: a shard in its own layout, e.g. a TP rank)."""
         self._shard_counts: dict[GroupKey, int] = {}
@@ -225,9 +228,15 @@ class HubState:
                 raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
                                f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
                                f"its last heartbeat, or when it leaves)")
-            if old is not None and old.job != job_of(job_key):
+            job = job_of(job_key)
+            if old is not None and old.job != job:
                 raise NotOwner(f"worker {req.worker!r} is registered in job {old.job!r}; a live worker keeps its "
                                f"job (leave, then register with the other job key)")
+            first_job = self._id_jobs.setdefault(req.worker, job)
+            if first_job != job:
+                raise NotOwner(f"worker id {req.worker!r} belongs to job {first_job!r}, whose worker first registered "
+                               f"it on hub {self.instance}; a freed id is never given to another job. Register "
+                               f"with that job's key (ClientConfig.job_key), or under another worker id")
             secret = credential if old is not None else secrets.token_urlsafe(32)
             if old is not None and old.agent_name != req.agent_name:
                 # A new process took over this worker id: the old one's memory is gone.
@@ -238,7 +247,7 @@ class HubState:
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
                                   old.bytes_served if old else 0, _hash(secret),
                                   base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
-                                  self.stall.stalled(), job_of(job_key))
+                                  self.stall.stalled(), job)
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -361,6 +370,40 @@ class HubState:
         return record
 
     # ---------------------------------------------------------------------------------- holdings
+    def authorize_publish(self, req: msg.Publish, credential: str) -> None:
+        """The cheap checks of a publish, run before ``prepare`` builds its chunk map (which may cost seconds of
+        CPU at the piece limit): the worker's credential, its holder name, the model's owner, and the worker's
+        budget of pending shards. ``publish`` checks all of them again under the lock."""
+        with self.acting_as(req.worker, credential):
+            _check_holder(req.worker, req.holder)
+            m = req.manifest
+            record = self._versions.get((m.model, m.version, m.layout))
+            job = self._workers[req.worker].job
+            if not self._owners.owns(m.model, req.worker, job):
+                self._check_non_owner_creates_nothing(req, record, job)
+            if req.shard_count > 1:
+                self._check_pending_budget(req)
+
+    def _check_pending_budget(self, req: msg.Publish) -> None:
+        """A worker's pending shards (in shard groups not yet complete) each keep a chunk map on the hub until
+        their group completes: their number and pieces are capped per worker (``HubLimits``)."""
+        limits, m = self.config.limits, req.manifest
+        key = (m.model, m.version, m.layout)
+        pending = [(k, h) for k, r in self._versions.items() for h in r.holdings.values()
+                   if h.worker == req.worker and h.state == "pending" and (k, h.holder) != (key, req.holder)]
+        if len(pending) >= limits.max_pending_shards_per_worker:
+            raise OverBudget(f"worker {req.worker!r} already has {len(pending)} shards pending in shard groups that "
+                             f"are not complete, the hub's limit per worker (HubLimits.max_pending_shards_per_worker"
+                             f"={limits.max_pending_shards_per_worker}); publish the other shards of those groups "
+                             f"(or unpublish them) first")
+        pieces = len(m.tensors) * m.row_shards + sum(
+            len(self._versions[k].manifest.tensors) * self._versions[k].manifest.row_shards for k, _ in pending)
+        if pieces > limits.max_pending_pieces_per_worker:
+            raise OverBudget(f"worker {req.worker!r}'s pending shards would describe {pieces} pieces (tensors x row "
+                             f"shards), over the hub's limit per worker (HubLimits.max_pending_pieces_per_worker="
+                             f"{limits.max_pending_pieces_per_worker}); complete or unpublish pending shard groups, "
+                             f"or publish fewer, larger tensors")
+
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
         if self.config.require_digests and not req.manifest.chunk_digests:
@@ -401,6 +444,7 @@ class HubState:
             group = (manifest.model, manifest.version, req.shard_group)
             if req.shard_count > 1:
                 self._check_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
+                self._check_pending_budget(req)
             if record is None:
                 record = VersionRecord(manifest, prepared.chunks)
                 self._versions[key] = record
@@ -422,14 +466,19 @@ class HubState:
         and with the version's digests, is accepted (a reader re-registering what it fetched, after a hub
         restart)."""
         m = req.manifest
-        if req.shard_count > 1:
-            self._owners.check_create(m.model, req.worker, job, f"shards of group {req.shard_group!r}")
-        if record is None or not self._visible(record):
-            self._owners.check_create(m.model, req.worker, job, f"version {m.version} ({m.layout})")
+        self._check_non_owner_creates_nothing(req, record, job)
         if tuple(m.chunk_digests) != record.manifest.chunk_digests:
             raise ManifestMismatch(f"{m.model} v{m.version} ({m.layout}) is published with other chunk "
                                    f"digests; a copy by a worker outside the model's owner job must carry "
                                    f"the version's own")
+
+    def _check_non_owner_creates_nothing(self, req: msg.Publish, record: VersionRecord | None, job: str) -> None:
+        """A worker outside the model's owner publishes no shard and no version the hub does not show yet."""
+        m = req.manifest
+        if req.shard_count > 1:
+            self._owners.check_create(m.model, req.worker, job, f"shards of group {req.shard_group!r}")
+        if record is None or not self._visible(record):
+            self._owners.check_create(m.model, req.worker, job, f"version {m.version} ({m.layout})")
 
     def _check_shard(self, group: GroupKey, count: int, member: Member, rank: int | None) -> None:
         known = self._shard_counts.get(group, count)
