@@ -84,6 +84,10 @@ class HubConfig:
     owners: tuple[OwnerRule | str, ...] = ()
     """Models that only the named workers may create (``ownership.py``; an ``OwnerRule`` or
     "MODEL_GLOB=WORKER_GLOB"); other models belong to the job of their first publisher."""
+    nixl_within_job: bool = True
+    """Plan a reader on a holder whose data plane checks no grant (NIXL: its metadata lets a peer READ and WRITE
+    the registered memory) only when both are workers of one job (``ownership.py``); readers of other jobs read
+    from holders on a granted plane (TCP). False: any registered reader, as before."""
     require_digests: bool = True
     """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
     without digests is served unchecked."""
@@ -622,6 +626,7 @@ class HubState:
                 raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
                                        f"{record.manifest.digest}; the buffers do not describe this layout")
             check_regions(req.regions, record.manifest, None, ranged=req.need is not None)
+            self._check_some_holder_serves(req.worker, record)
             existing = record.holdings.get(req.holder)
             if existing is not None and existing.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -785,6 +790,7 @@ class HubState:
         own_wan = sum(lease.distance == Distance.WAN for lease in own)
         views: dict[str, HolderView | None] = {}
         suspects: set[str] = set()
+        reader_job = self._workers[holding.worker].job
 
         def view_of(name: str) -> HolderView | None:
             """A holder's view, built the first time this plan meets it; None: it serves nothing now."""
@@ -793,6 +799,7 @@ class HubState:
                 worker = self._workers.get(h.worker) if h is not None else None
                 views[name] = None
                 if worker is not None and h.state not in ("draining", "pending") \
+                        and self._may_get_metadata(reader_job, worker) \
                         and not self._evidence.excluded(key, name, holding.worker, now):
                     # A ranged reader's partly read chunks are never served (the index leaves them out too).
                     chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
@@ -826,6 +833,27 @@ class HubState:
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
         return assignments, everyone, needed
+
+    def _check_some_holder_serves(self, reader: str, record: VersionRecord) -> None:
+        """A fetch whose every possible source is another job's NIXL holder would starve: refuse it at once."""
+        reader_job = self._workers[reader].job
+        sources = [self._workers[h.worker] for h in record.holdings.values()
+                   if h.worker != reader and h.worker in self._workers]
+        if sources and not any(self._may_get_metadata(reader_job, w) for w in sources):
+            m = record.manifest
+            raise NotOwner(f"{m.model} v{m.version} ({m.layout}) is held only by workers of job(s) "
+                           f"{sorted({w.job for w in sources})} on NIXL, whose metadata (a capability to read and "
+                           f"write their memory) goes only to workers of their own job; worker {reader!r} is in job "
+                           f"{reader_job!r}. Connect with that job's key (ClientConfig.job_key), or have a holder "
+                           f"serve on the TCP plane (transport='tcp'), or start the hub with "
+                           f"HubConfig(nixl_within_job=False) where every job is trusted")
+
+    def _may_get_metadata(self, reader_job: str, source: WorkerRecord) -> bool:
+        """Whether a reader of ``reader_job`` may be planned on ``source``, which hands it its data-plane metadata
+        with the lease. A plane that checks a grant on every read (TCP) serves anyone the hub leases; NIXL
+        metadata is a capability over the holder's memory, so it goes only to the holder's own job (the
+        allow-list), unless ``HubConfig.nixl_within_job`` is off."""
+        return bool(source.grant_key) or source.job == reader_job or not self.config.nixl_within_job
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)
