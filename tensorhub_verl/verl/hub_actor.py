@@ -158,8 +158,8 @@ def job_credentials(cfg: TensorHubVerlConfig) -> tuple[str | None, str | None]:
     The token: ``cfg``'s (``token``, else ``token_env`` here), else the job's hub actor's own. The job key
     (``ClientConfig.job_key``, which makes the job the owner of the models it publishes): one random secret per
     Ray cluster and model, kept in Ray's internal KV store (the first worker to ask writes it; a re-run of the
-    job on the same cluster finds it, so it still owns its model on a hub that outlived the first run). Outside
-    Ray: no job key (the hub's default job)."""
+    job on the same cluster finds it, so it still owns its model on a hub that outlived the first run);
+    ``$TENSORHUB_JOB_KEY`` overrides it. Outside Ray's workers: no job key (the hub's default job)."""
     token = cfg.resolved_token()
     if token is None and not cfg.hub_address and ray.is_initialized():
         actor = ray.get_actor(cfg.hub_actor_name, namespace=cfg.hub_namespace)
@@ -168,7 +168,11 @@ def job_credentials(cfg: TensorHubVerlConfig) -> tuple[str | None, str | None]:
 
 
 def _job_key(cfg: TensorHubVerlConfig) -> str | None:
-    if not ray.is_initialized():
+    """``$TENSORHUB_JOB_KEY``, else, in a process of a Ray job's workers (actors and tasks; not a driver script),
+    the job's secret from Ray's KV store, else None."""
+    if os.environ.get("TENSORHUB_JOB_KEY"):
+        return os.environ["TENSORHUB_JOB_KEY"]
+    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
         return None
     from ray.experimental import internal_kv
 
