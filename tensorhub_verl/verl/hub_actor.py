@@ -159,7 +159,7 @@ def job_credentials(cfg: TensorHubVerlConfig) -> tuple[str | None, str | None]:
     (``ClientConfig.job_key``, which makes the job the owner of the models it publishes): one random secret per
     Ray cluster and model, kept in Ray's internal KV store (the first worker to ask writes it; a re-run of the
     job on the same cluster finds it, so it still owns its model on a hub that outlived the first run);
-    ``$TENSORHUB_JOB_KEY`` overrides it. Outside Ray's workers: no job key (the hub's default job)."""
+    ``$TENSORHUB_JOB_KEY`` overrides it. Outside Ray: no job key (the hub's default job)."""
     token = cfg.resolved_token()
     if token is None and not cfg.hub_address and ray.is_initialized():
         actor = ray.get_actor(cfg.hub_actor_name, namespace=cfg.hub_namespace)
@@ -168,11 +168,11 @@ def job_credentials(cfg: TensorHubVerlConfig) -> tuple[str | None, str | None]:
 
 
 def _job_key(cfg: TensorHubVerlConfig) -> str | None:
-    """``$TENSORHUB_JOB_KEY``, else, in a process of a Ray job's workers (actors and tasks; not a driver script),
-    the job's secret from Ray's KV store, else None."""
+    """``$TENSORHUB_JOB_KEY``, else, in a process connected to Ray, the job's secret from Ray's KV store, else
+    None."""
     if os.environ.get("TENSORHUB_JOB_KEY"):
         return os.environ["TENSORHUB_JOB_KEY"]
-    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
+    if not ray.is_initialized():
         return None
     from ray.experimental import internal_kv
 
