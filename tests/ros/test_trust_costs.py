@@ -81,14 +81,15 @@ def test_a_freed_worker_id_is_never_given_to_another_job():
 def test_nixl_metadata_goes_only_to_workers_of_the_holders_job():
     hub = _hub()
     try:
-        with th.connect(hub.url, "trainer", token=TOKEN, job_key=JOB, transport="nixl") as trainer:
+        with th.connect(hub.url, "trainer", token=TOKEN, job_key=JOB, transport="nixl",
+                        chunk_bytes=4096) as trainer:
             published = trainer.publish("policy", 1, WEIGHTS)
             # Raw requests, as an attacker of another job: neither beginning a fetch nor an exchange may hand it
             # the trainer's NIXL metadata.
             mallory = register(hub.url, "mallory", job_key="another-job", token=TOKEN)
             begin = msg.BeginFetch(worker="mallory", holder="mallory", model="policy", version=1,
                                    layout=published.layout, digest=published.digest,
-                                   regions=[msg.RegionMsg(addr=1 << 20)], want=4)
+                                   regions=[msg.RegionMsg(addr=1 << 20)], want=16)
             with pytest.raises(NotOwner, match="goes only to workers of their own job"):
                 mallory.post("/v1/fetch/begin", begin, msg.BeginFetchReply)
             with th.connect(hub.url, "outsider", token=TOKEN, job_key="another-job", transport="nixl") as outsider:
@@ -97,7 +98,8 @@ def test_nixl_metadata_goes_only_to_workers_of_the_holders_job():
             with th.connect(hub.url, "colleague", token=TOKEN, job_key=JOB, transport="nixl") as colleague:
                 assert torch.equal(colleague.fetch("policy", 1, hold=False).buffers["w"], WEIGHTS["w"])
             # With a holder on the TCP plane too, the outsider's fetch begins, and is planned on that one only.
-            with th.connect(hub.url, "tcp-trainer", token=TOKEN, job_key=JOB, transport="tcp") as tcp_trainer:
+            with th.connect(hub.url, "tcp-trainer", token=TOKEN, job_key=JOB, transport="tcp",
+                            chunk_bytes=4096) as tcp_trainer:
                 tcp_trainer.publish("policy", 1, WEIGHTS)
                 first = mallory.post("/v1/fetch/begin", begin, msg.BeginFetchReply).first
                 assert first.assignments and {s.holder for s in first.sources} == {"tcp-trainer"}
