@@ -35,6 +35,7 @@ _BENCHES = {
     "pause-copy": "tensorhub_verl.bench.pause_copy",
     "soak": "tensorhub_verl.bench.soak",
     "control": "tensorhub_verl.bench.control",
+    "publish-cost": "tensorhub_verl.bench.publish_cost",
 }
 
 

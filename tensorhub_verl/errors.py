@@ -70,6 +70,11 @@ class InvalidRequest(TensorHubError):
     """The hub rejected a malformed, oversized or contradictory request; nothing was changed."""
 
 
+class OverBudget(InvalidRequest):
+    """A worker asked the hub to keep more than its share (e.g. pending shards, ``HubLimits``); the message
+    names the limit and the setting. Nothing was changed."""
+
+
 class UnknownWorker(InvalidRequest):
     """The hub does not know this worker (it restarted, or the worker expired); the client re-registers."""
 

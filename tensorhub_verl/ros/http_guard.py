@@ -54,6 +54,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._peer = self.client[0] if self.client else ""
             open_per_peer[self._peer] += 1
             self._head_bytes = 0
+            self._head_tail = b""  # the last bytes of a head still open: its end may straddle two packets
             self._head_open = True
             self._head_timer = None
             if open_per_peer[self._peer] > limits.max_per_peer:
@@ -70,7 +71,10 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def data_received(self, data: bytes) -> None:
             if self._head_open:
-                self._head_bytes += len(data)
+                # Only the bytes up to the head's end count: a packet may carry the head and much of the body.
+                end = (self._head_tail + data).find(b"\r\n\r\n")
+                self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._head_tail))
+                self._head_tail = data[-3:] if end < 0 else b""
                 if self._head_bytes > limits.max_head_bytes:
                     self._refuse(431, f"request head over {limits.max_head_bytes} bytes")
                     return
@@ -85,7 +89,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            self._head_open, self._head_bytes = True, 0
+            self._head_open, self._head_bytes, self._head_tail = True, 0, b""
 
         def _arm_head_timer(self) -> None:
             self._head_timer = self.loop.call_later(limits.head_timeout_s, self._head_expired)

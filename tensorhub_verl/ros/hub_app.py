@@ -46,6 +46,7 @@ _STATUS_OF = [
     (UnknownFetch, 404),
     (errors.VersionNotFound, 404),
     (errors.ManifestMismatch, 409),
+    (errors.OverBudget, 429),
     (errors.InvalidRequest, 400),
     (errors.NotOwner, 403),
     (errors.Unauthorized, 401),
@@ -242,7 +243,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     @app.post("/v1/publish")
     def publish(req: msg.Publish, credential: Credential = "") -> msg.OkReply:
-        prepared = state.prepare(req)  # validation and the chunk map: before the lock, never under it
+        # Who may publish this, first and cheaply; then validation and the chunk map, before the lock, never
+        # under it (they may cost seconds of CPU at the piece limit); publish checks all again under the lock.
+        state.authorize_publish(req, credential)
+        prepared = state.prepare(req)
         with state.acting_as(req.worker, credential):
             state.publish(req, prepared)
         return msg.OkReply()

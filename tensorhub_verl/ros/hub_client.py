@@ -43,6 +43,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "NotModelOwner": errors.NotModelOwner,
     "InvalidRequest": errors.InvalidRequest,
     "PlaneMismatch": errors.PlaneMismatch,
+    "OverBudget": errors.OverBudget,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
 }

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Callable, TypeVar
 
 from tensorhub_verl.errors import (
-    InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, UnknownWorker, VersionNotFound,
+    InvalidRequest, ManifestMismatch, NotOwner, OverBudget, UnknownFetch, UnknownWorker, VersionNotFound,
 )
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.planes.one_plane import check_one_plane
@@ -87,6 +87,10 @@ class HubConfig:
     owners: tuple[OwnerRule | str, ...] = ()
     """Models that only the named workers may create (``ownership.py``; an ``OwnerRule`` or
     "MODEL_GLOB=WORKER_GLOB"); other models belong to the job of their first publisher."""
+    nixl_within_job: bool = True
+    """Plan a reader on a holder whose data plane checks no grant (NIXL: its metadata lets a peer READ and WRITE
+    the registered memory) only when both are workers of one job (``ownership.py``); readers of other jobs read
+    from holders on a granted plane (TCP). False: any registered reader, as before."""
     require_digests: bool = True
     """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
     without digests is served unchecked."""
@@ -200,6 +204,9 @@ class HubState:
         self._evidence = CorruptionEvidence(self.config.quarantine_s)
         """Readers' reports of bytes that fail their digest, and the quarantines they lead to."""
         self._owners = Owners(self.config.owners)
+        self._id_jobs: dict[str, str] = {}
+        """worker id -> the job of its first registration: an id that leaves or times out is freed only for
+        workers of the same job (an ``--owner`` rule names ids, so a freed id must not change hands)."""
         self._shard_groups: dict[GroupKey, dict[Member, int | None]] = {}
         """group -> its members and their row shard rank (None: a shard in its own layout, e.g. a TP rank)."""
         self._shard_counts: dict[GroupKey, int] = {}
@@ -234,9 +241,15 @@ class HubState:
                 raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
                                f"that worker's credential (the id frees {self.config.worker_timeout_s:g} s after "
                                f"its last heartbeat, or when it leaves)")
-            if old is not None and old.job != job_of(job_key):
+            job = job_of(job_key)
+            if old is not None and old.job != job:
                 raise NotOwner(f"worker {req.worker!r} is registered in job {old.job!r}; a live worker keeps its "
                                f"job (leave, then register with the other job key)")
+            first_job = self._id_jobs.setdefault(req.worker, job)
+            if first_job != job:
+                raise NotOwner(f"worker id {req.worker!r} belongs to job {first_job!r}, whose worker first registered "
+                               f"it on hub {self.instance}; a freed id is never given to another job. Register "
+                               f"with that job's key (ClientConfig.job_key), or under another worker id")
             secret = credential if old is not None else secrets.token_urlsafe(32)
             if old is not None and old.agent_name != req.agent_name:
                 # A new process took over this worker id: the old one's memory is gone.
@@ -247,7 +260,7 @@ class HubState:
             record = WorkerRecord(req.worker, location, req.spot, req.agent_name, req.agent_metadata_b64, now,
                                   old.bytes_served if old else 0, _hash(secret),
                                   base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
-                                  self.stall.stalled(), job_of(job_key), req.plane)
+                                  self.stall.stalled(), job, req.plane)
             self._workers[req.worker] = record
             for holding in self._holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -370,6 +383,40 @@ class HubState:
         return record
 
     # ---------------------------------------------------------------------------------- holdings
+    def authorize_publish(self, req: msg.Publish, credential: str) -> None:
+        """The cheap checks of a publish, run before ``prepare`` builds its chunk map (which may cost seconds of
+        CPU at the piece limit): the worker's credential, its holder name, the model's owner, and the worker's
+        budget of pending shards. ``publish`` checks all of them again under the lock."""
+        with self.acting_as(req.worker, credential):
+            _check_holder(req.worker, req.holder)
+            m = req.manifest
+            record = self._versions.get((m.model, m.version, m.layout))
+            job = self._workers[req.worker].job
+            if not self._owners.owns(m.model, req.worker, job):
+                self._check_non_owner_creates_nothing(req, record, job)
+            if req.shard_count > 1:
+                self._check_pending_budget(req)
+
+    def _check_pending_budget(self, req: msg.Publish) -> None:
+        """A worker's pending shards (in shard groups not yet complete) each keep a chunk map on the hub until
+        their group completes: their number and pieces are capped per worker (``HubLimits``)."""
+        limits, m = self.config.limits, req.manifest
+        key = (m.model, m.version, m.layout)
+        pending = [(k, h) for k, r in self._versions.items() for h in r.holdings.values()
+                   if h.worker == req.worker and h.state == "pending" and (k, h.holder) != (key, req.holder)]
+        if len(pending) >= limits.max_pending_shards_per_worker:
+            raise OverBudget(f"worker {req.worker!r} already has {len(pending)} shards pending in shard groups that "
+                             f"are not complete, the hub's limit per worker (HubLimits.max_pending_shards_per_worker"
+                             f"={limits.max_pending_shards_per_worker}); publish the other shards of those groups "
+                             f"(or unpublish them) first")
+        pieces = len(m.tensors) * m.row_shards + sum(
+            len(self._versions[k].manifest.tensors) * self._versions[k].manifest.row_shards for k, _ in pending)
+        if pieces > limits.max_pending_pieces_per_worker:
+            raise OverBudget(f"worker {req.worker!r}'s pending shards would describe {pieces} pieces (tensors x row "
+                             f"shards), over the hub's limit per worker (HubLimits.max_pending_pieces_per_worker="
+                             f"{limits.max_pending_pieces_per_worker}); complete or unpublish pending shard groups, "
+                             f"or publish fewer, larger tensors")
+
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
         if self.config.require_digests and not req.manifest.chunk_digests:
@@ -410,6 +457,7 @@ class HubState:
             group = (manifest.model, manifest.version, req.shard_group)
             if req.shard_count > 1:
                 self._check_shard(group, req.shard_count, (key, req.holder), req.shard_rank)
+                self._check_pending_budget(req)
             if record is None:
                 record = VersionRecord(manifest, prepared.chunks)
                 self._versions[key] = record
@@ -432,14 +480,19 @@ class HubState:
         and with the version's digests, is accepted (a reader re-registering what it fetched, after a hub
         restart)."""
         m = req.manifest
-        if req.shard_count > 1:
-            self._owners.check_create(m.model, req.worker, job, f"shards of group {req.shard_group!r}")
-        if record is None or not self._visible(record):
-            self._owners.check_create(m.model, req.worker, job, f"version {m.version} ({m.layout})")
+        self._check_non_owner_creates_nothing(req, record, job)
         if tuple(m.chunk_digests) != record.manifest.chunk_digests:
             raise ManifestMismatch(f"{m.model} v{m.version} ({m.layout}) is published with other chunk "
                                    f"digests; a copy by a worker outside the model's owner job must carry "
                                    f"the version's own")
+
+    def _check_non_owner_creates_nothing(self, req: msg.Publish, record: VersionRecord | None, job: str) -> None:
+        """A worker outside the model's owner publishes no shard and no version the hub does not show yet."""
+        m = req.manifest
+        if req.shard_count > 1:
+            self._owners.check_create(m.model, req.worker, job, f"shards of group {req.shard_group!r}")
+        if record is None or not self._visible(record):
+            self._owners.check_create(m.model, req.worker, job, f"version {m.version} ({m.layout})")
 
     def _check_shard(self, group: GroupKey, count: int, member: Member, rank: int | None) -> None:
         known = self._shard_counts.get(group, count)
@@ -583,6 +636,7 @@ class HubState:
                 raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
                                        f"{record.manifest.digest}; the buffers do not describe this layout")
             check_regions(req.regions, record.manifest, None, ranged=req.need is not None)
+            self._check_some_holder_serves(req.worker, record)
             existing = record.holdings.get(req.holder)
             if existing is not None and existing.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
@@ -747,6 +801,7 @@ class HubState:
         own_wan = sum(lease.distance == Distance.WAN for lease in own)
         views: dict[str, HolderView | None] = {}
         suspects: set[str] = set()
+        reader_job = self._workers[holding.worker].job
 
         def view_of(name: str) -> HolderView | None:
             """A holder's view, built the first time this plan meets it; None: it serves nothing now."""
@@ -755,6 +810,7 @@ class HubState:
                 worker = self._workers.get(h.worker) if h is not None else None
                 views[name] = None
                 if worker is not None and h.state not in ("draining", "pending") \
+                        and self._may_get_metadata(reader_job, worker) \
                         and not self._evidence.excluded(key, name, holding.worker, now):
                     # A ranged reader's partly read chunks are never served (the index leaves them out too).
                     chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
@@ -789,6 +845,27 @@ class HubState:
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
         return assignments, everyone, needed
+
+    def _check_some_holder_serves(self, reader: str, record: VersionRecord) -> None:
+        """A fetch whose every possible source is another job's NIXL holder would starve: refuse it at once."""
+        reader_job = self._workers[reader].job
+        sources = [self._workers[h.worker] for h in record.holdings.values()
+                   if h.worker != reader and h.worker in self._workers]
+        if sources and not any(self._may_get_metadata(reader_job, w) for w in sources):
+            m = record.manifest
+            raise NotOwner(f"{m.model} v{m.version} ({m.layout}) is held only by workers of job(s) "
+                           f"{sorted({w.job for w in sources})} on NIXL, whose metadata (a capability to read and "
+                           f"write their memory) goes only to workers of their own job; worker {reader!r} is in job "
+                           f"{reader_job!r}. Connect with that job's key (ClientConfig.job_key), or have a holder "
+                           f"serve on the TCP plane (transport='tcp'), or start the hub with "
+                           f"HubConfig(nixl_within_job=False) where every job is trusted")
+
+    def _may_get_metadata(self, reader_job: str, source: WorkerRecord) -> bool:
+        """Whether a reader of ``reader_job`` may be planned on ``source``, which hands it its data-plane metadata
+        with the lease. A plane that checks a grant on every read (TCP) serves anyone the hub leases; NIXL
+        metadata is a capability over the holder's memory, so it goes only to the holder's own job (the
+        allow-list), unless ``HubConfig.nixl_within_job`` is off."""
+        return bool(source.grant_key) or source.job == reader_job or not self.config.nixl_within_job
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)

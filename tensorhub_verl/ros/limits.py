@@ -33,9 +33,16 @@ class HubLimits:
     max_shard_pieces: int = 1 << 21
     """Tensors x row shards of one row-sharded version: its chunk map is cut piece by piece (1k tensors
     on 2k FSDP ranks)."""
+    max_pending_shards_per_worker: int = 8
+    """Shards one worker may have pending at once: published into shard groups (``shard_count`` > 1) that
+    are not complete yet. A trainer rank has one per version in flight; each costs the hub a chunk map."""
+    max_pending_pieces_per_worker: int = 1 << 22
+    """Tensors x row shards over one worker's pending shards' versions: what their chunk maps cost the hub
+    (about 130 bytes of hub memory per piece; two versions at ``max_shard_pieces``)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_tensors", "max_tensor_bytes", "max_version_bytes", "max_chunks", "max_shard_pieces"):
+        for name in ("max_tensors", "max_tensor_bytes", "max_version_bytes", "max_chunks", "max_shard_pieces",
+                     "max_pending_shards_per_worker", "max_pending_pieces_per_worker"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"HubLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tensors > msg.MAX_TENSORS or self.max_chunks > msg.MAX_CHUNKS:

@@ -37,7 +37,7 @@ from tensorhub_verl.errors import ConfigError, InvalidRequest
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.dtypes import published_dtype
-from tensorhub_verl.verl.hub_actor import ensure_hub
+from tensorhub_verl.verl.hub_actor import ensure_hub, job_credentials
 from tensorhub_verl.verl.identity import (
     ACTOR_ROLE,
     ROLLOUT_ROLE,
@@ -230,11 +230,12 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         import tensorhub_verl as th
 
         url = ensure_hub(self.config)
+        token, job_key = job_credentials(self.config)
         # The trainer unpublishes its oldest version to reuse that buffer just before publishing the next
         # one; preserving it to CPU then would copy a whole model per step for a version that leaves the
         # retention window a moment later. Rollouts keep the core's default.
         preserve = identity.role != ACTOR_ROLE
-        self._client = th.connect(url, worker=identity.worker, location=identity.location, token=self.config.token,
+        self._client = th.connect(url, worker=identity.worker, location=identity.location, token=token, job_key=job_key,
                                   **self.config.client_settings(), fetch_timeout_s=self.config.fetch_timeout_s,
                                   unpublish_timeout_s=self.config.unpublish_timeout_s,
                                   preserve_on_unpublish=preserve)

@@ -27,7 +27,17 @@ class TensorHubVerlConfig:
     """URL of a running hub (``http://host:port``). None: the job starts its own hub as a named,
     detached Ray actor on the driver's node and every worker finds it by name."""
     token: str | None = None
-    """Shared secret of the hub; None for an open hub (only on a trusted network)."""
+    """Shared secret of the hub, written in the config (verl prints its config: prefer ``token_env``). None:
+    ``token_env``'s value, else none (an open hub, only on a trusted network), except that a hub actor of this
+    job listening off loopback makes a token of its own (``hub_actor.job_credentials``)."""
+    token_env: str | None = "TENSORHUB_TOKEN"
+    """Environment variable the token is read from, where it is used (never copied into the config, so
+    verl's config dump never shows it)."""
+    hub_tls_cert: str | None = None
+    """PEM certificate for the job's hub actor (with ``hub_tls_key``): it serves HTTPS only. Workers verify
+    it with ``tls_ca_file``."""
+    hub_tls_key: str | None = None
+    """PEM private key of ``hub_tls_cert``."""
     tls_ca_file: str | None = None
     """PEM file of the CA that signed an https hub's certificate (``hub_address`` https://...)."""
     allow_plain_http: bool = False
@@ -109,7 +119,9 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL or null, got {self.hub_address!r}")
         if not isinstance(self.allow_plain_http, bool):
             raise ConfigError(f"tensorhub.allow_plain_http must be true or false, got {self.allow_plain_http!r}")
-        if (self.token and self.hub_address and self.hub_address.startswith("http://")
+        if (self.hub_tls_cert is None) != (self.hub_tls_key is None):
+            raise ConfigError("tensorhub.hub_tls_cert and tensorhub.hub_tls_key go together: set both or neither")
+        if (self.resolved_token() and self.hub_address and self.hub_address.startswith("http://")
                 and not self.allow_plain_http and not is_loopback_url(self.hub_address)):
             raise ConfigError(f"tensorhub.token would cross the network in clear to {self.hub_address}: use an "
                               f"https:// hub (tensorhub.tls_ca_file for a private CA), or set "
@@ -154,6 +166,12 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
             raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
+
+    def resolved_token(self) -> str | None:
+        """``token``, else the value of ``token_env`` in this process, else None."""
+        import os
+
+        return self.token or (os.environ.get(self.token_env) if self.token_env else None) or None
 
     @property
     def published_dtype(self):

@@ -52,6 +52,10 @@ class ReplicaEngines:
         """Connects every rank to the hub as a holder of its own parameters (idempotent in the engines)."""
         addresses = await asyncio.wait_for(asyncio.gather(
             *(s.get_server_address.remote() for s in self.servers)), config.apply_timeout_s)
+        from tensorhub_verl.verl.hub_actor import job_credentials
+
+        # Through Ray to the engines' processes (never a command line): the hub token and the job's key.
+        token, job_key = await asyncio.to_thread(job_credentials, config)
         results = []
         for index, (server, (address, _port)) in enumerate(zip(self.servers, addresses)):
             identity = make_identity(role=ROLLOUT_ROLE, rank=index, replica=self.replica_rank, job=job,
@@ -59,8 +63,8 @@ class ReplicaEngines:
             results += await asyncio.wait_for(server.collective_rpc.remote(
                 "th_setup", timeout=config.apply_timeout_s,
                 kwargs={"hub_url": hub_url, "model": config.model, "worker": identity.worker,
-                        "location": identity.location, "token": config.token, "staging": config.rollout_staging,
-                        "client_config": config.client_settings(),
+                        "location": identity.location, "token": token, "staging": config.rollout_staging,
+                        "client_config": {**config.client_settings(), "job_key": job_key},
                         "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
         return results
 

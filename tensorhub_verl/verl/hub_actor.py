@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import tempfile
 import time
 
 import ray
 
 from tensorhub_verl.errors import ConfigError, HubUnavailable
+from tensorhub_verl.ros.hub_client import is_loopback_url
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 
 logger = logging.getLogger("tensorhub_verl.verl.hub_actor")
@@ -37,11 +39,18 @@ class TensorHubHubActor:
     """Runs ``th.start_hub`` in the actor's process; the hub's HTTP server lives in its threads."""
 
     def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
-                 seeds_per_dc: int, url_file: str | None, actor_name: str) -> None:
+                 seeds_per_dc: int, url_file: str | None, actor_name: str, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
         import tensorhub_verl as th
 
         bind = host or ray.util.get_node_ip_address()
-        self._hub = th.start_hub(host=bind, port=port, token=token,
+        if token is None and not is_loopback_url(f"http://{bind}"):
+            # Reachable from other hosts: never open. The job's workers get this token through Ray (``token``).
+            token = secrets.token_urlsafe(32)
+            logger.info("hub actor %r listens on %s, off loopback, and no token is configured: it uses a token "
+                        "of its own, handed to the job's workers through Ray", actor_name, bind)
+        self._token = token
+        self._hub = th.start_hub(host=bind, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key,
                                  config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc))
         self._url = self._hub.url
         if url_file:
@@ -57,6 +66,10 @@ class TensorHubHubActor:
 
     def url(self) -> str:
         return self._url
+
+    def token(self) -> str | None:
+        """The hub's token: the configured one, or the one this actor made. Only through Ray, never printed."""
+        return self._token
 
     def ping(self) -> bool:
         return True
@@ -110,6 +123,14 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
     if not ray.is_initialized():
         raise ConfigError("tensorhub.hub_address is null and Ray is not initialized: "
                           "set tensorhub.hub_address or run inside the verl job")
+    host = cfg.hub_host or default_hub_host()
+    if (host is None or not is_loopback_url(f"http://{host}")) and cfg.hub_tls_cert is None \
+            and not cfg.allow_plain_http:
+        raise ConfigError(f"the job's hub actor would listen on {host or 'the node address'}, off loopback, with a "
+                          f"token (configured or its own) that would cross the network in clear over plain HTTP: "
+                          f"give it TLS (tensorhub.hub_tls_cert, tensorhub.hub_tls_key, and tensorhub.tls_ca_file "
+                          f"for the workers), or set tensorhub.allow_plain_http=true on a network nobody else can "
+                          f"read")
     options = dict(name=cfg.hub_actor_name, namespace=cfg.hub_namespace, lifetime="detached",
                    get_if_exists=True, num_cpus=0, max_concurrency=8)
     target = node_id or head_node_id()
@@ -118,15 +139,47 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
-        host=cfg.hub_host or default_hub_host(), port=cfg.hub_port, token=cfg.token, keep_versions=cfg.keep_versions,
-        seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file, actor_name=cfg.hub_actor_name)
+        host=host, port=cfg.hub_port, token=cfg.resolved_token(),
+        keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
+        actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key)
     try:
-        return ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
+        url = ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:
         raise HubUnavailable(f"hub actor {cfg.hub_namespace}/{cfg.hub_actor_name} gave no URL within "
                              f"{cfg.hub_start_timeout_s} s") from e
     except ray.exceptions.RayActorError as e:
         raise HubUnavailable(f"hub actor {cfg.hub_namespace}/{cfg.hub_actor_name} failed to start: {e}") from e
+    return url
+
+
+def job_credentials(cfg: TensorHubVerlConfig) -> tuple[str | None, str | None]:
+    """(token, job key) a worker of this job connects with, handed over through Ray, never a command line.
+
+    The token: ``cfg``'s (``token``, else ``token_env`` here), else the job's hub actor's own. The job key
+    (``ClientConfig.job_key``, which makes the job the owner of the models it publishes): one random secret per
+    Ray cluster and model, kept in Ray's internal KV store (the first worker to ask writes it; a re-run of the
+    job on the same cluster finds it, so it still owns its model on a hub that outlived the first run);
+    ``$TENSORHUB_JOB_KEY`` overrides it. Outside Ray: no job key (the hub's default job)."""
+    token = cfg.resolved_token()
+    if token is None and not cfg.hub_address and ray.is_initialized():
+        actor = ray.get_actor(cfg.hub_actor_name, namespace=cfg.hub_namespace)
+        token = ray.get(actor.token.remote(), timeout=cfg.hub_start_timeout_s)
+    return token, _job_key(cfg)
+
+
+def _job_key(cfg: TensorHubVerlConfig) -> str | None:
+    """``$TENSORHUB_JOB_KEY``, else, in a process connected to Ray, the job's secret from Ray's KV store, else
+    None."""
+    if os.environ.get("TENSORHUB_JOB_KEY"):
+        return os.environ["TENSORHUB_JOB_KEY"]
+    if not ray.is_initialized():
+        return None
+    from ray.experimental import internal_kv
+
+    key = f"tensorhub/job_key/{cfg.hub_address or cfg.hub_namespace + '/' + cfg.hub_actor_name}/{cfg.model}"
+    internal_kv._internal_kv_put(key, secrets.token_urlsafe(32).encode(), overwrite=False, namespace=KV_NAMESPACE)
+    value = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+    return value.decode() if value else None
 
 
 def find_hub(name: str = "tensorhub_hub", namespace: str = "tensorhub", timeout: float = 30.0) -> str:

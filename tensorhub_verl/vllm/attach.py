@@ -183,7 +183,9 @@ async def _serve(ns: argparse.Namespace) -> int:
             await asyncio.to_thread(updater.setup, ns.hub, ns.model, worker, location_labels(ns.location),
                                     ns.token, ns.staging,
                                     {"tls_ca_file": ns.ca_file, "allow_plain_http": ns.allow_plain_http,
-                                     "transport": ns.transport},
+                                     "transport": ns.transport,
+                                     # the job's key: NIXL holders serve only their own job (job_credentials)
+                                     "job_key": os.environ.get("TENSORHUB_JOB_KEY") or None},
                                     ns.fetch_timeout)
             # every engine RPC goes through this loop: blocking calls run on threads, never on the loop itself
             await asyncio.to_thread(follower.first_version, ns.first_version_timeout)

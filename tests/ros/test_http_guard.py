@@ -96,3 +96,18 @@ def test_connection_limits_are_checked():
         ConnectionLimits(max_per_peer=0)
     with pytest.raises(ConfigError, match="head_timeout_s"):
         ConnectionLimits(head_timeout_s=0)
+
+
+def test_a_large_body_sent_with_its_head_in_one_packet_is_not_taken_for_a_large_head(guarded_hub):
+    """The head limit counts the head only: a publish of a large manifest arrives with its head in one packet."""
+    open_hub = th.start_hub()  # no token: the body reaches validation
+    try:
+        sock = _connect(open_hub)
+        body = b'{"worker": "' + b"w" * (256 << 10) + b'"}'
+        sock.sendall(b"POST /v1/publish HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        answer = sock.recv(65536)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 422"), answer[:200]  # validated and refused, not 431
+    finally:
+        open_hub.stop()

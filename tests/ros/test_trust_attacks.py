@@ -54,12 +54,13 @@ def test_a_worker_of_another_job_cannot_hijack_latest_nor_add_a_layout(hub):
     with _connect(hub, "trainer", job_key=JOB) as trainer:
         published = trainer.publish("policy", 1, WEIGHTS)
         for job_key in (None, "another-job"):
-            mallory = _attacker(hub, job_key=job_key)
+            name = f"mallory-{job_key}"  # a worker id stays with the job that first registered it
+            mallory = _attacker(hub, name, job_key=job_key)
             for forged in (dataclasses.replace(published, version=2**62),
                            dataclasses.replace(published, layout="vllm/tp1/rank0")):
                 with pytest.raises(NotModelOwner, match="model 'policy' belongs to job 'job-"):
-                    _publish(mallory, "mallory", forged)
-            mallory.post("/v1/workers/leave", params={"worker": "mallory"}, reply=msg.OkReply)
+                    _publish(mallory, name, forged)
+            mallory.post("/v1/workers/leave", params={"worker": name}, reply=msg.OkReply)
         assert trainer.versions("policy") == {1: ["trainer"]} and trainer.latest("policy") == 1
         with _connect(hub, "trainer-rank-1", job_key=JOB) as colleague:  # the same job may
             colleague.publish("policy", 2, WEIGHTS)
@@ -115,7 +116,7 @@ def test_an_outsider_cannot_take_a_shard_rank(hub):
             _publish(mallory, "mallory", rows, [msg.RegionMsg(addr=1 << 20, offset=8192, nbytes=8192)],
                      shard_group="shards", shard_count=2, shard_rank=1)
         rank1.publish_shard("policy", 1, {"w": full[2048:]}, specs=specs, rank=1, ranks=2)
-        with _connect(hub, "reader") as reader:
+        with _connect(hub, "reader", job_key=JOB) as reader:  # NIXL holders serve their own job's readers
             assert torch.equal(reader.fetch("policy", 1, hold=False).buffers["w"], full)
 
 

@@ -27,3 +27,36 @@ def test_hub_actor_is_shared_discoverable_and_stoppable(ray_local, tmp_path):
     with pytest.raises(Exception):
         ray.get_actor("th-test-hub", namespace="th-test")
     assert stop_hub("th-test-hub", "th-test") is False
+
+
+def test_a_hub_actor_off_loopback_makes_a_token_and_hands_it_and_a_job_key_through_ray(ray_local, monkeypatch):
+    """Issue 22 point 13: a verl job's hub listening on the node address was open to anyone who reached it."""
+    from tensorhub_verl.errors import ConfigError
+    from tensorhub_verl.verl.hub_actor import job_credentials
+
+    monkeypatch.delenv("TENSORHUB_TOKEN", raising=False)
+    host = _outward_address()
+    with pytest.raises(ConfigError, match="hub_tls_cert.*allow_plain_http=true"):
+        ensure_hub(TensorHubVerlConfig(hub_actor_name="th-open-hub", hub_namespace="th-test", hub_host=host))
+    cfg = TensorHubVerlConfig(hub_actor_name="th-open-hub", hub_namespace="th-test", hub_host=host,
+                              allow_plain_http=True)
+    url = ensure_hub(cfg)
+    try:
+        assert httpx.get(f"{url}/v1/status", timeout=10).status_code == 401  # no longer open
+        token, job_key = job_credentials(cfg)
+        assert token and job_key
+        ok = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert ok.status_code == 200
+        # The job's worker processes (Ray tasks here) get the same token and one job key, through Ray.
+        assert ray.get([ray.remote(job_credentials).remote(cfg) for _ in range(2)], timeout=60) == \
+            [(token, job_key)] * 2
+    finally:
+        stop_hub("th-open-hub", "th-test")
+
+
+def _outward_address() -> str:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this picks the interface a route would use
+        return s.getsockname()[0]

@@ -114,3 +114,19 @@ def test_registered_through_the_verl_plugins_entry_point_in_a_fresh_process(tmp_
 def test_not_registered_without_either_mechanism():
     proc = _run(REGISTRY, "none", env={"VERL_USE_EXTERNAL_PLUGINS": "none"})
     assert proc.stdout.strip().endswith("NOT-REGISTERED")
+
+
+def test_the_config_dump_never_shows_the_token():
+    """verl prints its resolved config; the token is read from the environment where it is used, not copied
+    into the config (issue 22 point 13)."""
+    secret = "the-hub-token-that-must-not-be-printed"
+    code = COMPOSE.replace("print(json.dumps(", "print(OmegaConf.to_yaml(cfg)); print(th.resolved_token() == "
+                           f"{secret!r}); print(json.dumps(")
+    env = dict(os.environ, TENSORHUB_TOKEN=secret)
+    proc = subprocess.run([sys.executable, "-c", code, f"hydra.searchpath=[file://{REPO}/conf]",
+                           "+tensorhub=standalone"], capture_output=True, text=True, timeout=150, env=env,
+                          cwd=str(REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "token_env: TENSORHUB_TOKEN" in proc.stdout and lines[-2] == "True"  # the token is used ...
+    assert secret not in proc.stdout + proc.stderr  # ... and never printed

@@ -31,6 +31,14 @@ def _th(hub_url, **extra):
             "unpublish_timeout_s": 30.0, **extra}
 
 
+def _job_key(hub_url):
+    """The trainer's job key (``hub_actor.job_credentials``: set once Ray is up in this session): its NIXL
+    holders serve only readers of its job."""
+    from tensorhub_verl.verl.hub_actor import job_credentials
+
+    return job_credentials(TensorHubVerlConfig(hub_address=hub_url))[1]
+
+
 def _master(hub_url, job, **extra):
     from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
 
@@ -54,7 +62,7 @@ def test_fp32_master_publishes_bf16_and_moves_half_the_bytes(hub, staging):
     master = {n: t.float() for n, t in weights_for(1, dtype=torch.float32).items()}
     master["step"] = torch.tensor([7], dtype=torch.int64)
     engine = _master(hub.url, f"cast-{staging}", staging=staging, rollout_dtype="bfloat16", verify_digests=True)
-    reader = th.connect(hub.url, worker=f"rollout-{staging}", location={"node": "n1"})
+    reader = th.connect(hub.url, worker=f"rollout-{staging}", location={"node": "n1"}, job_key=_job_key(hub.url))
     try:
         metrics = asyncio.run(engine.send_weights(iter(master.items()), global_steps=1))
         manifest = reader.manifest("policy", 1)
@@ -85,7 +93,7 @@ def test_fp32_master_publishes_bf16_and_moves_half_the_bytes(hub, staging):
 
 def test_a_reader_of_another_dtype_is_told_both_dtypes_and_the_setting(hub):
     engine = _master(hub.url, "nocast", staging="cpu")  # no rollout_dtype: published as the parameters are
-    reader = th.connect(hub.url, worker="rollout-fp16", location={"node": "n1"})
+    reader = th.connect(hub.url, worker="rollout-fp16", location={"node": "n1"}, job_key=_job_key(hub.url))
     try:
         asyncio.run(engine.send_weights(iter(weights_for(1, dtype=torch.bfloat16).items()), global_steps=1))
         manifest = reader.manifest("policy", 1)
