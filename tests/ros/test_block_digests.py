@@ -134,7 +134,7 @@ def test_digests_computed_on_the_gpu_equal_the_cpus():
 
 def test_a_tp_rank_reading_from_a_holder_that_serves_the_wrong_slices_reads_them_elsewhere(hub, roles):
     chunk = 16 << 10
-    config = ClientConfig(window=4, transport="tcp")
+    config = ClientConfig.from_fields(window=4, transport="tcp")
     roles(sliced_holder, hub.url, "liar", chunk, True, "tcp").result(120)
     want = tp_weights()
     slices = {"o": (1, 256, 256), "q": (0, 256, 256)}
