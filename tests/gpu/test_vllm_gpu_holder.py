@@ -83,7 +83,7 @@ def read_back(hub, run, shape, version: int) -> None:
     """This process reads the engine's layout from the engine into CUDA buffers; the bytes are the version's."""
     with th.connect(hub.url, worker="gpu-reader", location={"node": "n3"}) as reader:
         bufs = reader.manifest("policy", version, layout=LAYOUT).allocate("cuda")
-        stats = reader.fetch("policy", version, into=bufs, layout=LAYOUT, timeout=120)
+        stats = reader.fetch("policy", version, into=bufs, layout=LAYOUT, hold=False, timeout=120)
     assert set(stats.sources) == {"gpu-engine"}, stats.sources
     expected = hf_to_vllm({n: t.to(torch.bfloat16) for n, t in run.weights[version].items()}, shape)
     bad = [n for n, t in bufs.items() if not torch.equal(t.cpu(), expected[n])]

@@ -41,7 +41,7 @@ def test_cuda_tensors_read_from_another_process(hub):
         assert ready.wait(120), "the holder did not publish"
         with th.connect(hub.url, worker="vram-reader", location={"node": "n0"}) as reader:
             into = reader.manifest("vram", 1).allocate("cuda")
-            stats = reader.fetch("vram", 1, into=into, timeout=120)
+            stats = reader.fetch("vram", 1, into=into, hold=False, timeout=120)
             assert set(stats.sources) == {"vram-holder"}
             assert all(t.is_cuda for t in into.values())
             expected = _tensors()

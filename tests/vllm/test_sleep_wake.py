@@ -78,7 +78,7 @@ def read_from_engine(reader, version: int, run, shape) -> None:
     """Reads ``version`` in the engine's layout: every byte comes from the engine, and equals the trainer's
     weights mapped to that layout."""
     bufs = reader.manifest("policy", version, layout=LAYOUT).allocate("cpu")
-    stats = reader.fetch("policy", version, into=bufs, layout=LAYOUT, timeout=60)
+    stats = reader.fetch("policy", version, into=bufs, layout=LAYOUT, hold=False, timeout=60)
     assert set(stats.sources) == {WORKER}, stats.sources
     expected = hf_to_vllm(run.weights[version], shape)
     assert set(bufs) == set(expected)
@@ -98,10 +98,10 @@ def test_level1_sleep_stops_holding_and_wake_holds_again(engine, run, trainer, r
     assert WORKER not in holders(trainer, 1)
     # A reader while the engine sleeps is planned onto the trainer, never onto the sleeping engine.
     bufs = reader.manifest("policy", 1).allocate("cpu")
-    assert set(reader.fetch("policy", 1, into=bufs, timeout=60).sources) == {"trainer"}
+    assert set(reader.fetch("policy", 1, into=bufs, hold=False, timeout=60).sources) == {"trainer"}
     with pytest.raises((errors.VersionNotFound, errors.TransferFailed, TimeoutError)):
         reader.fetch("policy", 1, into=reader.manifest("policy", 1, layout=LAYOUT).allocate("cpu"), layout=LAYOUT,
-                     timeout=5)
+                     hold=False, timeout=5)
     assert engine.request("move_weights", 60)[0] > 0
     engine.request("wake_up", 120)
     assert engine.request("served_version", 30) == 1
