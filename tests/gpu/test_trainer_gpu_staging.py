@@ -25,7 +25,6 @@ def test_gpu_staging_keeps_one_version_and_cpu_staging_is_pinned(hub):
                 publisher.finish()
         assert gpu.held_versions == [3] and GPU_STAGING_VERSIONS == 1
         assert cpu.held_versions == [2, 3]
-        assert sorted(client.versions("gpu-staged")) == [3]
         assert cpu._ring.get(3).buffers["w"].is_pinned()  # device-to-host copies overlap with the next gather
         assert gpu._ring.get(3).buffers["w"].is_cuda
         gpu.close()
