@@ -62,11 +62,14 @@ def rejoin(holder, asleep: Asleep) -> dict:
     Weights kept (level 1) and no newer version: it holds ``asleep.served`` again. A newer version exists: it
     holds the kept version while it pulls the newest (peers may read the old one meanwhile). Weights lost
     (level 2): it pulls the newest; if none exists or the pull fails the shard is ``broken`` (it reports no
-    version, and the next update pulls one). Returns what it did; never raises a hub or transfer error (a
+    version, and the next update pulls one). A rank of a TP>1 engine never pulls here (its ranks move together,
+    through the driver's next update): it holds its kept version again, or reports itself broken. Returns what it did; never raises a hub or transfer error (a
     failed pull must not fail vLLM's wake-up: the engine is awake and the next update retries)."""
     out: dict[str, Any] = {"before": asleep.served, "level": asleep.level, "action": "none", "error": None}
     try:
-        newest = holder.newest_version()
+        # A TP>1 engine's ranks must move together (``EngineUpdater`` pulls on all or aborts on all): a rank
+        # does not pull on its own here; the driver's next update does, for every rank.
+        newest = holder.newest_version() if holder.config.shard_count == 1 else None
         if asleep.weights_kept and asleep.served is not None:
             holder.publish_served(asleep.served)
             out["action"] = "held"
@@ -75,7 +78,7 @@ def rejoin(holder, asleep: Asleep) -> dict:
         elif newest is None:
             if not asleep.weights_kept:
                 holder.broken = True
-                out["error"] = "no version is published to restore the weights level-2 sleep discarded"
+                out["error"] = "no version pulled to restore the weights level-2 sleep discarded"
             return out
         result = holder.update(newest)
         out["action"] = "pulled"

@@ -70,7 +70,20 @@ def test_discarded_weights_are_pulled_or_the_shard_says_it_is_broken(trainer, wo
     assert out["action"] == "pulled" and holder.served == 4 and same(holder.params, 4)
     empty = woken(new_params(), "m-none")
     out = rejoin(empty, Asleep(served=None, level=2, watch_s=None))
-    assert empty.broken and empty.status()["served"] is None and "no version" in out["error"]
+    assert empty.broken and empty.status()["served"] is None and "no version pulled" in out["error"]
+
+
+def test_a_tp_rank_leaves_the_pull_to_the_driver(trainer, hub):
+    """The ranks of a TP>1 engine move together (the updater pulls on all or aborts on all): one rank waking up
+    alone pulls nothing, and with its weights gone it says it is broken."""
+    trainer.publish("m4", 5, hf_version(5))
+    params = new_params()
+    with th.connect(hub.url, worker="sleep-tp/rank0") as client:
+        holder = EngineHolder(client, HolderConfig(model="m4", layout=LAYOUT, staging="none", shard_group="sleep-tp",
+                                                   shard_count=2), params, loader(params))
+        out = rejoin(holder, Asleep(served=None, level=2, watch_s=None))
+        assert out["action"] == "none" and holder.broken and not same(params, 5)
+        holder.close()
 
 
 def test_hooks_run_around_the_workers_own_sleep_and_wake():
