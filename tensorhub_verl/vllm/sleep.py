@@ -96,12 +96,14 @@ def rejoin(holder, asleep: Asleep) -> dict:
 
 def install_hooks(worker: Any, before: Callable[[int], Any], after: Callable[[list[str] | None], Any]) -> bool:
     """Wraps ``worker.sleep``/``worker.wake_up`` on the instance (once): ``before(level)`` runs before vLLM's
-    sleep, ``after(tags)`` after its wake-up. Returns False when they were already wrapped."""
+    sleep, ``after(tags)`` after its wake-up. Returns False when they were already wrapped, or when the object
+    has no such methods (nothing can put it to sleep)."""
     if getattr(worker, "_tensorhub_sleep_hooked", False):
         return False
     sleep, wake_up = getattr(worker, "sleep", None), getattr(worker, "wake_up", None)
-    if sleep is None or wake_up is None:
-        raise errors.ConfigError(f"{type(worker).__name__} has no sleep/wake_up: not a vLLM worker")
+    if not callable(sleep) or not callable(wake_up):
+        logger.debug("%s has no sleep/wake_up: no sleep hooks", type(worker).__name__)
+        return False
 
     def hooked_sleep(level: int = 1, *args, **kwargs):
         before(level)

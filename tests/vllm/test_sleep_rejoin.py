@@ -103,3 +103,4 @@ def test_hooks_run_around_the_workers_own_sleep_and_wake():
     w.wake_up(tags=["kv_cache"])
     assert calls == ["before 2", "sleep 2", "wake ['kv_cache']", "after ['kv_cache']"]
     assert not wakes_weights(["kv_cache"]) and wakes_weights(None) and wakes_weights(["weights"])
+    assert not install_hooks(object(), lambda level: None, lambda tags: None)  # nothing can sleep it
