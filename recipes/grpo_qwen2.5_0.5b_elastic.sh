@@ -6,6 +6,7 @@
 #
 #   ATTACH_HOSTS="node-a node-b" ATTACH_AFTER_S=300 bash recipes/grpo_qwen2.5_0.5b_elastic.sh
 # Hardware: the separate_async recipe's 8-GPU node, plus one GPU per attached rollout node.
+# Last run on: no GPU yet (checked line by line against verl 0.9.1's GPU defaults, docs/gpu.md).
 # No GPU? `tensorhub demo` runs the CPU version: two replicas in the job and one elastic node joining midway.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -15,8 +16,14 @@ ATTACH_HOSTS=${ATTACH_HOSTS:-}           # ssh-reachable hosts with this repo in
 ATTACH_COUNT=${ATTACH_COUNT:-1}
 ATTACH_AFTER_S=${ATTACH_AFTER_S:-300}    # join mid-run, after a few versions were published
 rm -f "${TENSORHUB_HUB_FILE}"
+HUB_ARGS=()
+if [[ -n "${ATTACH_HOSTS}" ]]; then
+    # Remote attachers: the hub must bind where they reach it, not on a one-host Ray cluster's loopback.
+    HUB_ARGS=("tensorhub.hub_host=${TENSORHUB_HUB_HOST:-$(hostname -I | awk '{print $1}')}")
+fi
 
-bash "$(dirname "$0")/grpo_qwen2.5_0.5b_separate_async.sh" tensorhub.hub_url_file="${TENSORHUB_HUB_FILE}" "$@" &
+bash "$(dirname "$0")/grpo_qwen2.5_0.5b_separate_async.sh" tensorhub.hub_url_file="${TENSORHUB_HUB_FILE}" \
+    "${HUB_ARGS[@]}" "$@" &
 TRAIN_PID=$!
 
 attach() {  # $1: host or "local", $2: index

@@ -2,6 +2,7 @@
 # GRPO, Qwen2.5-0.5B-Instruct, GSM8K, verl's fully async policy (rollouter and trainer decoupled,
 # partial rollout) with TensorHub. Weight sync runs every trigger_parameter_sync_step trainer steps.
 # Hardware: one node with 8 NVIDIA GPUs (rollouter and trainer split them; see the n_gpus settings below).
+# Last run on: no GPU yet (checked line by line against verl 0.9.1's GPU defaults, docs/gpu.md).
 # No GPU? recipes/grpo_tiny_cpu.sh runs verl's trainer on CPU with TensorHub (separate_async mode).
 set -xeuo pipefail
 source "$(dirname "$0")/common.sh"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # PPO (GAE, with critic), Qwen2.5-0.5B-Instruct, GSM8K, verl v1 separate_async trainer with TensorHub.
 # Hardware: one node with 8 NVIDIA GPUs (4 train, 4 rollout; N_GPUS_ROLLOUT and NGPUS_PER_NODE change it).
+# Last run on: no GPU yet (checked line by line against verl 0.9.1's GPU defaults, docs/gpu.md).
 # No GPU? recipes/grpo_tiny_cpu.sh runs the same trainer mode on CPU (VERL_PLATFORM=cpu, +tensorhub_cpu=tiny_grpo).
 set -xeuo pipefail
 source "$(dirname "$0")/common.sh"

@@ -64,6 +64,9 @@ class EngineSpec:
     lora_rank: int = 0
     """> 0: the engine runs with vLLM's LoRA (``max_lora_rank``) and follows ``<model>.lora`` as adapter
     ``LORA_INT_ID`` (``lora_update``; ``generate(..., lora=True)`` serves with it)."""
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """More ``vllm.LLM`` arguments, last (e.g. ``dtype``, ``gpu_memory_utilization``, ``enable_sleep_mode`` on a
+    GPU)."""
     api: str = "extension"
     """``extension``: drive the worker extension (EngineUpdater); ``weight_transfer``: vLLM's own
     weight-transfer API with the ``tensorhub`` backend (``update`` then returns that backend's result)."""
@@ -82,6 +85,39 @@ def engine_kwargs(model_dir: str, *, tp_size: int = 1, load_format: str = "dummy
     if compat.is_cpu_platform():
         kw["dtype"] = "float32"  # bf16 dies in vLLM's CPU attention
     return kw
+
+
+def move_weights(worker, discard: bool = False) -> int:
+    """What vLLM's sleep does to the weights' memory, on a CPU engine (whose sleep is a no-op): each parameter
+    moves to new storage (a copy of its bytes, or NaN when ``discard``: level 2 drops them) and its old storage,
+    kept alive so that its address is not reused, is overwritten with NaN. A read served from a registration
+    of the old memory then returns NaN, never the weights. Returns the number of parameters moved."""
+    import torch
+
+    from tensorhub_verl.vllm import compat
+
+    old = []
+    with torch.no_grad():
+        for p in compat.worker_model(worker).parameters():
+            fresh = torch.full_like(p.data, float("nan")) if discard else p.data.clone()
+            old.append(p.data)
+            p.data = fresh
+        for t in old:
+            t.fill_(float("nan"))
+    worker._tensorhub_test_old_weights = getattr(worker, "_tensorhub_test_old_weights", []) + old
+    return len(old)
+
+
+def load_checkpoint(worker, path: str) -> int:
+    """Loads the HF safetensors file ``path`` through vLLM's own loader (a reference independent of TensorHub's
+    transfer and mapping). Returns the number of tensors."""
+    from safetensors.torch import load_file
+
+    from tensorhub_verl.vllm import compat
+
+    tensors = load_file(path)
+    compat.load_hf_weights(worker, iter(tensors.items()))
+    return len(tensors)
 
 
 def _child(conn, spec_dict: dict) -> None:
@@ -109,6 +145,7 @@ def _child(conn, spec_dict: dict) -> None:
             kw["weight_transfer_config"] = {"backend": "tensorhub"}
         if spec.lora_rank > 0:
             kw.update(enable_lora=True, max_lora_rank=spec.lora_rank, max_loras=1)
+        kw.update(spec.engine_args)
         llm = LLM(**kw)
         updater = EngineUpdater(llm_rpc(llm))
         if spec.api == "weight_transfer":
@@ -174,6 +211,10 @@ def _child(conn, spec_dict: dict) -> None:
             "th_lora_update", timeout=timeout + 30, version=version, timeout_s=timeout),
         "served_version": updater.served_version,
         "rpc": lambda method, **kw: updater.call(method, **kw),
+        "sleep": lambda level=1: llm.sleep(level=level),
+        "wake_up": lambda tags=None: llm.wake_up(tags),
+        "move_weights": lambda discard=False: llm.collective_rpc(move_weights, kwargs={"discard": discard}),
+        "load_checkpoint": lambda path: llm.collective_rpc(load_checkpoint, kwargs={"path": path}),
     }
     while True:
         cmd, kwargs = conn.recv()
@@ -285,4 +326,4 @@ class EngineProcess:
         self.close()
 
 
-__all__ = ["ENGINE_ENV", "EngineError", "EngineProcess", "EngineSpec", "engine_kwargs"]
+__all__ = ["ENGINE_ENV", "EngineError", "EngineProcess", "EngineSpec", "engine_kwargs", "load_checkpoint", "move_weights"]

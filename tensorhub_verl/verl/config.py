@@ -51,11 +51,14 @@ class TensorHubVerlConfig:
     """Model name under which the policy's versions are published."""
     keep_versions: int = 2
     """Versions each worker holds at once (and the hub retains). 2 lets rollouts still pulling v-1
-    finish while v is published; each kept version costs one model's worth of staging memory."""
+    finish while v is published; each kept version costs one model's worth of staging memory. With
+    ``staging='gpu'`` a trainer rank holds one version in GPU memory whatever this says (older ones stay
+    readable from the rollouts that hold them)."""
     staging: str = "cpu"
     """Where the trainer's published bytes live: 'none' holds the tensors verl's per-tensor generator
     yields (no extra copy; only safe when the engine yields fresh tensors, e.g. FSDP full_tensor
-    gathers), 'cpu' copies into pinned CPU buffers allocated once, 'gpu' into GPU buffers allocated once."""
+    gathers), 'cpu' copies into pinned CPU buffers allocated once, 'gpu' into GPU buffers allocated once (one
+    version: ``keep_versions`` does not multiply GPU memory)."""
     rollout_dtype: str | None = None
     """The dtype the rollout engines serve (the presets set it from ``actor_rollout_ref.rollout.dtype``): the
     trainer casts its floating-point tensors to it as it stages them, so a version crosses the wire once, in the
@@ -66,10 +69,14 @@ class TensorHubVerlConfig:
     """How a rollout engine takes a new version. Its live parameters are always the holder of the version it
     serves. 'none': the pull lands straight in the parameters while the engine is paused (no copy of the
     model anywhere; the pause lasts the whole pull). 'cpu'/'gpu': the pull lands in a staging buffer while the
-    engine keeps generating, and the pause is only the copy into the parameters (one extra model of CPU or
-    GPU memory per engine)."""
+    engine keeps generating, and the pause is only the copy into the parameters (one extra model shard of
+    pinned CPU or of GPU memory per engine rank; 'gpu' must fit beside vLLM's ``gpu_memory_utilization`` share
+    or the engine refuses it at setup, naming the numbers)."""
     chunk_mb: int = 8
     """Transfer unit in MiB; many small tensors are packed into one chunk."""
+    window: int = 8
+    """Leases one worker's fetch keeps in flight (``ClientConfig.window``): more hides more latency per reader
+    on fast links (RDMA, NVLink), at the price of more reads in flight at once on each holder."""
     location: dict[str, str] = field(default_factory=dict)
     """This job's location labels (dc, rack, node, gpu). 'node' defaults to the Ray node's IP,
     so that workers on one node read from each other first."""
@@ -142,6 +149,8 @@ class TensorHubVerlConfig:
                               f"got {self.rollout_staging!r}")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
+        if not 1 <= self.window <= 1024:
+            raise ConfigError(f"tensorhub.window must be in [1, 1024], got {self.window}")
         unknown = set(self.location) - set(LABEL_KEYS)
         if unknown:
             raise ConfigError(f"tensorhub.location has unknown label(s) {sorted(unknown)}; accepted: {LABEL_KEYS}")
@@ -204,7 +213,7 @@ class TensorHubVerlConfig:
 
     def client_settings(self) -> dict[str, Any]:
         """The ``ClientConfig`` fields every worker of the job connects with (trainer ranks and engines)."""
-        return {"chunk_bytes": self.chunk_bytes, "tls_ca_file": self.tls_ca_file,
+        return {"chunk_bytes": self.chunk_bytes, "window": self.window, "tls_ca_file": self.tls_ca_file,
                 "allow_plain_http": self.allow_plain_http, "transport": self.transport}
 
     def wan_seeds(self) -> int:

@@ -8,7 +8,8 @@ unchanged until unpublished, so each version lives in one slot of a ``BufferRing
   engine yields fresh tensors (a tensor that aliases a live parameter would change under readers at the
   next optimizer step: detected, see ``_check_no_alias``).
 - ``staging='cpu'`` / ``'gpu'``: each tensor is copied into the slot's buffer, allocated at the first
-  version and reused (so the transport registers it once).
+  version and reused (so the transport registers it once). CPU buffers are pinned where CUDA is present;
+  GPU staging keeps one slot (``GPU_STAGING_VERSIONS``), whatever ``keep`` says.
 
 With a ``dtype`` (the rollout's, ``dtypes.published_dtype``) every floating-point tensor is cast as it is
 staged, so the version is published in the bytes the engines serve. A cast is a copy: with ``staging='none'``
@@ -32,6 +33,9 @@ from tensorhub_verl.verl.dtypes import published_dtype
 from tensorhub_verl.verl.staging import BufferRing, Slot
 
 logger = logging.getLogger("tensorhub_verl.verl.publisher")
+
+GPU_STAGING_VERSIONS = 1
+"""Versions a trainer rank holds in GPU staging, whatever ``keep_versions`` says."""
 
 
 @dataclass(slots=True)
@@ -78,6 +82,12 @@ class Publisher:
         self._chunk_bytes = chunk_bytes
         self._unpublish_timeout_s = unpublish_timeout_s
         self._verify_digests = verify_digests
+        if staging == "gpu" and keep > GPU_STAGING_VERSIONS:
+            # A version of a 32B model on 4 ranks is 16 GB per rank in bf16: two would not fit beside training on
+            # an 80 GB GPU. Older versions stay readable from the rollouts that hold them.
+            logger.info("staging='gpu': holding %d version on the GPU (keep_versions=%d applies to CPU staging)",
+                        GPU_STAGING_VERSIONS, keep)
+            keep = GPU_STAGING_VERSIONS
         self._ring = BufferRing(keep, self._unpublish)
         self._fill: _Fill | None = None
         self._pin = staging == "cpu" and torch.cuda.is_available()

@@ -96,9 +96,11 @@ def vllm_argv(ns: argparse.Namespace) -> list[str]:
             "--worker-extension-cls", EXTENSION_QUALNAME, "--host", ns.host, "--port", str(ns.port),
             "--served-model-name", ns.model,
             *(["--max-model-len", str(ns.max_model_len)] if ns.max_model_len else []),
-            "--tensor-parallel-size", str(ns.tensor_parallel_size), "--enforce-eager"]
+            "--tensor-parallel-size", str(ns.tensor_parallel_size)]
     if compat.is_cpu_platform():
-        argv += ["--dtype", "float32"]
+        # vLLM's CPU build: no graphs to capture, and bf16 dies in its CPU attention. On GPUs vLLM's defaults
+        # stand (CUDA graphs on, the model's dtype); pass --enforce-eager after -- to turn graphs off.
+        argv += ["--enforce-eager", "--dtype", "float32"]
     extra = list(ns.vllm_args)
     if extra and extra[0] == "--":
         extra = extra[1:]

@@ -22,6 +22,7 @@ from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_verl.vllm.lora import AdapterHolder, base_parameters, load_adapter_into_vllm
 from tensorhub_verl.vllm.mapping import EngineMapping, engine_mapping
+from tensorhub_verl.vllm.sleep import Asleep, install_hooks, rejoin, wakes_weights
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
 
@@ -56,6 +57,11 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
     params = base_parameters(compat.live_parameters(module))
     hf_cfg = compat.hf_config(worker_obj)
 
+    if staging == "gpu" and params and next(iter(params.values())).is_cuda:
+        from tensorhub_verl.vllm.memory import check_engine_gpu_staging
+
+        check_engine_gpu_staging(params, worker_obj.vllm_config.cache_config.gpu_memory_utilization)
+
     def load_hf(weights):
         compat.load_hf_weights(worker_obj, weights)
 
@@ -88,6 +94,8 @@ class TensorHubWorkerExtension:
     def _th(self) -> EngineHolder:
         holder = getattr(self, "_tensorhub_holder", None)
         if holder is None:
+            if getattr(self, "_tensorhub_asleep", None) is not None:
+                raise errors.InvalidRequest("the engine sleeps (vLLM sleep mode): wake its weights up first")
             raise errors.InvalidRequest("tensorhub is not set up on this worker: call th_setup first")
         return holder
 
@@ -99,31 +107,78 @@ class TensorHubWorkerExtension:
         ``bucket_bytes``: most HF bytes read at once when versions go through the engine's loader (None: the
         holder's default)."""
         settings = (hub_url, model, worker, staging)
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+        kwargs = dict(hub_url=hub_url, model=model, worker=worker, location=location, token=token, staging=staging,
+                      client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
+        if getattr(self, "_tensorhub_asleep", None) is not None:
+            # The weights sleep: nothing may register them now. The engine connects with these settings at wake.
+            self._tensorhub_build_kwargs, self._tensorhub_settings = kwargs, settings
+            return self.th_status()
         old = getattr(self, "_tensorhub_holder", None)
         if old is not None and getattr(self, "_tensorhub_settings", None) == settings:
             return old.status()
         if old is not None:
-            adapters = getattr(self, "_tensorhub_adapters", None)
-            if adapters is not None:  # it reads through the old holder's client
-                self._tensorhub_adapters = None
-                adapters.close()
-            old.close()
-            old.client.close()
-            self._tensorhub_holder = None
-        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        self._tensorhub_holder = self._th_build_holder(hub_url=hub_url, model=model, worker=worker,
-                                                       location=location, token=token, staging=staging,
-                                                       client_config=client_config, fetch_timeout_s=fetch_timeout_s,
-                                                       **extra)
+            self._th_drop_holder()
+        self._tensorhub_holder = self._th_build_holder(**kwargs)
+        self._tensorhub_build_kwargs = kwargs
         self._tensorhub_settings = settings
+        install_hooks(self, self.th_before_sleep, self.th_after_wake)
         return self._tensorhub_holder.status()
+
+    def _th_drop_holder(self) -> None:
+        """Stops holding (waiting for reads in flight) and disconnects: the client's data-plane agent and every
+        memory registration go with it. The LoRA follower reads through that client, so it goes too."""
+        adapters = getattr(self, "_tensorhub_adapters", None)
+        if adapters is not None:
+            self._tensorhub_adapters = None
+            adapters.close()
+        holder, self._tensorhub_holder = self._tensorhub_holder, None
+        try:
+            holder.close(timeout=holder.config.unpublish_timeout_s)
+        finally:
+            holder.client.close(timeout=holder.config.unpublish_timeout_s)
 
     def _th_build_holder(self, **kwargs) -> EngineHolder:
         """The holder of this rank's live parameters (a test double for a whole engine overrides this)."""
         return build_holder(self, **kwargs)
 
     def th_status(self) -> dict:
+        asleep = getattr(self, "_tensorhub_asleep", None)
+        if asleep is not None:
+            return {"worker": None, "asleep": asleep.as_dict(), "served": None, "broken": False, "pull": None}
         return self._th().status()
+
+    # ------------------------------------------------------------------ sleep and wake (see tensorhub_verl.vllm.sleep)
+    def th_before_sleep(self, level: int = 1) -> dict:
+        """Before vLLM's sleep frees or moves the weights: unpublishes every holding (draining reads in flight)
+        and disconnects. Runs on its own from the hooked ``sleep``; idempotent."""
+        holder = getattr(self, "_tensorhub_holder", None)
+        if holder is None:
+            return {"asleep": getattr(self, "_tensorhub_asleep", None) is not None}
+        served = None if holder.broken else holder.served
+        asleep = Asleep(served=served, level=int(level))
+        self._tensorhub_asleep = asleep
+        try:
+            self._th_drop_holder()
+        except errors.TensorHubError as e:
+            # The client is closed whatever happened (its agent and registrations are gone): a read still in
+            # flight fails and its reader re-plans; vLLM's sleep must go on.
+            logger.warning("%s: unpublishing before sleep did not finish cleanly: %s", holder.worker, e)
+        logger.info("%s: sleeping at level %d; stopped holding v%s", holder.worker, level, served)
+        return {"asleep": True, **asleep.as_dict()}
+
+    def th_after_wake(self, tags: list[str] | None = None) -> dict:
+        """After vLLM woke the weights: a new client registers the parameters as they are now, and the engine
+        holds its version again or pulls the newest (``sleep.rejoin``). Nothing happens while the weights
+        sleep (a wake-up of the KV cache only)."""
+        asleep = getattr(self, "_tensorhub_asleep", None)
+        if asleep is None or not wakes_weights(tags):
+            return {"rejoined": False}
+        self._tensorhub_holder = self._th_build_holder(**self._tensorhub_build_kwargs)
+        self._tensorhub_asleep = None
+        result = rejoin(self._tensorhub_holder, asleep)
+        logger.info("%s: awake; %s", self._tensorhub_holder.worker, result)
+        return {"rejoined": True, **result}
 
     def th_newest_version(self) -> int | None:
         return self._th().newest_version()
@@ -186,6 +241,7 @@ class TensorHubWorkerExtension:
         if adapters is not None:
             self._tensorhub_adapters = None
             adapters.close()
+        self._tensorhub_asleep = None
         holder = getattr(self, "_tensorhub_holder", None)
         if holder is not None:
             self._tensorhub_holder = None

@@ -142,6 +142,9 @@ class EngineHolder:
             self._staging_device = torch.device(staging_device or device)
         else:
             self._staging_device = torch.device("cpu")
+        # Host staging of a CUDA engine is page-locked: the copy into the parameters in the pause runs at the
+        # link's speed, asynchronously, and the data plane reads into it without a bounce through pageable memory.
+        self._pin = self._staging_device.type == "cpu" and device.type == "cuda" and torch.cuda.is_available()
         self._staging: dict[str, torch.Tensor] | None = None
         self._hf_views = hf_views
         self._skip_hf = tuple(skip_hf)
@@ -166,6 +169,7 @@ class EngineHolder:
             p = self._pull
             return {"worker": self.worker, "layout": self.config.layout, "served": self.served,
                     "broken": self.broken, "staging": self.config.staging, "extra_bytes": self.extra_bytes,
+                    "pinned_staging": self._pin,
                     "pull": None if p is None else {"version": p.version, "state": p.state.value,
                                                     "source_layout": p.source_layout,
                                                     "error": None if p.error is None else repr(p.error)}}
@@ -183,6 +187,16 @@ class EngineHolder:
             return HF_LAYOUT
         raise errors.VersionNotFound(f"no worker holds {self.config.model} v{version} in {self.config.layout!r} "
                                      f"or 'hf'")
+
+    def publish_served(self, version: int) -> None:
+        """Declares that the parameters now hold ``version`` (e.g. kept through a sleep) and registers them."""
+        with self._lock:
+            if self._pull is not None and self._pull.state is PullState.PULLING:
+                raise errors.InvalidRequest("a pull is running; wait for it or abort it first")
+            self._unpublish_served()
+            self._publish_params(version)
+            self.served = version
+            self.broken = False
 
     # ------------------------------------------------------------------ publish
     def _publish_params(self, version: int, verified: Manifest | None = None) -> None:
@@ -295,7 +309,7 @@ class EngineHolder:
             elif spec.name in self._hf_views.unused:
                 scratch = self._hf_scratch.get(spec.name)
                 if scratch is None or tuple(scratch.shape) != spec.shape or dtype_name(scratch.dtype) != spec.dtype:
-                    scratch = torch.empty(spec.shape, dtype=dtype_from_name(spec.dtype), device=self._staging_device)
+                    scratch = self._empty(spec.shape, dtype_from_name(spec.dtype))
                     self._hf_scratch[spec.name] = scratch
                 targets[spec.name] = scratch
             else:
@@ -330,9 +344,17 @@ class EngineHolder:
         """A TP>1 rank whose layout maps onto HF slices: it reads only its slices of 'hf', staged or not."""
         return self._hf_views is not None and bool(self._hf_views.slices)
 
+    def _empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """A staging buffer on the staging device (pinned host memory when the engine is on CUDA)."""
+        return torch.empty(tuple(shape), dtype=dtype, device=self._staging_device, pin_memory=self._pin)
+
+    @property
+    def pinned_staging(self) -> bool:
+        return self._pin
+
     def _engine_staging(self) -> dict[str, torch.Tensor]:
         if self._staging is None:
-            self._staging = {n: torch.empty_like(t, device=self._staging_device) for n, t in self.params.items()}
+            self._staging = {n: self._empty(t.shape, t.dtype) for n, t in self.params.items()}
         return self._staging
 
     def _fetch_hf_slices_staged(self, version: int):
@@ -357,7 +379,7 @@ class EngineHolder:
         key = manifest.digest
         if key not in self._hf_staging:
             self._hf_staging.clear()  # one HF staging set at a time
-            self._hf_staging[key] = manifest.allocate(self._staging_device)
+            self._hf_staging[key] = {t.name: self._empty(t.shape, dtype_from_name(t.dtype)) for t in manifest.tensors}
         return self._hf_staging[key]
 
     def _run_pull(self, pull: _Pull) -> None:

@@ -27,6 +27,7 @@ from tensorhub_verl.verl.staging import BufferRing
     ({"seeds_per_dc": "2"}, "seeds_per_dc must be >= 1"),
     ({"token": "s", "hub_address": "http://10.0.0.7:7777"}, "in clear.*allow_plain_http=true"),
     ({"allow_plain_http": "yes"}, "allow_plain_http must be true or false"),
+    ({"window": 0}, "window must be in"),
 ])
 def test_bad_config_names_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
@@ -59,6 +60,16 @@ def test_config_from_omegaconf():
 
     cfg = TensorHubVerlConfig.from_mapping(OmegaConf.create({"location": {"dc": "dc1"}, "keep_versions": 3}))
     assert cfg.location == {"dc": "dc1"} and isinstance(cfg.location, dict) and cfg.chunk_bytes == 8 << 20
+
+
+def test_chunk_and_window_reach_every_workers_client():
+    """``tensorhub.chunk_mb`` and ``tensorhub.window`` from verl's config are what trainer ranks and engines connect
+    with (``client_settings`` feeds both), and the client accepts them."""
+    from tensorhub_verl.ros.client import ClientConfig
+
+    settings = TensorHubVerlConfig.from_mapping({"chunk_mb": 32, "window": 16}).client_settings()
+    cfg = ClientConfig(**settings)
+    assert (cfg.chunk_bytes, cfg.window) == (32 << 20, 16)
 
 
 def test_ring_unpublishes_oldest_before_reuse_and_tolerates_retention_drops():

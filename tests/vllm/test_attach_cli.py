@@ -46,6 +46,23 @@ def test_the_maximum_length_is_the_models_unless_given():
     assert argv[argv.index("--max-model-len") + 1] == "300"
 
 
+def test_graphs_are_turned_off_on_the_cpu_build_only(monkeypatch):
+    """vLLM's CPU build runs eager in float32; on a GPU vLLM's defaults stand (CUDA graphs, the model's dtype)
+    unless the user passes --enforce-eager after --."""
+    require("vllm")
+    from tensorhub_verl.vllm import compat
+    from tensorhub_verl.vllm.attach import vllm_argv
+
+    args = ["--model-dir", "m", "--hub", "http://h:1"]
+    monkeypatch.setattr(compat, "is_cpu_platform", lambda: True)
+    argv = vllm_argv(build_parser().parse_args(args))
+    assert "--enforce-eager" in argv and argv[argv.index("--dtype") + 1] == "float32"
+    monkeypatch.setattr(compat, "is_cpu_platform", lambda: False)
+    argv = vllm_argv(build_parser().parse_args(args))
+    assert "--enforce-eager" not in argv and "--dtype" not in argv
+    assert "--enforce-eager" in vllm_argv(build_parser().parse_args(args + ["--", "--enforce-eager"]))
+
+
 def _run_launcher(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     fake = tmp_path / "bin" / "tensorhub"
     fake.parent.mkdir(exist_ok=True)
