@@ -57,8 +57,9 @@ class TensorHubVerlConfig:
     chunk_mb: int = 8
     """Transfer unit in MiB; many small tensors are packed into one chunk."""
     location: dict[str, str] = field(default_factory=dict)
-    """This job's location labels (dc, rack, node, gpu). 'node' defaults to the Ray node's IP,
-    so that workers on one node read from each other first."""
+    """Job-wide default location labels (dc, rack, node, gpu; null: unset) for the labels a Ray node does not give
+    itself (``node_location``: each node's own labels win). 'node' defaults to the Ray node's IP, so that workers
+    on one node read from each other first."""
     link_capacities: dict[str, float] = field(default_factory=dict)
     """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps). A job uses nic_gbps and wan_gbps only: to size
     seeds_per_dc when it is null (``wan_seeds``). rack_uplink_gbps is checked and accepted, as in
@@ -127,6 +128,9 @@ class TensorHubVerlConfig:
                               f"got {self.rollout_staging!r}")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
+        if not isinstance(self.location, dict):
+            raise ConfigError(f"tensorhub.location must be a mapping of labels, got {self.location!r}")
+        self.location = {key: label for key, label in self.location.items() if label is not None}  # null: unset
         unknown = set(self.location) - set(LABEL_KEYS)
         if unknown:
             raise ConfigError(f"tensorhub.location has unknown label(s) {sorted(unknown)}; accepted: {LABEL_KEYS}")

@@ -18,7 +18,7 @@ from tensorhub_verl.testing.leftovers import MARKER_ENV, new_marker, wait_none_w
 from tests.requires import require
 
 require("vllm", reason="the rollout replicas and the elastic node are vLLM engines (CPU build)")
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 EXIT_GRACE_S = 60.0
 """How long processes of a stopped group may take to be reaped by the kernel before they count as left."""
@@ -27,13 +27,15 @@ EXIT_GRACE_S = 60.0
 def test_no_process_of_the_demo_outlives_it_with_an_elastic_node(tmp_path, monkeypatch):
     marker = new_marker()
     monkeypatch.setenv(MARKER_ENV, marker)  # TinyJob.environment() copies this process's environment
-    job = TinyJob(task=build_task(tmp_path / "task"), out_dir=tmp_path / "out", steps=4, replicas=2)
+    # Enough steps after the first for the elastic node's vLLM engine to start and serve before the job ends.
+    job = TinyJob(task=build_task(tmp_path / "task"), out_dir=tmp_path / "out", steps=10, replicas=2)
     assert with_marker(marker) == []
     try:
-        result = run(job, quiet=True, elastic_at=1, timeout_s=900)
+        result = run(job, quiet=True, elastic_at=1, timeout_s=1200)
         assert result["demo"] == "ok"
-        node_log = job.out_dir / "elastic_node.log"
-        assert node_log.exists(), "the elastic node was never started: the test checked nothing of it"
+        # The node served a version: its engine core and workers were up when the demo ended.
+        assert result["elastic_node"] is not None and result["elastic_node"]["served"] >= 1, \
+            (job.out_dir / "elastic_node.log").read_text(errors="replace")[-3000:]
     finally:
         left = wait_none_with_marker(marker, EXIT_GRACE_S)
         for proc in left:  # no process outlives the test, whatever it found

@@ -33,6 +33,7 @@ def two_nodes():
         cluster.add_node(num_cpus=1, labels=OTHER, resources={"th_hub_host": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace="tensorhub-node-location", log_to_driver=False,
+                 _node_ip_address="127.0.0.1",
                  runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.pathsep.join(
                      filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}})
         yield cluster
