@@ -26,8 +26,11 @@ def test_cross_dc_job_on_a_two_host_ray_cluster(no_leftovers, tmp_path):
     print(json.dumps(result))
     labels = sorted((n["labels"].get("tensorhub/dc"), n["labels"].get("tensorhub/node")) for n in result["nodes"])
     assert labels == [("dc0", "d0r0h0"), ("dc1", "d1r0h0")]
+    # One GPU slot per host, one for the trainer rank and one for the replica: they run on different hosts
+    # (which one gets which is Ray's choice).
+    assert [n["resources"].get("GPU") for n in result["nodes"]] == [1.0, 1.0]
     assert [s["step"] for s in result["steps"]] == [1, 2]
     assert [s["version"] for s in result["steps"]] == [1, 2]
     assert all(s["bytes"] > 0 for s in result["steps"])
-    # The trainer and the replica are on different hosts, in different datacenters: each version crossed the WAN.
+    # Each version crossed the WAN (besides Ray's own traffic to the head: logs, heartbeats).
     assert sum(result["wan_rx_bytes_by_dc"].values()) >= 2 * float32_bytes(task.model_dir)
