@@ -15,10 +15,34 @@ logger = logging.getLogger("tensorhub_verl.process_group")
 
 
 def start_group(command: Sequence[str], *, env: Mapping[str, str] | None = None,
-                log: IO | None = None) -> subprocess.Popen:
-    """Starts ``command`` as the leader of a new session; output to ``log`` (or inherited)."""
+                log: IO | None = None, term_with_parent: bool = False) -> subprocess.Popen:
+    """Starts ``command`` as the leader of a new session; output to ``log`` (or inherited).
+
+    ``term_with_parent``: the kernel sends the leader SIGTERM when this process dies, even by SIGKILL (Linux
+    ``PR_SET_PDEATHSIG``), so that a leader which stops its own tree on SIGTERM (``attach-vllm``, a Ray driver,
+    whose cluster shares its fate) leaves nothing behind. The signal follows the thread that starts the child:
+    call it from one that lives as long as the process (the main thread)."""
     return subprocess.Popen(list(command), env=dict(env) if env is not None else None, stdout=log,
-                            stderr=subprocess.STDOUT if log is not None else None, start_new_session=True)
+                            stderr=subprocess.STDOUT if log is not None else None, start_new_session=True,
+                            preexec_fn=_signal_on_parent_death(signal.SIGTERM) if term_with_parent else None)
+
+
+def _signal_on_parent_death(sig: int):
+    """A ``preexec_fn`` that asks for ``sig`` when the parent dies (looked up before the fork: the child only
+    makes the call), and exits if the parent died before the request took effect."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def stop_group(proc: subprocess.Popen, timeout: float = 60.0) -> int | None:
@@ -61,8 +85,7 @@ def exit_with_parent_if_asked() -> bool:
     import ctypes
 
     parent = os.getppid()
-    pr_set_pdeathsig = 1
-    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         logger.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); this process may outlive its parent",
                        ctypes.get_errno())
         return False

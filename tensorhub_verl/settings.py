@@ -16,8 +16,8 @@ for the trainer (``staging``), rollout engines (``rollout_staging``, ``HolderCon
 PLATFORM_NAME = "cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
 """``VERL_PLATFORM=cpu`` is verl's own platform override; ``tensorhub_verl.verl.cpu_platform`` registers the
-platform it names. Ray passes the variable on to every worker it starts on the node, vLLM's processes
-included."""
+platform it names. A TensorHub job's runtime environment carries the driver's value to every worker on every
+node, vLLM's processes included (``tensorhub_verl.verl.runtime_env``)."""
 
 
 def cpu_platform_selected() -> bool:

@@ -81,3 +81,37 @@ def test_the_launcher_itself_is_not_tied_to_its_parent(monkeypatch):
     assert exit_with_parent_if_asked() is False
     monkeypatch.delenv(EXIT_WITH_PARENT_ENV)
     assert exit_with_parent_if_asked() is False
+
+
+def test_a_group_leader_started_to_end_with_its_launcher_gets_sigterm_when_the_launcher_is_killed(tmp_path):
+    """The demo's children: its launcher SIGKILLed (no finally runs), the leader still gets SIGTERM, the signal
+    on which ``attach-vllm`` and a Ray driver stop their own trees."""
+    pid_file, term_file = tmp_path / "leader.pid", tmp_path / "leader.term"
+    leader = textwrap.dedent(f"""
+        import os, pathlib, signal, sys, time
+        def on_term(*_):
+            pathlib.Path({str(term_file)!r}).write_text("TERM")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))
+        time.sleep(300)
+    """)
+    launcher = textwrap.dedent(f"""
+        import sys, time
+        from tensorhub_verl.process_group import start_group
+        start_group([sys.executable, "-c", {leader!r}], term_with_parent=True)
+        time.sleep(300)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    pid = None
+    try:
+        pid = _read_pid(pid_file)
+        parent.kill()
+        parent.wait(10)
+        assert _wait_gone(pid, 10), "the leader outlived its SIGKILLed launcher"
+        assert term_file.read_text() == "TERM"
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+        if pid is not None and not _wait_gone(pid, 0):
+            os.killpg(pid, signal.SIGKILL)

@@ -46,7 +46,7 @@ def _start_elastic_node(job: TinyJob, port: int) -> subprocess.Popen | None:
                "--model-dir", str(job.task.model_dir), "--port", str(port),
                "--location", "dc=dc0,rack=elastic,node=elastic-0"]
     with open(job.out_dir / "elastic_node.log", "w") as log:  # the child keeps its own descriptor
-        return start_group(command, env=job.environment(), log=log)
+        return start_group(command, env=job.environment(), log=log, term_with_parent=True)
 
 
 def _elastic_status(port: int) -> dict | None:
@@ -69,7 +69,9 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
     _say(quiet, f"  log: {job.log_file}   (Ray and vLLM start-up takes 1-3 minutes on 2 cores)")
     started = time.monotonic()
     with open(job.log_file, "w") as log:
-        trainer = start_group(job.command(), env=job.environment(), log=log)
+        # Killed outright, the demo still takes the job with it: the driver gets SIGTERM, and Ray's cluster
+        # shares the driver's fate.
+        trainer = start_group(job.command(), env=job.environment(), log=log, term_with_parent=True)
     rows: list[StepRow] = []
     elastic: subprocess.Popen | None = None
     elastic_port = 18_000 + (job.steps % 1000)

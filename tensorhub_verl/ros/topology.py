@@ -76,9 +76,13 @@ class Location:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Location":
         """Labels from TENSORHUB_DC / TENSORHUB_RACK / TENSORHUB_NODE / TENSORHUB_GPU (used by launch scripts)."""
-        env = os.environ if environ is None else environ
-        labels = {key: env[f"TENSORHUB_{key.upper()}"] for key in LABEL_KEYS if env.get(f"TENSORHUB_{key.upper()}")}
-        return cls.parse(labels)
+        return cls.parse(env_labels(environ))
+
+
+def env_labels(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The labels set in an environment (TENSORHUB_DC / _RACK / _NODE / _GPU), only those set."""
+    env = os.environ if environ is None else environ
+    return {key: env[f"TENSORHUB_{key.upper()}"] for key in LABEL_KEYS if env.get(f"TENSORHUB_{key.upper()}")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -155,6 +155,19 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, **s
     return out
 
 
+def float32_bytes(model_dir: str | Path) -> int:
+    """Bytes of a checkpoint's tensors in float32 (what a version of it is in vLLM's CPU build)."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) * 4 for name in f.keys())
+    return total
+
+
 def load_hf_model(model_dir: str | Path):
     """Loads the model in float32 eval mode with eager attention (the exact reference)."""
     from transformers import AutoModelForCausalLM
@@ -220,7 +233,7 @@ def greedy_mismatch(model, prompt_ids: list[int], tokens: list[int], near_tie: f
     return None
 
 
-__all__ = ["ARCHITECTURES", "greedy_mismatch", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
+__all__ = ["ARCHITECTURES", "float32_bytes", "greedy_mismatch", "TRAINING_LINES", "TinyModelSpec", "build_tiny_model", "build_tokenizer",
            "hf_greedy", "hf_state_dict", "load_hf_model", "make_config", "random_hf_weights", "toy_training_step"]
 
 

@@ -44,8 +44,8 @@ from tensorhub_verl.verl.identity import (
     WorkerIdentity,
     make_identity,
     ray_boundary_facts,
-    with_default_node,
 )
+from tensorhub_verl.verl.node_location import this_node, worker_location
 from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.lora import LORA_KEY, AdapterPublisher, checkpoint_names, lora_adapter_engine
 from tensorhub_verl.verl.publisher import Publisher
@@ -62,7 +62,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         bucket_size: verl's bucket size; unused (ROS moves chunks of ``tensorhub.chunk_mb``).
         is_master: set by verl on trainer ranks only: True on the rank that publishes.
         job: tag that makes worker ids unique at a shared hub; default: the Ray job id.
-        node: the ``node`` location label when the config has none; default: the Ray node's IP.
+        node: the ``node`` location label when neither the Ray node nor the config gives one; default: the Ray
+            node's IP. The other labels come from the Ray node this rank runs on (``node_location``).
         **tensorhub: the fields of ``TensorHubVerlConfig`` (verl's ``engine_kwargs['tensorhub']``).
     """
 
@@ -73,9 +74,10 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         self.config = TensorHubVerlConfig.from_mapping(tensorhub)
         self.is_master = is_master
         self.role = ROLLOUT_ROLE if is_master is None else ACTOR_ROLE
-        ray_job, ray_node = ray_boundary_facts()
+        ray_job, _ = ray_boundary_facts()
         self._job = job or ray_job
-        self._location = with_default_node(self.config.location, node or ray_node)
+        node_labels, node_ip = this_node()
+        self._location = worker_location(self.config.location, node_labels, node or node_ip)
         self._client = None
         self._identity: WorkerIdentity | None = None
         self._publisher: Publisher | None = None

@@ -78,8 +78,9 @@ class TensorHubVerlConfig:
     """Leases one worker's fetch keeps in flight (``ClientConfig.window``): more hides more latency per reader
     on fast links (RDMA, NVLink), at the price of more reads in flight at once on each holder."""
     location: dict[str, str] = field(default_factory=dict)
-    """This job's location labels (dc, rack, node, gpu). 'node' defaults to the Ray node's IP,
-    so that workers on one node read from each other first."""
+    """Job-wide default location labels (dc, rack, node, gpu; null: unset) for the labels a Ray node does not give
+    itself (``node_location``: each node's own labels win). 'node' defaults to the Ray node's IP, so that workers
+    on one node read from each other first."""
     link_capacities: dict[str, float] = field(default_factory=dict)
     """Link rates in Gbit/s (nic_gbps, rack_uplink_gbps, wan_gbps). A job uses nic_gbps and wan_gbps only: to size
     seeds_per_dc when it is null (``wan_seeds``). rack_uplink_gbps is checked and accepted, as in
@@ -101,6 +102,11 @@ class TensorHubVerlConfig:
     """If set, the hub actor writes its URL to this file (for rollout nodes outside the Ray job)."""
     hub_start_timeout_s: float = 60.0
     """Limit for creating the hub actor and reading its URL."""
+    hub_placement: str = "head"
+    """Where the job's hub actor runs (when hub_address is None): 'head', the Ray head node, where verl's driver
+    runs (a hard constraint); 'any', wherever Ray puts it; 'label:KEY=VALUE', a node with that Ray node label
+    (``ray start --labels KEY=VALUE``); 'resource:NAME', a node that offers the custom resource NAME
+    (``ray start --resources '{"NAME": 1}'``)."""
     fetch_timeout_s: float = 600.0
     """Limit of one rollout worker's pull of one version."""
     unpublish_timeout_s: float = 120.0
@@ -151,6 +157,9 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
         if not 1 <= self.window <= 1024:
             raise ConfigError(f"tensorhub.window must be in [1, 1024], got {self.window}")
+        if not isinstance(self.location, dict):
+            raise ConfigError(f"tensorhub.location must be a mapping of labels, got {self.location!r}")
+        self.location = {key: label for key, label in self.location.items() if label is not None}  # null: unset
         unknown = set(self.location) - set(LABEL_KEYS)
         if unknown:
             raise ConfigError(f"tensorhub.location has unknown label(s) {sorted(unknown)}; accepted: {LABEL_KEYS}")
@@ -168,6 +177,7 @@ class TensorHubVerlConfig:
                               f"got {self.seeds_per_dc}")
         if not 0 <= self.hub_port <= 65535:
             raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
+        hub_placement(self.hub_placement)  # raises ConfigError naming the accepted forms
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"tensorhub.{name} must be > 0, got {getattr(self, name)}")
@@ -221,6 +231,23 @@ class TensorHubVerlConfig:
         from tensorhub_verl.ros.topology import wan_seeds
 
         return wan_seeds(self.seeds_per_dc, self.link_capacities)
+
+
+HUB_PLACEMENTS = ("head", "any", "label:KEY=VALUE", "resource:NAME")
+
+
+def hub_placement(text: Any) -> tuple[str, str | None, str | None]:
+    """``tensorhub.hub_placement`` as (kind, key, value): ('head'|'any', None, None), ('label', KEY, VALUE) or
+    ('resource', NAME, None). Raises ConfigError on anything else."""
+    if text in ("head", "any"):
+        return text, None, None
+    kind, _, rest = str(text).partition(":")
+    key, eq, value = rest.partition("=")
+    if isinstance(text, str) and kind == "label" and key and eq and value:
+        return "label", key, value
+    if isinstance(text, str) and kind == "resource" and rest and not eq:
+        return "resource", rest, None
+    raise ConfigError(f"tensorhub.hub_placement must be one of {', '.join(HUB_PLACEMENTS)}, got {text!r}")
 
 
 def _to_plain(value: Any) -> Any:

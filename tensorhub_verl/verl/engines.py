@@ -3,7 +3,8 @@
 Each server's ``collective_rpc`` (returning results, see ``patches/verl_0_9_1_engine_holders``) runs a
 ``th_*`` method of ``TensorHubWorkerExtension`` on every engine rank of its node. Identity is passed in:
 ``setup`` gives node ``i`` of replica ``r`` the worker id of rollout rank ``i`` of replica ``r`` and the
-location labels of the config, with ``node`` set to the server's address.
+location labels of the Ray node its server runs on (``node_location``; the config's for labels the node does not
+give), with ``node`` defaulting to the server's address.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.verl.config import TensorHubVerlConfig
-from tensorhub_verl.verl.identity import ROLLOUT_ROLE, make_identity, with_default_node
+from tensorhub_verl.verl.identity import ROLLOUT_ROLE, make_identity
+from tensorhub_verl.verl.node_location import actor_node, worker_location
 from tensorhub_verl.vllm.updater import EngineUpdater
 
 STATUS_POLL_S = 0.05
@@ -56,10 +58,12 @@ class ReplicaEngines:
 
         # Through Ray to the engines' processes (never a command line): the hub token and the job's key.
         token, job_key = await asyncio.to_thread(job_credentials, config)
+        nodes = await asyncio.wait_for(asyncio.gather(*(actor_node(s) for s in self.servers)),
+                                       config.apply_timeout_s)
         results = []
-        for index, (server, (address, _port)) in enumerate(zip(self.servers, addresses)):
+        for index, (server, (address, _port), (labels, _ip)) in enumerate(zip(self.servers, addresses, nodes)):
             identity = make_identity(role=ROLLOUT_ROLE, rank=index, replica=self.replica_rank, job=job,
-                                     location=with_default_node(config.location, address))
+                                     location=worker_location(config.location, labels, address))
             results += await asyncio.wait_for(server.collective_rpc.remote(
                 "th_setup", timeout=config.apply_timeout_s,
                 kwargs={"hub_url": hub_url, "model": config.model, "worker": identity.worker,

@@ -2,14 +2,17 @@
 
 When the config gives no ``hub_address``, the first party that needs the hub (the updater on the
 driver side, or an actor rank) creates the actor ``tensorhub.hub_actor_name`` in namespace
-``tensorhub.hub_namespace`` with ``get_if_exists=True``, so concurrent creators get one hub. It is
-pinned (softly) to the head node, where ``python -m verl.trainer.main_ppo`` runs its driver, and is
-detached so that rollout nodes attaching from outside the job (``tensorhub attach-vllm``) can find it:
+``tensorhub.hub_namespace`` with ``get_if_exists=True``, so concurrent creators get one hub. It runs where
+``tensorhub.hub_placement`` says: by default on the head node, where ``python -m verl.trainer.main_ppo`` runs its
+driver (a hard constraint: with a soft one Ray may put it on any node), or on a node with a given Ray label or
+custom resource. It is detached so that rollout nodes attaching from outside the job (``tensorhub attach-vllm``)
+can find it:
 
     ray.get(ray.get_actor("tensorhub_hub", namespace="tensorhub").url.remote())
 
-or read the URL from ``hub_url_file`` / Ray's internal KV (key ``tensorhub/hub_url/<name>``).
-Being detached, it outlives the job; ``stop_hub`` ends it.
+or read the URL from ``hub_url_file`` / Ray's internal KV (key ``tensorhub/hub_url/<name>``). ``hub_url_file:
+auto`` is a file of this Ray cluster's session, on the hub's node (``session_url_file``), never a fixed global path.
+Being detached, it outlives the job; ``stop_hub`` ends it and removes its URL file.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import ray
 
 from tensorhub_verl.errors import ConfigError, HubUnavailable
 from tensorhub_verl.ros.hub_client import is_loopback_url
-from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.config import TensorHubVerlConfig, hub_placement
 
 logger = logging.getLogger("tensorhub_verl.verl.hub_actor")
 
@@ -53,8 +56,10 @@ class TensorHubHubActor:
         self._hub = th.start_hub(host=bind, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key,
                                  config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc))
         self._url = self._hub.url
-        if url_file:
-            _write_atomically(url_file, self._url + "\n")
+        self._url_file = session_url_file(actor_name) if url_file == AUTO_URL_FILE else url_file
+        if self._url_file:
+            _write_atomically(self._url_file, self._url + "\n")
+            logger.info("hub URL written to %s", self._url_file)
         try:  # best effort: the named actor is the primary way to find the hub
             from ray.experimental import internal_kv
 
@@ -71,11 +76,16 @@ class TensorHubHubActor:
         """The hub's token: the configured one, or the one this actor made. Only through Ray, never printed."""
         return self._token
 
+    def url_file(self) -> str | None:
+        """Where this hub wrote its URL (``hub_url_file``, ``auto`` resolved), or None."""
+        return self._url_file
+
     def ping(self) -> bool:
         return True
 
     def stop(self) -> None:
         self._hub.stop()
+        _remove_if_ours(self._url_file, self._url)
 
 
 def _hub_config(*, keep_versions: int, seeds_per_dc: int):
@@ -83,6 +93,37 @@ def _hub_config(*, keep_versions: int, seeds_per_dc: int):
     import tensorhub_verl as th
 
     return th.HubConfig(keep_versions=keep_versions, planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc))
+
+
+AUTO_URL_FILE = "auto"
+"""``hub_url_file`` value: a file in the Ray session's directory on the hub's node (``session_url_file``)."""
+
+
+def session_url_file(actor_name: str) -> str:
+    """``<Ray session dir>/tensorhub/<namespace>.<actor>.url`` for the calling Ray process: one file per Ray
+    cluster session and hub, on the hub's node (``/tmp/ray/session_latest/tensorhub/...`` by default)."""
+    from ray._private import worker
+
+    node = worker._global_node
+    if node is None:
+        raise ConfigError("hub_url_file 'auto' needs a connected Ray process (it names a file in Ray's session dir)")
+    namespace = ray.get_runtime_context().namespace or "default"
+    return os.path.join(node.get_session_dir_path(), "tensorhub", f"{namespace}.{actor_name}.url")
+
+
+def _remove_if_ours(path: str | None, url: str) -> None:
+    """Removes a URL file that still names this hub (a newer hub may have rewritten it)."""
+    if not path:
+        return
+    try:
+        with open(path) as f:
+            if f.read().strip() != url:
+                return
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        logger.warning("could not remove the hub URL file %s: %s", path, e)
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -117,7 +158,8 @@ def head_node_id() -> str | None:
 
 def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
     """Returns the hub URL: ``cfg.hub_address`` if set, else the URL of the job's hub actor,
-    creating it (once, cluster-wide) on ``node_id`` (default: the head node) if it does not exist."""
+    creating it (once, cluster-wide) where ``cfg.hub_placement`` says (``node_id``: on that node) if it does not
+    exist."""
     if cfg.hub_address:
         return cfg.hub_address
     if not ray.is_initialized():
@@ -132,12 +174,7 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
                           f"for the workers), or set tensorhub.allow_plain_http=true on a network nobody else can "
                           f"read")
     options = dict(name=cfg.hub_actor_name, namespace=cfg.hub_namespace, lifetime="detached",
-                   get_if_exists=True, num_cpus=0, max_concurrency=8)
-    target = node_id or head_node_id()
-    if target is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
+                   get_if_exists=True, num_cpus=0, max_concurrency=8, **placement_options(cfg, node_id))
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
         host=host, port=cfg.hub_port, token=cfg.resolved_token(),
         keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
@@ -180,6 +217,25 @@ def _job_key(cfg: TensorHubVerlConfig) -> str | None:
     internal_kv._internal_kv_put(key, secrets.token_urlsafe(32).encode(), overwrite=False, namespace=KV_NAMESPACE)
     value = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
     return value.decode() if value else None
+
+
+def placement_options(cfg: TensorHubVerlConfig, node_id: str | None = None) -> dict:
+    """The hub actor's Ray options for ``cfg.hub_placement`` (``node_id``, if given, wins: a hard pin there)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    kind, key, value = hub_placement(cfg.hub_placement)
+    if node_id is None and kind == "head":
+        node_id = head_node_id()
+        if node_id is None:
+            raise HubUnavailable("tensorhub.hub_placement=head but Ray reports no head node: set "
+                                 "tensorhub.hub_placement to any, label:KEY=VALUE or resource:NAME")
+    if node_id is not None:
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+    if kind == "label":
+        return {"label_selector": {key: value}}
+    if kind == "resource":
+        return {"resources": {key: 0.001}}
+    return {}
 
 
 def find_hub(name: str = "tensorhub_hub", namespace: str = "tensorhub", timeout: float = 30.0) -> str:

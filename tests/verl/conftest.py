@@ -27,7 +27,18 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def ray_local():
+def _ray_session():
+    """Shuts down at the end of the run whatever Ray cluster ``ray_local`` (re)started."""
+    import ray
+
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(_ray_session):
+    """A one-node local Ray cluster, started once and kept for the run (started again after a module that needed
+    a cluster of its own, e.g. test_node_location_on_cpu's two nodes, shut it down)."""
     import ray
 
     if not ray.is_initialized():
@@ -39,7 +50,6 @@ def ray_local():
                                                os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                                os.environ.get("PYTHONPATH")]))}})
     yield ray
-    ray.shutdown()
 
 
 @pytest.fixture

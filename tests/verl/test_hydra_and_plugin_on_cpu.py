@@ -56,8 +56,10 @@ def test_standalone_and_cross_dc_compose_with_ppo_trainer():
     out = _compose(searchpath, "+tensorhub=standalone", "actor_rollout_ref.rollout.dtype=float16")
     assert out["th"]["rollout_dtype"] == "float16"
 
+    # Labels come from each Ray node (node_location), not from the shell of wherever verl's task runner lands.
     out = _compose(searchpath, "+tensorhub=cross_dc", "tensorhub.location.rack=r7", env={"TENSORHUB_DC": "eu1"})
-    assert out["th"]["location"] == {"dc": "eu1", "rack": "r7"}
+    assert out["th"]["location"] == {"rack": "r7"}
+    assert out["th"]["hub_url_file"] == "auto" and out["th"]["hub_placement"] == "head"
     assert out["th"]["link_capacities"]["wan_gbps"] == 100.0 and out["th"]["seeds_per_dc"] is None
 
 

@@ -179,3 +179,39 @@ def test_on_the_cpu_platform_the_critic_honours_the_configured_attention(value_m
     assert critic.config._attn_implementation == "eager"
     assert critic.score.weight.shape == (1, 64)  # a value head: one output per token
     assert PreTrainedModel.__dict__["from_pretrained"] is transformers_loader  # transformers' method restored
+
+
+def test_only_a_tensorhub_job_forwards_the_drivers_settings_to_every_node(monkeypatch):
+    """The runtime environment Ray applies on every node carries the driver's TensorHub settings, not the
+    driver's own location labels (each node keeps its own) nor its launcher pid."""
+    from omegaconf import OmegaConf
+
+    import verl.trainer.constants_ppo as constants
+    from tensorhub_verl.process_group import EXIT_WITH_PARENT_ENV
+    from tensorhub_verl.verl.patches import verl_0_9_1_runtime_env_settings as patch
+    from tensorhub_verl.verl.patches.replace import is_replaced
+
+    patch.apply(constants)  # already applied if the plugin loaded at `import verl`
+    assert is_replaced(constants, "get_ppo_ray_runtime_env")
+    for name, value in {"TENSORHUB_TOKEN": "t0k", "TENSORHUB_HUB_FILE": "/jobs/7/hub_url", "TENSORHUB_DC": "dc9",
+                        "TENSORHUB_RACK": "r9", EXIT_WITH_PARENT_ENV: "123",
+                        "VERL_FILE_LOGGER_PATH": "/jobs/7/metrics.jsonl"}.items():
+        monkeypatch.setenv(name, value)
+    env_vars = constants.get_ppo_ray_runtime_env(OmegaConf.create(_job("tensorhub")))["env_vars"]
+    assert env_vars["TENSORHUB_TOKEN"] == "t0k" and env_vars["TENSORHUB_HUB_FILE"] == "/jobs/7/hub_url"
+    assert env_vars["VERL_FILE_LOGGER_PATH"] == "/jobs/7/metrics.jsonl"
+    assert not {"TENSORHUB_DC", "TENSORHUB_RACK", EXIT_WITH_PARENT_ENV} & set(env_vars)
+    other = constants.get_ppo_ray_runtime_env(OmegaConf.create(_job("nccl")))["env_vars"]
+    assert not any(name.startswith("TENSORHUB_") for name in other) and "VERL_FILE_LOGGER_PATH" not in other
+
+
+def test_main_ppo_reads_the_patched_runtime_environment():
+    """``main_ppo`` binds the function by name at import: the patch must be in place before (a fresh process,
+    as ``python -m verl.trainer.main_ppo`` starts)."""
+    import subprocess
+
+    code = ("import verl.trainer.main_ppo as m; from tensorhub_verl.verl.patches.replace import is_replaced; "
+            "print(is_replaced(m, 'get_ppo_ray_runtime_env'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True", proc.stderr[-2000:]

@@ -8,7 +8,6 @@ Each step's metrics come from verl's own "file" logger.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from tensorhub_verl.demo.grpo import run
 from tensorhub_verl.demo.job import TinyJob
 from tensorhub_verl.demo.progress import read_metrics
 from tensorhub_verl.demo.task import build_task
+from tensorhub_verl.testing.tiny_model import float32_bytes
 from tests.requires import require
 
 require("vllm", reason="the rollout replicas are vLLM engines (CPU build)")
@@ -39,17 +39,6 @@ def _run(task, tmp_path, steps: int, dtype_overrides: tuple[str, ...] = (), **kw
     return result, read_metrics(job.metrics_file)
 
 
-def _fp32_bytes(model_dir) -> int:
-    """Bytes of the model's tensors in float32 (the task's checkpoint is saved in float32)."""
-    from safetensors import safe_open
-
-    total = 0
-    for path in Path(model_dir).glob("*.safetensors"):
-        with safe_open(str(path), "pt") as f:
-            total += sum(math.prod(f.get_slice(name).get_shape()) * 4 for name in f.keys())
-    return total
-
-
 def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_path):
     """Two FSDP2 trainer ranks holding bf16 weights, each publishing its own shard cast to the rollouts' float32
     (vLLM's CPU build serves float32 only: the cast is tested in that direction); the replicas' engines hold what
@@ -58,7 +47,7 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
                            dtype_overrides=("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",))
     assert result["demo"] == "ok"
     assert [step for step, _ in metrics] == [1, 2, 3]
-    fp32_bytes = _fp32_bytes(task.model_dir)
+    fp32_bytes = float32_bytes(task.model_dir)
     on_policy_steps = 0
     for step, m in metrics:
         # Published in the rollouts' dtype: float32 bytes from bf16 parameters, read once by each replica.

@@ -1,0 +1,78 @@
+"""verl's tiny job on a Ray cluster that spans lab hosts: the head host runs the driver (and, by Ray's choice,
+whatever verl puts there), the other hosts join with their own location labels.
+
+Two datacenters of one host each, joined by a shaped WAN link; ``ray start`` on each host with its logical GPU
+slots (the CPU presets schedule trainer ranks and replicas on them). The job connects to the existing cluster,
+so the preset's ``ray_kwargs.ray_init.num_gpus/num_cpus`` are set to null (Ray refuses them when connecting).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from dataclasses import replace
+
+from tensorhub_verl.demo.job import TinyJob
+from tensorhub_verl.demo.progress import read_steps
+from tensorhub_verl.netlab.lab import Lab
+from tensorhub_verl.netlab.ray_cluster import LabRayCluster
+from tensorhub_verl.netlab.spec import DatacenterSpec, LabSpec, RackSpec
+from tensorhub_verl.verl.runtime_env import job_settings
+
+log = logging.getLogger("tensorhub_verl.netlab.verl_job")
+
+TRAINER_HOST = "d0r0h0"
+ROLLOUT_HOST = "d1r0h0"
+
+
+def two_dc_spec(*, nic_mbit: float | None = 1000.0, wan_mbit: float | None = 200.0) -> LabSpec:
+    return LabSpec(datacenters=(DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=(TRAINER_HOST,)),)),
+                                DatacenterSpec(name="dc1", racks=(RackSpec(name="r0", hosts=(ROLLOUT_HOST,)),))),
+                   nic_mbit=nic_mbit, wan_mbit=wan_mbit)
+
+
+def cluster_job(job: TinyJob) -> TinyJob:
+    """``job`` as it runs against an existing cluster: no resources in ``ray.init``, the driver's RAY_ADDRESS."""
+    return replace(job, extra=(*job.extra, "ray_kwargs.ray_init.num_gpus=null", "ray_kwargs.ray_init.num_cpus=null"))
+
+
+def run_across_two_dcs(job: TinyJob, *, timeout_s: float = 1500.0, trainer_gpus: int | None = None,
+                       rollout_gpus: int | None = None) -> dict:
+    """Runs ``job`` with the driver on the dc0 host and the dc1 host in the cluster; returns the steps, the
+    cluster's nodes as Ray lists them (labels included) and the bytes that crossed the WAN into each dc."""
+    job = cluster_job(job)
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (job.metrics_file, job.hub_url_file):
+        stale.unlink(missing_ok=True)
+    env = job.environment()
+    env.pop("RAY_ADDRESS", None)
+    # The nodes get what a host's own setup gives them; the job's settings (TENSORHUB_*, the metrics file, verl's
+    # platform) reach their workers only through the job's runtime environment, as on separate machines.
+    node_env = {k: v for k, v in env.items() if k not in job_settings(env)}
+    gpus = {TRAINER_HOST: trainer_gpus if trainer_gpus is not None else job.trainer_ranks,
+            ROLLOUT_HOST: rollout_gpus if rollout_gpus is not None else job.replicas}
+    with Lab(two_dc_spec()) as lab, LabRayCluster(lab, head=TRAINER_HOST, workers=[ROLLOUT_HOST], num_gpus=gpus,
+                                                  log_dir=job.out_dir / "ray", env=node_env) as cluster:
+        nodes = cluster.nodes()
+        wan_before = lab.wan_tx_bytes_by_dc()
+        started = time.monotonic()
+        with open(job.log_file, "w") as out:
+            proc = lab.host(TRAINER_HOST).popen(job.command(), env={**env, "RAY_ADDRESS": cluster.address},
+                                                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        wan_after = lab.wan_tx_bytes_by_dc()
+        seconds = time.monotonic() - started
+    rows = read_steps(job.metrics_file, final=True)
+    if code != 0 or not rows:
+        tail = job.log_file.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"verl's job across hosts ended with {code} after {len(rows)} steps; "
+                           f"last lines of {job.log_file}:\n{tail}")
+    return {"steps": [r.as_json() for r in rows], "nodes": nodes, "seconds": round(seconds, 1),
+            "wan_rx_bytes_by_dc": {dc: wan_after[dc] - wan_before.get(dc, 0) for dc in wan_after}}
+
+
+__all__ = ["ROLLOUT_HOST", "TRAINER_HOST", "cluster_job", "run_across_two_dcs", "two_dc_spec"]

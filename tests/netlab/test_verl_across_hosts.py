@@ -1,0 +1,36 @@
+"""verl's real tiny job (``+tensorhub=cross_dc``, 2 steps) on a Ray cluster that spans two lab hosts in two
+datacenters: ``ray start --head`` in one namespace, ``ray start --address`` in the other, each node labelled
+with its host's location. The nodes get no job settings in their environment: those reach the workers through
+the job's runtime environment. A replica across the WAN from the trainer pulls every version over it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tensorhub_verl.demo.job import TinyJob
+from tensorhub_verl.demo.task import build_task
+from tensorhub_verl.testing.tiny_model import float32_bytes
+from tensorhub_verl.netlab.verl_job import run_across_two_dcs
+from tests.requires import require
+
+require("vllm", reason="the rollout replica is a vLLM engine (CPU build)")
+pytestmark = [pytest.mark.netns, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def test_cross_dc_job_on_a_two_host_ray_cluster(no_leftovers, tmp_path):
+    task = build_task(tmp_path / "task")
+    job = TinyJob(task=task, out_dir=tmp_path / "out", steps=2, replicas=1, mode="cross_dc")
+    result = run_across_two_dcs(job)
+    print(json.dumps(result))
+    labels = sorted((n["labels"].get("tensorhub/dc"), n["labels"].get("tensorhub/node")) for n in result["nodes"])
+    assert labels == [("dc0", "d0r0h0"), ("dc1", "d1r0h0")]
+    # One GPU slot per host, one for the trainer rank and one for the replica: they run on different hosts
+    # (which one gets which is Ray's choice).
+    assert [n["resources"].get("GPU") for n in result["nodes"]] == [1.0, 1.0]
+    assert [s["step"] for s in result["steps"]] == [1, 2]
+    assert [s["version"] for s in result["steps"]] == [1, 2]
+    assert all(s["bytes"] > 0 for s in result["steps"])
+    # Each version crossed the WAN (besides Ray's own traffic to the head: logs, heartbeats).
+    assert sum(result["wan_rx_bytes_by_dc"].values()) >= 2 * float32_bytes(task.model_dir)
