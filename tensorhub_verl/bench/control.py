@@ -32,6 +32,7 @@ import psutil
 
 from tensorhub_verl.bench import positive_ints
 from tensorhub_verl.bench.hub_proc import HubProcess
+from tensorhub_verl.ros.integrity import ALGORITHM
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS
 
@@ -182,7 +183,10 @@ def _extrapolate(points: list[dict]) -> dict:
             "hub_cpu_per_update_s": round(per_read_s * _TARGET_READERS * _TARGET_CHUNKS, 1)}
 
 
-def _publish(url: str, model: str, chunks: int, grants: bool) -> str:
+def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = True) -> str:
+    """Publishes one version of ``chunks`` chunks as a trainer that registered no memory; ``digests``: with
+    placeholder chunk digests (the hub stores them; only readers check them), else none (a hub started with
+    ``--allow-unverified`` takes it)."""
     import base64
 
     tensor = TensorSpec("w", (chunks * _CHUNK_BYTES,), "uint8", chunks * _CHUNK_BYTES)
@@ -200,7 +204,7 @@ def _publish(url: str, model: str, chunks: int, grants: bool) -> str:
                 "model": model, "version": 1, "layout": "hf", "chunk_bytes": _CHUNK_BYTES,
                 "tensors": [{"name": tensor.name, "shape": list(tensor.shape), "dtype": tensor.dtype,
                              "nbytes": tensor.nbytes}],
-                "chunk_digests": ["0" * 16] * chunks}})  # the hub stores digests; only readers check them
+                "chunk_digests": ["0" * 16] * chunks if digests else [], "digest_algorithm": ALGORITHM}})
         reply.raise_for_status()
     return layout_digest("hf", [tensor], _CHUNK_BYTES)
 

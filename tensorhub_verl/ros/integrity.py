@@ -209,13 +209,6 @@ def _next_row(p: Piece, q: Piece, rb: int) -> bool:
             and q.local == p.local + p.length)
 
 
-def new_hasher() -> "xxhash.xxh3_64":
-    """xxh3-64 of bytes streamed in order: what the TCP transport hashes a read with as it lands when asked
-    (``Transport.landed_digest``). Not the chunk digest: the fetcher no longer asks for it (it checks chunks
-    with ``ChunkChecker``); it goes when the transports drop ``landed_digest``."""
-    return xxhash.xxh3_64()
-
-
 def local_views(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """Flat byte views of a fetch's local buffers, for ``ChunkChecker.landed``."""
     return [_flat(t) for t in tensors]

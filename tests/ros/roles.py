@@ -148,14 +148,14 @@ class GatedPlane(DataPlane):
     def load_peer(self, agent_name, metadata):
         self.inner.load_peer(agent_name, metadata)
 
-    def _start_read(self, peer, copies, grant, wake, digest):
+    def _start_read(self, peer, copies, grant, wake):
         self.reads += 1
         if self.on_read is not None:
             self.on_read(self.reads)
         if self.hold_after is not None and self.reads > self.hold_after:
             self.holding.set()
             self.start_gate.wait(120)
-        return self.inner._start_read(peer, copies, grant, None, False)  # no wake: the gate decides
+        return self.inner._start_read(peer, copies, grant, None)  # no wake: the gate decides
 
     def poll(self, handle):
         return self.inner.poll(handle) if self.finish_gate.is_set() else ReadState.IN_PROGRESS

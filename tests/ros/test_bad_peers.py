@@ -81,8 +81,8 @@ class _NeverFrom(GatedPlane):
         self.prefix = prefix
         self.stuck: list[object] = []
 
-    def _start_read(self, peer, copies, grant, wake, digest):
-        handle = super()._start_read(peer, copies, grant, wake, digest)
+    def _start_read(self, peer, copies, grant, wake):
+        handle = super()._start_read(peer, copies, grant, wake)
         if peer.startswith(self.prefix):
             self.stuck.append(handle)
         return handle

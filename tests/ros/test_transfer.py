@@ -203,7 +203,7 @@ def test_the_nixl_plane_declares_what_it_needs():
             with pytest.raises(ValueError, match="takes no grant"):
                 plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], Grant("1.2.ab"))
             with pytest.raises(ValueError, match="lands no reads"):
-                plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], digest=True)
+                plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], wake=threading.Event())
         finally:
             plane.close()
 

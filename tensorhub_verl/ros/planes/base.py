@@ -9,8 +9,7 @@ them ignores:
   every read then carries a ``Grant``. A plane without it (NIXL) gets no grant: a reader can address only
   memory whose metadata the hub handed it with a lease.
 - ``lands_on_own_threads``: reads land on the plane's own threads, which set the read's ``wake`` event when it
-  finishes and, when asked (``digest``), hash its bytes as they land (``landed_digest``). Without it the fetch
-  loop polls every read and hashes a landed chunk itself.
+  finishes. Without it the fetch loop polls every read.
 - ``preconnect_peers``: how many likely sources the hub should name at registration so that the plane
   connects to them before the first fetch (0: none).
 
@@ -124,23 +123,23 @@ class DataPlane(ABC, Generic[H]):
         """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
     def start_read(self, peer: str, copies: Sequence[Copy], grant: Grant | None = None, *,
-                   wake: threading.Event | None = None, digest: bool = False) -> H:
+                   wake: threading.Event | None = None) -> H:
         """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError.
-        ``grant``: required by a plane that ``needs_grant``, refused by one that does not. ``wake`` and
-        ``digest``: only for a plane that ``lands_on_own_threads``."""
+        ``grant``: required by a plane that ``needs_grant``, refused by one that does not. ``wake``: only
+        for a plane that ``lands_on_own_threads``."""
         if self.needs_grant and (grant is None or not grant.token):
             raise ReadError(f"the {self.name} plane reads only with the hub's grant of a lease; the hub signed "
                             f"none for {peer} (it registered without a grant key)")
         if not self.needs_grant and grant is not None:
             raise ValueError(f"the {self.name} plane takes no grant (needs_grant is False)")
-        if (wake is not None or digest) and not self.lands_on_own_threads:
+        if wake is not None and not self.lands_on_own_threads:
             raise ValueError(f"the {self.name} plane lands no reads on its own threads: it takes no wake event "
-                             f"and hashes nothing (the fetch loop polls and hashes)")
-        return self._start_read(peer, list(copies), grant, wake, digest)
+                             f"(the fetch loop polls)")
+        return self._start_read(peer, list(copies), grant, wake)
 
     @abstractmethod
-    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None,
-                    digest: bool) -> H:
+    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None,
+                    wake: threading.Event | None) -> H:
         """Posts the read; the arguments were checked against this plane's capabilities."""
 
     @abstractmethod
@@ -149,11 +148,6 @@ class DataPlane(ABC, Generic[H]):
     def failure(self, handle: H) -> str:
         """Why a read whose state is FAILED failed, when the plane knows."""
         return ""
-
-    def landed_digest(self, handle: H) -> str | None:
-        """The digest (integrity.py) of a DONE read's bytes, in copy order, hashed as they landed, when the
-        read was started with ``digest=True`` on a plane that ``lands_on_own_threads``; otherwise None."""
-        return None
 
     @abstractmethod
     def release(self, handle: H) -> None:

@@ -301,9 +301,9 @@ class NixlPlane(DataPlane[_NixlRead]):
             except Exception as e:  # the first read connects instead, and reports what is wrong
                 logger.debug("connecting to %s ahead of its first read failed: %s", agent_name, e)
 
-    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None,
-                    digest: bool) -> _NixlRead:
-        """``grant`` and ``wake`` are None and ``digest`` False here (``DataPlane.start_read`` checks it)."""
+    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None,
+                    wake: threading.Event | None) -> _NixlRead:
+        """``grant`` and ``wake`` are None here (``DataPlane.start_read`` checks it)."""
         groups: dict[tuple[str, str], list[Copy]] = defaultdict(list)
         for c in copies:
             groups[(c.local_mem, c.remote_mem)].append(c)

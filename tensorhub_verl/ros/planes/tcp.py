@@ -50,12 +50,10 @@ threads and two sockets for every peer it ever read from."""
 class _Read(ReadHandle):
     """One chunk's read on one stream: posted, then done or failed; ``cancel`` hangs its stream up."""
 
-    def __init__(self, request: bytes, copies: list[Copy], wake: threading.Event | None, digest: bool):
+    def __init__(self, request: bytes, copies: list[Copy], wake: threading.Event | None):
         self.request = request
         self.copies = copies
         self.wake = wake
-        self.wants_digest = digest
-        self.digest: str | None = None
         self.state = ReadState.IN_PROGRESS
         self.reason = ""
         self.cancelled = False
@@ -63,10 +61,10 @@ class _Read(ReadHandle):
         self.sock: socket.socket | None = None
         self.attempts = 0
 
-    def finish(self, state: ReadState, reason: str = "", digest: str | None = None) -> None:
+    def finish(self, state: ReadState, reason: str = "") -> None:
         with self.lock:
             if self.state is ReadState.IN_PROGRESS:
-                self.state, self.reason, self.digest = state, reason, digest
+                self.state, self.reason = state, reason
         if self.wake is not None:
             self.wake.set()
 
@@ -197,12 +195,11 @@ class _Peer:
                 why = wire.recv_exact(sock, min(length, wire.MAX_REASON)).decode(errors="replace")
                 read.finish(ReadState.FAILED, f"peer {self.agent} refused the read: {why}")
                 return self._broken(sent, "the holder refused an earlier read on this connection", sock, sent)
-            hasher = integrity.new_hasher() if read.wants_digest else None  # afresh on each attempt
             for c in read.copies:
-                wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length), hasher)
+                wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length))
         except OSError as e:
             return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
-        read.finish(ReadState.DONE, digest=hasher.hexdigest() if hasher is not None else None)
+        read.finish(ReadState.DONE)
         return sock
 
     def _broken(self, reads, why: str, sock: socket.socket | None = None, sent: deque[_Read] | None = None) -> None:
@@ -336,8 +333,8 @@ class TcpPlane(DataPlane[_Read]):
         if known is not None:
             known[1].close()
 
-    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None,
-                    digest: bool) -> _Read:
+    def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None,
+                    wake: threading.Event | None) -> _Read:
         if grant is None:  # refused by DataPlane.start_read already; kept for direct callers of the hook
             raise ReadError(f"a read from {peer} over TCP needs the hub's grant")
         with self._lock:
@@ -358,7 +355,7 @@ class TcpPlane(DataPlane[_Read]):
         parts = wanted if signed != wanted else []  # none: all of the granted ranges
         request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
             b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
-        read = _Read(request, copies, wake, digest)
+        read = _Read(request, copies, wake)
         known[1].submit(read)
         return read
 
@@ -367,9 +364,6 @@ class TcpPlane(DataPlane[_Read]):
 
     def failure(self, handle: _Read) -> str:
         return handle.reason
-
-    def landed_digest(self, handle: _Read) -> str | None:
-        return handle.digest
 
     def release(self, handle: _Read) -> None:
         handle.cancel()

@@ -54,9 +54,8 @@ def recv_exact(sock: socket.socket, nbytes: int) -> bytes:
     return bytes(buffer)
 
 
-def recv_into_exact(sock: socket.socket, view: memoryview, hasher=None) -> None:
-    """Fills ``view`` from ``sock`` (whose timeout bounds each wait). ConnectionError when the peer hangs up.
-    ``hasher``: updated with each piece just after it lands, while the piece is still in the CPU's cache."""
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fills ``view`` from ``sock`` (whose timeout bounds each wait). ConnectionError when the peer hangs up."""
     received, total = 0, len(view)
     while received < total:
         try:
@@ -65,8 +64,6 @@ def recv_into_exact(sock: socket.socket, view: memoryview, hasher=None) -> None:
             raise TimeoutError(f"timed out: no bytes within the timeout, after {received} of {total}") from e
         if n == 0:
             raise ConnectionError(f"peer closed the connection after {received} of {total} bytes")
-        if hasher is not None:
-            hasher.update(view[received:received + n])
         received += n
 
 
