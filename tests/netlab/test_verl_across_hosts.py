@@ -8,20 +8,37 @@ from __future__ import annotations
 import json
 
 import pytest
+import trustme
 
 from tensorhub_verl.demo.job import TinyJob
 from tensorhub_verl.demo.task import build_task
 from tensorhub_verl.testing.tiny_model import float32_bytes
-from tensorhub_verl.netlab.verl_job import run_across_two_dcs
+from tensorhub_verl.netlab.spec import plan_lab
+from tensorhub_verl.netlab.verl_job import TRAINER_HOST, run_across_two_dcs, two_dc_spec
 from tests.requires import require
 
 require("vllm", reason="the rollout replica is a vLLM engine (CPU build)")
 pytestmark = [pytest.mark.netns, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
+def _hub_tls(tmp_path) -> tuple[str, ...]:
+    """A hub actor off loopback serves HTTPS (or needs allow_plain_http): a throwaway CA and a certificate for
+    the head host's lab address, where the hub actor runs."""
+    head_ip = next(h.ip for h in plan_lab(two_dc_spec(), "tls").hosts if h.name == TRAINER_HOST)
+    ca = trustme.CA()
+    cert = ca.issue_cert(head_ip)
+    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "hub.pem", "key": tmp_path / "hub.key"}
+    ca.cert_pem.write_to_path(paths["ca"])
+    cert.cert_chain_pems[0].write_to_path(paths["cert"])
+    cert.private_key_pem.write_to_path(paths["key"])
+    return (f"tensorhub.hub_tls_cert={paths['cert']}", f"tensorhub.hub_tls_key={paths['key']}",
+            f"tensorhub.tls_ca_file={paths['ca']}")
+
+
 def test_cross_dc_job_on_a_two_host_ray_cluster(no_leftovers, tmp_path):
     task = build_task(tmp_path / "task")
-    job = TinyJob(task=task, out_dir=tmp_path / "out", steps=2, replicas=1, mode="cross_dc")
+    job = TinyJob(task=task, out_dir=tmp_path / "out", steps=2, replicas=1, mode="cross_dc",
+                  extra=_hub_tls(tmp_path))
     result = run_across_two_dcs(job)
     print(json.dumps(result))
     labels = sorted((n["labels"].get("tensorhub/dc"), n["labels"].get("tensorhub/node")) for n in result["nodes"])
