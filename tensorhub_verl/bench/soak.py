@@ -126,6 +126,8 @@ class _Report:
     fault_log: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    version_seconds: dict[str, list[float]] = field(default_factory=dict)
+    """Seconds from publish to the last fetch of each version, by the fault that struck it (``none``)."""
 
 
 class Soak:
@@ -135,6 +137,8 @@ class Soak:
         self.c = config
         self.rng = random.Random(config.seed)
         self.plan = plan_faults(config.versions, config.fault_rate, self.rng)
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
         hub_log = os.path.join(workdir, "hub.log") if workdir else None
         self.hub = HubProcess(args=("--worker-timeout", str(config.worker_timeout_s), "--keep-versions", "2"),
                               stderr_path=hub_log)
@@ -206,6 +210,9 @@ class Soak:
         self._churn()
         entry["seconds"] = round(time.monotonic() - began, 2)
         log.info("v%d: %s, %s in %.2f s", version, fault or "no fault", outcomes, entry["seconds"])
+        if version > 1:  # version 1 is the warm-up
+            kind = fault if fault is not None and entry.get("injected", True) else "none"
+            self.report.version_seconds.setdefault(kind, []).append(entry["seconds"])
         if fault is not None and entry.get("injected", True):
             bad = [o for o in outcomes if o != "ok"]
             self.report.injected[fault] = self.report.injected.get(fault, 0) + 1
@@ -380,6 +387,7 @@ class Soak:
             "injected": dict(sorted(rep.injected.items())), "survived": dict(sorted(rep.survived.items())),
             "fetch_p50_s": round(statistics.median(rep.seconds), 3) if rep.seconds else None,
             "fetch_max_s": max(rep.seconds, default=None), "memory_mb": memory,
+            "time_lost_per_fault_s": _time_lost(rep.version_seconds),
             "fault_log": rep.fault_log, "errors": rep.errors[:20],
         }
 
@@ -408,6 +416,15 @@ def _resume(pid: int) -> None:
         pass
 
 
+def _time_lost(seconds: dict[str, list[float]]) -> dict:
+    """Per fault kind: the median seconds of a version it struck minus the median of a fault-free version."""
+    if not seconds.get("none"):
+        return {}
+    clean = statistics.median(seconds["none"])
+    lost = {kind: round(statistics.median(s) - clean, 2) for kind, s in sorted(seconds.items()) if kind != "none"}
+    return {"fault_free_version_p50_s": round(clean, 2), **lost}
+
+
 def _growth(start: int | None, end: int | None, versions: int) -> dict:
     mb = lambda b: None if b is None else round(b / 2**20, 1)  # noqa: E731
     return {"rss_start_mb": mb(start), "rss_end_mb": mb(end), "versions": versions,
@@ -422,6 +439,11 @@ def format_summary(r: dict) -> str:
     for kind in FAULTS:
         lines.append(f"  {kind:<18} injected {r['injected'].get(kind, 0):>3}  survived {r['survived'].get(kind, 0):>3}")
     lines.append(f"torn reads: {r['torn_reads']}   hangs: {r['hangs']}")
+    lost = dict(r["time_lost_per_fault_s"])
+    if lost:
+        clean = lost.pop("fault_free_version_p50_s")
+        lines.append(f"time lost per fault (median version with it, minus {clean} s without): "
+                     + ", ".join(f"{k} {v:+} s" for k, v in lost.items()))
     lines.append("memory (RSS MB, start -> end over versions):")
     for proc, m in r["memory_mb"].items():
         lines.append(f"  {proc:<12} {m['rss_start_mb']} -> {m['rss_end_mb']} ({m['growth_mb']:+} MB over "

@@ -39,6 +39,8 @@ def _check(report: dict, versions: int) -> None:
     assert report["versions_delivered"] > 0
     assert set(report["injected"]) == set(soak.FAULTS), report["fault_log"]
     assert report["memory_mb"]["hub"]["growth_mb"] is not None
+    lost = report["time_lost_per_fault_s"]  # by fault kind, against the fault-free versions
+    assert set(lost) <= {"fault_free_version_p50_s", *report["injected"]}, lost
 
 
 def test_a_short_soak_survives_every_kind_of_fault(capsys):
