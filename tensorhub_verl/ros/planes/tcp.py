@@ -268,7 +268,13 @@ class TcpConfig:
     """At registration, connect to this many likely sources (the nearest holders of the newest versions), so a
     joiner's first fetch reads over open connections (the plane's metadata is just an address); 0: off."""
 
+    bounce_bytes: int = tcp_bounce.DEFAULT_BYTES
+    """Size of each pinned bounce buffer CUDA memory crosses the socket through: one per holder connection and
+    one per reader stream, made at its first CUDA read."""
+
     def __post_init__(self) -> None:
+        if not 4096 <= self.bounce_bytes <= 1 << 30:
+            raise errors.ConfigError(f"TcpConfig.bounce_bytes must be in [4096, 2**30], got {self.bounce_bytes}")
         if self.streams < 1:
             raise errors.ConfigError(f"TcpConfig.streams must be >= 1, got {self.streams}")
         if not 0 <= self.preconnect_peers <= 16:
@@ -278,7 +284,7 @@ class TcpConfig:
 class TcpPlane(DataPlane[_Read]):
     """The TCP data plane (see the module docstring). ``host`` is the address peers reach this process on (the
     server listens there only). Its server checks every read against a grant the hub signed with
-    ``grant_key``; reads land on the streams' threads, which wake the fetch loop and hash the bytes as they land."""
+    ``grant_key``; reads land on the streams' threads, which wake the fetch loop. CPU and CUDA memory (tcp_bounce.py)."""
 
     name = "tcp"
     needs_grant = True
@@ -289,7 +295,8 @@ class TcpPlane(DataPlane[_Read]):
         from tensorhub_verl.ros.planes.registry import advertised_host
 
         return cls(agent_name, config.host or advertised_host(hub_url), streams=config.streams,
-                   io_timeout_s=io_timeout_s, preconnect_peers=config.preconnect_peers)
+                   io_timeout_s=io_timeout_s, preconnect_peers=config.preconnect_peers,
+                   bounce_bytes=config.bounce_bytes)
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S, preconnect_peers: int = 4,
