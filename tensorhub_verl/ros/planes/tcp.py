@@ -214,7 +214,7 @@ class _Peer:
                 if not bounce:
                     bounce.append(self._bounces.new())
                 bounce[0].receive(sock, target)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # RuntimeError: a failed host -> device copy (torch's CUDA errors)
             return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
         read.finish(ReadState.DONE)
         return sock

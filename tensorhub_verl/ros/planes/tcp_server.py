@@ -100,6 +100,8 @@ class ReadServer:
                 wait_s = self._idle_timeout_s
         except OSError as e:  # timeouts, resets, a reader that hung up mid-reply
             logger.debug("%s: connection from %s ended: %s", self._name, peer, e)
+        except RuntimeError as e:  # a failed device -> host copy (torch's CUDA errors): the reader re-plans
+            logger.warning("%s: a read of GPU memory for %s failed: %s", self._name, peer, e)
         finally:
             with self._lock:
                 self._connections.discard(conn)
