@@ -44,9 +44,10 @@ class TensorHubVerlConfig:
     """Send ``token`` to an ``http://`` hub on another host, in clear (a cluster network nobody else can read).
     Off: a job with a token and a plain-HTTP hub off loopback refuses to start and says what to set."""
     transport: str = "auto"
-    """The data plane of every worker of the job: 'nixl', 'tcp', or 'auto' (picked per host: NIXL with CUDA, RDMA
-    or a loopback hub, else TCP streams). One hub serves one plane: set it explicitly when hosts differ (e.g. a
-    GPU trainer and CPU-only attached nodes, which then pass ``tensorhub attach-vllm --transport``)."""
+    """The data plane of every worker of the job: 'nixl', 'tcp', or 'auto' (picked per host: NIXL with RDMA or a
+    loopback hub, else TCP streams, CUDA memory included). One hub serves one plane: set it explicitly when hosts
+    differ (e.g. an RDMA trainer and attached nodes without RDMA, which then pass ``tensorhub attach-vllm
+    --transport``)."""
     model: str = "policy"
     """Model name under which the policy's versions are published."""
     keep_versions: int = 2

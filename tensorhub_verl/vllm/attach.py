@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
 
     p.add_argument("--transport", default="auto", choices=TRANSPORTS,
-                   help="data plane (default auto: NIXL with CUDA, RDMA or a loopback hub, else TCP); it must match "
+                   help="data plane (default auto: NIXL with RDMA or a loopback hub, else TCP); it must match "
                         "the plane of the hub's other workers (the hub refuses another one and names it)")
     p.add_argument("--first-version-timeout", type=float, default=600.0,
                    help="seconds to wait for a first published version")

@@ -313,13 +313,16 @@ def test_metadata_of_another_plane_or_agent_is_unusable():
         nixl.close()
 
 
-def test_the_tcp_plane_refuses_gpu_memory_in_its_own_words():
-    reader = TcpPlane("cpu-only", "127.0.0.1")
+def test_the_tcp_plane_registers_cpu_and_cuda_memory_without_new_metadata():
+    reader = TcpPlane("cpu-and-cuda", "127.0.0.1")
     try:
         assert reader.register([torch.zeros(16)]) is False  # metadata never changes: nothing to re-send
         if torch.cuda.is_available():
-            with pytest.raises(errors.ConfigError, match="CPU memory only"):
-                reader.register([torch.zeros(16, device="cuda")])
+            on_gpu = torch.zeros(16, device="cuda")
+            assert reader.register([on_gpu]) is False
+            assert isinstance(reader._resolve(on_gpu.data_ptr(), 64, "VRAM"), torch.Tensor)
+        with pytest.raises(errors.ConfigError, match="CPU and CUDA memory"):
+            reader.register([torch.zeros(16, device="meta")])
     finally:
         reader.close()
 
@@ -342,7 +345,11 @@ def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_pat
     rdma.mkdir()
     monkeypatch.setattr(registry, "_RDMA_SYSFS", rdma)
     remote = "http://10.1.2.3:7777"
-    assert registry.choose("auto", remote)[0] == ("nixl" if torch.cuda.is_available() else "tcp")
+    monkeypatch.setattr(registry, "cuda_present", lambda: False)
+    assert registry.choose("auto", remote)[0] == "tcp"
+    monkeypatch.setattr(registry, "cuda_present", lambda: True)  # simulated: no GPU here
+    assert registry.choose("auto", remote)[0] == "tcp"  # CUDA memory goes through the TCP plane's bounce buffers
+    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: CUDA IPC
     (rdma / "mlx5_0").mkdir()
     assert registry.choose("auto", remote) == ("nixl", "RDMA devices present")
     with pytest.raises(errors.ConfigError):

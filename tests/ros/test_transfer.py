@@ -242,10 +242,10 @@ def test_a_seed_posts_its_queued_wan_read_before_the_one_in_flight_lands(hub):
     weights = make_weights(2, 2.0)
     with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
         trainer.publish("policy", 1, weights)
-        gated = GatedTransport("seed-ahead", on_read=lambda n: n == 2 and gated.finish_gate.clear())
+        gated = GatedPlane("seed-ahead", on_read=lambda n: n == 2 and gated.finish_gate.clear())
         gated.finish_gate.clear()
         seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8, max_run_chunks=1),
-                      transport=gated)
+                      plane=gated)
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
         fetch.start()

@@ -22,5 +22,5 @@ def check_one_plane(worker: str, plane: str, others: Mapping[str, str]) -> None:
         f"{other_plane!r} (e.g. {example!r}); all workers of one hub must use one plane. Set the same plane on "
         f"every worker: ClientConfig(plane=PlaneConfig(kind={other_plane!r})) or connect(..., "
         f"transport={other_plane!r}); in a verl job tensorhub.transport={other_plane}, and tensorhub attach-vllm "
-        f"--transport {other_plane} (the default 'auto' picks per host: NIXL with CUDA, RDMA or a loopback hub, "
+        f"--transport {other_plane} (the default 'auto' picks per host: NIXL with RDMA or a loopback hub, "
         f"else TCP)", plane=plane, hub_plane=other_plane)

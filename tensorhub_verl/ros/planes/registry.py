@@ -5,10 +5,13 @@ weight-transfer factory does); the class is looked up when a plane is created, a
 only when a NIXL plane is created (a broken NIXL install raises its own ImportError then; a TCP-only host never
 imports it). A duplicate name and an unknown name raise.
 
-``auto`` picks NIXL wherever it is faster than TCP streams or TCP cannot serve: a loopback hub (every peer is on
-this host, and UCX's shared memory beats any socket), RDMA devices, CUDA (GPUDirect, CUDA IPC; the TCP plane
-serves CPU memory only) or a UCX_TLS that names more than TCP. Otherwise the wire between hosts is TCP, and TCP
-streams beat UCX's emulated GET over TCP (docs/measurements.md). Every worker of one hub must use the same plane:
+``auto`` picks NIXL wherever it is faster than TCP streams: a loopback hub (every peer is on this host: UCX's
+shared memory and CUDA IPC beat any socket), RDMA devices (GPUDirect RDMA included), or a UCX_TLS that names more
+than TCP. Otherwise the wire between hosts is TCP, and TCP streams beat UCX's emulated GET over TCP
+(docs/measurements.md), on CUDA hosts too: the TCP plane moves GPU memory through pinned bounce buffers, whose
+device copies run far above any TCP link's speed (docs/gpu.md). The price there: peers on the same host also
+read over loopback TCP instead of CUDA IPC; a job whose readers mostly share a host with their source can set
+``PlaneConfig.kind='nixl'``. Every worker of one hub must use the same plane:
 the hub refuses a worker whose plane differs from its other workers' (``errors.PlaneMismatch``), so pick
 ``PlaneConfig.kind`` explicitly on clusters whose hosts differ.
 """
@@ -62,8 +65,8 @@ class PlaneConfig:
     """The data plane of a client (``ClientConfig.plane``): which one, and each plane's own settings."""
 
     kind: str = "auto"
-    """'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams, CPU memory only; close to
-    a raw TCP flow where the link is the limit, docs/measurements.md), or 'auto' (see this module's docstring).
+    """'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams; CUDA memory through pinned
+    bounce buffers; close to a raw TCP flow where the link is the limit, docs/measurements.md), or 'auto' (see this module's docstring).
     Every worker of one hub must use the same plane."""
     nixl: NixlConfig = field(default_factory=NixlConfig)
     tcp: TcpConfig = field(default_factory=TcpConfig)
@@ -92,7 +95,7 @@ class PlaneConfig:
 
 FLAT_FIELDS = {"transport": ("kind",), "progress": ("nixl", "progress"), "net_devices": ("nixl", "net_devices"),
                "tcp_host": ("tcp", "host"), "tcp_streams": ("tcp", "streams"),
-               "preconnect_peers": ("tcp", "preconnect_peers")}
+               "preconnect_peers": ("tcp", "preconnect_peers"), "tcp_bounce_bytes": ("tcp", "bounce_bytes")}
 """The flat ``ClientConfig`` keyword of each plane setting (``connect(transport='tcp', tcp_streams=4)``)."""
 
 
@@ -128,8 +131,8 @@ def choose(transport: str, hub_url: str) -> tuple[str, str]:
     if rdma_present():
         return "nixl", "RDMA devices present"
     if cuda_present():
-        return "nixl", "CUDA present"
-    return "tcp", "no RDMA, no CUDA, peers on other hosts"
+        return "tcp", "no RDMA, peers on other hosts: CUDA memory crosses TCP through pinned bounce buffers"
+    return "tcp", "no RDMA, peers on other hosts"
 
 
 def rdma_present() -> bool:

@@ -1,4 +1,4 @@
-"""The TCP data plane: reads of peers' registered CPU memory over plain TCP streams, for hosts without RDMA.
+"""The TCP data plane: reads of peers' registered memory over plain TCP streams, for hosts without RDMA.
 
 UCX's TCP transport emulates a one-sided GET with active messages and segment copies on both sides (measured
 here: 0.37 of a raw socket copy with UCX's defaults, 0.6-0.68 tuned, see nixl.TCP_DEFAULTS). This
@@ -11,7 +11,12 @@ plane moves a chunk the way a raw socket does: the holder ``sendall``s it from t
 Connections to a peer are opened in the background as soon as its metadata arrives (``load_peer``, with the
 first lease on it), so the first chunk does not wait for TCP's handshake. Each stream sends the next read's
 request ahead of the reply it is receiving, so the holder sends chunk after chunk with no gap; several streams
-spread a fast link's copies over cores. CPU memory only: GPU memory goes over NIXL.
+spread a fast link's copies over cores.
+
+GPU memory (``VRAM`` regions) crosses the socket through pinned bounce buffers, one per holder connection and
+one per reader stream (tcp_bounce.py): the holder copies each piece device -> host and sends it, the reader
+receives each piece and copies it host -> device, synchronized before the read is done. The device side is a
+tensor view of a registered storage, never an address turned into host memory.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import integrity
+from tensorhub_verl.ros.planes import tcp_bounce
 from tensorhub_verl.ros.planes import tcp_wire as wire
+from tensorhub_verl.ros.planes.tcp_bounce import Bounce, Bounces
 from tensorhub_verl.ros.planes.tcp_server import ReadServer
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
@@ -50,9 +57,10 @@ threads and two sockets for every peer it ever read from."""
 class _Read(ReadHandle):
     """One chunk's read on one stream: posted, then done or failed; ``cancel`` hangs its stream up."""
 
-    def __init__(self, request: bytes, copies: list[Copy], wake: threading.Event | None):
+    def __init__(self, request: bytes, targets: "list[memoryview | torch.Tensor]", wake: threading.Event | None):
         self.request = request
-        self.copies = copies
+        self.targets = targets
+        """Where each copy lands: a byte view of CPU memory, or a uint8 tensor (GPU memory, via a bounce buffer)."""
         self.wake = wake
         self.state = ReadState.IN_PROGRESS
         self.reason = ""
@@ -70,7 +78,7 @@ class _Read(ReadHandle):
 
     def cancel(self) -> None:
         """Stops the read: its stream is shut down, so no more bytes land in the reader's buffer after the
-        current recv (at most wire.RECV_PIECE bytes)."""
+        current recv (at most wire.RECV_PIECE bytes, or one bounce buffer for GPU memory)."""
         with self.lock:
             self.cancelled = True
             if self.state is ReadState.IN_PROGRESS:
@@ -85,8 +93,9 @@ class _Peer:
     and start again with the next read (``submit``)."""
 
     def __init__(self, agent: str, host: str, port: int, streams: int, io_timeout_s: float, connect_timeout_s: float,
-                 idle_close_s: float = IDLE_CLOSE_S):
+                 idle_close_s: float = IDLE_CLOSE_S, bounces: Bounces | None = None):
         self.agent, self.address = agent, (host, port)
+        self._bounces = bounces or Bounces()
         self._io_timeout_s, self._connect_timeout_s, self._idle_close_s = io_timeout_s, connect_timeout_s, idle_close_s
         self.reads: queue.Queue[_Read] = queue.Queue()
         self._down: tuple[float, str] | None = None
@@ -145,6 +154,8 @@ class _Peer:
             pass
         sent: deque[_Read] = deque()
         """Reads whose requests are on this connection, in order; their replies come in the same order."""
+        bounce: list[Bounce] = []
+        """This stream's bounce buffer, made at its first read into GPU memory."""
         idle_since = time.monotonic()
         while not self._stop.is_set():
             if not sent:
@@ -163,7 +174,7 @@ class _Peer:
                 except queue.Empty:
                     pass
             if sent:
-                sock = self._receive(sent.popleft(), sock, sent)
+                sock = self._receive(sent.popleft(), sock, sent, bounce)
                 idle_since = time.monotonic()
         if sock is not None:
             sock.close()
@@ -188,16 +199,22 @@ class _Peer:
         sent.append(read)
         return sock
 
-    def _receive(self, read: _Read, sock: socket.socket, sent: deque[_Read]) -> socket.socket | None:
+    def _receive(self, read: _Read, sock: socket.socket, sent: deque[_Read],
+                 bounce: list[Bounce]) -> socket.socket | None:
         try:
             status, length = wire.REPLY.unpack(wire.recv_exact(sock, wire.REPLY.size))
             if status != wire.OK:
                 why = wire.recv_exact(sock, min(length, wire.MAX_REASON)).decode(errors="replace")
                 read.finish(ReadState.FAILED, f"peer {self.agent} refused the read: {why}")
                 return self._broken(sent, "the holder refused an earlier read on this connection", sock, sent)
-            for c in read.copies:
-                wire.recv_into_exact(sock, wire.memory(c.local_addr, c.length))
-        except OSError as e:
+            for target in read.targets:
+                if isinstance(target, memoryview):
+                    wire.recv_into_exact(sock, target)
+                    continue
+                if not bounce:
+                    bounce.append(self._bounces.new())
+                bounce[0].receive(sock, target)
+        except (OSError, RuntimeError) as e:  # RuntimeError: a failed host -> device copy (torch's CUDA errors)
             return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
         read.finish(ReadState.DONE)
         return sock
@@ -233,6 +250,8 @@ class _Peer:
 class _Registration:
     region: Region
     storage: StorageWeakRef
+    bounced: bool
+    """Its bytes cross the socket through a bounce buffer (GPU memory; any memory with ``bounce_all``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,7 +268,13 @@ class TcpConfig:
     """At registration, connect to this many likely sources (the nearest holders of the newest versions), so a
     joiner's first fetch reads over open connections (the plane's metadata is just an address); 0: off."""
 
+    bounce_bytes: int = tcp_bounce.DEFAULT_BYTES
+    """Size of each pinned bounce buffer CUDA memory crosses the socket through: one per holder connection and
+    one per reader stream, made at its first CUDA read."""
+
     def __post_init__(self) -> None:
+        if not 4096 <= self.bounce_bytes <= 1 << 30:
+            raise errors.ConfigError(f"TcpConfig.bounce_bytes must be in [4096, 2**30], got {self.bounce_bytes}")
         if self.streams < 1:
             raise errors.ConfigError(f"TcpConfig.streams must be >= 1, got {self.streams}")
         if not 0 <= self.preconnect_peers <= 16:
@@ -259,7 +284,7 @@ class TcpConfig:
 class TcpPlane(DataPlane[_Read]):
     """The TCP data plane (see the module docstring). ``host`` is the address peers reach this process on (the
     server listens there only). Its server checks every read against a grant the hub signed with
-    ``grant_key``; reads land on the streams' threads, which wake the fetch loop and hash the bytes as they land."""
+    ``grant_key``; reads land on the streams' threads, which wake the fetch loop. CPU and CUDA memory (tcp_bounce.py)."""
 
     name = "tcp"
     needs_grant = True
@@ -270,36 +295,46 @@ class TcpPlane(DataPlane[_Read]):
         from tensorhub_verl.ros.planes.registry import advertised_host
 
         return cls(agent_name, config.host or advertised_host(hub_url), streams=config.streams,
-                   io_timeout_s=io_timeout_s, preconnect_peers=config.preconnect_peers)
+                   io_timeout_s=io_timeout_s, preconnect_peers=config.preconnect_peers,
+                   bounce_bytes=config.bounce_bytes)
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
-                 connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S, preconnect_peers: int = 4):
+                 connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S, preconnect_peers: int = 4,
+                 bounce_bytes: int = tcp_bounce.DEFAULT_BYTES, bounce_all: bool = False):
+        """``bounce_bytes``: size of each bounce buffer GPU memory crosses the socket through (one per server
+        connection, one per reader stream). ``bounce_all``: CPU memory goes through the bounce buffers too, so
+        the GPU path runs (and is tested) on hosts without a GPU; reads then land only in registered memory."""
         if streams < 1:
             raise errors.ConfigError(f"streams must be >= 1, got {streams}")
         super().__init__(agent_name)
         self.preconnect_peers = preconnect_peers
         self._streams, self._io_timeout_s, self._connect_timeout_s = streams, io_timeout_s, connect_timeout_s
         self._idle_close_s = idle_close_s
+        self._bounce_all = bounce_all
+        self.bounces = Bounces(bounce_bytes)
+        """The plane's bounce buffers, holder and reader side: how many were made and the pieces they carried."""
         self._lock = threading.Lock()
         self._registered: list[_Registration] = []
         self._peers: dict[str, tuple[bytes, _Peer]] = {}
-        self._server = ReadServer(host, self.grant_key, self._covers, io_timeout_s=io_timeout_s,
-                                  name=f"tensorhub-tcp-{agent_name}")
+        self._server = ReadServer(host, self.grant_key, self._resolve, bounces=self.bounces,
+                                  io_timeout_s=io_timeout_s, name=f"tensorhub-tcp-{agent_name}")
 
     def register(self, tensors: Iterable[torch.Tensor]) -> bool:
-        """Records the tensors' storages as servable; the metadata never changes, so this returns False."""
+        """Records the tensors' storages as servable (CPU or CUDA memory) and as places reads may land; the
+        metadata never changes, so this returns False."""
         with self._lock:
             self._registered = [r for r in self._registered if not r.storage.expired()]
             for tensor in tensors:
                 if tensor.numel() == 0:
                     continue
-                if tensor.device.type != "cpu":
-                    raise errors.ConfigError(f"the TCP data plane serves CPU memory only, not {tensor.device}; "
-                                             f"use the NIXL plane (PlaneConfig(kind='nixl')) for GPU memory")
+                if tensor.device.type not in ("cpu", "cuda"):
+                    raise errors.ConfigError(f"the TCP data plane serves CPU and CUDA memory, not {tensor.device}")
                 storage = tensor.untyped_storage()
-                whole = Region(storage.data_ptr(), storage.nbytes(), 0, "DRAM")
+                cuda = storage.device.type == "cuda"
+                whole = Region(storage.data_ptr(), storage.nbytes(), storage.device.index or 0 if cuda else 0,
+                               "VRAM" if cuda else "DRAM")
                 if not any(_inside(r.region, whole.addr, whole.nbytes) for r in self._registered):
-                    self._registered.append(_Registration(whole, StorageWeakRef(storage)))
+                    self._registered.append(_Registration(whole, StorageWeakRef(storage), cuda or self._bounce_all))
         return False
 
     def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -309,9 +344,28 @@ class TcpPlane(DataPlane[_Read]):
             self._registered = [r for r in self._registered if not r.storage.expired()
                                 and (r.region.addr, r.region.nbytes) not in gone]
 
-    def _covers(self, addr: int, nbytes: int) -> bool:
+    def _resolve(self, addr: int, nbytes: int, mem: str | None = None) -> "memoryview | torch.Tensor | None":
+        """The span as the socket reads or writes it, when it lies in live registered memory (of kind ``mem``,
+        when given): a byte view of CPU memory, or a uint8 tensor view of the storage for a bounced region."""
         with self._lock:
-            return any(not r.storage.expired() and _inside(r.region, addr, nbytes) for r in self._registered)
+            found = next((r for r in self._registered if _inside(r.region, addr, nbytes)
+                          and (mem is None or r.region.mem == mem) and not r.storage.expired()), None)
+        if found is None:
+            return None
+        if found.bounced:
+            return tcp_bounce.view(found.storage, found.region.addr, addr, nbytes)
+        return wire.memory(addr, nbytes)
+
+    def _target(self, copy: Copy) -> "memoryview | torch.Tensor":
+        """Where a copy lands: CPU memory as a byte view of its address; GPU memory (and with ``bounce_all``,
+        any memory) only inside a registered storage, as a tensor view of it."""
+        if copy.local_mem == "DRAM" and not self._bounce_all:
+            return wire.memory(copy.local_addr, copy.length)
+        target = self._resolve(copy.local_addr, copy.length, copy.local_mem)
+        if target is None:
+            raise ReadError(f"{copy.length} bytes at {copy.local_addr:#x} ({copy.local_mem}) are not in memory "
+                            f"registered with the TCP plane: register the destination tensors before reading")
+        return target
 
     def metadata(self) -> bytes:
         return wire.encode_metadata(self.agent_name, self._server.host, self._server.port)
@@ -328,7 +382,7 @@ class TcpPlane(DataPlane[_Read]):
             if known is not None and known[0] == metadata:
                 return
             peer = _Peer(agent, host, port, self._streams, self._io_timeout_s, self._connect_timeout_s,
-                         self._idle_close_s)
+                         self._idle_close_s, self.bounces)
             self._peers[agent_name] = (metadata, peer)
         if known is not None:
             known[1].close()
@@ -343,8 +397,8 @@ class TcpPlane(DataPlane[_Read]):
             raise ReadError(f"no metadata for peer {peer}")
         if why := known[1].unreachable():
             raise ReadError(why)
-        if any(c.local_mem != "DRAM" or c.remote_mem != "DRAM" for c in copies):
-            raise ReadError("the TCP data plane reads CPU memory into CPU memory only")
+        if any(c.local_mem not in ("DRAM", "VRAM") or c.remote_mem not in ("DRAM", "VRAM") for c in copies):
+            raise ReadError("the TCP data plane reads CPU (DRAM) and CUDA (VRAM) memory only")
         wanted = [(c.remote_addr, c.length) for c in copies]
         signed = list(grant.ranges) or wanted
         if not copies or len(signed) > wire.MAX_RANGES or len(copies) > wire.MAX_RANGES or \
@@ -355,7 +409,7 @@ class TcpPlane(DataPlane[_Read]):
         parts = wanted if signed != wanted else []  # none: all of the granted ranges
         request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
             b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
-        read = _Read(request, copies, wake)
+        read = _Read(request, [self._target(c) for c in copies], wake)
         known[1].submit(read)
         return read
 

@@ -1,7 +1,8 @@
-"""A holder's TCP read server: sends registered CPU memory to readers that present a valid grant.
+"""A holder's TCP read server: sends registered memory to readers that present a valid grant.
 
 One thread accepts; one thread per connection reads a request, checks it and ``sendall``s the ranges
-straight from the registered tensors (no copy in user space; the kernel copies into the socket). Every check
+straight from the registered tensors (CPU memory: no copy in user space; the kernel copies into the socket), or,
+for GPU memory, through the connection's pinned bounce buffer (tcp_bounce.py). Every check
 happens before a byte is sent: the grant (grants.py: the hub signed exactly these ranges for a live lease), that
 the wanted ranges are disjoint parts of the granted ones (so one grant never yields more bytes than it signs),
 and that each range lies inside memory this process registered and still holds. A refused request gets its
@@ -19,8 +20,11 @@ import socket
 import threading
 from typing import Callable
 
+import torch
+
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.planes import tcp_wire as wire
+from tensorhub_verl.ros.planes.tcp_bounce import Bounce, Bounces
 
 logger = logging.getLogger("tensorhub_verl.ros.tcp")
 
@@ -28,12 +32,16 @@ _ACCEPT_POLL_S = 0.5
 
 
 class ReadServer:
-    def __init__(self, host: str, key: bytes, covers: Callable[[int, int], bool], *, io_timeout_s: float = 30.0,
-                 idle_timeout_s: float = 600.0, first_request_s: float = 5.0, max_connections: int = 256,
-                 max_per_peer: int = 64, name: str = "tensorhub-tcp"):
-        """``covers(addr, nbytes)``: whether that span lies in registered, live CPU memory of this process."""
+    def __init__(self, host: str, key: bytes, resolve: Callable[[int, int], "memoryview | torch.Tensor | None"],
+                 *, bounces: Bounces | None = None, io_timeout_s: float = 30.0, idle_timeout_s: float = 600.0,
+                 first_request_s: float = 5.0, max_connections: int = 256, max_per_peer: int = 64,
+                 name: str = "tensorhub-tcp"):
+        """``resolve(addr, nbytes)``: the span, when it lies in registered, live memory of this process: a byte
+        view of CPU memory, sent as it is, or a uint8 tensor (GPU memory), sent through a bounce buffer from
+        ``bounces``; else None."""
         self._key = key
-        self._covers = covers
+        self._resolve = resolve
+        self._bounces = bounces or Bounces()
         self._io_timeout_s = io_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._first_request_s = first_request_s
@@ -79,6 +87,7 @@ class ReadServer:
             # A stranger proves itself with a valid request soon; a reader's pooled connection then idles between
             # requests for longer.
             wait_s = self._first_request_s
+            bounce: list[Bounce] = []  # this connection's bounce buffer, made at its first GPU range
             while not self._stop.is_set():
                 conn.settimeout(wait_s)
                 try:
@@ -86,11 +95,13 @@ class ReadServer:
                 except ConnectionError:
                     return  # the reader closed its connection: the normal end
                 conn.settimeout(self._io_timeout_s)
-                if not self._answer(conn, header, peer):
+                if not self._answer(conn, header, peer, bounce):
                     return
                 wait_s = self._idle_timeout_s
         except OSError as e:  # timeouts, resets, a reader that hung up mid-reply
             logger.debug("%s: connection from %s ended: %s", self._name, peer, e)
+        except RuntimeError as e:  # a failed device -> host copy (torch's CUDA errors): the reader re-plans
+            logger.warning("%s: a read of GPU memory for %s failed: %s", self._name, peer, e)
         finally:
             with self._lock:
                 self._connections.discard(conn)
@@ -106,7 +117,7 @@ class ReadServer:
             else:
                 self._per_peer.pop(peer[0], None)
 
-    def _answer(self, conn: socket.socket, header: bytes, peer) -> bool:
+    def _answer(self, conn: socket.socket, header: bytes, peer, bounce: list[Bounce]) -> bool:
         magic, grant_len, count, wanted_count = wire.REQUEST.unpack(header)
         if magic != wire.MAGIC or grant_len > wire.MAX_GRANT or not 0 < count <= wire.MAX_RANGES or \
                 wanted_count > wire.MAX_RANGES:
@@ -120,13 +131,19 @@ class ReadServer:
             why = "a wanted range lies outside the ranges its grant signs"
         if why is None and not _disjoint(wanted):
             why = "wanted ranges overlap: a grant's bytes are sent at most once per request"
-        if why is None and not all(self._covers(addr, nbytes) for addr, nbytes in ranges):
+        sources = [self._resolve(addr, nbytes) for addr, nbytes in ranges] if why is None else []
+        if why is None and any(source is None for source in sources):
             why = "a range lies outside this holder's registered memory"
         if why is not None:
             return self._refuse(conn, peer, why)
         conn.sendall(wire.REPLY.pack(wire.OK, sum(n for _, n in ranges)))
-        for addr, nbytes in ranges:
-            conn.sendall(wire.memory(addr, nbytes))
+        for source in sources:
+            if isinstance(source, memoryview):
+                conn.sendall(source)
+                continue
+            if not bounce:
+                bounce.append(self._bounces.new())
+            bounce[0].send(conn, source)
         return True
 
     def _refuse(self, conn: socket.socket, peer, why: str) -> bool:
