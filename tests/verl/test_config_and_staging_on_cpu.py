@@ -68,7 +68,7 @@ def test_chunk_and_window_reach_every_workers_client():
     from tensorhub_verl.ros.client import ClientConfig
 
     settings = TensorHubVerlConfig.from_mapping({"chunk_mb": 32, "window": 16}).client_settings()
-    cfg = ClientConfig(**settings)
+    cfg = ClientConfig.from_fields(**settings)
     assert (cfg.chunk_bytes, cfg.window) == (32 << 20, 16)
 
 
