@@ -1,5 +1,5 @@
-"""The TCP plane's bounce path (planes/tcp_bounce.py), the one GPU memory takes: run here on CPU memory with
-``bounce_all``, real sockets and real planes on both sides. The same code runs on CUDA tensors in
+"""The TCP plane's bounce path (planes/tcp_bounce.py), the one GPU memory takes: run here on CPU memory by a
+plane that bounces every kind of memory (``BounceAllPlane``), real sockets and real planes on both sides. The same code runs on CUDA tensors in
 tests/gpu/test_tcp_vram.py."""
 
 import threading
@@ -18,10 +18,18 @@ BOUNCE = 64 << 10
 NBYTES = (1 << 20) + 123  # not a multiple of the buffer: the last piece is short
 
 
+class BounceAllPlane(TcpPlane):
+    """The real TCP plane, except that CPU memory crosses the socket through the bounce buffers too, as GPU memory
+    does: the GPU path runs on a host without a GPU (reads then land only in registered memory)."""
+
+    def _bounced(self, mem: str) -> bool:
+        return True
+
+
 @pytest.fixture
 def planes():
-    holder = TcpPlane("bounce-holder", "127.0.0.1", bounce_bytes=BOUNCE, bounce_all=True)
-    reader = TcpPlane("bounce-reader", "127.0.0.1", bounce_bytes=BOUNCE, bounce_all=True)
+    holder = BounceAllPlane("bounce-holder", "127.0.0.1", bounce_bytes=BOUNCE)
+    reader = BounceAllPlane("bounce-reader", "127.0.0.1", bounce_bytes=BOUNCE)
     reader.load_peer("bounce-holder", holder.metadata())
     yield holder, reader
     reader.close()

@@ -251,7 +251,7 @@ class _Registration:
     region: Region
     storage: StorageWeakRef
     bounced: bool
-    """Its bytes cross the socket through a bounce buffer (GPU memory; any memory with ``bounce_all``)."""
+    """Its bytes cross the socket through a bounce buffer (``TcpPlane._bounced``: GPU memory)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -300,17 +300,15 @@ class TcpPlane(DataPlane[_Read]):
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S, preconnect_peers: int = 4,
-                 bounce_bytes: int = tcp_bounce.DEFAULT_BYTES, bounce_all: bool = False):
+                 bounce_bytes: int = tcp_bounce.DEFAULT_BYTES):
         """``bounce_bytes``: size of each bounce buffer GPU memory crosses the socket through (one per server
-        connection, one per reader stream). ``bounce_all``: CPU memory goes through the bounce buffers too, so
-        the GPU path runs (and is tested) on hosts without a GPU; reads then land only in registered memory."""
+        connection, one per reader stream)."""
         if streams < 1:
             raise errors.ConfigError(f"streams must be >= 1, got {streams}")
         super().__init__(agent_name)
         self.preconnect_peers = preconnect_peers
         self._streams, self._io_timeout_s, self._connect_timeout_s = streams, io_timeout_s, connect_timeout_s
         self._idle_close_s = idle_close_s
-        self._bounce_all = bounce_all
         self.bounces = Bounces(bounce_bytes)
         """The plane's bounce buffers, holder and reader side: how many were made and the pieces they carried."""
         self._lock = threading.Lock()
@@ -334,7 +332,8 @@ class TcpPlane(DataPlane[_Read]):
                 whole = Region(storage.data_ptr(), storage.nbytes(), storage.device.index or 0 if cuda else 0,
                                "VRAM" if cuda else "DRAM")
                 if not any(_inside(r.region, whole.addr, whole.nbytes) for r in self._registered):
-                    self._registered.append(_Registration(whole, StorageWeakRef(storage), cuda or self._bounce_all))
+                    self._registered.append(_Registration(whole, StorageWeakRef(storage),
+                                                          self._bounced(whole.mem)))
         return False
 
     def unregister(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -356,10 +355,15 @@ class TcpPlane(DataPlane[_Read]):
             return tcp_bounce.view(found.storage, found.region.addr, addr, nbytes)
         return wire.memory(addr, nbytes)
 
+    def _bounced(self, mem: str) -> bool:
+        """Whether memory of kind ``mem`` crosses the socket through a bounce buffer: GPU memory only, since a
+        socket reads and writes host memory."""
+        return mem == "VRAM"
+
     def _target(self, copy: Copy) -> "memoryview | torch.Tensor":
-        """Where a copy lands: CPU memory as a byte view of its address; GPU memory (and with ``bounce_all``,
-        any memory) only inside a registered storage, as a tensor view of it."""
-        if copy.local_mem == "DRAM" and not self._bounce_all:
+        """Where a copy lands: CPU memory as a byte view of its address; bounced memory (``_bounced``) only
+        inside a registered storage, as a tensor view of it."""
+        if copy.local_mem == "DRAM" and not self._bounced(copy.local_mem):
             return wire.memory(copy.local_addr, copy.length)
         target = self._resolve(copy.local_addr, copy.length, copy.local_mem)
         if target is None:

@@ -9,7 +9,8 @@ never a pointer.
 
 A reader's copies run ``non_blocking`` on the stream's own CUDA stream; the read is synchronized before it is
 marked done, and before the buffer takes the next piece. CPU tensors go through the same code (the copies are
-then plain memcpys), which is how the CPU suite tests it (``TcpPlane(bounce_all=True)``).
+then plain memcpys), which is how the CPU suite tests it (tests/ros/test_tcp_bounce.py: a subclass of ``TcpPlane``
+whose ``_bounced`` says yes to CPU memory too).
 """
 
 from __future__ import annotations
