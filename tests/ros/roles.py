@@ -115,7 +115,8 @@ class GatedPlane(DataPlane):
     """Real transfers (NIXL unless ``inner`` is given), but the test decides when reads may start or finish.
 
     ``start_gate`` blocks every read after the first ``hold_after``; ``finish_gate`` makes polls report
-    "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted. It declares the inner
+    "in progress" while it is closed; ``on_read(n)`` runs before the n-th read is posted. ``polls`` counts polls,
+    ``most_in_flight`` is the most reads posted and not yet released at once. It declares the inner
     plane's grant capability; it never lands reads on its own threads: the gate, not the inner plane, decides
     when a read finishes, so the fetch loop polls (and hashes what landed).
     """
@@ -131,6 +132,9 @@ class GatedPlane(DataPlane):
         self.hold_after = hold_after
         self.on_read = on_read
         self.reads = 0
+        self.polls = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.start_gate = threading.Event()
         self.finish_gate = threading.Event()
         self.finish_gate.set()
@@ -155,12 +159,17 @@ class GatedPlane(DataPlane):
         if self.hold_after is not None and self.reads > self.hold_after:
             self.holding.set()
             self.start_gate.wait(120)
-        return self.inner._start_read(peer, copies, grant, None)  # no wake: the gate decides
+        handle = self.inner._start_read(peer, copies, grant, None)  # no wake: the gate decides
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return handle
 
     def poll(self, handle):
+        self.polls += 1
         return self.inner.poll(handle) if self.finish_gate.is_set() else ReadState.IN_PROGRESS
 
     def release(self, handle):
+        self.in_flight -= 1
         self.inner.release(handle)
 
     def close(self):
