@@ -19,7 +19,6 @@ from tests.requires import require
 
 require("vllm")
 
-import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
 from tensorhub_verl.testing.tiny_model import ARCHITECTURES, build_tiny_model, greedy_mismatch
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
@@ -36,13 +35,6 @@ IN_PLACE = {"llama", "qwen2", "qwen3", "mistral"}
 def arch_models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("arch_models")
     return {a: str(build_tiny_model(root / a, arch=a, bpe_vocab=300, seed=3)) for a in ARCHITECTURES}
-
-
-@pytest.fixture(scope="module")
-def trainer(hub):
-    c = th.connect(hub.url, worker="trainer", location={"dc": "dc0", "rack": "r0", "node": "trainer"})
-    yield c
-    c.close()
 
 
 def engine(hub, model_dir: str, worker: str, model: str, tp: int = 1, staging: str = "none") -> EngineProcess:

@@ -22,31 +22,14 @@ require("vllm")
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
 from tensorhub_verl.testing.layout_oracle import hf_to_vllm
-from tensorhub_verl.vllm.layout import DecoderShape, layout_name
+from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.testing.tiny_model import hf_state_dict, toy_training_step
-from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
+from tests.vllm.conftest import loc
+from tests.vllm.toy_run import N_NEW, PROMPTS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 FAST_CLIENT = {"read_timeout_s": 5.0}
-
-
-def loc(node: str) -> dict[str, str]:
-    return {"dc": "dc0", "rack": "r0", "node": node}
-
-
-@pytest.fixture(scope="module")
-def trainer(hub):
-    c = th.connect(hub.url, worker="trainer", location=loc("trainer"))
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def run(tiny_models, trainer):
-    r = ToyRun(tiny_models["qwen2"], trainer)
-    r.step_and_publish(1)
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +50,13 @@ def outputs(engine) -> list[list[int]]:
     return [engine.generate(p, N_NEW) for p in PROMPTS]
 
 
-def test_fetch_from_trainer_matches_hf_greedy(e1, run, trainer, tiny_models):
+def test_fetch_from_trainer_matches_hf_greedy(e1, run, trainer, shape):
     dummy = outputs(e1)
     res = e1.update("latest")
     assert res["applied"] and res["version"] == 1
     assert res["source_layouts"] == ["hf"] and set(res["sources"]) == {"trainer"}
     assert outputs(e1) == run.refs[1] != dummy
     # the engine's live parameters equal our HF->vLLM mapping of the same weights (vLLM's own loader did it)
-    from transformers import AutoConfig
-
-    shape = DecoderShape.from_hf_config(AutoConfig.from_pretrained(tiny_models["qwen2"]))
     expected = {n: float(t.double().sum()) for n, t in hf_to_vllm(run.weights[1], shape).items()}
     assert e1.rpc("th_param_checksum")[0] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     layout = layout_name("qwen2", 1, 0)

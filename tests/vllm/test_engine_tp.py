@@ -18,7 +18,8 @@ require("vllm")
 
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.vllm.layout import layout_name
-from tests.vllm.test_engine import loc, outputs, run, trainer  # noqa: F401  (run, trainer: fixtures)
+from tests.vllm.conftest import loc
+from tests.vllm.test_engine import outputs
 from tests.vllm.toy_run import ToyRun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]

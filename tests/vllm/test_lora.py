@@ -19,21 +19,17 @@ from tests.requires import require
 require("vllm")
 require("peft")
 
-import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.testing.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
 from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.vllm.lora import ADAPTER_LAYOUT, adapter_bytes, adapter_model, pack_adapter
+from tests.vllm.conftest import loc
 from tests.vllm.toy_run import N_NEW, PROMPTS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 RANK = 8
 FAST_CLIENT = {"read_timeout_s": 5.0}
-
-
-def loc(node: str) -> dict[str, str]:
-    return {"dc": "dc0", "rack": "r0", "node": node}
 
 
 class LoraRun:
@@ -65,13 +61,6 @@ class LoraRun:
         self.client.publish(adapter_model("policy"), version, self.adapters[version], layout=ADAPTER_LAYOUT)
         merged = copy.deepcopy(self.peft).merge_and_unload()
         self.refs[version] = [hf_greedy(merged, p, N_NEW) for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def trainer(hub):
-    c = th.connect(hub.url, worker="trainer", location=loc("trainer"))
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")

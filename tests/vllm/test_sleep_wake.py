@@ -20,24 +20,14 @@ import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.testing.layout_oracle import hf_to_vllm
-from tensorhub_verl.vllm.layout import DecoderShape, layout_name
-from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
+from tensorhub_verl.vllm.layout import layout_name
+from tests.vllm.conftest import loc
+from tests.vllm.toy_run import N_NEW, PROMPTS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 LAYOUT = layout_name("qwen2", 1, 0)
 WORKER = "sleeper"
-
-
-def loc(node: str) -> dict[str, str]:
-    return {"dc": "dc0", "rack": "r0", "node": node}
-
-
-@pytest.fixture(scope="module")
-def trainer(hub):
-    c = th.connect(hub.url, worker="trainer", location=loc("trainer"))
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +36,6 @@ def reader(hub):
     c = th.connect(hub.url, worker="reader", location=loc("n2"), read_timeout_s=5.0)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def run(tiny_models, trainer):
-    r = ToyRun(tiny_models["qwen2"], trainer)
-    r.step_and_publish(1)
-    return r
-
-
-@pytest.fixture(scope="module")
-def shape(tiny_models):
-    from transformers import AutoConfig
-
-    return DecoderShape.from_hf_config(AutoConfig.from_pretrained(tiny_models["qwen2"]))
 
 
 @pytest.fixture(scope="module")
