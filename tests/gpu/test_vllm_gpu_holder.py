@@ -10,7 +10,7 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.testing.layout_oracle import hf_to_vllm
-from tensorhub_verl.vllm.layout import DecoderShape, layout_name
+from tensorhub_verl.vllm.layout import layout_name
 from tests.gpu.conftest import needs_cuda
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
@@ -42,13 +42,6 @@ def run(tiny_models, trainer):
     r = ToyRun(tiny_models["qwen2"], Bf16Publisher(trainer))
     r.step_and_publish(1)
     return r
-
-
-@pytest.fixture(scope="module")
-def shape(tiny_models):
-    from transformers import AutoConfig
-
-    return DecoderShape.from_hf_config(AutoConfig.from_pretrained(tiny_models["qwen2"]))
 
 
 @pytest.fixture(scope="module")

@@ -4,51 +4,22 @@ as the chunks land."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
 
 import tensorhub_verl as th
-from tests.gpu.conftest import needs_cuda
+from tests.gpu.conftest import SIZES, cuda_holder, cuda_tensors, needs_cuda
 
 pytestmark = [pytest.mark.gpu, needs_cuda, pytest.mark.timeout(300)]
 
-SIZES = {"a": (1024, 1024), "b": (4096, 513), "c": (7,)}
-
-
-def _tensors() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return {n: torch.randn(s, generator=g).to(torch.bfloat16) for n, s in SIZES.items()}
-
-
-def _holder(hub_url: str, ready, done) -> None:
-    c = th.connect(hub_url, worker="vram-holder", location={"node": "n0"})
-    try:
-        c.publish("vram", 1, {n: t.cuda() for n, t in _tensors().items()})
-        ready.set()
-        done.wait(240)
-    finally:
-        c.close()
-
 
 def test_cuda_tensors_read_from_another_process(hub):
-    ctx = mp.get_context("spawn")
-    ready, done = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_holder, args=(hub.url, ready, done))
-    proc.start()
-    try:
-        assert ready.wait(120), "the holder did not publish"
+    with cuda_holder(hub.url, "vram-holder", "vram", 0, location={"node": "n0"}):
         with th.connect(hub.url, worker="vram-reader", location={"node": "n0"}) as reader:
             into = reader.manifest("vram", 1).allocate("cuda")
             stats = reader.fetch("vram", 1, into=into, hold=False, timeout=120)
             assert set(stats.sources) == {"vram-holder"}
             assert all(t.is_cuda for t in into.values())
-            expected = _tensors()
+            expected = cuda_tensors(0)
             assert all(torch.equal(into[n].cpu(), expected[n]) for n in SIZES)
             assert stats.corrupt_reads == 0
-    finally:
-        done.set()
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
