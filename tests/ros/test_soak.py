@@ -43,8 +43,10 @@ def _check(report: dict, versions: int) -> None:
     assert set(lost) <= {"fault_free_version_p50_s", *report["injected"]}, lost
 
 
+@pytest.mark.timeout(900)
 def test_a_short_soak_survives_every_kind_of_fault(capsys):
-    report = _run(capsys, "--versions", "12", "--readers", "4", "--seed", "1", "--seconds", "240")
+    # --seconds is only a guard against a hang: the test counts its 12 versions, however loaded the host is.
+    report = _run(capsys, "--versions", "12", "--readers", "4", "--seed", "1", "--seconds", "800")
     _check(report, 12)
 
 

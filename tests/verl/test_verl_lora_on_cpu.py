@@ -49,7 +49,10 @@ def starting_adapter(model_dir: str, out_dir) -> str:
     return str(out_dir)
 
 
+@pytest.mark.slow  # ~4.5 min
 def test_lora_moves_the_base_once_then_only_the_adapter(tmp_path):
+    """Short versions in the default suite: real vLLM engines taking the base once and then only the adapter
+    (tests/vllm/test_lora.py), verl's adapter publisher over a real hub (tests/verl/test_lora_publish_on_cpu.py)."""
     task = build_task(tmp_path / "task")
     adapter_dir = starting_adapter(task.model_dir, tmp_path / "adapter")
     job = TinyJob(task=task, out_dir=tmp_path, steps=3, replicas=2,

@@ -78,10 +78,13 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
     assert result["plot"].endswith(".png")
 
 
+@pytest.mark.slow  # ~4 min
 def test_ppo_with_a_critic_syncs_through_tensorhub(task, tmp_path):
     """PPO (GAE advantages, a value model trained beside the actor: +tensorhub_cpu=tiny_ppo). verl 0.9.1
     cannot load the critic without flash-attn; patched, the critic trains and the actor's versions reach both
-    replicas."""
+    replicas. Short versions in the default suite: the sync path is the 3-step separate_async test above
+    (test_separate_async_steps_sync_every_replica_through_tensorhub), the critic's patched load is
+    tests/verl/test_patch_guards_on_cpu.py::test_on_the_cpu_platform_the_critic_honours_the_configured_attention."""
     result, metrics = _run(task, tmp_path, steps=3, algorithm="ppo")
     assert result["demo"] == "ok"
     assert [step for step, _ in metrics] == [1, 2, 3]
@@ -96,7 +99,7 @@ def test_ppo_with_a_critic_syncs_through_tensorhub(task, tmp_path):
             assert m["training/rollout_probs_diff_max"] < ON_POLICY_GAP
 
 
-@pytest.mark.slow  # ~3 min; the default suite's PPO run is the 3-step test above
+@pytest.mark.slow  # ~3 min; the 3-step PPO run is the test above
 def test_ppo_value_loss_falls_over_a_longer_run(task, tmp_path):
     """The critic learns the returns of the policy the replicas serve: its value loss falls well below the
     untrained value head's of the first steps (figures in docs/recipes.md)."""
