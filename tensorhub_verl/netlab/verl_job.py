@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 from tensorhub_verl.demo.job import TinyJob
@@ -38,9 +39,11 @@ def cluster_job(job: TinyJob) -> TinyJob:
 
 
 def run_across_two_dcs(job: TinyJob, *, timeout_s: float = 1500.0, trainer_gpus: int | None = None,
-                       rollout_gpus: int | None = None) -> dict:
-    """Runs ``job`` with the driver on the dc0 host and the dc1 host in the cluster; returns the steps, the
-    cluster's nodes as Ray lists them (labels included) and the bytes that crossed the WAN into each dc."""
+                       rollout_gpus: int | None = None,
+                       resources: Mapping[str, Mapping[str, float]] | None = None) -> dict:
+    """Runs ``job`` with the driver on the dc0 host and the dc1 host in the cluster (``resources``: custom Ray
+    resources per host); returns the steps, the cluster's nodes as Ray lists them (labels included), every
+    actor the job ran with its host, and the bytes that crossed the WAN into each dc."""
     job = cluster_job(job)
     job.out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (job.metrics_file, job.hub_url_file):
@@ -53,7 +56,7 @@ def run_across_two_dcs(job: TinyJob, *, timeout_s: float = 1500.0, trainer_gpus:
     gpus = {TRAINER_HOST: trainer_gpus if trainer_gpus is not None else job.trainer_ranks,
             ROLLOUT_HOST: rollout_gpus if rollout_gpus is not None else job.replicas}
     with Lab(two_dc_spec()) as lab, LabRayCluster(lab, head=TRAINER_HOST, workers=[ROLLOUT_HOST], num_gpus=gpus,
-                                                  log_dir=job.out_dir / "ray", env=node_env) as cluster:
+                                                  resources=resources, log_dir=job.out_dir / "ray", env=node_env) as cluster:
         nodes = cluster.nodes()
         wan_before = lab.wan_tx_bytes_by_dc()
         started = time.monotonic()
@@ -66,12 +69,13 @@ def run_across_two_dcs(job: TinyJob, *, timeout_s: float = 1500.0, trainer_gpus:
             code = None
         wan_after = lab.wan_tx_bytes_by_dc()
         seconds = time.monotonic() - started
+        actors = cluster.actors() if code == 0 else []
     rows = read_steps(job.metrics_file, final=True)
     if code != 0 or not rows:
         tail = job.log_file.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"verl's job across hosts ended with {code} after {len(rows)} steps; "
                            f"last lines of {job.log_file}:\n{tail}")
-    return {"steps": [r.as_json() for r in rows], "nodes": nodes, "seconds": round(seconds, 1),
+    return {"steps": [r.as_json() for r in rows], "nodes": nodes, "actors": actors, "seconds": round(seconds, 1),
             "wan_rx_bytes_by_dc": {dc: wan_after[dc] - wan_before.get(dc, 0) for dc in wan_after}}
 
 
