@@ -115,6 +115,10 @@ class TensorHubVerlConfig:
     rollout_placement: str = "any"
     """Where verl's standalone rollout replicas run (their ``rollout_pool_<rank>`` placement groups): the same
     forms as ``trainer_placement``."""
+    cooperative: bool = True
+    """False runs the job's hub as the pull-from-trainer baseline of measurements: only complete copies serve
+    (in practice the trainer, while replicas pull at once), no reader waits for a nearer copy, no WAN seeding
+    (``PlannerConfig.cooperative``)."""
     fetch_timeout_s: float = 600.0
     """Limit of one rollout worker's pull of one version."""
     unpublish_timeout_s: float = 120.0
@@ -191,6 +195,8 @@ class TensorHubVerlConfig:
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"tensorhub.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.cooperative, bool):
+            raise ConfigError(f"tensorhub.cooperative must be true or false, got {self.cooperative!r}")
         if not isinstance(self.verify_digests, bool):
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:

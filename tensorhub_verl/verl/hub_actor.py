@@ -43,7 +43,7 @@ class TensorHubHubActor:
 
     def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
                  seeds_per_dc: int, url_file: str | None, actor_name: str, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
+                 tls_key: str | None = None, cooperative: bool = True) -> None:
         import tensorhub_verl as th
 
         bind = host or ray.util.get_node_ip_address()
@@ -54,7 +54,8 @@ class TensorHubHubActor:
                         "of its own, handed to the job's workers through Ray", actor_name, bind)
         self._token = token
         self._hub = th.start_hub(host=bind, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                                 config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc))
+                                 config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc,
+                                                    cooperative=cooperative))
         self._url = self._hub.url
         self._url_file = session_url_file(actor_name) if url_file == AUTO_URL_FILE else url_file
         if self._url_file:
@@ -88,11 +89,13 @@ class TensorHubHubActor:
         _remove_if_ours(self._url_file, self._url)
 
 
-def _hub_config(*, keep_versions: int, seeds_per_dc: int):
-    """The core's HubConfig for this job's retention and WAN seeding."""
+def _hub_config(*, keep_versions: int, seeds_per_dc: int, cooperative: bool = True):
+    """The core's HubConfig for this job's retention, WAN seeding and planner (``cooperative=False``: the
+    pull-from-trainer baseline of measurements)."""
     import tensorhub_verl as th
 
-    return th.HubConfig(keep_versions=keep_versions, planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc))
+    return th.HubConfig(keep_versions=keep_versions,
+                        planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc, cooperative=cooperative))
 
 
 AUTO_URL_FILE = "auto"
@@ -178,7 +181,8 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
         host=host, port=cfg.hub_port, token=cfg.resolved_token(),
         keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
-        actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key)
+        actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key,
+        cooperative=cfg.cooperative)
     try:
         url = ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:
