@@ -57,3 +57,18 @@ def test_the_patch_adds_the_selector_to_verls_placement_group_call(monkeypatch):
     module.placement_group(bundles=BUNDLES, strategy="PACK", name="global_poolverl_group_2:0", lifetime=None)
     assert calls[0][1]["bundle_label_selector"] == [{"tensorhub/dc": "dc1"}] * 2
     assert "bundle_label_selector" not in calls[1][1] and calls[1][0] == BUNDLES
+
+
+def test_a_tensorhub_jobs_runtime_environment_carries_its_placements_and_verls_call_is_patched():
+    import verl.single_controller.ray.base as base
+    import verl.trainer.constants_ppo as constants
+    from tensorhub_verl.verl.patches import verl_0_9_1_runtime_env_settings as patch
+    from tensorhub_verl.verl.patches.replace import is_replaced
+
+    patch.apply(constants)  # already applied if the plugin loaded at `import verl`
+    assert is_replaced(base, "placement_group")  # applied when verl's module was imported
+    job = {"actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": "tensorhub"}}},
+           "tensorhub": {"trainer_placement": "any", "rollout_placement": "label:tensorhub/dc=dc1"}}
+    env_vars = constants.get_ppo_ray_runtime_env(OmegaConf.create(job))["env_vars"]
+    assert env_vars["TENSORHUB_ROLLOUT_PLACEMENT"] == "label:tensorhub/dc=dc1"
+    assert "TENSORHUB_TRAINER_PLACEMENT" not in env_vars
