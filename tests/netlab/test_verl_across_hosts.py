@@ -56,7 +56,8 @@ def test_cross_dc_job_on_a_two_host_ray_cluster(no_leftovers, tmp_path):
     assert [n["resources"].get("GPU") for n in result["nodes"]] == [2.0, 2.0]
     hosts = {}
     for actor in result["actors"]:
-        hosts.setdefault(actor["class"], set()).add(actor["host"])
+        # verl's colocated workers are a local class: create_colocated_worker_cls.<locals>.WorkerDict
+        hosts.setdefault(actor["class"].rsplit(".", 1)[-1], set()).add(actor["host"])
     assert {c: hosts.get(c) for c in ROLLOUT_CLASSES} == {c: {ROLLOUT_HOST} for c in ROLLOUT_CLASSES}, hosts
     trainer = {c: hosts[c] for c in TRAINER_CLASSES if c in hosts}
     assert trainer and all(h == {TRAINER_HOST} for h in trainer.values()), hosts
