@@ -40,7 +40,7 @@ def run(task: TaskFiles, out: Path, *, mode: str, hosts: int, steps: int, quiet:
                   f"{steps} steps, {hosts - 1} replicas on {', '.join(lab.rollout_hosts)}", flush=True)
         result = run_variant(task, out, mode, hosts, variant, steps)
         runs[variant] = {k: result[k] for k in ("steps", "summary", "wan_rx_bytes_by_dc", "seconds")}
-        runs[variant]["actors"] = sorted({(a["class"], a["host"]) for a in result["actors"]})
+        runs[variant]["actors"] = _where(result)
         if not quiet:
             _print_table(result)
     plot = plot_steps(step_rows(runs["tensorhub"]), out / f"{mode}-hosts{hosts}.png")
@@ -59,8 +59,12 @@ def _print_table(result: dict) -> None:
     for s in result["steps"]:
         print(f"{s['step']:>4} {s['version']:>7} {s['reward_mean']:>7.3f} {s['stall_s']:>8.3f} {s['pull_s']:>7.3f} "
               f"{s['bytes'] / 1e6:>6.2f} {100 * s['peer_fraction']:>6.0f}", flush=True)
-    where = sorted({f"{a['class']}@{a['host']}" for a in result["actors"]})
-    print(f"  where Ray ran the job: {', '.join(where)}", flush=True)
+    print(f"  where Ray ran the job: {', '.join(_where(result))}", flush=True)
+
+
+def _where(result: dict) -> list[str]:
+    """``Class@host`` of every actor the run had (verl's colocated workers are a local class: its last name)."""
+    return sorted({f"{a['class'].rsplit('.', 1)[-1]}@{a['host']}" for a in result["actors"]})
 
 
 __all__ = ["run", "unavailable_reason"]
