@@ -39,3 +39,19 @@ def test_mode_labs_put_the_replicas_on_two_racks_or_in_the_second_dc(tmp_path):
     job = mode_job(task=None, out_dir=tmp_path, mode="cross_dc", hosts=3, variant="pull_from_trainer", steps=2)
     assert job.replicas == 2 and "tensorhub.cooperative=false" in job.extra
     assert "tensorhub.rollout_placement=resource:th_rollout_host" in job.extra
+
+
+def test_the_summary_counts_the_trainers_copies_per_version_and_compares_the_variants():
+    from tensorhub_verl.netlab.verl_modes import compare, summarize
+
+    step = {"step": 1, "version": 1, "reward_mean": 0.1, "stall_s": 0.4, "pull_s": 0.2, "bytes": 3000,
+            "peer_fraction": 0.5}
+    result = {"steps": [step, {**step, "step": 2, "version": 2}], "wan_rx_bytes_by_dc": {"dc1": 8000},
+              "seconds": 9.0}
+    th = summarize(result, replicas=2, rollout_dc="dc1")
+    # Two replicas pulled 1500 bytes each per version, half of it from a peer: one copy from the trainer.
+    assert th["trainer_copies_per_version"] == 1.0 and th["router_bytes_into_rollout_dc_per_step"] == 4000
+    base = summarize({**result, "steps": [{**s, "peer_fraction": 0.0, "stall_s": 0.8} for s in result["steps"]]},
+                     replicas=2, rollout_dc="dc1")
+    assert compare({"tensorhub": {"summary": th}, "pull_from_trainer": {"summary": base}}) == {
+        "trainer_copies_ratio": 2.0, "stall_ratio": 2.0, "pull_ratio": 1.0}
