@@ -84,9 +84,19 @@ class LabRayCluster:
     def start(self) -> None:
         self._ray_start(self.head, "--head", f"--port={RAY_PORT}", "--include-dashboard=false")
         self.wait_for_nodes(1)
-        for host in self.workers:
-            self._ray_start(host, f"--address={self.address}")
-        self.wait_for_nodes(1 + len(self.workers))
+        # One worker at a time, each given a second try: ``ray start`` gives its raylet a fixed 30 s to register,
+        # which several nodes starting at once on a loaded machine can miss.
+        for count, host in enumerate(self.workers, start=2):
+            for attempt in (1, 2):
+                self._ray_start(host, f"--address={self.address}")
+                try:
+                    self.wait_for_nodes(count)
+                    break
+                except NetlabError as e:
+                    if attempt == 2:
+                        raise
+                    log.warning("Ray node on %s did not start (%s); trying once more", host.name, e)
+                    self._stop(host, self._procs.pop()[1])
         log.info("Ray cluster at %s: head %s, workers %s", self.address, self.head.name,
                  [h.name for h in self.workers])
 
@@ -135,15 +145,19 @@ class LabRayCluster:
     def close(self) -> None:
         """Stops every node, workers first (``ray start --block`` ends its node's processes on SIGTERM)."""
         for host, proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    log.warning("ray start on %s ignored SIGTERM for 60 s; killing it", host.name)
-                    proc.kill()
-                    proc.wait(30)
+            self._stop(host, proc)
         self._procs.clear()
+
+    @staticmethod
+    def _stop(host: Host, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                log.warning("ray start on %s ignored SIGTERM for 60 s; killing it", host.name)
+                proc.kill()
+                proc.wait(30)
 
 
 __all__ = ["LABEL_PREFIX", "LabRayCluster", "RAY_PORT", "ray_labels"]
