@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tensorhub_verl.netlab.errors import NetlabError
-from tensorhub_verl.netlab.lab import Host, Lab
+from tensorhub_verl.netlab.lab import Host, Lab, kill_netns_pids
 
 log = logging.getLogger("tensorhub_verl.netlab.ray_cluster")
 
@@ -97,6 +97,7 @@ class LabRayCluster:
                         raise
                     log.warning("Ray node on %s did not start (%s); trying once more", host.name, e)
                     self._stop(host, self._procs.pop()[1])
+                    kill_netns_pids(host.netns)  # a raylet the failed start left behind
         log.info("Ray cluster at %s: head %s, workers %s", self.address, self.head.name,
                  [h.name for h in self.workers])
 
