@@ -1,6 +1,8 @@
 """``tensorhub demo``: the main job, and the ROS-only demo.
 
     tensorhub demo [--steps N] [--replicas N] [--json]   verl's own GRPO trainer on CPU through TensorHub (grpo.py)
+    tensorhub demo --mode cross_dc --hosts N              the same across N network-lab hosts, against pulling
+                                                         from the trainer (hosts.py; needs root)
     tensorhub demo ros [--readers N] [--size-mb M]       a hub, a trainer and rollout processes, no verl (ros.py)
     tensorhub demo prepare --out DIR                     only build the tiny model and data (task.py)
 """

@@ -162,12 +162,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-elastic", action="store_true", help="no elastic node joining midway")
     parser.add_argument("--out", default=None, help="directory for the model, data, logs and plot")
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--mode", choices=("standalone", "elastic", "cross_dc"), default="standalone",
+                        help="the +tensorhub=<mode> preset")
+    parser.add_argument("--hosts", type=int, default=None,
+                        help="run across this many network-lab hosts (needs root), against pulling from the trainer")
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the elastic node's status polls are not news
     from tensorhub_verl.demo.task import build_task
 
     out = Path(args.out or tempfile.mkdtemp(prefix="tensorhub-demo-"))
-    job = TinyJob(task=build_task(out / "task"), out_dir=out, steps=args.steps, replicas=args.replicas)
+    if args.hosts is not None:
+        from tensorhub_verl.demo import hosts
+
+        reason = hosts.unavailable_reason()
+        if args.mode == "elastic" and reason is None:
+            parser.error("--hosts runs the standalone and cross_dc modes; elastic across lab hosts is not built "
+                         "yet: run `tensorhub demo --mode elastic` (one host)")
+        if reason is None:
+            print(json.dumps(hosts.run(build_task(out / "task"), out, mode=args.mode, hosts=args.hosts,
+                                       steps=args.steps, quiet=args.json)))
+            return 0
+        print(f"tensorhub demo --hosts {args.hosts}: the network lab cannot run here ({reason}); running the "
+              f"single-host demo instead", flush=True)
+    job = TinyJob(task=build_task(out / "task"), out_dir=out, steps=args.steps, replicas=args.replicas,
+                  mode=args.mode)
     elastic_at = None if args.no_elastic or args.steps < 4 else args.steps // 2
     result = run(job, quiet=args.json, elastic_at=elastic_at)
     print(json.dumps(result))

@@ -181,7 +181,7 @@ class Lab:
         for proc in self._procs:
             self._stop(proc)
         for ns in reversed(self._made):
-            _kill_netns_pids(ns)
+            kill_netns_pids(ns)
             iproute.ip("netns", "del", ns, check=False)
         log.info("lab %s: removed %d namespaces", self.prefix, len(self._made))
         self._made.clear()
@@ -262,7 +262,7 @@ def _tx_bytes(netns: str, ifname: str) -> int:
         raise NetlabError(f"cannot parse tx counters of {netns}/{ifname}: {out[:200]!r}") from e
 
 
-def _kill_netns_pids(netns: str) -> None:
+def kill_netns_pids(netns: str) -> None:
     """Kill what still runs in a namespace we own (children of our children), by pid."""
     for pid in iproute.netns_pids(netns):
         try:
@@ -295,7 +295,7 @@ def cleanup_stale(prefix: str = PREFIX_ROOT, *, force: bool = False) -> list[str
         creator = int(parts[0]) if parts[0].isdigit() else None
         if not force and creator is not None and _pid_alive(creator):
             continue
-        _kill_netns_pids(ns)
+        kill_netns_pids(ns)
         iproute.ip("netns", "del", ns, check=False)
         removed.append(ns)
     if removed:

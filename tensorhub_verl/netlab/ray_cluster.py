@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tensorhub_verl.netlab.errors import NetlabError
-from tensorhub_verl.netlab.lab import Host, Lab
+from tensorhub_verl.netlab.lab import Host, Lab, kill_netns_pids
 
 log = logging.getLogger("tensorhub_verl.netlab.ray_cluster")
 
@@ -36,10 +36,12 @@ def ray_labels(location: Mapping[str, str]) -> str:
 
 class LabRayCluster:
     """One Ray node per named host. ``num_gpus`` gives each host's logical GPU slots (verl's CPU presets schedule
-    trainer ranks and replicas on them), ``env`` what every node's processes inherit."""
+    trainer ranks and replicas on them), ``resources`` each host's custom Ray resources (``ray start --resources``),
+    ``env`` what every node's processes inherit."""
 
     def __init__(self, lab: Lab, *, head: str, workers: Sequence[str], log_dir: Path, num_cpus: int = 16,
-                 num_gpus: Mapping[str, int] | None = None, env: Mapping[str, str] | None = None,
+                 num_gpus: Mapping[str, int] | None = None,
+                 resources: Mapping[str, Mapping[str, float]] | None = None, env: Mapping[str, str] | None = None,
                  start_timeout_s: float = 240.0):
         self.lab = lab
         self.head: Host = lab.host(head)
@@ -47,6 +49,7 @@ class LabRayCluster:
         self.log_dir = Path(log_dir)
         self.num_cpus = num_cpus
         self.num_gpus = dict(num_gpus or {})
+        self.resources = {name: dict(values) for name, values in (resources or {}).items()}
         self.env = dict(env or {})
         self.start_timeout_s = start_timeout_s
         self._procs: list[tuple[Host, subprocess.Popen]] = []
@@ -71,6 +74,8 @@ class LabRayCluster:
                 f"--node-ip-address={host.ip}", f"--num-cpus={self.num_cpus}",
                 f"--num-gpus={self.num_gpus.get(host.name, 0)}", f"--labels={ray_labels(host.location)}",
                 "--disable-usage-stats"]
+        if self.resources.get(host.name):
+            argv.append(f"--resources={json.dumps(self.resources[host.name])}")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"ray-{host.name}.log", "w") as out:
             proc = host.popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT)
@@ -79,9 +84,20 @@ class LabRayCluster:
     def start(self) -> None:
         self._ray_start(self.head, "--head", f"--port={RAY_PORT}", "--include-dashboard=false")
         self.wait_for_nodes(1)
-        for host in self.workers:
-            self._ray_start(host, f"--address={self.address}")
-        self.wait_for_nodes(1 + len(self.workers))
+        # One worker at a time, each given a second try: ``ray start`` gives its raylet a fixed 30 s to register,
+        # which several nodes starting at once on a loaded machine can miss.
+        for count, host in enumerate(self.workers, start=2):
+            for attempt in (1, 2):
+                self._ray_start(host, f"--address={self.address}")
+                try:
+                    self.wait_for_nodes(count)
+                    break
+                except NetlabError as e:
+                    if attempt == 2:
+                        raise
+                    log.warning("Ray node on %s did not start (%s); trying once more", host.name, e)
+                    self._stop(host, self._procs.pop()[1])
+                    kill_netns_pids(host.netns)  # a raylet the failed start left behind
         log.info("Ray cluster at %s: head %s, workers %s", self.address, self.head.name,
                  [h.name for h in self.workers])
 
@@ -90,10 +106,22 @@ class LabRayCluster:
         code = ("import json, ray; ray.init(log_to_driver=False); "
                 "print(json.dumps([{'ip': n['NodeManagerAddress'], 'labels': n.get('Labels', {}), "
                 "'resources': n['Resources']} for n in ray.nodes() if n['Alive']]))")
+        return self._ask(code, "list the nodes")
+
+    def actors(self) -> list[dict]:
+        """Every actor the cluster has run (dead ones included, from Ray's control store): its class, name,
+        state and the ``tensorhub/node`` label of the node it ran on."""
+        code = ("import json, ray; ray.init(log_to_driver=False); "
+                "hosts = {n['NodeID']: n.get('Labels', {}).get('tensorhub/node') for n in ray.nodes()}; "
+                "print(json.dumps([{'class': a['ActorClassName'], 'name': a['Name'], 'state': a['State'], "
+                "'host': hosts.get(a['Address']['NodeID'])} for a in ray._private.state.actors().values()]))")
+        return self._ask(code, "list the actors")
+
+    def _ask(self, code: str, what: str) -> list[dict]:
         proc = self.head.run([sys.executable, "-c", code], timeout=120, check=False,
                              env={**self.env, "RAY_ADDRESS": self.address})
         if proc.returncode != 0:
-            raise NetlabError(f"could not list the Ray nodes at {self.address}: {proc.stderr[-1500:]}")
+            raise NetlabError(f"could not {what} of the Ray cluster at {self.address}: {proc.stderr[-1500:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     def wait_for_nodes(self, count: int) -> list[dict]:
@@ -118,15 +146,19 @@ class LabRayCluster:
     def close(self) -> None:
         """Stops every node, workers first (``ray start --block`` ends its node's processes on SIGTERM)."""
         for host, proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    log.warning("ray start on %s ignored SIGTERM for 60 s; killing it", host.name)
-                    proc.kill()
-                    proc.wait(30)
+            self._stop(host, proc)
         self._procs.clear()
+
+    @staticmethod
+    def _stop(host: Host, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                log.warning("ray start on %s ignored SIGTERM for 60 s; killing it", host.name)
+                proc.kill()
+                proc.wait(30)
 
 
 __all__ = ["LABEL_PREFIX", "LabRayCluster", "RAY_PORT", "ray_labels"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 from tensorhub_verl.demo.job import TinyJob
@@ -38,9 +39,21 @@ def cluster_job(job: TinyJob) -> TinyJob:
 
 
 def run_across_two_dcs(job: TinyJob, *, timeout_s: float = 1500.0, trainer_gpus: int | None = None,
-                       rollout_gpus: int | None = None) -> dict:
-    """Runs ``job`` with the driver on the dc0 host and the dc1 host in the cluster; returns the steps, the
-    cluster's nodes as Ray lists them (labels included) and the bytes that crossed the WAN into each dc."""
+                       rollout_gpus: int | None = None,
+                       resources: Mapping[str, Mapping[str, float]] | None = None) -> dict:
+    """Runs ``job`` with the driver on the dc0 host and the dc1 host in the cluster (``resources``: custom Ray
+    resources per host); see ``run_on_lab``."""
+    gpus = {TRAINER_HOST: trainer_gpus if trainer_gpus is not None else job.trainer_ranks,
+            ROLLOUT_HOST: rollout_gpus if rollout_gpus is not None else job.replicas}
+    return run_on_lab(job, two_dc_spec(), head=TRAINER_HOST, gpus=gpus, resources=resources, timeout_s=timeout_s)
+
+
+def run_on_lab(job: TinyJob, spec: LabSpec, *, head: str, gpus: Mapping[str, int],
+               resources: Mapping[str, Mapping[str, float]] | None = None, timeout_s: float = 1500.0) -> dict:
+    """Runs ``job`` from ``head`` on a Ray cluster of every host of ``spec`` (``gpus``: each host's logical GPU
+    slots, ``resources``: its custom Ray resources); returns the steps, the cluster's nodes as Ray lists them
+    (labels included), every actor the job ran with its host, and the bytes that crossed the WAN into each dc
+    (Ray's own traffic to the head included)."""
     job = cluster_job(job)
     job.out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (job.metrics_file, job.hub_url_file):
@@ -50,29 +63,30 @@ def run_across_two_dcs(job: TinyJob, *, timeout_s: float = 1500.0, trainer_gpus:
     # The nodes get what a host's own setup gives them; the job's settings (TENSORHUB_*, the metrics file, verl's
     # platform) reach their workers only through the job's runtime environment, as on separate machines.
     node_env = {k: v for k, v in env.items() if k not in job_settings(env)}
-    gpus = {TRAINER_HOST: trainer_gpus if trainer_gpus is not None else job.trainer_ranks,
-            ROLLOUT_HOST: rollout_gpus if rollout_gpus is not None else job.replicas}
-    with Lab(two_dc_spec()) as lab, LabRayCluster(lab, head=TRAINER_HOST, workers=[ROLLOUT_HOST], num_gpus=gpus,
-                                                  log_dir=job.out_dir / "ray", env=node_env) as cluster:
-        nodes = cluster.nodes()
-        wan_before = lab.wan_tx_bytes_by_dc()
-        started = time.monotonic()
-        with open(job.log_file, "w") as out:
-            proc = lab.host(TRAINER_HOST).popen(job.command(), env={**env, "RAY_ADDRESS": cluster.address},
-                                                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            code = proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        wan_after = lab.wan_tx_bytes_by_dc()
-        seconds = time.monotonic() - started
+    with Lab(spec) as lab:
+        workers = [h.name for h in lab.hosts if h.name != head]
+        with LabRayCluster(lab, head=head, workers=workers, num_gpus=gpus, resources=resources,
+                           log_dir=job.out_dir / "ray", env=node_env) as cluster:
+            nodes = cluster.nodes()
+            wan_before = lab.wan_tx_bytes_by_dc()
+            started = time.monotonic()
+            with open(job.log_file, "w") as out:
+                proc = lab.host(head).popen(job.command(), env={**env, "RAY_ADDRESS": cluster.address},
+                                            stdout=out, stderr=subprocess.STDOUT)
+            try:
+                code = proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            wan_after = lab.wan_tx_bytes_by_dc()
+            seconds = time.monotonic() - started
+            actors = cluster.actors() if code == 0 else []
     rows = read_steps(job.metrics_file, final=True)
     if code != 0 or not rows:
         tail = job.log_file.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"verl's job across hosts ended with {code} after {len(rows)} steps; "
                            f"last lines of {job.log_file}:\n{tail}")
-    return {"steps": [r.as_json() for r in rows], "nodes": nodes, "seconds": round(seconds, 1),
+    return {"steps": [r.as_json() for r in rows], "nodes": nodes, "actors": actors, "seconds": round(seconds, 1),
             "wan_rx_bytes_by_dc": {dc: wan_after[dc] - wan_before.get(dc, 0) for dc in wan_after}}
 
 
-__all__ = ["ROLLOUT_HOST", "TRAINER_HOST", "cluster_job", "run_across_two_dcs", "two_dc_spec"]
+__all__ = ["ROLLOUT_HOST", "TRAINER_HOST", "cluster_job", "run_across_two_dcs", "run_on_lab", "two_dc_spec"]

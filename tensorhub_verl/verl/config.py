@@ -108,6 +108,17 @@ class TensorHubVerlConfig:
     runs (a hard constraint); 'any', wherever Ray puts it; 'label:KEY=VALUE', a node with that Ray node label
     (``ray start --labels KEY=VALUE``); 'resource:NAME', a node that offers the custom resource NAME
     (``ray start --resources '{"NAME": 1}'``)."""
+    trainer_placement: str = "any"
+    """Where verl's trainer ranks run (its ``global_pool`` / ``trainer_pool`` placement groups): 'any',
+    wherever Ray puts them; 'label:KEY=VALUE', nodes with that Ray node label; 'resource:NAME', nodes offering
+    the custom resource NAME (see ``pool_placement``)."""
+    rollout_placement: str = "any"
+    """Where verl's standalone rollout replicas run (their ``rollout_pool_<rank>`` placement groups): the same
+    forms as ``trainer_placement``."""
+    cooperative: bool = True
+    """False runs the job's hub as the pull-from-trainer baseline of measurements: only complete copies serve
+    (in practice the trainer, while replicas pull at once), no reader waits for a nearer copy, no WAN seeding
+    (``PlannerConfig.cooperative``)."""
     fetch_timeout_s: float = 600.0
     """Limit of one rollout worker's pull of one version."""
     unpublish_timeout_s: float = 120.0
@@ -179,9 +190,13 @@ class TensorHubVerlConfig:
         if not 0 <= self.hub_port <= 65535:
             raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
         hub_placement(self.hub_placement)  # raises ConfigError naming the accepted forms
+        for name in ("trainer_placement", "rollout_placement"):
+            pool_placement(getattr(self, name), f"tensorhub.{name}")
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"tensorhub.{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.cooperative, bool):
+            raise ConfigError(f"tensorhub.cooperative must be true or false, got {self.cooperative!r}")
         if not isinstance(self.verify_digests, bool):
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
@@ -249,6 +264,21 @@ def hub_placement(text: Any) -> tuple[str, str | None, str | None]:
     if isinstance(text, str) and kind == "resource" and rest and not eq:
         return "resource", rest, None
     raise ConfigError(f"tensorhub.hub_placement must be one of {', '.join(HUB_PLACEMENTS)}, got {text!r}")
+
+
+POOL_PLACEMENTS = ("any", "label:KEY=VALUE", "resource:NAME")
+
+
+def pool_placement(text: Any, setting: str = "tensorhub.trainer_placement") -> tuple[str, str | None, str | None]:
+    """A verl resource pool's placement (``trainer_placement`` / ``rollout_placement``) as (kind, key, value):
+    ('any', None, None), ('label', KEY, VALUE) or ('resource', NAME, None). Raises ConfigError naming
+    ``setting`` on anything else ('head' included: a pool's bundles may span several nodes)."""
+    if text != "head":
+        try:
+            return hub_placement(text)
+        except ConfigError:
+            pass
+    raise ConfigError(f"{setting} must be one of {', '.join(POOL_PLACEMENTS)}, got {text!r}")
 
 
 def _to_plain(value: Any) -> Any:

@@ -43,7 +43,7 @@ class TensorHubHubActor:
 
     def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
                  seeds_per_dc: int, url_file: str | None, actor_name: str, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
+                 tls_key: str | None = None, cooperative: bool = True, namespace: str | None = None) -> None:
         import tensorhub_verl as th
 
         bind = host or ray.util.get_node_ip_address()
@@ -54,9 +54,10 @@ class TensorHubHubActor:
                         "of its own, handed to the job's workers through Ray", actor_name, bind)
         self._token = token
         self._hub = th.start_hub(host=bind, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                                 config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc))
+                                 config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc,
+                                                    cooperative=cooperative))
         self._url = self._hub.url
-        self._url_file = session_url_file(actor_name) if url_file == AUTO_URL_FILE else url_file
+        self._url_file = session_url_file(actor_name, namespace) if url_file == AUTO_URL_FILE else url_file
         if self._url_file:
             _write_atomically(self._url_file, self._url + "\n")
             logger.info("hub URL written to %s", self._url_file)
@@ -88,18 +89,20 @@ class TensorHubHubActor:
         _remove_if_ours(self._url_file, self._url)
 
 
-def _hub_config(*, keep_versions: int, seeds_per_dc: int):
-    """The core's HubConfig for this job's retention and WAN seeding."""
+def _hub_config(*, keep_versions: int, seeds_per_dc: int, cooperative: bool = True):
+    """The core's HubConfig for this job's retention, WAN seeding and planner (``cooperative=False``: the
+    pull-from-trainer baseline of measurements)."""
     import tensorhub_verl as th
 
-    return th.HubConfig(keep_versions=keep_versions, planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc))
+    return th.HubConfig(keep_versions=keep_versions,
+                        planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc, cooperative=cooperative))
 
 
 AUTO_URL_FILE = "auto"
 """``hub_url_file`` value: a file in the Ray session's directory on the hub's node (``session_url_file``)."""
 
 
-def session_url_file(actor_name: str) -> str:
+def session_url_file(actor_name: str, namespace: str | None = None) -> str:
     """``<Ray session dir>/tensorhub/<namespace>.<actor>.url`` for the calling Ray process: one file per Ray
     cluster session and hub, on the hub's node (``/tmp/ray/session_latest/tensorhub/...`` by default)."""
     from ray._private import worker
@@ -107,7 +110,8 @@ def session_url_file(actor_name: str) -> str:
     node = worker._global_node
     if node is None:
         raise ConfigError("hub_url_file 'auto' needs a connected Ray process (it names a file in Ray's session dir)")
-    namespace = ray.get_runtime_context().namespace or "default"
+    # The hub actor's own namespace (an actor's runtime context reports its creator's job namespace).
+    namespace = namespace or ray.get_runtime_context().namespace or "default"
     return os.path.join(node.get_session_dir_path(), "tensorhub", f"{namespace}.{actor_name}.url")
 
 
@@ -178,7 +182,8 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
         host=host, port=cfg.hub_port, token=cfg.resolved_token(),
         keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
-        actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key)
+        actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key,
+        cooperative=cfg.cooperative, namespace=cfg.hub_namespace)
     try:
         url = ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:

@@ -29,6 +29,26 @@ def test_hub_actor_is_shared_discoverable_and_stoppable(ray_local, tmp_path):
     assert stop_hub("th-test-hub", "th-test") is False
 
 
+def test_an_auto_url_file_is_named_for_the_hubs_namespace_and_removed_with_it(ray_local):
+    """``hub_url_file: auto``: a file in the Ray session directory named ``<hub namespace>.<hub actor>.url`` (not
+    the creating job's namespace, ``tensorhub-tests`` here), gone once the hub stops."""
+    import os
+
+    cfg = TensorHubVerlConfig(hub_actor_name="th-auto-hub", hub_namespace="th-test", hub_host="127.0.0.1",
+                              hub_url_file="auto")
+    url = ensure_hub(cfg)
+    actor = ray.get_actor("th-auto-hub", namespace="th-test")
+    path = ray.get(actor.url_file.remote(), timeout=30)
+    try:
+        assert path.endswith(os.path.join("tensorhub", "th-test.th-auto-hub.url"))
+        with open(path) as f:
+            assert f.read().strip() == url
+        ray.get(actor.stop.remote(), timeout=30)
+        assert not os.path.exists(path)
+    finally:
+        stop_hub("th-auto-hub", "th-test")
+
+
 def test_a_hub_actor_off_loopback_makes_a_token_and_hands_it_and_a_job_key_through_ray(ray_local, monkeypatch):
     """Issue 22 point 13: a verl job's hub listening on the node address was open to anyone who reached it."""
     from tensorhub_verl.errors import ConfigError

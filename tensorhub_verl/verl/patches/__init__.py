@@ -36,6 +36,7 @@ PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_cpu_process_group",
     "verl_0_9_1_cpu_engine_registry",
     "verl_0_9_1_runtime_env_settings",
+    "verl_0_9_1_pool_placement",
 ))
 
 

@@ -5,7 +5,9 @@ Why: ``trainer/main_ppo.py`` ``run_ppo`` builds ``ray.init``'s runtime environme
 sets, which on one host reach the workers through the local raylet). On a cluster the workers on other hosts
 inherit their own raylet's environment, so ``TENSORHUB_*`` (token, hub URL file, what the presets'
 ``${oc.env:...}`` read) and ``VERL_FILE_LOGGER_PATH`` set in the driver's shell never reach them. The replacement
-adds ``runtime_env.job_settings()`` (every node's labels stay the node's own).
+adds ``runtime_env.job_settings()`` (every node's labels stay the node's own) and the job's
+``tensorhub.trainer_placement`` / ``rollout_placement`` (``pool_placement.placement_env``), read where verl
+creates its resource pools.
 
 Guard: only when the config passed in selects ``tensorhub``; other jobs get verl's runtime environment unchanged.
 ``main_ppo`` binds the function by name at import: the patch applies when ``constants_ppo`` is first imported,
@@ -34,9 +36,13 @@ def apply(module) -> bool:
             runtime_env = original(config)
             if not job_uses_tensorhub(config):
                 return runtime_env
+            from tensorhub_verl.verl.pool_placement import placement_env
             from tensorhub_verl.verl.runtime_env import with_job_settings
+            from tensorhub_verl.verl.trainer_modes import config_value
 
-            return with_job_settings(runtime_env)
+            runtime_env = with_job_settings(runtime_env)
+            env_vars = {**placement_env(config_value(config, "tensorhub")), **runtime_env["env_vars"]}
+            return {**runtime_env, "env_vars": env_vars}
 
         return get_ppo_ray_runtime_env
 

@@ -1,0 +1,57 @@
+"""``tensorhub demo --hosts N``: what it refuses before it builds anything (a lab needs a trainer host and a
+rollout host; elastic across lab hosts is not built), and the lab it plans for each mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.netlab.verl_modes import mode_job, mode_lab
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def _demo(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tensorhub_verl.cli", "demo", "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_refusals_name_the_problem(netns_ok, tmp_path):
+    proc = _demo("--mode", "elastic", "--hosts", "3", tmp_path=tmp_path)
+    assert proc.returncode == 2 and "elastic across lab hosts is not built" in proc.stderr
+    proc = _demo("--mode", "cross_dc", "--hosts", "1", tmp_path=tmp_path)
+    assert proc.returncode != 0 and "--hosts must be >= 2" in proc.stderr
+
+
+def test_mode_labs_put_the_replicas_on_two_racks_or_in_the_second_dc(tmp_path):
+    standalone = mode_lab("standalone", 3)
+    racks = {r.name: r.hosts for r in standalone.spec.datacenters[0].racks}
+    assert racks == {"r0": ("d0r0h0", "d0r0h1"), "r1": ("d0r1h0",)}
+    assert sorted(standalone.rollout_hosts) == ["d0r0h1", "d0r1h0"]
+    cross = mode_lab("cross_dc", 3)
+    assert [dc.name for dc in cross.spec.datacenters] == ["dc0", "dc1"]
+    assert cross.rollout_hosts == ("d1r0h0", "d1r0h1") and cross.rollout_dc == "dc1"
+    with pytest.raises(ConfigError, match="modes are standalone, cross_dc"):
+        mode_lab("elastic", 3)
+    job = mode_job(task=None, out_dir=tmp_path, mode="cross_dc", hosts=3, variant="pull_from_trainer", steps=2)
+    assert job.replicas == 2 and "tensorhub.cooperative=false" in job.extra
+    assert "tensorhub.rollout_placement=resource:th_rollout_host" in job.extra
+
+
+def test_the_summary_counts_the_trainers_copies_per_version_and_compares_the_variants():
+    from tensorhub_verl.netlab.verl_modes import compare, summarize
+
+    step = {"step": 1, "version": 1, "reward_mean": 0.1, "stall_s": 0.4, "pull_s": 0.2, "bytes": 3000,
+            "peer_fraction": 0.5}
+    result = {"steps": [step, {**step, "step": 2, "version": 2}], "wan_rx_bytes_by_dc": {"dc1": 8000},
+              "seconds": 9.0}
+    th = summarize(result, replicas=2, rollout_dc="dc1")
+    # Two replicas pulled 1500 bytes each per version, half of it from a peer: one copy from the trainer.
+    assert th["trainer_copies_per_version"] == 1.0 and th["router_bytes_into_rollout_dc_per_step"] == 4000
+    base = summarize({**result, "steps": [{**s, "peer_fraction": 0.0, "stall_s": 0.8} for s in result["steps"]]},
+                     replicas=2, rollout_dc="dc1")
+    assert compare({"tensorhub": {"summary": th}, "pull_from_trainer": {"summary": base}}) == {
+        "trainer_copies_ratio": 2.0, "stall_ratio": 2.0, "pull_ratio": 1.0}

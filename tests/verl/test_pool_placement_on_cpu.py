@@ -1,0 +1,74 @@
+"""Where verl's trainer and rollout pools are placed (``tensorhub.trainer_placement`` / ``rollout_placement``),
+without a cluster: the settings, their trip through the job's runtime environment, and what verl's
+``placement_group`` call receives. The placement groups on a real multi-node cluster: tests/netlab."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.pool_placement import RESOURCE_SLIVER, placed_group_args, placement_env, pool_role
+
+BUNDLES = [{"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}]
+ENV = {"TENSORHUB_TRAINER_PLACEMENT": "label:tensorhub/dc=dc0", "TENSORHUB_ROLLOUT_PLACEMENT": "resource:th_roll"}
+
+
+def test_verl_pool_names_map_to_roles():
+    assert pool_role("global_poolverl_group_1:0") == "trainer"      # v1 separate_async
+    assert pool_role("trainer_poolverl_group_2_2:1") == "trainer"   # fully_async
+    assert pool_role("rollout_pool_3verl_group_1:0") == "rollout"
+    assert pool_role("rollout_pool_reward_0verl_group_1:0") is None
+    assert pool_role("teacher_poolverl_group_1:0") is None
+    assert pool_role(None) is None
+
+
+def test_labels_become_bundle_selectors_and_resources_a_sliver_per_bundle():
+    bundles, selector = placed_group_args("global_poolverl_group_2:0", BUNDLES, ENV)
+    assert bundles == BUNDLES and selector == [{"tensorhub/dc": "dc0"}] * 2
+    bundles, selector = placed_group_args("rollout_pool_0verl_group_2:0", BUNDLES, ENV)
+    assert selector is None and bundles == [{**b, "th_roll": RESOURCE_SLIVER} for b in BUNDLES]
+    # A pool with no placement, or a job with none, is verl's own request.
+    assert placed_group_args("teacher_poolverl_group_2:0", BUNDLES, ENV) == (BUNDLES, None)
+    assert placed_group_args("global_poolverl_group_2:0", BUNDLES, {}) == (BUNDLES, None)
+
+
+def test_the_config_reaches_the_runtime_environment_and_bad_forms_are_refused():
+    cfg = OmegaConf.create({"trainer_placement": "label:tensorhub/node=h0", "rollout_placement": "any"})
+    assert placement_env(cfg) == {"TENSORHUB_TRAINER_PLACEMENT": "label:tensorhub/node=h0"}
+    assert placement_env(None) == {}
+    with pytest.raises(ConfigError, match="tensorhub.rollout_placement must be one of any, label:KEY=VALUE"):
+        TensorHubVerlConfig(rollout_placement="head")
+    with pytest.raises(ConfigError, match="tensorhub.trainer_placement"):
+        placement_env({"trainer_placement": "label:nokey"})
+
+
+def test_the_patch_adds_the_selector_to_verls_placement_group_call(monkeypatch):
+    import types
+
+    from tensorhub_verl.verl.patches import verl_0_9_1_pool_placement as patch
+
+    calls = []
+    module = types.SimpleNamespace(placement_group=lambda bundles, **kw: calls.append((bundles, kw)))
+    assert patch.apply(module) and not patch.apply(module)  # idempotent
+    monkeypatch.setenv("TENSORHUB_ROLLOUT_PLACEMENT", "label:tensorhub/dc=dc1")
+    module.placement_group(bundles=BUNDLES, strategy="PACK", name="rollout_pool_0verl_group_2:0", lifetime=None)
+    module.placement_group(bundles=BUNDLES, strategy="PACK", name="global_poolverl_group_2:0", lifetime=None)
+    assert calls[0][1]["bundle_label_selector"] == [{"tensorhub/dc": "dc1"}] * 2
+    assert "bundle_label_selector" not in calls[1][1] and calls[1][0] == BUNDLES
+
+
+def test_a_tensorhub_jobs_runtime_environment_carries_its_placements_and_verls_call_is_patched():
+    import verl.single_controller.ray.base as base
+    import verl.trainer.constants_ppo as constants
+    from tensorhub_verl.verl.patches import verl_0_9_1_runtime_env_settings as patch
+    from tensorhub_verl.verl.patches.replace import is_replaced
+
+    patch.apply(constants)  # already applied if the plugin loaded at `import verl`
+    assert is_replaced(base, "placement_group")  # applied when verl's module was imported
+    job = {"actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": "tensorhub"}}},
+           "tensorhub": {"trainer_placement": "any", "rollout_placement": "label:tensorhub/dc=dc1"}}
+    env_vars = constants.get_ppo_ray_runtime_env(OmegaConf.create(job))["env_vars"]
+    assert env_vars["TENSORHUB_ROLLOUT_PLACEMENT"] == "label:tensorhub/dc=dc1"
+    assert "TENSORHUB_TRAINER_PLACEMENT" not in env_vars
