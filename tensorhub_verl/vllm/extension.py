@@ -189,6 +189,10 @@ class TensorHubWorkerExtension:
     def th_apply(self, timeout: float = 300.0) -> dict:
         return self._th().apply(timeout)
 
+    def th_wait_published(self, timeout_s: float = 120.0) -> bool:
+        """Waits for the publication that ``th_apply`` left running (``EngineHolder.wait_published``)."""
+        return self._th().wait_published(timeout_s)
+
     def th_abort(self) -> None:
         self._th().abort()
 

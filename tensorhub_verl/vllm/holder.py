@@ -6,7 +6,8 @@ into a vLLM worker; the unit tests drive it with plain tensors.
 
     begin_pull(v) ──► [pull thread] fetch v into staging ──► READY ─┐       (engine keeps generating)
                                                                     ▼
-    apply() ─────► unpublish(old) ─► copy staging -> params ─► publish(params, v)   (the only stall)
+    apply() ─────► unpublish(old) ─► copy staging -> params ──────────────────────► (the only stall)
+                                                         └─► [publish thread] digest params, publish(params, v)
 
 Invariants:
 - The parameters always hold exactly one version: ``served`` (or the engine's initial weights when None).
@@ -27,6 +28,11 @@ Invariants:
 - Source layout: the engine's own layout when some other worker holds that version in it (raw one-sided
   reads), else the trainer's ``hf`` layout through the engine's loader. Which holders serve a read is the
   ROS planner's choice.
+- A version that arrived in another layout (``hf``) needs one pass over the parameters to digest them in the
+  engine's layout before they can be published in it. That pass runs on a thread after ``apply`` returns, so
+  the engine generates meanwhile (the parameters are only read); anything that writes the parameters next
+  (``apply``, a restore, ``close``, sleep) first waits for it (``_unpublish_served``). ``wait_published`` waits
+  for it too. A version fetched in the engine's own layout reuses the fetch's digests and publishes at once.
 - TP>1: the ranks of one engine publish their layouts as one shard group (``shard_group``, ``shard_count``):
   no rank's layout of a version is visible before every rank holds it, so a peer never starts a raw read of
   a half-published engine. A raw pull therefore never holds through ``fetch(hold=True)`` (that would turn the
@@ -153,6 +159,8 @@ class EngineHolder:
         self._hf_staging: dict[str, dict[str, torch.Tensor]] = {}
         self._lock = threading.RLock()
         self._pull: _Pull | None = None
+        self._publishing: threading.Thread | None = None
+        self._publish_error: BaseException | None = None
         self.served: int | None = None
         self.broken = False
         self.last_phases: dict[str, float] = {}
@@ -169,7 +177,7 @@ class EngineHolder:
             p = self._pull
             return {"worker": self.worker, "layout": self.config.layout, "served": self.served,
                     "broken": self.broken, "staging": self.config.staging, "extra_bytes": self.extra_bytes,
-                    "pinned_staging": self._pin,
+                    "pinned_staging": self._pin, "publishing": self._publishing is not None,
                     "pull": None if p is None else {"version": p.version, "state": p.state.value,
                                                     "source_layout": p.source_layout,
                                                     "error": None if p.error is None else repr(p.error)}}
@@ -208,6 +216,37 @@ class EngineHolder:
         self.client.publish(self.config.model, version, self.params, layout=self.config.layout, verified=verified,
                             **kw)
 
+    def _publish_off_the_stall(self, version: int) -> None:
+        """Digests and publishes the parameters as ``version`` on a thread, so that ``apply`` returns (and the engine
+        generates) during the digest pass. A failure leaves the engine serving ``version`` without holding it."""
+        def publish() -> None:
+            try:
+                self._publish_params(version)
+            except Exception as e:  # noqa: BLE001 - reported by wait_published; the engine still serves version
+                self._publish_error = e
+                logger.warning("%s: publishing v%d in %s failed (%r): peers read it elsewhere", self.worker,
+                               version, self.config.layout, e)
+
+        self._publish_error = None
+        self._publishing = threading.Thread(target=publish, name=f"th-publish-{self.worker}-v{version}", daemon=True)
+        self._publishing.start()
+
+    def wait_published(self, timeout: float | None = None) -> bool:
+        """Waits for the publication ``apply`` left running. True when the parameters are registered as the
+        holder of ``served`` (False after a failed publication, or when nothing is served)."""
+        self._join_publisher(self.config.unpublish_timeout_s if timeout is None else timeout)
+        return self.served is not None and self._publish_error is None
+
+    def _join_publisher(self, timeout: float) -> None:
+        thread = self._publishing
+        if thread is None:
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            raise errors.TransferFailed(f"{self.worker}: publishing v{self.served} is still running after {timeout:.0f} "
+                                        f"s; the parameters must not change meanwhile (raise unpublish_timeout_s)")
+        self._publishing = None
+
     def _fetch_raw_into_params(self, version: int, layout: str):
         """Raw read of ``version`` straight into the parameters, which then hold it in the engine's layout.
         At TP>1 the fetch itself does not hold (its holding would be visible before the other ranks'):
@@ -220,6 +259,7 @@ class EngineHolder:
         return stats
 
     def _unpublish_served(self) -> None:
+        self._join_publisher(self.config.unpublish_timeout_s)  # its digest pass reads the parameters
         if self.served is None:
             return
         # Every layout the parameters serve it in: the engine's, and 'hf' after an in-place hf pull.
@@ -518,8 +558,10 @@ class EngineHolder:
         self._release_pull_hold(pull)
         self.last_phases["release_staging_s"] = time.monotonic() - t
         t = time.monotonic()
-        verified = getattr(pull.stats, "manifest", None) if pull.in_engine_layout else None
-        self._publish_params(pull.version, verified)
+        if pull.in_engine_layout:
+            self._publish_params(pull.version, getattr(pull.stats, "manifest", None))
+        else:
+            self._publish_off_the_stall(pull.version)
         self.last_phases["publish_s"] = time.monotonic() - t
         self.served = pull.version
         self.broken = False
@@ -582,7 +624,7 @@ class EngineHolder:
                 self.client.unpublish(self.config.model, version, layout=HF_LAYOUT,
                                       timeout=self.config.unpublish_timeout_s)
             raise
-        self._publish_params(version)
+        self._publish_off_the_stall(version)
         return stats
 
     def _load_hf_buckets(self, version: int):
@@ -596,7 +638,7 @@ class EngineHolder:
                                 timeout=self.config.fetch_timeout_s)
         sync_device(self.params.values())
         refuse_unwritten(self.params, version, [s.name for s in manifest.tensors])
-        self._publish_params(version)
+        self._publish_off_the_stall(version)
         return stats
 
     def _restore(self, old: int | None, cause: BaseException) -> None:
@@ -619,19 +661,25 @@ class EngineHolder:
         except errors.TensorHubError as e:
             raise EngineStateLost(f"{self.worker}: direct pull failed midway ({cause!r}) and restoring v{old} "
                                   f"failed too ({e!r})") from cause
+        self._join_publisher(self.config.unpublish_timeout_s)  # a failed update ends holding the old version
         self.served = old
         self.broken = False
         logger.warning("%s: direct pull failed midway; restored v%d", self.worker, old)
 
     # ------------------------------------------------------------------ one-shot + teardown
-    def update(self, version: int | str = "latest", timeout: float | None = None) -> dict:
-        """``begin_pull`` then ``apply`` (the whole pull is a stall: use the two halves to overlap)."""
+    def update(self, version: int | str = "latest", timeout: float | None = None, *,
+               wait_published: bool = True) -> dict:
+        """``begin_pull`` then ``apply`` (the whole pull is a stall: use the two halves to overlap). With
+        ``wait_published`` it returns once the parameters are registered as the holder of the version too."""
         started = self.begin_pull(version)
         if not started["started"]:  # already served: the keys of apply's result, nothing moved
             return {"worker": self.worker, "version": started["version"], "applied": False, "source_layout": None,
                     "stall_s": 0.0, "pull_s": 0.0, "bytes": 0, "sources": {}, "phases": {}, "preserved_bytes": 0,
                     "peak_bucket_bytes": 0}
-        return self.apply(timeout)
+        result = self.apply(timeout)
+        if wait_published:
+            self.wait_published(timeout)
+        return result
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops holding anything; the parameters may change freely afterwards."""

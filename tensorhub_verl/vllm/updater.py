@@ -152,12 +152,16 @@ class EngineUpdater:
         return res
 
     def update(self, version: int | str = "latest", timeout: float = 300.0) -> UpdateResult:
-        """``begin`` + ``finish``. Returns ``applied=False`` when every rank already serves the version."""
+        """``begin`` + ``finish``, then waits until every rank holds the version in its layout (``finish`` alone
+        returns before that: the ranks publish after the stall). Returns ``applied=False`` when every rank already
+        serves the version."""
         t0 = time.monotonic()
         v = self.begin(version)
         res = self.finish(timeout)
         if not res.applied:
             res.version = v
+        else:
+            self.call("th_wait_published", timeout=timeout + self.rpc_timeout_s, timeout_s=timeout)
         res.seconds = time.monotonic() - t0
         return res
 

@@ -149,7 +149,8 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
         elif update_info.phase == "apply":
             self.last_result = holder.apply(update_info.timeout_s)
         else:
-            self.last_result = holder.update(update_info.version, update_info.timeout_s)
+            # vLLM's pause: the engine generates again while its layout is digested and published
+            self.last_result = holder.update(update_info.version, update_info.timeout_s, wait_published=False)
 
     def shutdown(self) -> None:
         holder, self.holder = self.holder, None

@@ -50,6 +50,9 @@ class FlakyClient:
         self._c = client
         self.fail_next = False
         self.calls: list[str] = []
+        self.publish_gate = threading.Event()
+        """Cleared by a test to hold publications back."""
+        self.publish_gate.set()
 
     def __getattr__(self, name):
         return getattr(self._c, name)
@@ -60,6 +63,8 @@ class FlakyClient:
 
     def publish(self, model, version, tensors, layout="hf", verified=None):
         self.calls.append(f"publish v{version} {layout}")
+        if not self.publish_gate.wait(60):
+            raise errors.TransferFailed("test: publish gate never opened")
         return self._c.publish(model, version, tensors, layout=layout, verified=verified)
 
     def fetch(self, model, version, into=None, layout="hf", hold=True, timeout=None):
@@ -102,7 +107,7 @@ def test_hf_then_raw_from_peer_then_new_version(hub, trainer):
     try:
         ra = a.update("latest")
         assert ra["version"] == 1 and ra["source_layout"] == "hf" and set(ra["sources"]) == {"trainer"}
-        assert same(pa, 1) and a.served == 1
+        assert same(pa, 1) and a.served == 1 and a.wait_published(30)
         assert "eng-a" in trainer.versions("policy", layout=LAYOUT)[1]
         rb = b.update(1)  # the peer holds the engine layout: raw reads from it, never the trainer
         assert rb["source_layout"] == LAYOUT and set(rb["sources"]) == {"eng-a"}
@@ -111,7 +116,7 @@ def test_hf_then_raw_from_peer_then_new_version(hub, trainer):
         trainer.publish("policy", 2, hf_version(2))
         ca.calls.clear()
         ra2 = a.update("latest")
-        assert ra2["version"] == 2 and same(pa, 2)
+        assert ra2["version"] == 2 and same(pa, 2) and a.wait_published(30)
         order = [c for c in ca.calls if "publish" in c]
         assert order[0] == "unpublish v1 None" and order[-1] == f"publish v2 {LAYOUT}"  # None: all layouts
         assert "eng-a" not in trainer.versions("policy", layout=LAYOUT).get(1, [])
@@ -228,3 +233,32 @@ def test_staging_none_pulls_hf_straight_into_the_parameters(hub, trainer):
         h.close()
         client.close()
 
+
+def test_apply_returns_before_the_digest_pass_and_the_next_write_waits_for_it(hub, trainer):
+    """A version read from 'hf' is published in the engine's layout on a thread after apply: apply returns
+    while that publication is held back, peers see no engine-layout holding until it lands, and the next
+    apply does not change a byte before it has."""
+    trainer.publish("policy", 51, hf_version(51))
+    h, params, client = make_holder(hub, "eng-bg")
+    try:
+        client.publish_gate.clear()
+        h.begin_pull(51)
+        done = threading.Event()
+        applied: dict = {}
+        threading.Thread(target=lambda: (applied.update(h.apply(30)), done.set()), daemon=True).start()
+        assert done.wait(30), "apply waited for the publication"
+        assert applied["version"] == 51 and h.served == 51 and same(params, 51) and h.status()["publishing"]
+        assert 51 not in trainer.versions("policy", layout=LAYOUT)
+        trainer.publish("policy", 52, hf_version(52))
+        h.begin_pull(52)
+        second = threading.Event()
+        threading.Thread(target=lambda: (h.apply(30), second.set()), daemon=True).start()
+        assert not second.wait(1.0) and same(params, 51), "the next apply wrote while v51 was being digested"
+        client.publish_gate.set()
+        assert second.wait(30) and h.wait_published(30) and same(params, 52)
+        assert "eng-bg" in trainer.versions("policy", layout=LAYOUT)[52]
+        assert "eng-bg" not in trainer.versions("policy", layout=LAYOUT).get(51, [])
+    finally:
+        client.publish_gate.set()
+        h.close()
+        client.close()

@@ -111,6 +111,7 @@ def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer, staging):
             assert set(got[r]["sources"]) <= {"tp-trainer", f"{engine}/rank0"}, got[r]["sources"]
             # half the model, plus the KV heads (one KV head here: every rank holds it whole)
             assert got[r]["bytes"] < 0.6 * model_bytes, (got[r]["bytes"], model_bytes)
+        assert all(h.wait_published(30) for h, _ in ranks)  # the ranks publish after apply returns
         assert trainer.versions("policy", layout=LAYOUTS[1])[v] == [f"{engine}/rank1"]
         assert f"{engine}/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never hf
     finally:
