@@ -25,6 +25,8 @@ from tensorhub_verl.netlab.lab import Host, Lab, kill_netns_pids
 log = logging.getLogger("tensorhub_verl.netlab.ray_cluster")
 
 RAY_PORT = 6379
+RAY_ADDRESS_FILE = "/tmp/ray/ray_current_cluster"
+"""Where ``ray start --head`` records the newest cluster's address (Ray's default temp dir), read by ``ray.init()``."""
 LABEL_PREFIX = "tensorhub/"
 """The prefix of the location labels (``tensorhub_verl.verl.node_location.RAY_LABEL_PREFIX``)."""
 
@@ -148,6 +150,18 @@ class LabRayCluster:
         for host, proc in reversed(self._procs):
             self._stop(host, proc)
         self._procs.clear()
+        self._forget_address()
+
+    def _forget_address(self) -> None:
+        """``ray start --head`` records its address in the host's shared Ray temp dir, and a killed head leaves it
+        there; a later ``ray.init()`` on this machine would then try to join the lab's gone cluster. Removed
+        when it still names this cluster."""
+        recorded = Path(RAY_ADDRESS_FILE)
+        try:
+            if recorded.read_text().strip() == self.address:
+                recorded.unlink()
+        except FileNotFoundError:
+            pass
 
     @staticmethod
     def _stop(host: Host, proc: subprocess.Popen) -> None:
