@@ -277,9 +277,12 @@ class Client:
         manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.chunk_bytes, row_shards=ranks)
         if self.config.chunk_digests:
             starts = [shard_bytes(spec, rank, ranks)[0] for spec in full]
-            digests = shard_chunk_digests(manifest.chunks(), full, tensors.values(), starts,
-                                          shard_chunks(manifest, rank))
-            manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM)
+            chunks, own, ordered = manifest.chunks(), shard_chunks(manifest, rank), list(tensors.values())
+            digests = shard_chunk_digests(chunks, full, ordered, starts, own)
+            # This rank's cells of the whole tensors' block digests: the hub puts the ranks' cells together.
+            blocks = block_digests(chunks, full, ordered, starts, own) if self.config.block_digests else ()
+            manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM,
+                                           block_digests=blocks)
         self._publish(_Held(self.worker, manifest, tensors, group, ranks, rank))
         return manifest
 

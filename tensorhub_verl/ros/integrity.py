@@ -97,25 +97,31 @@ def _digests(chunks: Iterable[Chunk], flats: list[torch.Tensor], starts: Sequenc
     return tuple(out)
 
 
-def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec],
-                  tensors: Sequence[torch.Tensor]) -> tuple[TensorBlocks, ...]:
+def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor],
+                  starts: Sequence[int] | None = None, own: set[int] | None = None) -> tuple[TensorBlocks, ...]:
     """Every tensor's block digests along dim 0 (every tensor: a 0-dim one has one block) and, for a tensor of
-    2+ dims whose grid rows are its dim-0 rows, along dim 1."""
+    2+ dims whose grid rows are its dim-0 rows, along dim 1. Blocks are placed in the whole tensor.
+
+    A row shard passes its pieces as ``tensors`` (piece ``i`` holds bytes from ``starts[i]`` of tensor ``i``) and
+    its chunks as ``own``: it fills the cells of its own segments, "" for the other ranks' (``merge_blocks``
+    collects the ranks' cells into the whole tensor's)."""
     chunks = list(chunks)
     seg_of = {t: sorted(per, key=per.get) for t, per in _segments(chunks).items()}
     by_chunk = {c.index: c for c in chunks}
     out, lanes = [], []
     for t, spec in enumerate(specs):
         flat, rb = _flat(tensors[t]), row_bytes(spec.shape, spec.nbytes)
-        segs = [next(s for s in by_chunk[c].segments if s.tensor == t) for c in seg_of.get(t, [])]
-        dims = [(0, _blocks(spec.shape[0]) if spec.shape else 1)]
-        if len(spec.shape) >= 2 and spec.shape[0] and rb == spec.nbytes // spec.shape[0] and _blocks(spec.shape[1]) > 1:
-            dims.append((1, _blocks(spec.shape[1])))
-        for dim, nb in dims:
+        base = 0 if starts is None else starts[t]
+        segs = [(next(s for s in by_chunk[c].segments if s.tensor == t), own is None or c in own)
+                for c in seg_of.get(t, [])]
+        for dim, nb in _block_dims(spec):
             width = (spec.nbytes if dim == 0 else rb) // nb
             cells: list[torch.Tensor | None] = []
-            for seg in segs:
-                data = flat[seg.offset:seg.offset + seg.length]
+            for seg, mine in segs:
+                if not mine:
+                    cells.extend([None] * nb)
+                    continue
+                data = flat[seg.offset - base:seg.offset - base + seg.length]
                 for j in range(nb):
                     lo, hi = j * width, (j + 1) * width
                     if dim == 0:
@@ -128,6 +134,15 @@ def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec],
     texts = iter(lindigest.many_to_hex(lanes))
     return tuple(TensorBlocks(t, dim, nb, tuple("" if c is None else next(texts) for c in cells))
                  for t, dim, nb, cells in out)
+
+
+def _block_dims(spec: TensorSpec) -> list[tuple[int, int]]:
+    """(dim, blocks) of the tensor's block digests: dim 0 always; dim 1 where its grid rows are dim-0 rows."""
+    rb = row_bytes(spec.shape, spec.nbytes)
+    dims = [(0, _blocks(spec.shape[0]) if spec.shape else 1)]
+    if len(spec.shape) >= 2 and spec.shape[0] and rb == spec.nbytes // spec.shape[0] and _blocks(spec.shape[1]) > 1:
+        dims.append((1, _blocks(spec.shape[1])))
+    return dims
 
 
 def _expected(manifest: Manifest, plan: ReadPlan, slices: Mapping[int, TensorSlice | None]) -> dict[int, str]:
