@@ -1,7 +1,9 @@
 """Throughput of the chunk digest (``lindigest.py``) against xxh3-64 (what chunk digests used before), on the CPU
-and, where there is one, on the GPU: what a publisher pays per GB at publish and a reader as chunks land.
+and, where there is one, on the GPU: what a publisher pays per GB at publish and a reader as chunks land; and
+what a row-shard rank pays for its cells of the block digests (``shard_blocks``: rank 0 of ``--row-shards``,
+per GB of its own rows).
 
-    python -m tensorhub_verl.bench.digest [--size-mb 256] [--threads 1]
+    python -m tensorhub_verl.bench.digest [--size-mb 256] [--threads 1] [--row-shards 2]
 
 Prints one line per measurement, then a JSON line with all of them.
 """
@@ -16,7 +18,7 @@ import torch
 import xxhash
 
 from tensorhub_verl.ros.integrity import block_digests, chunk_digests
-from tensorhub_verl.ros.manifest import DEFAULT_CHUNK_BYTES, build_manifest
+from tensorhub_verl.ros.manifest import DEFAULT_CHUNK_BYTES, Manifest, build_manifest, row_range, shard_chunks
 
 
 def _best(fn, repeats: int) -> float:
@@ -33,7 +35,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(size_mb: int, repeats: int, threads: int) -> dict:
+def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2) -> dict:
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     rows = max(1, size_mb * (1 << 20) // (4096 * 2))
@@ -41,7 +43,7 @@ def run(size_mb: int, repeats: int, threads: int) -> dict:
     m = build_manifest("bench", 1, "hf", weights, DEFAULT_CHUNK_BYTES, "none")
     chunks, gb = m.chunks(), m.nbytes / 1e9
     flat = weights["w"].reshape(-1).view(torch.uint8).numpy()
-    out = {"size_mb": size_mb, "threads": threads,
+    out = {"size_mb": size_mb, "threads": threads, "row_shards": row_shards,
            "xxh3_cpu_gbps": gb / _best(lambda: [xxhash.xxh3_64(flat[s.offset:s.offset + s.length]).hexdigest()
                                                  for c in chunks for s in c.segments], repeats)}
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -59,7 +61,17 @@ def run(size_mb: int, repeats: int, threads: int) -> dict:
 
         out[f"linear_{device}_gbps"] = gb / _best(chunk_pass, repeats)
         out[f"blocks_{device}_gbps"] = gb / _best(block_pass, repeats)
+        shard = Manifest("bench", 1, "hf", m.tensors, DEFAULT_CHUNK_BYTES, row_shards=row_shards)
+        lo, hi = row_range(rows, 0, row_shards)
+        piece = [tensors[0][lo:hi]]
+
+        def shard_block_pass():
+            block_digests(shard.chunks(), shard.tensors, piece, [0], shard_chunks(shard, 0))
+            _sync(device)
+
+        out[f"shard_blocks_{device}_gbps"] = piece[0].numel() * 2 / 1e9 / _best(shard_block_pass, repeats)
     out["linear_cpu_s_per_gb"] = 1 / out["linear_cpu_gbps"]
+    out["shard_blocks_cpu_s_per_gb"] = 1 / out["shard_blocks_cpu_gbps"]
     return out
 
 
@@ -68,8 +80,9 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (xxh3 runs on one)")
+    parser.add_argument("--row-shards", type=int, default=2, help="ranks of the row-shard block digest pass")
     args = parser.parse_args()
-    result = run(args.size_mb, args.repeats, args.threads)
+    result = run(args.size_mb, args.repeats, args.threads, args.row_shards)
     for key, value in result.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     print(json.dumps(result))

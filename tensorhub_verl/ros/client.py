@@ -33,6 +33,7 @@ from tensorhub_verl.ros.manifest import (
     DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, layout_digest, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
+from tensorhub_verl.ros.block_edges import widen
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
@@ -277,9 +278,12 @@ class Client:
         manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.chunk_bytes, row_shards=ranks)
         if self.config.chunk_digests:
             starts = [shard_bytes(spec, rank, ranks)[0] for spec in full]
-            digests = shard_chunk_digests(manifest.chunks(), full, tensors.values(), starts,
-                                          shard_chunks(manifest, rank))
-            manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM)
+            chunks, own, ordered = manifest.chunks(), shard_chunks(manifest, rank), list(tensors.values())
+            digests = shard_chunk_digests(chunks, full, ordered, starts, own)
+            # This rank's cells of the whole tensors' block digests: the hub puts the ranks' cells together.
+            blocks = block_digests(chunks, full, ordered, starts, own) if self.config.block_digests else ()
+            manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM,
+                                           block_digests=blocks)
         self._publish(_Held(self.worker, manifest, tensors, group, ranks, rank))
         return manifest
 
@@ -425,8 +429,9 @@ class Client:
         chunks = manifest.chunks()
         stats = FetchStats(model, manifest.version, layout, chunks=len(chunks) if plan is None else len(plan.pieces))
         ok = False
+        scratch = _scratch(plan, tensors.values())
         try:
-            if self._plane.register(tensors.values()):
+            if self._plane.register([*tensors.values(), *scratch]):
                 self._register_worker()
             first = self._through_restart(lambda: self._begin_fetch(fetch, want=self.config.window), deadline)
             settings = FetchSettings(self.config.window, self.config.read_timeout_s, deadline,
@@ -436,7 +441,8 @@ class Client:
                                      max_run_chunks=self.config.max_run_chunks)
             fetch.fetcher = ChunkFetcher(self._plane, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
-                                         checker=ChunkChecker(manifest, plan, slices), plan=plan, first=first)
+                                         checker=ChunkChecker(manifest, plan, slices), plan=plan, first=first,
+                                         scratch=scratch[0] if scratch else None)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()
@@ -444,6 +450,8 @@ class Client:
                 fetch.fetcher.abandon()
             ok = True
         finally:
+            if scratch:
+                self._plane.unregister(scratch)
             stats.seconds = time.monotonic() - started
             self._end_fetch(key, ok, hold, stats.seconds)
         if plan is None:
@@ -773,7 +781,15 @@ def _ranged(manifest: Manifest, into: Mapping[str, torch.Tensor],
         tensors[spec.name] = buf
         runs[i] = Runs.whole(spec) if sl is None else Runs.of_slice(spec, TensorSlice.of(sl))
         by_index[i] = None if sl is None else TensorSlice.of(sl)
-    return tensors, plan_reads(manifest, runs), by_index
+    return tensors, widen(manifest, plan_reads(manifest, runs), by_index), by_index
+
+
+def _scratch(plan: ReadPlan | None, tensors) -> list[torch.Tensor]:
+    """Where a ranged read's edges land (``block_edges.py``): on the device of its buffers; none without edges."""
+    if plan is None or not plan.edge_bytes:
+        return []
+    device = next((t.device for t in tensors if t.numel()), torch.device("cpu"))
+    return [torch.empty(plan.edge_bytes, dtype=torch.uint8, device=device)]
 
 
 def _is_int(value: object) -> bool:

@@ -180,8 +180,9 @@ class ChunkFetcher:
     def __init__(self, transport: DataPlane, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
                  exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
                  checker: ChunkChecker | None = None, plan: ReadPlan | None = None,
-                 first: msg.ExchangeReply | None = None):
-        """``first``: the assignments that came with the fetch's begin (``BeginFetchReply.first``), if any."""
+                 first: msg.ExchangeReply | None = None, scratch: torch.Tensor | None = None):
+        """``first``: the assignments that came with the fetch's begin (``BeginFetchReply.first``), if any.
+        ``scratch``: where the plan's edges land (``block_edges.py``), ``plan.edge_bytes`` bytes."""
         self._transport = transport
         self._first = first
         self._chunks = chunks
@@ -189,6 +190,8 @@ class ChunkFetcher:
         self._local = [Region.of_tensor(t) for t in local]
         self._checker = checker
         self._local_tensors = local
+        self._scratch = None if scratch is None else Region.of_tensor(scratch)
+        self._scratch_view = None if scratch is None else local_views([scratch])[0]
         self._views: list | None = None
         """Byte views of ``local``, made when a landed chunk is first checked."""
         self._exchange = exchange
@@ -402,7 +405,12 @@ class ChunkFetcher:
         """The digest of what landed of the chunk, computed where the local buffers are (integrity.py)."""
         if self._views is None:
             self._views = local_views(self._local_tensors)
-        return self._checker.landed(self._pieces(read.chunk), self._views)
+        return self._checker.landed(self._pieces(read.chunk), self._views, self._edges(read.chunk),
+                                    self._scratch_view)
+
+    def _edges(self, chunk: int) -> tuple[Piece, ...]:
+        edges = None if self._plan is None or self._scratch is None else self._plan.edges
+        return edges.get(chunk, ()) if edges else ()
 
     def _straggler_limit(self, read: _Read) -> float:
         landed = self._durations.get(read.distance, ())
@@ -497,6 +505,11 @@ class ChunkFetcher:
                     local, remote = self._local[p.tensor], regions[p.tensor]
                     seg = Segment(p.tensor, p.offset, p.length)
                     copies.append(Copy(local.addr + p.local, local.device, local.mem,
+                                       remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
+                                       remote.mem, p.length))
+                for p in self._edges(chunk):  # the bytes that complete the blocks the slices cover in part
+                    remote, seg = regions[p.tensor], Segment(p.tensor, p.offset, p.length)
+                    copies.append(Copy(self._scratch.addr + p.local, self._scratch.device, self._scratch.mem,
                                        remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
                                        remote.mem, p.length))
                 landing = {"wake": self._wake} if self._transport.lands_on_own_threads else {}

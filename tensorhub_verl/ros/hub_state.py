@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, TypeVar
 
 from tensorhub_verl.errors import (
@@ -57,6 +57,7 @@ from tensorhub_verl.ros.manifest import Chunk, Manifest, check_same_tensors
 from tensorhub_verl.ros.ownership import DEFAULT_JOB, OwnerRule, Owners, job_of
 from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request, unservable
 from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.shard_digests import merge_shard_digests
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
@@ -464,7 +465,7 @@ class HubState:
                 self._model_keys.setdefault(key[0], set()).add(key)
             elif (record.manifest.chunk_bytes, record.manifest.row_shards) == (manifest.chunk_bytes,
                                                                              manifest.row_shards):
-                record.manifest = _merge_digests(record.manifest, manifest)  # fills a partial group's gaps
+                record.manifest = merge_shard_digests(record.manifest, manifest)  # fills a partial group's gaps
             state = "pending" if req.shard_count > 1 else "active"
             record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
                                next(self._ids), shard_rank=req.shard_rank, vouched=owner),
@@ -1077,12 +1078,3 @@ def _check_holder(worker: str, holder: str) -> None:
         raise NotOwner(f"worker {worker!r} may act only for holders named {worker!r} or "
                        f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")
 
-
-def _merge_digests(existing: Manifest, incoming: Manifest) -> Manifest:
-    """Each row shard knows its own chunks' digests: the version's manifest collects them, so that once the
-    group commits every reader checks every chunk."""
-    if not incoming.chunk_digests:
-        return existing
-    old = existing.chunk_digests or ("",) * len(incoming.chunk_digests)
-    merged = tuple(a or b for a, b in zip(old, incoming.chunk_digests))
-    return existing if merged == existing.chunk_digests else replace(existing, chunk_digests=merged)

@@ -7,9 +7,10 @@ torn, stale, garbage and mixed-up bytes, not a forger who picks colliding bytes 
 credential to publish at all.
 
 Ranged reads (``ranges.py``): a chunk read whole is checked against its chunk digest; a chunk read in part (a
-TP rank's rows or columns of it) against the sum of the manifest's block digests that its slice covers, when
-the slice is made of whole blocks (``TensorBlocks``: up to ``MAX_BLOCKS`` blocks along dims 0 and 1, per chunk
-segment, so every power-of-two TP degree up to it is aligned). Other partial reads are not checked.
+TP rank's rows or columns of it) against the sum of the manifest's block digests that its slice covers
+(``TensorBlocks``: up to ``MAX_BLOCKS`` blocks along dims 0 and 1, per chunk segment, so every power-of-two TP
+degree up to it is aligned). A slice that covers blocks in part (TP=3) is widened to whole blocks: the reader
+also reads the edges (``block_edges.py``). Slices along a dim without block digests (dim 2+) are not checked.
 
 ``tensor_digests`` is another thing: xxh3 of whole tensors, for the end-to-end ``verify_digests`` of verl jobs.
 """
@@ -23,6 +24,7 @@ import torch
 import xxhash
 
 from tensorhub_verl.ros import lindigest
+from tensorhub_verl.ros.block_edges import block_span
 from tensorhub_verl.ros.lindigest import ALGORITHM, row_bytes
 from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorBlocks, TensorSpec
 from tensorhub_verl.ros.ranges import Piece, ReadPlan, TensorSlice
@@ -97,25 +99,31 @@ def _digests(chunks: Iterable[Chunk], flats: list[torch.Tensor], starts: Sequenc
     return tuple(out)
 
 
-def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec],
-                  tensors: Sequence[torch.Tensor]) -> tuple[TensorBlocks, ...]:
+def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor],
+                  starts: Sequence[int] | None = None, own: set[int] | None = None) -> tuple[TensorBlocks, ...]:
     """Every tensor's block digests along dim 0 (every tensor: a 0-dim one has one block) and, for a tensor of
-    2+ dims whose grid rows are its dim-0 rows, along dim 1."""
+    2+ dims whose grid rows are its dim-0 rows, along dim 1. Blocks are placed in the whole tensor.
+
+    A row shard passes its pieces as ``tensors`` (piece ``i`` holds bytes from ``starts[i]`` of tensor ``i``) and
+    its chunks as ``own``: it fills the cells of its own segments, "" for the other ranks' (``merge_blocks``
+    collects the ranks' cells into the whole tensor's)."""
     chunks = list(chunks)
     seg_of = {t: sorted(per, key=per.get) for t, per in _segments(chunks).items()}
     by_chunk = {c.index: c for c in chunks}
     out, lanes = [], []
     for t, spec in enumerate(specs):
         flat, rb = _flat(tensors[t]), row_bytes(spec.shape, spec.nbytes)
-        segs = [next(s for s in by_chunk[c].segments if s.tensor == t) for c in seg_of.get(t, [])]
-        dims = [(0, _blocks(spec.shape[0]) if spec.shape else 1)]
-        if len(spec.shape) >= 2 and spec.shape[0] and rb == spec.nbytes // spec.shape[0] and _blocks(spec.shape[1]) > 1:
-            dims.append((1, _blocks(spec.shape[1])))
-        for dim, nb in dims:
+        base = 0 if starts is None else starts[t]
+        segs = [(next(s for s in by_chunk[c].segments if s.tensor == t), own is None or c in own)
+                for c in seg_of.get(t, [])]
+        for dim, nb in _block_dims(spec):
             width = (spec.nbytes if dim == 0 else rb) // nb
             cells: list[torch.Tensor | None] = []
-            for seg in segs:
-                data = flat[seg.offset:seg.offset + seg.length]
+            for seg, mine in segs:
+                if not mine:
+                    cells.extend([None] * nb)
+                    continue
+                data = flat[seg.offset - base:seg.offset - base + seg.length]
                 for j in range(nb):
                     lo, hi = j * width, (j + 1) * width
                     if dim == 0:
@@ -130,9 +138,19 @@ def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec],
                  for t, dim, nb, cells in out)
 
 
+def _block_dims(spec: TensorSpec) -> list[tuple[int, int]]:
+    """(dim, blocks) of the tensor's block digests: dim 0 always; dim 1 where its grid rows are dim-0 rows."""
+    rb = row_bytes(spec.shape, spec.nbytes)
+    dims = [(0, _blocks(spec.shape[0]) if spec.shape else 1)]
+    if len(spec.shape) >= 2 and spec.shape[0] and rb == spec.nbytes // spec.shape[0] and _blocks(spec.shape[1]) > 1:
+        dims.append((1, _blocks(spec.shape[1])))
+    return dims
+
+
 def _expected(manifest: Manifest, plan: ReadPlan, slices: Mapping[int, TensorSlice | None]) -> dict[int, str]:
-    """chunk -> the digest of what a ranged read reads of it, for each chunk read in part whose every touched
-    tensor is read whole or by a slice of whole blocks."""
+    """chunk -> the digest of what a ranged read reads of it (with its edges, ``block_edges.py``), for each chunk
+    read in part whose every touched tensor is read whole, by a slice of whole blocks, or by a slice the plan
+    widened to whole blocks."""
     blocks = {(b.tensor, b.dim): b for b in manifest.block_digests}
     segments = _segments(manifest.chunks())
     out = {}
@@ -146,12 +164,15 @@ def _expected(manifest: Manifest, plan: ReadPlan, slices: Mapping[int, TensorSli
             dim, start, length = (0, 0, spec.shape[0] if spec.shape else 1) if sl is None else \
                 (sl.dim, sl.start, sl.length)
             tb = blocks.get((t, dim))
-            size = spec.shape[dim] if spec.shape else 1
-            if tb is None or size % tb.blocks or start % (size // tb.blocks) or length % (size // tb.blocks):
+            if tb is None or (spec.shape[dim] if spec.shape else 1) % tb.blocks:
                 parts = None
                 break
-            k, bs = segments[t][chunk], size // tb.blocks
-            parts.extend(tb.digests[k * tb.blocks + j] for j in range(start // bs, (start + length) // bs))
+            j0, j1, bs = block_span(spec, tb, start, length)
+            if plan.edges is None and (j0 * bs, j1 * bs) != (start, start + length):
+                parts = None  # not made of whole blocks, and not widened to them
+                break
+            k = segments[t][chunk]
+            parts.extend(tb.digests[k * tb.blocks + j] for j in range(j0, j1))
         if parts is not None:
             out[chunk] = lindigest.add_hex(parts)
     return out
@@ -159,7 +180,8 @@ def _expected(manifest: Manifest, plan: ReadPlan, slices: Mapping[int, TensorSli
 
 class ChunkChecker:
     """What a fetch checks of each landed chunk, and how: its chunk digest when it reads the chunk whole, the
-    sum of its block digests when it reads a slice of whole blocks of it, nothing otherwise."""
+    sum of its block digests when it reads a slice of whole blocks of it (or a slice the plan widened to whole
+    blocks: slice plus edges), nothing otherwise."""
 
     def __init__(self, manifest: Manifest, plan: ReadPlan | None = None,
                  slices: Mapping[int, TensorSlice | None] | None = None):
@@ -170,8 +192,8 @@ class ChunkChecker:
         if plan is not None:
             unchecked = len(plan.pieces) - len(plan.whole) - len(self._partial)
             if unchecked:
-                logger.info("%s v%d: %d chunk(s) read in part are not checked (no block digests, or slices not "
-                            "made of whole blocks)", manifest.model, manifest.version, unchecked)
+                logger.info("%s v%d: %d chunk(s) read in part are not checked (no block digests along the "
+                            "slices' dims, or slices not widened to whole blocks)", manifest.model, manifest.version, unchecked)
 
     def checks(self, chunk: int) -> bool:
         if self._plan is None or chunk in self._plan.whole:
@@ -182,14 +204,24 @@ class ChunkChecker:
         return self._partial[chunk] if self._plan is not None and chunk not in self._plan.whole \
             else self._digests[chunk]
 
-    def landed(self, pieces: Sequence[Piece], local: Sequence[torch.Tensor]) -> str:
-        """The digest of ``pieces`` as they lie in the local buffers (``local``: flat uint8 views), taken at
-        their places in the whole tensors. Runs of equal pieces one row apart (a column slice) go at once."""
+    def landed(self, pieces: Sequence[Piece], local: Sequence[torch.Tensor], edges: Sequence[Piece] = (),
+               scratch: torch.Tensor | None = None) -> str:
+        """The digest of ``pieces`` as they lie in the local buffers (``local``: flat uint8 views), plus that of
+        ``edges`` as they lie in ``scratch`` (a flat uint8 view), all taken at their places in the whole tensors."""
+        acc = self._lanes(pieces, lambda t: local[t])
+        if edges:
+            more = self._lanes(edges, lambda t: scratch)
+            acc = more if acc is None else acc + more.to(acc.device)
+        return lindigest.to_hex(lindigest.zero() if acc is None else acc)
+
+    def _lanes(self, pieces: Sequence[Piece], data_of) -> torch.Tensor | None:
+        """Digest lanes of ``pieces`` lying at their ``local`` offsets of ``data_of(tensor)``. Runs of equal
+        pieces one row apart (a column slice) go at once."""
         acc = None
         i = 0
         while i < len(pieces):
             p = pieces[i]
-            rb, data = self._rbs[p.tensor], local[p.tensor]
+            rb, data = self._rbs[p.tensor], data_of(p.tensor)
             n = 1
             if p.offset % rb + p.length <= rb:
                 while i + n < len(pieces) and _next_row(pieces[i + n - 1], pieces[i + n], rb):
@@ -201,7 +233,7 @@ class ChunkChecker:
                 part = lindigest.span(data[p.local:p.local + p.length], p.offset, rb)
             acc = part if acc is None else acc + part.to(acc.device)
             i += n
-        return lindigest.to_hex(lindigest.zero() if acc is None else acc)
+        return acc
 
 
 def _next_row(p: Piece, q: Piece, rb: int) -> bool:

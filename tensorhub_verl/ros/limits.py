@@ -104,18 +104,22 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
     own = None if shard_rank is None else range(sum(counts[:shard_rank]), sum(counts[:shard_rank + 1]))
     _check_digests(m.chunk_digests, own)
     chunk_map = manifest.chunks()
-    _check_blocks(manifest, chunk_map)
+    _check_blocks(manifest, chunk_map, None if own is None else set(own))
     return PreparedVersion(manifest, chunk_map, None if own is None else frozenset(own))
 
 
-def _check_blocks(manifest: Manifest, chunks: tuple) -> None:
+def _check_blocks(manifest: Manifest, chunks: tuple, own: set[int] | None) -> None:
     """Block digests name a tensor, a dim it has, a block count that divides that dim, and one digest per
-    block and segment of the tensor: what a ranged reader indexes (integrity.py)."""
+    block and segment of the tensor: what a ranged reader indexes (integrity.py). A row shard (``own``: its
+    chunks) sets no cell of another rank's segments: the hub puts the ranks' cells together."""
     if not manifest.block_digests:
         return
     segments: dict[int, int] = {}
+    foreign: dict[int, list[int]] = {}
     for chunk in chunks:
         for seg in chunk.segments:
+            if own is not None and chunk.index not in own:
+                foreign.setdefault(seg.tensor, []).append(segments.get(seg.tensor, 0))
             segments[seg.tensor] = segments.get(seg.tensor, 0) + 1
     for b in manifest.block_digests:
         spec = manifest.tensors[b.tensor] if b.tensor < len(manifest.tensors) else None
@@ -123,6 +127,9 @@ def _check_blocks(manifest: Manifest, chunks: tuple) -> None:
         if size is None or size % b.blocks or len(b.digests) != segments.get(b.tensor, 0) * b.blocks:
             raise InvalidRequest(f"block digests of tensor {b.tensor} dim {b.dim} do not fit the manifest: send "
                                  f"{b.blocks} per segment of a tensor that has that dim, or none")
+        if any(any(b.digests[k * b.blocks:(k + 1) * b.blocks]) for k in foreign.get(b.tensor, ())):
+            raise InvalidRequest(f"block digests of tensor {b.tensor} dim {b.dim} set cells of another row shard's "
+                                 f"segments; a row shard sends '' for the segments of the other ranks' chunks")
 
 
 def _check_digests(digests: list[str], own: range | None) -> None:

@@ -125,6 +125,14 @@ class ReadPlan:
     (0, 0) for a tensor not read, or read strided."""
     tensor_nbytes: tuple[int, ...]
     """The whole tensors' bytes, in manifest order."""
+    edges: Mapping[int, tuple[Piece, ...]] | None = None
+    """chunk -> the bytes outside the slices that complete the blocks the slices cover in part, landing at
+    ``local`` of a scratch buffer (``block_edges.widen``); None: not widened, so such slices go unchecked."""
+
+    @property
+    def edge_bytes(self) -> int:
+        """The scratch buffer the edges land in."""
+        return sum(p.length for pieces in (self.edges or {}).values() for p in pieces)
 
     @property
     def nbytes(self) -> int:

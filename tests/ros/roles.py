@@ -233,3 +233,38 @@ def sliced_holder(results, control, hub_url, worker, chunk_bytes, lie=False, tra
         weights["o"].copy_(torch.cat([right, left], 1))
     results.put(("ok", {"pid": os.getpid()}))
     _serve(results, control, client, 1)
+
+
+def tp_shard_holder(results, control, hub_url, worker, rank, ranks, chunk_bytes, lie=False, transport="auto"):
+    """Row shard ``rank`` of ``tp_weights`` (an FSDP rank of the trainer); a liar publishes its true rows, digests
+    and all, then swaps the column halves of its rows of ``o`` in place: a TP rank reading its columns of them
+    gets the other TP rank's, in chunks read only in part."""
+    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0, transport=transport)
+    full = tp_weights()
+    specs = {name: (t.shape, t.dtype) for name, t in full.items()}
+    pieces = {name: t[slice(*th.row_range(t.shape[0], rank, ranks))].clone() for name, t in full.items()}
+    client.publish_shard("policy", 1, pieces, specs=specs, rank=rank, ranks=ranks)
+    if lie:
+        left, right = pieces["o"].chunk(2, 1)
+        pieces["o"].copy_(torch.cat([right, left], 1))
+    results.put(("ok", {"pid": os.getpid()}))
+    _serve(results, control, client, 1)
+
+
+def tp3_weights() -> dict[str, torch.Tensor]:
+    """A row-parallel weight that TP=3 ranks read in thirds of its 384 columns: 16 blocks of 24 columns, so each
+    third starts or ends inside a block."""
+    g = torch.Generator().manual_seed(13)
+    return {"o3": torch.randn(96, 384, generator=g)}
+
+
+def edge_holder(results, control, hub_url, worker, chunk_bytes, lie=False, transport="auto"):
+    """Publishes ``tp3_weights``; a liar then changes one byte of every row at column 128: the first column of TP
+    rank 1's third, inside the block (columns 120..143) that the third covers only in part."""
+    client = th.connect(hub_url, worker, chunk_bytes=chunk_bytes, hub_retry_s=60.0, transport=transport)
+    weights = tp3_weights()
+    client.publish("policy", 1, weights)
+    if lie:
+        weights["o3"][:, 128:129].view(torch.uint8)[:, 0] += 1
+    results.put(("ok", {"pid": os.getpid()}))
+    _serve(results, control, client, 1)
