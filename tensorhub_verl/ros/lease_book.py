@@ -199,6 +199,11 @@ class LeaseBook:
                 gone.append(lease)
         return gone
 
+    def next_deadline(self) -> float | None:
+        """The earliest deadline in the heap (None: empty); it may be a lease already gone, which is earlier, never
+        later, than the earliest live one."""
+        return self._deadlines[0][0] if self._deadlines else None
+
     def of_reader(self, reader: str, key: Key | None = None) -> list[Lease]:
         """The reader's leases (of one version when ``key`` is given): at most its window."""
         leases = self._by_reader.get(reader, {}).values()
