@@ -36,9 +36,10 @@ class Quarantine:
     def suspect(self, worker: str, now: float) -> bool:
         return self._suspect_until.get(worker, 0) > now
 
-    def cleared(self, worker: str) -> None:
-        """The worker proved alive (a heartbeat), or left: no longer suspect."""
-        self._suspect_until.pop(worker, None)
+    def cleared(self, worker: str) -> bool:
+        """The worker proved alive (a heartbeat), or left: no longer suspect. True when it was suspect (waiting
+        readers may be planned on it now)."""
+        return self._suspect_until.pop(worker, None) is not None
 
     def report_corrupt(self, key: Key, holder: str, worker: str, reader: str, vouched: bool, now: float) -> bool:
         """A reader found bytes of ``holder`` (on ``worker``) that fail the publisher's digest: a holder that
@@ -54,5 +55,13 @@ class Quarantine:
         """Whether the planner keeps ``reader_worker`` off this copy."""
         return self.evidence.excluded(key, holder, reader_worker, now)
 
-    def expire(self, now: float) -> None:
-        self.evidence.expire(now)
+    def next_end(self, now: float) -> float | None:
+        """When the earliest suspicion after ``now`` ends (None: none): a waiting reader may be planned on it then."""
+        return min((until for until in self._suspect_until.values() if until > now), default=None)
+
+    def expire(self, now: float) -> bool:
+        """Ends the suspicions, quarantines and reports whose time passed; True when any ended."""
+        ended = [w for w, until in self._suspect_until.items() if until <= now]
+        for worker in ended:
+            del self._suspect_until[worker]
+        return self.evidence.expire(now) or bool(ended)

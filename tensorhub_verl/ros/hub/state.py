@@ -170,7 +170,8 @@ class HubState:
     def heartbeat(self, worker: str) -> msg.WorkerAck:
         with self._lock:
             self.registry.touch(worker, self._clock(), self.stall.stalled())
-            self.quarantine.cleared(worker)
+            if self.quarantine.cleared(worker):
+                self.changes.notify()  # readers waiting for work may be planned on it again
             return self._ack(worker)
 
     def leave(self, worker: str) -> None:
@@ -300,12 +301,15 @@ class HubState:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return reply(drained=False, inflight=inflight)
-            self.changes.wait(self._until_lease_deadline(remaining))
+            self.changes.wait(self._until_next_due(remaining))
 
-    def _until_lease_deadline(self, remaining: float) -> float:
-        """How long a thread may wait for a notification before the next lease falls due (and must be revoked)."""
-        due = self.leases.next_deadline()
-        return remaining if due is None else min(remaining, max(0.0, due - self._clock()) + 1e-3)
+    def _until_next_due(self, remaining: float, *more: float | None) -> float:
+        """How long a thread may wait for a notification: at most ``remaining``, and no later than the next lease
+        deadline (that lease must be revoked) or any of ``more`` (clock times when the plan may change)."""
+        dues = [d for d in (self.leases.next_deadline(), *more) if d is not None]
+        if not dues:
+            return remaining
+        return min(remaining, max(0.0, min(dues) - self._clock()) + 1e-3)
 
     def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
         """True when ``holder`` holds the last reliable copy of a version inside the retention window
@@ -370,7 +374,7 @@ class HubState:
                 remaining = deadline - self._clock()
                 if assignments or remaining <= 0 or not self.reads.waits_for_work(key, record, holding):
                     break
-                self.changes.wait(self._until_lease_deadline(remaining))
+                self.changes.wait(self._until_next_due(remaining, self.quarantine.next_end(self._clock())))
             return self._lease(req, key, record, holding, reader.location, assignments, revoked,
                                unservable_now=lambda: unservable(needed, everyone(), req.holder))
 
@@ -459,7 +463,8 @@ class HubState:
                                silence)
                 self._drop_worker(record.worker)
             self._expire_leases()
-            self.quarantine.expire(now)
+            if self.quarantine.expire(now):
+                self.changes.notify()  # a source serves again: readers waiting for work look again
 
     def _expire_leases(self) -> None:
         overdue = self.leases.expire(self._clock())
