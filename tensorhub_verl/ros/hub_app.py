@@ -21,6 +21,7 @@ import functools
 import hmac
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
@@ -193,16 +194,18 @@ class _HubCollector:
 
 
 class _StateCalls:
-    """Runs a state call on one of the hub's state threads, off the event loop (see the module docstring)."""
+    """Runs a state call on one of the state threads, off the event loop (see the module docstring). One pool per
+    process, made on first use: the hubs of one process (tests start many) share it, and its idle threads end
+    with the process."""
 
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(_STATE_THREADS, thread_name_prefix="tensorhub-hub-state")
+    _pool: ThreadPoolExecutor | None = None
+    _made = threading.Lock()
 
     async def __call__(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._made:
+            if _StateCalls._pool is None:
+                _StateCalls._pool = ThreadPoolExecutor(_STATE_THREADS, thread_name_prefix="tensorhub-hub-state")
+        return await asyncio.get_running_loop().run_in_executor(_StateCalls._pool, functools.partial(fn, *args))
 
 
 def create_app(state: HubState, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
@@ -218,7 +221,6 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     app = FastAPI(title="TensorHub hub", version="1", dependencies=[Depends(authorize)])
     off_loop = _StateCalls()
-    app.router.on_shutdown.append(off_loop.close)
     registry = CollectorRegistry()
     registry.register(_HubCollector(state))
 
