@@ -1,5 +1,5 @@
 """The read path's glue: plans a reader's next reads over the parts that know the sources (registry, leases,
-quarantine, the version's chunk index), books the reads it reports, and signs grants.
+quarantine, the version's chunk index), issues their leases and grants, and books the reads it reports.
 
 ``ReadDesk`` owns no state of its own: it holds the parts it reads and calls only their public methods. The
 facade calls it under the hub lock.
@@ -8,8 +8,8 @@ facade calls it under the hub lock.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from typing import AbstractSet
+from collections import Counter, defaultdict
+from typing import AbstractSet, Iterator
 
 from tensorhub_verl.errors import NotOwner
 from tensorhub_verl.ros import messages as msg
@@ -113,6 +113,32 @@ class ReadDesk:
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
         return assignments, everyone, needed
+
+    def lease(self, req: msg.Exchange, key: Key, record: VersionRecord, holding: Holding, location: Location,
+              assignments, revoked: set[int], unservable_now, ids: Iterator[int], now: float) -> msg.ExchangeReply:
+        """Books a lease for each assignment and builds the reply: a holder's data-plane metadata and addresses go
+        only to a reader it now has a lease to serve, and only the addresses of the tensors those leases read;
+        the metadata only once per generation."""
+        replies, sources, tensors = [], {}, defaultdict(set)
+        for a in assignments:
+            end = a.chunk + a.count
+            lease = Lease(next(ids), key, req.holder, location, a.source, a.chunk,
+                          record.spans.nbytes(a.chunk, end), a.distance, now + self.lease_ttl_s, a.count)
+            self.leases.book.add(lease)
+            replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
+                                             distance=int(a.distance), grant=self.grant(record, lease)))
+            tensors[a.source].update(record.spans.tensors(a.chunk, end))
+        for holder_name, needed_tensors in tensors.items():
+            source = record.holdings[holder_name]
+            worker = self.registry.require(source.worker)
+            fresh = req.known_sources.get(holder_name) != source.generation
+            sources[holder_name] = msg.SourceInfo(
+                holder=holder_name, worker=source.worker, generation=source.generation,
+                agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
+                regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
+        return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
+                                 have=len(holding.chunks), total=len(record.chunks),
+                                 unservable=[] if assignments else unservable_now())
 
     def grant(self, record: VersionRecord, lease: Lease) -> str:
         """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""

@@ -73,7 +73,6 @@ from tensorhub_verl.ros.hub.shard_groups import ShardGroups
 from tensorhub_verl.ros.hub.status import FetchTimes, metrics_snapshot, status_reply
 from tensorhub_verl.ros.hub.versions import VersionStore
 from tensorhub_verl.ros.intervals import IntervalSet
-from tensorhub_verl.ros.lease_book import Lease
 from tensorhub_verl.ros.limits import PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, \
     prepare_version
 from tensorhub_verl.ros.liveness import StallMeter
@@ -375,35 +374,9 @@ class HubState:
                 if assignments or remaining <= 0 or not self.reads.waits_for_work(key, record, holding):
                     break
                 self.changes.wait(self._until_next_due(remaining, self.quarantine.next_end(self._clock())))
-            return self._lease(req, key, record, holding, reader.location, assignments, revoked,
-                               unservable_now=lambda: unservable(needed, everyone(), req.holder))
-
-    def _lease(self, req: msg.Exchange, key: Key, record: VersionRecord, holding: Holding, location: Location,
-               assignments, revoked: set[int], unservable_now) -> msg.ExchangeReply:
-        """Books a lease for each assignment and builds the reply: a holder's data-plane metadata and addresses go
-        only to a reader it now has a lease to serve, and only the addresses of the tensors those leases read;
-        the metadata only once per generation."""
-        now = self._clock()
-        replies, sources, tensors = [], {}, defaultdict(set)
-        for a in assignments:
-            end = a.chunk + a.count
-            lease = Lease(next(self._ids), key, req.holder, location, a.source, a.chunk,
-                          record.spans.nbytes(a.chunk, end), a.distance, now + self.config.lease_ttl_s, a.count)
-            self.leases.book.add(lease)
-            replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
-                                             distance=int(a.distance), grant=self.reads.grant(record, lease)))
-            tensors[a.source].update(record.spans.tensors(a.chunk, end))
-        for holder_name, needed_tensors in tensors.items():
-            source = record.holdings[holder_name]
-            worker = self.registry.require(source.worker)
-            fresh = req.known_sources.get(holder_name) != source.generation
-            sources[holder_name] = msg.SourceInfo(
-                holder=holder_name, worker=source.worker, generation=source.generation,
-                agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
-                regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
-        return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
-                                 have=len(holding.chunks), total=len(record.chunks),
-                                 unservable=[] if assignments else unservable_now())
+            return self.reads.lease(req, key, record, holding, reader.location, assignments, revoked,
+                                    unservable_now=lambda: unservable(needed, everyone(), req.holder),
+                                    ids=self._ids, now=self._clock())
 
     def fetch_waits_for_work(self, req: msg.Exchange) -> bool:
         """Whether an exchange of ``req``'s fetch that got no work should keep waiting for some: as ``exchange``
