@@ -329,13 +329,17 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     async def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
                    layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> msg.WaitReply:
         # A long-poll parks on the event loop and holds no thread: a thousand idle followers cost no threads. It
-        # wakes on a change of this model's holdings and then reads the versions again on a state thread.
+        # wakes on a change of this model's holdings, and reads the versions again (on a state thread) only when
+        # the model's change count moved (an int read, no lock).
         deadline = time.monotonic() + timeout
+        looked_at = None
         while True:
             seen = state.changes.seq
-            newest = max(await off_loop(state.versions, model, layout), default=None)
-            if newest is not None and newest > newer_than:
-                return msg.WaitReply(version=newest)
+            if state.model_seq.get(model, 0) != looked_at:
+                looked_at = state.model_seq.get(model, 0)
+                newest = max(await off_loop(state.versions, model, layout), default=None)
+                if newest is not None and newest > newer_than:
+                    return msg.WaitReply(version=newest)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return msg.WaitReply(version=None)

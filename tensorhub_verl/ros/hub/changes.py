@@ -32,6 +32,11 @@ class Changes:
         for _model, loop, future in woken:
             loop.call_soon_threadsafe(_wake, future)
 
+    def notify_threads(self) -> None:
+        """A change only threads wait for (a registration: it adds no holding, so no parked coroutine's answer
+        changes). The caller holds the state lock."""
+        self.condition.notify_all()
+
     def wait(self, timeout: float) -> None:
         """Waits on a thread for the next change, at most ``timeout`` seconds; the caller holds the state lock."""
         self.condition.wait(max(0.0, timeout))

@@ -143,7 +143,7 @@ class HubState:
             self.registry.put(record)
             for holding in self.store.holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
-            self.changes.notify()
+            self.changes.notify_threads()
             peers = self._likely_sources(record, req.preconnect) if req.preconnect and record.grant_key else []
             return self._ack(req.worker).model_copy(update={"credential": admitted.secret, "peers": peers})
 
