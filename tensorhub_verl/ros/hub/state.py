@@ -23,7 +23,7 @@ needs which versions are visible) the facade passes that part in and it calls it
 Locks and the event loop: every public method takes the state lock (a ``threading.RLock``) and runs on a thread,
 never on the HTTP server's event loop (``hub_app``): a pool thread's long ``status()`` or drop of a worker then
 stalls no other request. Coroutines that wait for a change (``/v1/wait``, a parked exchange) wait on
-``changes.wait_async`` without the lock; threads wait on the lock's condition. Every change notifies both.
+``changes.wait_async`` without the lock; threads wait on the lock's condition. A change of holdings or reads notifies both.
 
 Invariants:
   - A holding in state ``active`` holds every chunk (``chunks`` None), or, as a row shard (an FSDP rank
