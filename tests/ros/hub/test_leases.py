@@ -38,3 +38,13 @@ def test_a_reader_done_forgets_its_leases_and_revocations():
     leases.book.add(_lease(2, chunk=1))
     leases.reader_done("r")
     assert len(leases) == 0 and leases.take_revoked("r") == set()
+
+
+def test_the_next_deadline_is_a_live_leases():
+    leases = Leases()
+    leases.book.add(_lease(1, deadline=10.0))
+    leases.book.add(_lease(2, deadline=20.0, chunk=1))
+    leases.book.pop(1)  # read and reported: gone before its deadline
+    assert leases.next_deadline() == 20.0
+    leases.book.pop(2)
+    assert leases.next_deadline() is None
