@@ -46,7 +46,7 @@ def candidates_for(want: int) -> int:
 
 
 class IndexedHolding(Protocol):
-    """What the index reads of a hub holding (``hub_state.Holding``)."""
+    """What the index reads of a hub holding (``hub.records.Holding``)."""
 
     holder: str
     state: str

@@ -35,6 +35,7 @@ from tensorhub_verl.ros.manifest import (
 )
 from tensorhub_verl.ros.block_edges import widen
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
+from tensorhub_verl.ros.retry import Backoff
 from tensorhub_verl.ros.topology import Location
 from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
 
@@ -464,16 +465,15 @@ class Client:
     def _through_restart(self, call, deadline: float):
         """Runs ``call``, retrying a VersionNotFound met within _RESTART_GRACE_S of a hub restart: the
         version's holders may not have re-registered with the new instance yet."""
-        delay = 0.05
+        backoff = Backoff(deadline=deadline)
         while True:
             try:
                 return call()
             except errors.VersionNotFound:
                 since = self._hub.since_restart()
-                if since is None or since > _RESTART_GRACE_S or time.monotonic() + delay > deadline:
+                if since is None or since > _RESTART_GRACE_S or not backoff.fits():
                     raise
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                backoff.sleep()
 
     def _begin_fetch(self, fetch: _InFlightFetch, want: int = 0) -> msg.ExchangeReply | None:
         """Registers the fetch at the hub; with ``want``, the reply brings its first assignments too."""
@@ -491,7 +491,7 @@ class Client:
         request = msg.Exchange(worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
                                completed=completed, failed=failed, want=want, wait_s=wait_s,
                                known_sources=known_sources, run_chunks=run_chunks)
-        delay = 0.05
+        backoff = Backoff()
         while True:
             try:
                 return self._hub.post("/v1/fetch/exchange", request, msg.ExchangeReply,
@@ -506,8 +506,7 @@ class Client:
                 try:
                     self._begin_fetch(fetch)
                 except errors.VersionNotFound:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
+                    backoff.sleep()
 
     def _end_fetch(self, key, ok: bool, hold: bool, seconds: float) -> None:
         model, version, layout = key
@@ -580,6 +579,7 @@ class Client:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
         timeout), up to ``hub_retry_s``; without the old credential nobody can take a live id over."""
         deadline = time.monotonic() + self.config.hub_retry_s
+        backoff = Backoff(first_s=0.5, max_s=0.5)  # the id frees at a heartbeat timeout: no sooner by doubling
         for attempt in itertools.count():
             try:
                 return self._register_worker()
@@ -588,7 +588,7 @@ class Client:
                     raise
                 if attempt == 0:
                     logger.warning("%s: %s; retrying for up to %.0f s", self.worker, e, self.config.hub_retry_s)
-                time.sleep(0.5)
+                backoff.sleep()
         raise AssertionError("unreachable")
 
     def _reregister(self) -> None:

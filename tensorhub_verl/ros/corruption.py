@@ -45,11 +45,16 @@ class CorruptionEvidence:
         accusers = self._accusers.get((key, holder))
         return accusers is not None and accusers.get(reader, 0.0) > now
 
-    def expire(self, now: float) -> None:
-        for entry in [e for e, until in self._quarantined_until.items() if until <= now]:
+    def expire(self, now: float) -> bool:
+        """Forgets the quarantines and reports that ended; True when any did (a reader may be planned anew)."""
+        ended = [e for e, until in self._quarantined_until.items() if until <= now]
+        for entry in ended:
             del self._quarantined_until[entry]
         for entry, accusers in list(self._accusers.items()):
-            for reader in [r for r, until in accusers.items() if until <= now]:
+            gone = [r for r, until in accusers.items() if until <= now]
+            for reader in gone:
                 del accusers[reader]
+            ended += gone
             if not accusers:
                 del self._accusers[entry]
+        return bool(ended)

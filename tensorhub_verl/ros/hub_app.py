@@ -6,16 +6,24 @@ large, or lacks the token is answered with an error and changes nothing.
 Two proofs: the shared bearer token (when set) admits a caller to the hub at all; the per-worker
 credential (``X-TensorHub-Credential``, returned by registration) proves that a call acting for a worker
 comes from that worker. Routes that act for a worker run inside ``HubState.acting_as``.
+
+One rule for the state's lock: the event loop never takes it. Plain (sync) routes run in Starlette's thread pool.
+The async routes are the ones that must not queue behind that pool (heartbeats, the fetch path, long-polls): they
+hand each state call to the hub's own small pool of state threads (``_StateCalls``) and park, while they wait
+for a change, on ``HubState.changes`` without the lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hmac
 import json
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -35,10 +43,9 @@ from tensorhub_verl.ros.wire_convert import manifest_to_msg
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
-_WAIT_POLL_S = 0.05
-"""A parked /v1/wait looks at the hub's change counter this often (an int compare, on the event loop)."""
-_EXCHANGE_POLL_S = 0.05
-"""A parked exchange plans again this often (the hub's own wait re-planned as often)."""
+_STATE_THREADS = 8
+"""Threads that run the async routes' state calls: each call is short (a lock and O(1) to O(want) work), and
+the pool is apart from Starlette's, where drains and publishes may wait for seconds."""
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
@@ -186,6 +193,21 @@ class _HubCollector:
         yield GaugeMetricFamily("tensorhub_workers", "Registered workers", value=snap["workers"])
 
 
+class _StateCalls:
+    """Runs a state call on one of the state threads, off the event loop (see the module docstring). One pool per
+    process, made on first use: the hubs of one process (tests start many) share it, and its idle threads end
+    with the process."""
+
+    _pool: ThreadPoolExecutor | None = None
+    _made = threading.Lock()
+
+    async def __call__(self, fn, *args):
+        with self._made:
+            if _StateCalls._pool is None:
+                _StateCalls._pool = ThreadPoolExecutor(_STATE_THREADS, thread_name_prefix="tensorhub-hub-state")
+        return await asyncio.get_running_loop().run_in_executor(_StateCalls._pool, functools.partial(fn, *args))
+
+
 def create_app(state: HubState, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     async def authorize(request: Request) -> None:
         # async: a sync dependency would run in the thread pool for every request, so heartbeats and parked
@@ -198,6 +220,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             raise errors.Unauthorized("missing or wrong bearer token; pass the hub's token (TENSORHUB_TOKEN)")
 
     app = FastAPI(title="TensorHub hub", version="1", dependencies=[Depends(authorize)])
+    off_loop = _StateCalls()
     registry = CollectorRegistry()
     registry.register(_HubCollector(state))
 
@@ -229,11 +252,9 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     @app.post("/v1/workers/heartbeat")
     async def heartbeat(credential: Credential = "",
                         worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
-        # On the event loop, not in the thread pool: a heartbeat never queues behind exchanges, drains or
-        # long-polls that hold pool threads, so a busy hub does not drop live workers. It is O(1) (a lock,
-        # a timestamp, a cached retention list), so it does not hold up the loop either.
-        with state.acting_as(worker, credential):
-            return state.heartbeat(worker)
+        # On a state thread, not in Starlette's pool: a heartbeat never queues behind drains or publishes that
+        # hold pool threads, so a busy hub does not drop live workers.
+        return await off_loop(_heartbeat, state, worker, credential)
 
     @app.post("/v1/workers/leave")
     def leave(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> msg.OkReply:
@@ -260,41 +281,32 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
 
-    # The fetch path (manifest, begin, exchange) is most of a hub's requests. Its routes are async: each is a
-    # short computation under the state's lock, and a sync route would add the hop to a pool thread and back,
-    # which costs more than the planning itself. /v1/fetch/end stays in the pool: it drains the reads peers still
-    # make of a holding it gives up, and on the event loop that wait would stop every other request, the very
-    # reports it waits for included.
+    # The fetch path (manifest, begin, exchange) is most of a hub's requests. Its routes are async and run their
+    # state calls on the state threads, so they never queue behind Starlette's pool. /v1/fetch/end stays in that
+    # pool: it drains the reads peers still make of a holding it gives up, which may take seconds.
     @app.post("/v1/fetch/begin")
     async def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.BeginFetchReply:
-        with state.acting_as(req.worker, credential):
-            state.begin_fetch(req)
-            first = None
-            if req.want:
-                first = state.exchange(msg.Exchange(
-                    worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
-                    want=req.want, run_chunks=req.run_chunks))
-            return msg.BeginFetchReply(first=first)
-
-    def exchange_now(req: msg.Exchange, credential: str) -> msg.ExchangeReply:
-        with state.acting_as(req.worker, credential):
-            return state.exchange(req)
+        return await off_loop(_begin, state, req, credential)
 
     @app.post("/v1/fetch/exchange")
     async def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
-        # An exchange that may wait for work parks on the event loop, as /v1/wait does, and never in the thread
-        # pool: a thousand idle readers then hold no pool threads that registrations and publishes need. The
-        # first try books the reports; later tries only ask again, while the hub says the fetch waits for work
-        # (as HubState.exchange decides), and the leases any try revoked are all returned.
-        reply = exchange_now(req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req, credential)
+        # An exchange that may wait for work parks on the event loop, as /v1/wait does, and holds no thread while
+        # it waits: a thousand idle readers then hold no threads that others need. The first try books the
+        # reports; later tries only ask again, each after a change of the model's state, while the hub says the
+        # fetch waits for work (as HubState.exchange decides), and the leases any try revoked are all returned.
+        seen = state.changes.seq
+        reply = await off_loop(_exchange, state, req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req,
+                               credential)
         if not req.wait_s:
             return reply
         deadline = time.monotonic() + req.wait_s
         again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
         revoked = set(reply.revoked)
-        while not reply.assignments and time.monotonic() < deadline and state.fetch_waits_for_work(req):
-            await asyncio.sleep(min(_EXCHANGE_POLL_S, max(0.0, deadline - time.monotonic())))
-            reply = exchange_now(again, credential)
+        while not reply.assignments and time.monotonic() < deadline \
+                and await off_loop(state.fetch_waits_for_work, req):
+            await state.changes.wait_async(seen, deadline - time.monotonic(), req.model)
+            seen = state.changes.seq
+            reply = await off_loop(_exchange, state, again, credential)
             revoked.update(reply.revoked)
         return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
 
@@ -305,8 +317,8 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     @app.get("/v1/manifest")
     async def manifest(model: str = Query(min_length=1, max_length=256), version: str = Query("latest", max_length=40),
-                 layout: str = Query("hf", min_length=1, max_length=256)) -> msg.ManifestMsg:
-        return manifest_to_msg(state.manifest(model, _version_arg(version), layout))
+                       layout: str = Query("hf", min_length=1, max_length=256)) -> msg.ManifestMsg:
+        return manifest_to_msg(await off_loop(state.manifest, model, _version_arg(version), layout))
 
     @app.get("/v1/versions")
     def versions(model: str = Query(min_length=1, max_length=256),
@@ -316,20 +328,22 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     @app.get("/v1/wait")
     async def wait(model: str = Query(min_length=1, max_length=256), newer_than: int = Query(-1, ge=-1, le=2**62),
                    layout: str = Query("hf", max_length=256), timeout: float = Query(5.0, ge=0, le=30)) -> msg.WaitReply:
-        # A long-poll parks on the event loop, not in the thread pool the sync routes share: a thousand idle
-        # followers hold no threads. It re-reads the versions only when the hub's change counter moved.
+        # A long-poll parks on the event loop and holds no thread: a thousand idle followers cost no threads. It
+        # wakes on a change of this model's holdings, and reads the versions again (on a state thread) only when
+        # the model's change count moved (an int read, no lock).
         deadline = time.monotonic() + timeout
-        seen = None
+        looked_at = None
         while True:
-            if state.model_seq.get(model, 0) != seen:
-                seen = state.model_seq.get(model, 0)
-                newest = max(state.versions(model, layout), default=None)
+            seen = state.changes.seq
+            if state.model_seq.get(model, 0) != looked_at:
+                looked_at = state.model_seq.get(model, 0)
+                newest = max(await off_loop(state.versions, model, layout), default=None)
                 if newest is not None and newest > newer_than:
                     return msg.WaitReply(version=newest)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return msg.WaitReply(version=None)
-            await asyncio.sleep(min(remaining, _WAIT_POLL_S))
+            await state.changes.wait_async(seen, remaining, model)
 
     @app.get("/v1/status")
     def status() -> msg.StatusReply:
@@ -340,6 +354,27 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
     return _TokenGate(_BodyLimit(_StampInstance(app, state.instance), max_body_bytes), token, state.instance)
+
+
+def _heartbeat(state: HubState, worker: str, credential: str) -> msg.WorkerAck:
+    with state.acting_as(worker, credential):
+        return state.heartbeat(worker)
+
+
+def _begin(state: HubState, req: msg.BeginFetch, credential: str) -> msg.BeginFetchReply:
+    with state.acting_as(req.worker, credential):
+        state.begin_fetch(req)
+        first = None
+        if req.want:
+            first = state.exchange(msg.Exchange(
+                worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
+                want=req.want, run_chunks=req.run_chunks))
+        return msg.BeginFetchReply(first=first)
+
+
+def _exchange(state: HubState, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
+    with state.acting_as(req.worker, credential):
+        return state.exchange(req)
 
 
 def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | None) -> str | None:

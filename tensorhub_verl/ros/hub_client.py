@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import ipaddress
 import ssl
 import threading
@@ -30,6 +29,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER, REGISTER_PATH
+from tensorhub_verl.ros.retry import Backoff
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -143,8 +143,7 @@ class HubClient:
                                         f"{reply.__name__} (is the hub another version?): {e}") from e
 
     def _send(self, method: str, path: str, body, params, timeout):
-        deadline = time.monotonic() + self._retry_s
-        delay = 0.05
+        backoff = Backoff(deadline=time.monotonic() + self._retry_s)
         content = body.model_dump_json().encode() if body is not None else None
         while True:
             try:
@@ -162,15 +161,13 @@ class HubClient:
                 if _tls_refused(e):  # a certificate that fails verification will not pass on a retry
                     raise errors.HubUnavailable(f"hub {self.url}: TLS verification failed ({e}); pass the CA "
                                                 f"that signed the hub's certificate (tls_ca_file)") from e
-                if time.monotonic() + delay > deadline:
+                if not backoff.fits():
                     raise errors.HubUnavailable(f"hub {self.url} unreachable for {self._retry_s:.0f} s "
                                                 f"({type(e).__name__}: {e}); is `tensorhub hub` running?") from e
-                time.sleep(delay * (1 + random.random() * 0.25))
-                delay = min(delay * 2, 1.0)
+                backoff.sleep(jitter=0.25)
                 continue
-            if response.status in (502, 503, 504) and time.monotonic() + delay <= deadline:
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+            if response.status in (502, 503, 504) and backoff.fits():
+                backoff.sleep()
                 continue
             if response.status >= 400:
                 self._check_instance(response.headers.get(INSTANCE_HEADER))

@@ -199,6 +199,13 @@ class LeaseBook:
                 gone.append(lease)
         return gone
 
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a live lease (None: no lease). Drops the heap's entries of leases already
+        gone from its top, so a waiter never wakes for a lease that no longer exists."""
+        while self._deadlines and self._deadlines[0][1] not in self._by_id:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
     def of_reader(self, reader: str, key: Key | None = None) -> list[Lease]:
         """The reader's leases (of one version when ``key`` is given): at most its window."""
         leases = self._by_reader.get(reader, {}).values()

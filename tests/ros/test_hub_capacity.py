@@ -7,6 +7,7 @@ import httpx
 
 import tensorhub_verl as th
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub.retention import Retention
 from tensorhub_verl.ros.hub_state import HubConfig, HubState
 
 
@@ -27,9 +28,9 @@ def test_heartbeats_reuse_the_retention_lists_until_holdings_change(monkeypatch)
     first = state.heartbeat("a")  # looks at each model once, after its publishes
     assert {(k.model, k.version) for k in first.release} == {(f"m{m}", v) for m in range(200) for v in (1, 2)}
     rebuilt = []
-    original = HubState._rebuild_retention
-    monkeypatch.setattr(HubState, "_rebuild_retention", lambda self, model: (rebuilt.append(model),
-                                                                             original(self, model)))
+    original = Retention._rebuild
+    monkeypatch.setattr(Retention, "_rebuild", lambda self, model, versions: (rebuilt.append(model),
+                                                                              original(self, model, versions)))
     acks = [state.heartbeat(w) for _ in range(50) for w in ("a", "b")]
     assert rebuilt == [], "retention was recomputed on heartbeats with nothing changed"
     assert all(len(a.release) == 400 for a in acks[::2]) and all(a.release == [] for a in acks[1::2])

@@ -94,7 +94,7 @@ def _heartbeat_in_thread(client: HubClient, race_error: type[Exception]) -> tupl
 def _forget_worker(hub, worker: str) -> None:
     """The hub forgets ``worker`` as a restarted hub would, so its next registration gets a new credential."""
     with hub.state._lock:
-        hub.state._workers.pop(worker)
+        hub.state.registry.remove(worker)
 
 
 def test_a_token_is_never_sent_in_clear_to_another_host():

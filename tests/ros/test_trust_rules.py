@@ -57,7 +57,7 @@ def test_neither_an_announced_copy_nor_a_quarantined_one_counts_as_a_copy():
     publish(state, "mirror", m)
     assert not must_preserve(), "an owner's copy counts"
     for reader in ("r1", "r2"):
-        state._evidence.report(KEY, "mirror", reader, vouched=True, now=state._clock())
+        state.quarantine.evidence.report(KEY, "mirror", reader, vouched=True, now=state._clock())
     assert must_preserve(), "a quarantined copy does not"
     with pytest.raises(InvalidRequest, match="active; only a fetch begun"):
         state.end_fetch(msg.EndFetch(worker="mirror", holder="mirror", model="policy", version=1, layout="hf",

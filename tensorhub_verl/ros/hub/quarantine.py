@@ -1,0 +1,67 @@
+"""Quarantine: the sources the planner keeps readers off, and the failure counts /metrics shows.
+
+Two kinds: a source whose read failed is *suspect* for ``suspect_s`` (no new reads unless it proves alive by a
+heartbeat); a copy whose bytes failed readers' digest checks is kept off by ``corruption.CorruptionEvidence``
+(one reader's report: off for that reader; independent reports, or one of an unvouched copy: off for all).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from tensorhub_verl.ros.corruption import CorruptionEvidence
+from tensorhub_verl.ros.hub.records import Key
+
+logger = logging.getLogger("tensorhub_verl.ros.hub")
+
+
+class Quarantine:
+    def __init__(self, quarantine_s: float, suspect_s: float):
+        self.quarantine_s = quarantine_s
+        self.suspect_s = suspect_s
+        self.evidence = CorruptionEvidence(quarantine_s)
+        """Readers' reports of bytes that fail their digest, and the quarantines they lead to."""
+        self._suspect_until: dict[str, float] = {}
+        self.read_failures: dict[str, int] = defaultdict(int)
+        """source worker -> its failed reads."""
+        self.corrupt_reads: dict[str, int] = defaultdict(int)
+        """source worker -> its reads whose bytes failed the chunk digest."""
+
+    def read_failed(self, worker: str, now: float) -> None:
+        """A read from ``worker`` failed: it is suspect for ``suspect_s``."""
+        self._suspect_until[worker] = now + self.suspect_s
+        self.read_failures[worker] += 1
+
+    def suspect(self, worker: str, now: float) -> bool:
+        return self._suspect_until.get(worker, 0) > now
+
+    def cleared(self, worker: str) -> bool:
+        """The worker proved alive (a heartbeat), or left: no longer suspect. True when it was suspect (waiting
+        readers may be planned on it now)."""
+        return self._suspect_until.pop(worker, None) is not None
+
+    def report_corrupt(self, key: Key, holder: str, worker: str, reader: str, vouched: bool, now: float) -> bool:
+        """A reader found bytes of ``holder`` (on ``worker``) that fail the publisher's digest: a holder that
+        changed its tensor after publishing, a reader that claimed chunks it never verified, or a reader that
+        lies. Returns whether that copy is now quarantined for everyone."""
+        self.corrupt_reads[worker] += 1
+        return self.evidence.report(key, holder, reader, vouched, now)
+
+    def quarantined(self, key: Key, holder: str, now: float) -> bool:
+        return self.evidence.quarantined(key, holder, now)
+
+    def excluded(self, key: Key, holder: str, reader_worker: str, now: float) -> bool:
+        """Whether the planner keeps ``reader_worker`` off this copy."""
+        return self.evidence.excluded(key, holder, reader_worker, now)
+
+    def next_end(self, now: float) -> float | None:
+        """When the earliest suspicion after ``now`` ends (None: none): a waiting reader may be planned on it then."""
+        return min((until for until in self._suspect_until.values() if until > now), default=None)
+
+    def expire(self, now: float) -> bool:
+        """Ends the suspicions, quarantines and reports whose time passed; True when any ended."""
+        ended = [w for w, until in self._suspect_until.items() if until <= now]
+        for worker in ended:
+            del self._suspect_until[worker]
+        return self.evidence.expire(now) or bool(ended)

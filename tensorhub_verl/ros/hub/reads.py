@@ -1,0 +1,233 @@
+"""The read path's glue: plans a reader's next reads over the parts that know the sources (registry, leases,
+quarantine, the version's chunk index), issues their leases and grants, and books the reads it reports.
+
+``ReadDesk`` owns no state of its own: it holds the parts it reads and calls only their public methods. The
+facade calls it under the hub lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from typing import AbstractSet, Iterator
+
+from tensorhub_verl.errors import NotOwner
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.chunk_index import candidates_for
+from tensorhub_verl.ros.hub.leases import Leases
+from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord, WorkerRecord
+from tensorhub_verl.ros.hub.registry import Registry
+from tensorhub_verl.ros.intervals import first_held, first_missing
+from tensorhub_verl.ros.lease_book import Lease, ReaderRuns
+from tensorhub_verl.ros.planes import grants
+from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request
+from tensorhub_verl.ros.topology import Distance, Location
+
+logger = logging.getLogger("tensorhub_verl.ros.hub")
+
+
+class ReadDesk:
+    def __init__(self, registry: Registry, leases: Leases, quarantine: Quarantine, planner: PlannerConfig,
+                 lease_ttl_s: float, nixl_within_job: bool):
+        self.registry, self.leases, self.quarantine = registry, leases, quarantine
+        self.planner, self.lease_ttl_s, self.nixl_within_job = planner, lease_ttl_s, nixl_within_job
+
+    def may_get_metadata(self, reader_job: str, source: WorkerRecord) -> bool:
+        """Whether a reader of ``reader_job`` may be planned on ``source``, which hands it its data-plane metadata
+        with the lease. A plane that checks a grant on every read (TCP) serves anyone the hub leases; NIXL
+        metadata is a capability over the holder's memory, so it goes only to the holder's own job (the
+        allow-list), unless ``HubConfig.nixl_within_job`` is off."""
+        return bool(source.grant_key) or source.job == reader_job or not self.nixl_within_job
+
+    def check_some_holder_serves(self, reader: str, record: VersionRecord) -> None:
+        """A fetch whose every possible source is another job's NIXL holder would starve: refuse it at once."""
+        reader_job = self.registry.require(reader).job
+        sources = [w for h in record.holdings.values()
+                   if h.worker != reader and (w := self.registry.get(h.worker)) is not None]
+        if sources and not any(self.may_get_metadata(reader_job, w) for w in sources):
+            m = record.manifest
+            raise NotOwner(f"{m.model} v{m.version} ({m.layout}) is held only by workers of job(s) "
+                           f"{sorted({w.job for w in sources})} on NIXL, whose metadata (a capability to read and "
+                           f"write their memory) goes only to workers of their own job; worker {reader!r} is in job "
+                           f"{reader_job!r}. Connect with that job's key (ClientConfig.job_key), or have a holder "
+                           f"serve on the TCP plane (transport='tcp'), or start the hub with "
+                           f"HubConfig(nixl_within_job=False) where every job is trusted")
+
+    def waits_for_work(self, key: Key, record: VersionRecord, holding: Holding) -> bool:
+        """A filling reader with no read of this version in flight that still needs chunks."""
+        return not self.leases.book.of_reader(holding.holder, key) and not holding.complete(len(record.chunks))
+
+    def plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int,
+             run_chunks: int, now: float):
+        """One reader's next reads, in O(want + complete holders + the candidate chunks' holders): the lease book
+        and the chunk index answer what walks of every lease, holding and chunk once did."""
+        book = self.leases.book
+        own = book.of_reader(holding.holder, key)
+        mine = book.chunks_of(holding.holder, key)
+        own_inflight = Counter(lease.source for lease in own)
+        own_wan = sum(lease.distance == Distance.WAN for lease in own)
+        views: dict[str, HolderView | None] = {}
+        suspects: set[str] = set()
+        reader_job = self.registry.require(holding.worker).job
+
+        def view_of(name: str) -> HolderView | None:
+            """A holder's view, built the first time this plan meets it; None: it serves nothing now."""
+            if name not in views:
+                h = record.holdings.get(name)
+                worker = self.registry.get(h.worker) if h is not None else None
+                views[name] = None
+                if worker is not None and h.state not in ("draining", "pending") \
+                        and self.may_get_metadata(reader_job, worker) \
+                        and not self.quarantine.excluded(key, name, holding.worker, now):
+                    # A ranged reader's partly read chunks are never served (the index leaves them out too).
+                    chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
+                    views[name] = HolderView(name, worker.location, chunks, book.reads_from(key, name),
+                                             h.served_bytes, published=h.state == "active")
+                    if self.quarantine.suspect(h.worker, now):
+                        suspects.add(name)
+            return views[name]
+
+        def serving(names) -> list[HolderView]:
+            return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
+
+        pulling, wan = book.pulling(key), book.wan_pulling(key)
+        view = SwarmView(serving(record.index.complete), pulling, wan,
+                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)),
+                         nearer_holders=lambda here, distance: serving(record.index.nearer(here, distance)))
+
+        def everyone() -> SwarmView:
+            """The candidates' holders, suspects too: a suspect may recover, so a chunk only it has is servable."""
+            names = set(record.index.complete).union(*(record.index.holders_of(c) for c in needed))
+            return SwarmView([v for n in sorted(names) if (v := view_of(n)) is not None], pulling, wan)
+
+        cursor = record.index.cursor(holding.holder)
+        needed = cursor.candidates(holding.chunks, mine, candidates_for(want))
+        filling = record.index.filling()
+        seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
+        request, record.seeds[location.dc] = reader_request(
+            holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
+            own_wan_reads=own_wan, config=self.planner, run_chunks=run_chunks,
+            needs=_needs(holding, len(record.chunks), mine), needs_until=_needs_until(holding, len(record.chunks), mine))
+        assignments = plan_chunks(request, view, self.planner)
+        if len(assignments) < want:
+            cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
+        return assignments, everyone, needed
+
+    def lease(self, req: msg.Exchange, key: Key, record: VersionRecord, holding: Holding, location: Location,
+              assignments, revoked: set[int], unservable_now, ids: Iterator[int], now: float) -> msg.ExchangeReply:
+        """Books a lease for each assignment and builds the reply: a holder's data-plane metadata and addresses go
+        only to a reader it now has a lease to serve, and only the addresses of the tensors those leases read;
+        the metadata only once per generation."""
+        replies, sources, tensors = [], {}, defaultdict(set)
+        for a in assignments:
+            end = a.chunk + a.count
+            lease = Lease(next(ids), key, req.holder, location, a.source, a.chunk,
+                          record.spans.nbytes(a.chunk, end), a.distance, now + self.lease_ttl_s, a.count)
+            self.leases.book.add(lease)
+            replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
+                                             distance=int(a.distance), grant=self.grant(record, lease)))
+            tensors[a.source].update(record.spans.tensors(a.chunk, end))
+        for holder_name, needed_tensors in tensors.items():
+            source = record.holdings[holder_name]
+            worker = self.registry.require(source.worker)
+            fresh = req.known_sources.get(holder_name) != source.generation
+            sources[holder_name] = msg.SourceInfo(
+                holder=holder_name, worker=source.worker, generation=source.generation,
+                agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
+                regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
+        return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
+                                 have=len(holding.chunks), total=len(record.chunks),
+                                 unservable=[] if assignments else unservable_now())
+
+    def grant(self, record: VersionRecord, lease: Lease) -> str:
+        """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""
+        source = record.holdings[lease.source]
+        key = self.registry.require(source.worker).grant_key
+        if not key:
+            return ""
+        # A row shard's region starts at byte ``offset`` of its tensor (the fetcher's ``remote_address``).
+        ranges = grants.run_ranges([
+            [(source.regions[seg.tensor].addr + seg.offset - source.regions[seg.tensor].offset, seg.length)
+             for seg in record.chunks[chunk].segments] for chunk in lease.chunks])
+        return grants.sign(key, lease.id, grants.expiry_ms(self.lease_ttl_s), ranges)
+
+    def settle(self, req: msg.Exchange, record: VersionRecord, holding: Holding, now: float) -> tuple[set[int], bool]:
+        """Books the reader's finished and failed reads; returns the leases it must redo, and whether any read
+        was booked (waiters look again)."""
+        book = self.leases.book
+        revoked = set()
+        past = self.leases.take_revoked(req.holder)
+        for lease_id in req.completed:
+            lease = book.get(lease_id)
+            if lease is None and lease_id in holding.settled:
+                continue  # booked by the first try of a repeated exchange
+            if lease is None or lease.reader != req.holder:
+                revoked.add(lease_id)  # revoked, or issued by a hub that has since restarted: read again
+                past.discard(lease_id)
+                continue
+            book.pop(lease_id)
+            holding.settled.add(lease_id)
+            self._land(record, holding, lease, lease.chunks)
+        for failure in req.failed:
+            lease = book.get(failure.lease)
+            if lease is None or lease.reader != req.holder:
+                if failure.landed:
+                    revoked.add(failure.lease)  # the run's landed chunks are not booked: read them again
+                    past.discard(failure.lease)
+                continue
+            book.pop(failure.lease)
+            if failure.landed:  # the part of a run that did land
+                self._land(record, holding, lease, sorted(set(failure.landed) & set(lease.chunks)))
+            source = record.holdings.get(lease.source)
+            if source is not None and failure.corrupt:
+                self._report_corrupt(req.worker, lease, source, now)
+            if source is not None:
+                self.quarantine.read_failed(source.worker, now)
+                logger.warning("read of chunk %d from %s failed (%s); re-planning", lease.chunk, lease.source,
+                               failure.reason[:200])
+        # Leases revoked since the last exchange (deadline passed, or their source was dropped): the reader
+        # abandons those reads if still in flight and the chunks are planned again.
+        revoked |= past
+        past.clear()
+        return revoked, bool(req.completed or req.failed)
+
+    def _land(self, record: VersionRecord, holding: Holding, lease: Lease, chunks) -> None:
+        """Books chunks of ``lease`` as landed: the reader holds them (and serves the whole ones)."""
+        holding.chunks.update(chunks)
+        record.index.add(holding.holder, (c for c in chunks if c not in holding.unserved) if holding.unserved
+                         else chunks)
+        nbytes = lease.nbytes if len(chunks) == lease.count else sum(record.spans.nbytes(c, c + 1) for c in chunks)
+        source = record.holdings.get(lease.source)
+        if source is not None:
+            source.served_bytes += nbytes
+            worker = self.registry.get(source.worker)
+            if worker is not None:
+                worker.bytes_served += nbytes
+
+    def _report_corrupt(self, reader: str, lease: Lease, source: Holding, now: float) -> None:
+        """The reporter reads that chunk elsewhere and is never planned on that copy again; the copy is
+        quarantined on independent evidence (corruption.py)."""
+        quarantined = self.quarantine.report_corrupt(lease.key, lease.source, source.worker, reader, source.vouched,
+                                                     now)
+        outcome = "that reader reads it elsewhere" if not quarantined else \
+            f"quarantining that copy of {lease.key} for {self.quarantine.quarantine_s:.0f} s"
+        logger.error("reader %s found chunk %d from %s (worker %s) corrupt; %s", reader, lease.chunk,
+                     lease.source, source.worker, outcome)
+
+
+def _needs(holding: Holding, total: int, pulling: AbstractSet[int]):
+    """Whether the filling ``holding`` lacks a chunk and is not pulling it (what a run may extend into)."""
+    have, need = holding.chunks, holding.need
+    return lambda c: c < total and c not in have and c not in pulling and (need is None or c in need)
+
+
+def _needs_until(holding: Holding, total: int, pulling: ReaderRuns):
+    """The first chunk in [start, end) that ``_needs`` refuses, by interval lookups (a ranged reader's ``need``
+    chunk by chunk)."""
+    have, need = holding.chunks, holding.need
+
+    def until(start: int, end: int) -> int:
+        end = pulling.first_in(start, first_held(have, start, min(end, total)))
+        return end if need is None else first_missing(need, start, end)
+    return until

@@ -1,0 +1,515 @@
+"""The hub's soft state, behind one facade: workers, holdings, leases. No I/O here; the HTTP layer wraps it.
+
+Everything here can be rebuilt from the workers: after a hub restart each client re-registers itself, its holdings
+and its fetches in progress, and nothing is lost.
+
+The state is split by the data each part owns; ``HubState`` holds the lock, calls the parts, and is the only
+caller of more than one of them::
+
+    HubState (lock, change notifier, ids)
+      |- Registry      workers, credential hashes, worker id -> job      registry.py
+      |- VersionStore  versions, their holdings and chunk index          versions.py
+      |- Retention     release lists, newest-holders cache               retention.py
+      |- ShardGroups   pending shard groups                              shard_groups.py
+      |- Leases        reads in flight, revocations (LeaseBook)          leases.py
+      |- Quarantine    suspects, corruption evidence, failure counts     quarantine.py
+      |- ReadDesk      planning and booking glue over the parts above    reads.py
+      |- Owners        model -> owner job                                ../ownership.py
+      '- FetchTimes    fetch latencies for /metrics                      status.py
+
+A part never calls the facade or reaches into another part's data; where a part needs another's answer (retention
+needs which versions are visible) the facade passes that part in and it calls its public methods.
+
+Locks and the event loop: every public method takes the state lock (a ``threading.RLock``) and runs on a thread,
+never on the HTTP server's event loop (``hub_app``): a pool thread's long ``status()`` or drop of a worker then
+stalls no other request. Coroutines that wait for a change (``/v1/wait``, a parked exchange) wait on
+``changes.wait_async`` without the lock; threads wait on the lock's condition. A change of holdings or reads notifies both.
+
+Invariants:
+  - A holding in state ``active`` holds every chunk (``chunks`` None), or, as a row shard (an FSDP rank
+    holding its dim-0 rows of every tensor), exactly its rank's chunks; ``filling`` holdings serve the
+    chunks they have.
+  - A lease is one read of one chunk from one holding. While a lease is live its source's bytes must
+    not change, so ``unpublish`` waits for the holding's leases to end. A lease past its deadline is
+    revoked: its reader is told to read that chunk again, and it no longer holds up ``unpublish``.
+  - A version is visible (``versions``/``latest``, retention, ``/v1/wait``) only while its ``active``
+    holdings together have every chunk (``VersionStore.visible``): one full holder, or row shards that add up.
+  - The shards of a k-shard engine (``shard_group``) stay ``pending`` -- neither visible nor read --
+    until all k have been published; then they turn ``active`` together.
+  - A worker acts only as itself: registration binds a random credential to the worker id (the hub keeps
+    only its hash), and the HTTP layer runs every call for a worker inside ``acting_as``. A worker's
+    holders are named ``<worker>`` or ``<worker>~<suffix>``, so no worker publishes, unpublishes or fetches
+    as a holder of another. A restarted hub knows no credentials: it accepts any unknown id and issues a
+    new one (soft state; the trust model in the README says what that allows).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections import defaultdict
+from typing import Callable, TypeVar
+
+from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, VersionNotFound
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub.admission import check_copy, check_non_owner_creates_nothing, check_pending_budget
+from tensorhub_verl.ros.hub.changes import Changes
+from tensorhub_verl.ros.hub.config import HubConfig
+from tensorhub_verl.ros.hub.leases import Leases
+from tensorhub_verl.ros.hub.preserve import must_preserve
+from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.reads import ReadDesk
+from tensorhub_verl.ros.hub.records import GroupKey, Holding, Key, Member, VersionRecord, WorkerRecord
+from tensorhub_verl.ros.hub.registry import Registry, hash_secret
+from tensorhub_verl.ros.hub.retention import Retention
+from tensorhub_verl.ros.hub.shard_groups import ShardGroups
+from tensorhub_verl.ros.hub.status import FetchTimes, metrics_snapshot, status_reply
+from tensorhub_verl.ros.hub.versions import VersionStore
+from tensorhub_verl.ros.intervals import IntervalSet
+from tensorhub_verl.ros.limits import PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, \
+    prepare_version
+from tensorhub_verl.ros.liveness import StallMeter
+from tensorhub_verl.ros.manifest import Manifest, check_same_tensors
+from tensorhub_verl.ros.ownership import Owners
+from tensorhub_verl.ros.planner import unservable
+from tensorhub_verl.ros.shard_digests import merge_shard_digests
+from tensorhub_verl.ros.topology import Location
+
+__all__ = ["HubConfig", "HubState", "Holding", "VersionRecord", "WorkerRecord", "Key", "GroupKey", "Member"]
+
+logger = logging.getLogger("tensorhub_verl.ros.hub")
+
+Ack = TypeVar("Ack", bound=msg.DrainAck)
+
+
+class HubState:
+    def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic):
+        self.config = config = config or HubConfig()
+        self.instance = uuid.uuid4().hex[:12]
+        self._clock = clock
+        self.stall = StallMeter(clock)
+        """Ticked by the server's event-loop probe: silence while the hub itself was stalled is not the workers'."""
+        self._lock = threading.RLock()
+        self.changes = Changes(self._lock)
+        self.registry = Registry(self.instance, config.worker_timeout_s)
+        self.store = VersionStore()
+        self.retention = Retention(config.keep_versions)
+        self.shard_groups = ShardGroups()
+        self.leases = Leases()
+        self.quarantine = Quarantine(config.quarantine_s, config.suspect_s)
+        self.reads = ReadDesk(self.registry, self.leases, self.quarantine, config.planner, config.lease_ttl_s,
+                              config.nixl_within_job)
+        self.owners = Owners(config.owners)
+        self.fetch_times = FetchTimes()
+        self._ids = itertools.count(secrets.randbits(40) << 12 | 1)
+        """Lease ids and holding generations, from a random start: a restarted hub must not issue the id of a lease
+        the old instance gave, which a reader may still report (it would book that read for another chunk), nor a
+        generation a reader has cached (it would keep a holder's stale metadata). Below 2**52."""
+
+    @property
+    def model_seq(self) -> dict[str, int]:
+        """model -> bumped whenever its active holdings may have changed (parked long-polls compare it)."""
+        return self.store.model_seq
+
+    # ----------------------------------------------------------------------------------- workers
+    def register_worker(self, req: msg.RegisterWorker, credential: str = "",
+                        job_key: str = "") -> msg.WorkerAck:
+        """Registers (or re-registers) a worker; the reply carries its credential. ``job_key``: the secret
+        that admits it to its job (``ownership.py``); empty: the hub's default job.
+
+        A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
+        anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
+        with self._lock:
+            now = self._clock()
+            admitted = self.registry.admit(req, credential, job_key)
+            old = admitted.old
+            if admitted.restarted:
+                logger.info("worker %s restarted (agent %s -> %s); dropping its holdings",
+                            req.worker, old.agent_name, req.agent_name)
+                self._drop_worker(req.worker)
+                old = None
+            record = WorkerRecord(
+                worker=req.worker, location=Location(**req.location.model_dump()), spot=req.spot,
+                agent_name=req.agent_name, agent_metadata_b64=req.agent_metadata_b64, last_seen=now,
+                bytes_served=old.bytes_served if old else 0, credential_hash=hash_secret(admitted.secret),
+                grant_key=base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
+                stall_at_seen=self.stall.stalled(), job=admitted.job, plane=req.plane)
+            self.registry.put(record)
+            for holding in self.store.holdings_of(req.worker):
+                holding.generation = next(self._ids)  # readers must reload the agent metadata
+            self.changes.notify_threads()
+            peers = self._likely_sources(record, req.preconnect) if req.preconnect and record.grant_key else []
+            return self._ack(req.worker).model_copy(update={"credential": admitted.secret, "peers": peers})
+
+    def _likely_sources(self, joiner: WorkerRecord, count: int) -> list[msg.PeerMsg]:
+        """Up to ``count`` other workers holding the newest version of some model, nearest to ``joiner`` first
+        (ties in random order, so joiners spread over equally near holders): whom it most likely reads from
+        first. Only workers whose data plane checks a grant on every read: their metadata is just an address."""
+        candidates = [r for w in self.retention.newest_holders(self.store)
+                      if w != joiner.worker and (r := self.registry.get(w)) is not None and r.grant_key]
+        candidates.sort(key=lambda r: (joiner.location.distance(r.location), secrets.randbits(32)))
+        return [msg.PeerMsg(worker=r.worker, agent_name=r.agent_name, agent_metadata_b64=r.agent_metadata_b64)
+                for r in candidates[:count]]
+
+    @contextlib.contextmanager
+    def acting_as(self, worker: str, credential: str):
+        """Holds the hub lock while the caller acts for ``worker``, after checking its credential.
+
+        The check and the action share one critical section, so the id cannot change hands between them."""
+        with self._lock:
+            self.registry.authenticate(worker, credential)
+            yield
+
+    def heartbeat(self, worker: str) -> msg.WorkerAck:
+        with self._lock:
+            self.registry.touch(worker, self._clock(), self.stall.stalled())
+            if self.quarantine.cleared(worker):
+                self.changes.notify()  # readers waiting for work may be planned on it again
+            return self._ack(worker)
+
+    def leave(self, worker: str) -> None:
+        """A worker that closes: it has drained its holdings; forget it now rather than at its timeout."""
+        with self._lock:
+            if worker in self.registry:
+                self._drop_worker(worker)
+
+    def _ack(self, worker: str) -> msg.WorkerAck:
+        return msg.WorkerAck(worker=worker, hub_instance=self.instance, heartbeat_s=self.config.heartbeat_s,
+                             release=self.retention.release_for(worker, self.store))
+
+    def _holdings_changed(self, *models: str) -> None:
+        """Called wherever a holding appears, turns active, or goes: retention and waiters look again."""
+        self.retention.changed(*models)
+        self.store.changed(*models)
+        self.changes.notify(*models)
+
+    # ---------------------------------------------------------------------------------- holdings
+    def authorize_publish(self, req: msg.Publish, credential: str) -> None:
+        """The cheap checks of a publish, run before ``prepare`` builds its chunk map (which may cost seconds of
+        CPU at the piece limit): the worker's credential, its holder name, the model's owner, and the worker's
+        budget of pending shards. ``publish`` checks all of them again under the lock."""
+        with self.acting_as(req.worker, credential):
+            _check_holder(req.worker, req.holder)
+            m = req.manifest
+            record = self.store.get((m.model, m.version, m.layout))
+            job = self.registry.require(req.worker).job
+            if not self.owners.owns(m.model, req.worker, job):
+                check_non_owner_creates_nothing(req, record, job, self.owners)
+            if req.shard_count > 1:
+                check_pending_budget(req, self.config.limits, self.store)
+
+    def prepare(self, req: msg.Publish) -> PreparedVersion:
+        """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
+        if self.config.require_digests and not req.manifest.chunk_digests:
+            m = req.manifest
+            raise InvalidRequest(f"{m.model} v{m.version}: a publish must carry a digest of every chunk it "
+                                 f"holds (ClientConfig.chunk_digests=True, the default), so that readers can "
+                                 f"check the bytes; this hub refuses versions without them")
+        prepared = prepare_version(req.manifest, self.config.limits, req.shard_rank)
+        check_row_shard(req)
+        check_regions(req.regions, prepared.manifest, req.shard_rank)
+        return prepared
+
+    def publish(self, req: msg.Publish, prepared: PreparedVersion | None = None) -> None:
+        """Adds a holding. Every check runs before the first change: a refused publish changes nothing."""
+        if prepared is None:
+            prepared = self.prepare(req)
+        manifest = prepared.manifest
+        if req.shard_count > 1 and req.shard_group is None:
+            raise InvalidRequest("shard_count > 1 needs a shard_group naming the engine the shards belong to")
+        key = (manifest.model, manifest.version, manifest.layout)
+        with self._lock:
+            worker = self.registry.require(req.worker)
+            _check_holder(req.worker, req.holder)
+            record = self.store.get(key)
+            owner = self.owners.owns(key[0], req.worker, worker.job)
+            if not owner:
+                check_copy(req, record, worker.job, self.owners)
+            if record is not None:
+                check_same_tensors(record.manifest, manifest)
+                if req.shard_rank is not None or not owner:
+                    check_same_chunk_map(record.manifest, manifest)
+                existing = record.holdings.get(req.holder)
+                if existing is not None and existing.worker != req.worker:
+                    raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
+                if existing is not None and existing.state not in ("active", "pending"):
+                    raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
+                                         f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
+            group = (manifest.model, manifest.version, req.shard_group)
+            member = (key, req.holder)
+            if req.shard_count > 1:
+                self.shard_groups.check(group, req.shard_count, member, req.shard_rank, self._member_alive)
+                check_pending_budget(req, self.config.limits, self.store)
+            if record is None:
+                record = VersionRecord(manifest, prepared.chunks)
+                self.store.add(key, record)
+            elif (record.manifest.chunk_bytes, record.manifest.row_shards) == (manifest.chunk_bytes,
+                                                                             manifest.row_shards):
+                record.manifest = merge_shard_digests(record.manifest, manifest)  # fills a partial group's gaps
+            state = "pending" if req.shard_count > 1 else "active"
+            record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
+                               next(self._ids), shard_rank=req.shard_rank, vouched=owner), worker.location)
+            if owner:
+                self.owners.bind(key[0], worker.job)
+            if req.shard_count > 1:
+                for member_key, holder in self.shard_groups.commit(group, req.shard_count, member, req.shard_rank,
+                                                                   self._member_alive):
+                    holding = self.store.holding(member_key, holder)
+                    if holding.state == "pending":  # not one that is draining meanwhile
+                        holding.state = "active"
+            self._holdings_changed(key[0])
+
+    def _member_alive(self, member: Member) -> bool:
+        """Whether a shard group member's holding still exists: a shard that died leaves room for its stand-in."""
+        return self.store.holding(*member) is not None
+
+    def unpublish(self, req: msg.Unpublish) -> msg.UnpublishAck:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            _check_holder(req.worker, req.holder)
+            holding = self.store.holding(key, req.holder)
+            if holding is None:
+                raise VersionNotFound(f"{req.holder} holds no version {req.version} of {req.model!r} "
+                                      f"({req.layout}); nothing to unpublish")
+            if holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
+            holding.state = "draining"
+            self._holdings_changed(req.model)
+            return self._drain(key, req.holder, req.wait_s, msg.UnpublishAck)
+
+    def _drain(self, key: Key, holder: str, wait_s: float, reply: type[Ack]) -> Ack:
+        """Waits (at most ``wait_s``) until no read from ``holder``'s holding of ``key`` is in flight, then drops
+        it. It wakes when a reader reports (``exchange`` notifies) or when the next lease deadline passes."""
+        deadline = self._clock() + wait_s
+        while True:
+            self._expire_leases()
+            inflight = self.leases.drains(key, holder)
+            if inflight == 0:
+                record = self.store.get(key)
+                if record is not None:
+                    record.pop(holder)
+                    self._forget_if_empty(key)
+                self._holdings_changed(key[0])
+                return reply(drained=True, inflight=0)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return reply(drained=False, inflight=inflight)
+            self.changes.wait(self._until_next_due(remaining))
+
+    def _until_next_due(self, remaining: float, *more: float | None) -> float:
+        """How long a thread may wait for a notification: at most ``remaining``, and no later than the next lease
+        deadline (that lease must be revoked) or any of ``more`` (clock times when the plan may change)."""
+        dues = [d for d in (self.leases.next_deadline(), *more) if d is not None]
+        if not dues:
+            return remaining
+        return min(remaining, max(0.0, min(dues) - self._clock()) + 1e-3)
+
+    def must_preserve(self, req: msg.PreserveQuery) -> msg.PreserveAnswer:
+        """True when ``holder`` holds the last reliable copy of a version inside the retention window
+        (``preserve.py``)."""
+        with self._lock:
+            return must_preserve(req, self.retention.retained(req.model, self.store), self.store,
+                                 self.registry, self.quarantine, self._clock(), self.stall.stalled())
+
+    # ----------------------------------------------------------------------------------- fetches
+    def begin_fetch(self, req: msg.BeginFetch) -> Manifest:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            worker = self.registry.require(req.worker)
+            _check_holder(req.worker, req.holder)
+            record = self.store.get(key)
+            if record is None or not record.holdings:
+                raise VersionNotFound(f"no worker holds version {req.version} of {req.model!r} in layout "
+                                      f"{req.layout!r}; see `tensorhub status` for what is published")
+            if req.digest != record.manifest.digest:
+                raise ManifestMismatch(f"layout digest {req.digest} differs from version {req.version}'s "
+                                       f"{record.manifest.digest}; the buffers do not describe this layout")
+            check_regions(req.regions, record.manifest, None, ranged=req.need is not None)
+            self.reads.check_some_holder_serves(req.worker, record)
+            existing = record.holdings.get(req.holder)
+            if existing is not None and existing.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
+            if existing is not None and existing.state != "filling":
+                raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
+                                     f"({existing.state}); unpublish it before fetching it again")
+            # Announced chunks are not read again, but the hub never saw them land: they serve nobody during
+            # this fetch, and the holding never counts as a reliable copy (Holding.vouched).
+            chunks = IntervalSet(c for c in req.have if c < len(record.chunks))
+            need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
+            record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
+                               need=need, unserved=frozenset(req.unserved) | frozenset(chunks), vouched=not chunks),
+                       worker.location)
+            self.leases.forget_revoked(req.holder)
+            return record.manifest
+
+    def exchange(self, req: msg.Exchange) -> msg.ExchangeReply:
+        """Books the reader's reports and plans its next reads; with ``wait_s``, waits (on the lock's condition)
+        until some work can be planned, the fetch needs none, or ``wait_s`` passes."""
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            reader = self.registry.require(req.worker)
+            _check_holder(req.worker, req.holder)
+            reader.last_seen = self._clock()
+            record = self.store.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            if holding is not None and holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
+            if holding is None or holding.state != "filling":
+                raise UnknownFetch(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
+            revoked, booked = self.reads.settle(req, record, holding, self._clock())
+            if booked:
+                self.changes.notify(req.model)
+            deadline = self._clock() + req.wait_s
+            while True:
+                self._expire_leases()
+                assignments, everyone, needed = self.reads.plan(key, record, holding, reader.location, req.want,
+                                                                req.run_chunks, self._clock())
+                remaining = deadline - self._clock()
+                if assignments or remaining <= 0 or not self.reads.waits_for_work(key, record, holding):
+                    break
+                self.changes.wait(self._until_next_due(remaining, self.quarantine.next_end(self._clock())))
+            return self.reads.lease(req, key, record, holding, reader.location, assignments, revoked,
+                                    unservable_now=lambda: unservable(needed, everyone(), req.holder),
+                                    ids=self._ids, now=self._clock())
+
+    def fetch_waits_for_work(self, req: msg.Exchange) -> bool:
+        """Whether an exchange of ``req``'s fetch that got no work should keep waiting for some: as ``exchange``
+        itself decides when ``wait_s`` is set (the route that parks exchanges on the event loop asks this)."""
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            record = self.store.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            return holding is not None and holding.state == "filling" and self.reads.waits_for_work(key, record,
+                                                                                                   holding)
+
+    def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
+        key = (req.model, req.version, req.layout)
+        with self._lock:
+            _check_holder(req.worker, req.holder)
+            record = self.store.get(key)
+            holding = record.holdings.get(req.holder) if record else None
+            if holding is None:
+                raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
+            if holding.worker != req.worker:
+                raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
+            if holding.state == "draining":
+                # A repeated end while the holding's reads drain: it only waits for them.
+                return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
+            if holding.state != "filling":
+                raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress: its holding is "
+                                     f"{holding.state}; only a fetch begun with /v1/fetch/begin can end")
+            if req.ok and holding.chunks is not None and not holding.complete(len(record.chunks)):
+                raise InvalidRequest(f"{req.holder} reports a finished fetch with {len(holding.chunks)} of "
+                                     f"{len(record.chunks) if holding.need is None else len(holding.need)} chunks")
+            if req.ok and req.hold and holding.need is not None:
+                raise InvalidRequest(f"{req.holder} read parts of {key}: a ranged reader cannot hold the version")
+            self.leases.reader_done(req.holder)
+            holding.settled = set()
+            record.index.leave(holding)  # planned no more as a partial holder: it holds all, or drains
+            if req.ok:
+                self.fetch_times.add(req.model, req.seconds)
+            if req.ok and req.hold:
+                holding.state, holding.chunks = "active", None
+                record.index.enter(holding)  # a complete holder now
+                self._holdings_changed(req.model)
+                return msg.EndFetchAck(drained=True, inflight=0)
+            holding.state = "draining"
+            return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
+
+    # ------------------------------------------------------------------------------------ upkeep
+    def sweep(self) -> None:
+        """Expires silent workers and overdue leases. The server calls it a few times a second.
+
+        A worker's silence is counted in the hub's awake time (see ``liveness``): heartbeats that queued
+        while the hub's own event loop was stalled do not count against the worker that sent them."""
+        with self._lock:
+            now = self._clock()
+            for record, silence in self.registry.silent(now, self.stall.stalled()):
+                logger.warning("worker %s sent no heartbeat for %.1f s (%.1f s of it while the hub was "
+                               "awake); dropping it and its holdings", record.worker, now - record.last_seen,
+                               silence)
+                self._drop_worker(record.worker)
+            self._expire_leases()
+            if self.quarantine.expire(now):
+                self.changes.notify()  # a source serves again: readers waiting for work look again
+
+    def _expire_leases(self) -> None:
+        overdue = self.leases.expire(self._clock())
+        if overdue:
+            self.changes.notify(*{lease.key[0] for lease in overdue})
+
+    def _drop_worker(self, worker: str) -> None:
+        self.registry.remove(worker)
+        self.quarantine.cleared(worker)
+        dropped, models = set(), set()
+        for key, record in self.store.items():
+            for holder in [h for h, holding in record.holdings.items() if holding.worker == worker]:
+                record.pop(holder)
+                dropped.add(holder)
+                models.add(key[0])
+            self._forget_if_empty(key)
+        self.leases.holders_gone(dropped)
+        self._holdings_changed(*models)
+
+    def _forget_if_empty(self, key: Key) -> None:
+        if self.store.forget_if_empty(key):
+            self.shard_groups.forget_version(key[0], key[1])
+
+    # ------------------------------------------------------------------------------------ queries
+    def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
+        with self._lock:
+            resolved = self.resolve(model, version, layout)
+            return self.store.get((model, resolved, layout)).manifest
+
+    def resolve(self, model: str, version: int | str, layout: str) -> int:
+        """Resolves "latest" once; a version counts only when a holder of it in ``layout`` is active."""
+        with self._lock:
+            store = self.store
+            if version == "latest":
+                active = [k[1] for k, r in store.records_of(model) if k[2] == layout and store.visible(r)]
+                if not active:
+                    raise VersionNotFound(f"model {model!r} has no published version in layout {layout!r}")
+                return max(active)
+            record = store.get((model, int(version), layout))
+            if record is None or not store.visible(record):
+                known = sorted(store.visible_versions(model))
+                raise VersionNotFound(f"version {version} of {model!r} in layout {layout!r} is not published; "
+                                      f"published versions: {known or 'none'}")
+            return int(version)
+
+    def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
+        with self._lock:
+            result: dict[int, list[str]] = defaultdict(list)
+            for (m, v, lay), record in self.store.records_of(model):
+                if layout is not None and lay != layout:
+                    continue
+                holders = [h.worker for h in record.holdings.values() if h.state == "active"]
+                if holders and self.store.visible(record):
+                    result[v].extend(w for w in holders if w not in result[v])
+            return {v: sorted(ws) for v, ws in sorted(result.items())}
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Waits on a thread until the state changes (any notification), at most ``timeout`` seconds."""
+        with self._lock:
+            self.changes.wait(timeout)
+
+    def status(self) -> msg.StatusReply:
+        with self._lock:
+            return status_reply(self.instance, self.registry, self.store, self.leases, self.quarantine,
+                                self._clock())
+
+    def metrics_snapshot(self) -> dict:
+        with self._lock:
+            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times)
+
+
+def _check_holder(worker: str, holder: str) -> None:
+    if holder != worker and not holder.startswith(worker + msg.HOLDER_SEPARATOR):
+        raise NotOwner(f"worker {worker!r} may act only for holders named {worker!r} or "
+                       f"'{worker}{msg.HOLDER_SEPARATOR}<suffix>', not {holder!r}")

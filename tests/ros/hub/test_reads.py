@@ -1,0 +1,53 @@
+"""The read path's glue alone, over real parts: it plans a reader on a serving holder, keeps it off suspects and
+off another job's NIXL holder, and issues a lease for each read."""
+
+import itertools
+
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub.leases import Leases
+from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.reads import ReadDesk
+from tensorhub_verl.ros.hub.registry import Registry
+from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.topology import Location
+
+from tests.ros.hub.parts import holding, manifest, record_of, worker
+
+KEY = ("policy", 1, "hf")
+
+
+def _desk(source_job="default", nixl_within_job=True):
+    registry = Registry("hub1", worker_timeout_s=10.0)
+    registry.put(worker("s", job=source_job))
+    registry.put(worker("r"))
+    record = record_of(manifest(chunks=4))
+    record.put(holding("s"), Location())
+    reader = holding("r", state="filling", chunks=[])
+    record.put(reader, Location())
+    desk = ReadDesk(registry, Leases(), Quarantine(300.0, 3.0), PlannerConfig(), 30.0, nixl_within_job)
+    return desk, record, reader
+
+
+def _exchange():
+    return msg.Exchange(worker="r", holder="r", model="policy", version=1, layout="hf", want=4)
+
+
+def test_a_reader_is_planned_on_the_serving_holder_and_gets_a_lease_per_read():
+    desk, record, reader = _desk()
+    assignments, _, _ = desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)
+    assert assignments and {a.source for a in assignments} == {"s"}
+    reply = desk.lease(_exchange(), KEY, record, reader, Location(), assignments, set(), lambda: [],
+                       ids=itertools.count(1), now=0.0)
+    assert len(reply.assignments) == len(assignments) == len(desk.leases)
+    assert reply.sources[0].agent_metadata_b64 == "AAAA" and reply.assignments[0].grant == "", "NIXL: no grant"
+    assert desk.waits_for_work(KEY, record, reader) is False, "its reads are in flight"
+
+
+def test_a_suspect_source_and_another_jobs_nixl_holder_serve_no_reads():
+    desk, record, reader = _desk()
+    desk.quarantine.read_failed("s", now=0.0)
+    assert desk.plan(KEY, record, reader, Location(), 4, 1, now=1.0)[0] == []
+    desk, record, reader = _desk(source_job="other")
+    assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] == []
+    desk, record, reader = _desk(source_job="other", nixl_within_job=False)
+    assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] != []
