@@ -20,13 +20,14 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
+from tensorhub_verl.ros.hub_fetch_routes import FetchRoutes, error_body, invalid_detail, status_of
 from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 from tensorhub_verl.ros.planes.tcp_wire import advertised_host_problem
@@ -37,8 +38,6 @@ logger = logging.getLogger("tensorhub_verl.ros.hub")
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 _WAIT_POLL_S = 0.05
 """A parked /v1/wait looks at the hub's change counter this often (an int compare, on the event loop)."""
-_EXCHANGE_POLL_S = 0.05
-"""A parked exchange plans again this often (the hub's own wait re-planned as often)."""
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
@@ -203,15 +202,12 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
 
     @app.exception_handler(errors.TensorHubError)
     async def typed_error(_request: Request, exc: errors.TensorHubError):
-        status = next((code for cls, code in _STATUS_OF if isinstance(exc, cls)), 400)
-        tensor = exc.tensor if isinstance(exc, errors.ManifestMismatch) and exc.tensor else None
-        body = msg.ErrorReply(error=type(exc).__name__, detail=str(exc), tensor=tensor)
-        return JSONResponse(body.body(), status_code=status, headers={INSTANCE_HEADER: state.instance})
+        return Response(error_body(exc), status_code=status_of(exc, _STATUS_OF), media_type="application/json",
+                        headers={INSTANCE_HEADER: state.instance})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        body = msg.ErrorReply(error="InvalidRequest", detail=f"malformed request: {problems}")
+        body = msg.ErrorReply(error="InvalidRequest", detail=invalid_detail(exc.errors()))
         return JSONResponse(body.body(), status_code=422, headers={INSTANCE_HEADER: state.instance})
 
     @app.get("/healthz")
@@ -260,44 +256,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
 
-    # The fetch path (manifest, begin, exchange) is most of a hub's requests. Its routes are async: each is a
-    # short computation under the state's lock, and a sync route would add the hop to a pool thread and back,
-    # which costs more than the planning itself. /v1/fetch/end stays in the pool: it drains the reads peers still
+    # /v1/fetch/begin and /v1/fetch/exchange, most of a hub's requests, are answered before FastAPI
+    # (``hub_fetch_routes.FetchRoutes``). /v1/fetch/end stays here, in the pool: it drains the reads peers still
     # make of a holding it gives up, and on the event loop that wait would stop every other request, the very
     # reports it waits for included.
-    @app.post("/v1/fetch/begin")
-    async def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.BeginFetchReply:
-        with state.acting_as(req.worker, credential):
-            state.begin_fetch(req)
-            first = None
-            if req.want:
-                first = state.exchange(msg.Exchange(
-                    worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
-                    want=req.want, run_chunks=req.run_chunks))
-            return msg.BeginFetchReply(first=first)
-
-    def exchange_now(req: msg.Exchange, credential: str) -> msg.ExchangeReply:
-        with state.acting_as(req.worker, credential):
-            return state.exchange(req)
-
-    @app.post("/v1/fetch/exchange")
-    async def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
-        # An exchange that may wait for work parks on the event loop, as /v1/wait does, and never in the thread
-        # pool: a thousand idle readers then hold no pool threads that registrations and publishes need. The
-        # first try books the reports; later tries only ask again, while the hub says the fetch waits for work
-        # (as HubState.exchange decides), and the leases any try revoked are all returned.
-        reply = exchange_now(req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req, credential)
-        if not req.wait_s:
-            return reply
-        deadline = time.monotonic() + req.wait_s
-        again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
-        revoked = set(reply.revoked)
-        while not reply.assignments and time.monotonic() < deadline and state.fetch_waits_for_work(req):
-            await asyncio.sleep(min(_EXCHANGE_POLL_S, max(0.0, deadline - time.monotonic())))
-            reply = exchange_now(again, credential)
-            revoked.update(reply.revoked)
-        return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
-
     @app.post("/v1/fetch/end")
     def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:
         with state.acting_as(req.worker, credential):
@@ -339,7 +301,8 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
-    return _TokenGate(_BodyLimit(_StampInstance(app, state.instance), max_body_bytes), token, state.instance)
+    fetch = FetchRoutes(app, state, _STATUS_OF)
+    return _TokenGate(_BodyLimit(_StampInstance(fetch, state.instance), max_body_bytes), token, state.instance)
 
 
 def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | None) -> str | None:
