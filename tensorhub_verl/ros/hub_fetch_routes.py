@@ -25,7 +25,10 @@ from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 
 EXCHANGE_POLL_S = 0.05
-"""A parked exchange plans again this often (the hub's own wait re-planned as often)."""
+"""A parked exchange looks this often whether a lease ended or a version changed, and if so plans again."""
+EXCHANGE_REPLAN_S = 0.2
+"""A parked exchange plans again at least this often even when nothing it counts changed: what time alone
+changes (a suspect source's probation, a quarantine, a lease's deadline) reaches it within this long."""
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _CREDENTIAL_MAX = 256
 _JSON = (b"content-type", b"application/json")
@@ -75,8 +78,15 @@ async def exchange(state: HubState, req: msg.Exchange, credential: str) -> msg.E
     deadline = time.monotonic() + req.wait_s
     again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
     revoked = set(reply.revoked)
+    seen, planned = state.plan_changes(req.model), time.monotonic()
     while not reply.assignments and time.monotonic() < deadline and state.fetch_waits_for_work(req):
         await asyncio.sleep(min(EXCHANGE_POLL_S, max(0.0, deadline - time.monotonic())))
+        # A plan that found no work finds none again until a lease ends or a version changes (or time passes):
+        # a thousand parked readers re-planning every poll for nothing would be most of a busy hub's work.
+        changes = state.plan_changes(req.model)
+        if changes == seen and time.monotonic() - planned < EXCHANGE_REPLAN_S:
+            continue
+        seen, planned = changes, time.monotonic()
         reply = now_(again)
         revoked.update(reply.revoked)
     return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply

@@ -698,6 +698,11 @@ class HubState:
                                      have=len(holding.chunks), total=len(record.chunks),
                                      unservable=[] if assignments else unservable(needed, everyone(), req.holder))
 
+    def plan_changes(self, model: str) -> int:
+        """Grows when a plan for a reader of ``model`` may find work it did not: a lease ended or a version came or
+        went. (Two int reads, no lock: a parked exchange polls it.)"""
+        return self._leases.ended + self.model_seq.get(model, 0)
+
     def fetch_waits_for_work(self, req: msg.Exchange) -> bool:
         """Whether an exchange of ``req``'s fetch that got no work should keep waiting for some: as ``exchange``
         itself decides when ``wait_s`` is set (the route that parks exchanges on the event loop asks this)."""

@@ -133,6 +133,9 @@ class LeaseBook:
         self._pulling: dict[Key, PullIndex] = {}
         self._wan: dict[Key, dict[str, Coverage]] = {}
         """version -> datacenter -> chunks crossing the WAN into it (a count per chunk)."""
+        self.ended = 0
+        """Leases removed so far (landed, failed, revoked or expired): each frees a source and may land chunks,
+        so a reader parked for want of work is planned again only when this moved (or after a while)."""
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -159,6 +162,7 @@ class LeaseBook:
         lease = self._by_id.pop(lease_id, None)
         if lease is None:
             return None
+        self.ended += 1
         mine = self._by_reader[lease.reader]
         del mine[lease_id]
         if not mine:
