@@ -28,6 +28,7 @@ No I/O and no lock: each ``VersionRecord`` of ``HubState`` owns one, called unde
 from __future__ import annotations
 
 import zlib
+from bisect import bisect_left
 from typing import AbstractSet, Iterable, Protocol, Sequence
 
 from tensorhub_verl.ros.intervals import IntervalSet
@@ -82,9 +83,7 @@ class NeedCursor:
             chunk = order[at]
             if chunk in have:
                 # A landed run: skip it whole where the order visits its chunks one after another.
-                skip = min(runs(chunk) - chunk, n - at, n - walked) if runs is not None else 1
-                while skip > 1 and order[at + skip - 1] != chunk + skip - 1:
-                    skip = 1
+                skip = _consecutive(order, at, min(runs(chunk) - chunk, n - at, n - walked)) if runs else 1
                 walked += skip
                 self._stale += skip
                 continue
@@ -115,13 +114,23 @@ def _without(order: list[int], have: IntervalSet) -> list[int]:
         chunk = order[i]
         held = have.holds(chunk)
         end = have.run_end(chunk) if held else have.first_in(chunk, chunk + n - i)
-        step = min(end - chunk, n - i)
-        if step < 1 or order[i + step - 1] != chunk + step - 1:
-            step = 1  # not consecutive here: one chunk
+        step = _consecutive(order, i, min(end - chunk, n - i))
         if not held:
             kept.extend(order[i:i + step])
         i += step
     return kept
+
+
+def _consecutive(order: list[int], i: int, most: int) -> int:
+    """How many entries of ``order`` from ``i`` on (1 to ``most``) are consecutive chunks, by bisection. ``order``
+    is a sorted list rotated once (less what was compacted away), so "order[i + k] == order[i] + k" holds for a
+    prefix of k and not after it: a gap only grows, and past the rotation every chunk is below ``order[i]``."""
+    if most <= 1:
+        return 1
+    first = order[i]
+    if order[i + most - 1] == first + most - 1:
+        return most
+    return bisect_left(range(most), True, key=lambda k: order[i + k] != first + k)
 
 
 class ChunkIndex:

@@ -9,7 +9,7 @@ comes from that worker. Routes that act for a worker run inside ``HubState.actin
 
 One rule for the state's lock: the event loop never takes it. Plain (sync) routes run in Starlette's thread pool.
 The async routes are the ones that must not queue behind that pool (heartbeats, the fetch path, long-polls): they
-hand each state call to the hub's own small pool of state threads (``_StateCalls``) and park, while they wait
+hand each state call to the hub's own small pool of state threads (``hub.state_calls``) and park, while they wait
 for a change, on ``HubState.changes`` without the lock.
 """
 
@@ -17,24 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import hmac
 import json
 import logging
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
+from tensorhub_verl.ros.hub.state_calls import StateCalls
+from tensorhub_verl.ros.hub_fetch_routes import FetchRoutes, error_body, invalid_detail, status_of
 from tensorhub_verl.ros.hub_state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 from tensorhub_verl.ros.planes.tcp_wire import advertised_host_problem
@@ -43,9 +42,6 @@ from tensorhub_verl.ros.wire_convert import manifest_to_msg
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
-_STATE_THREADS = 8
-"""Threads that run the async routes' state calls: each call is short (a lock and O(1) to O(want) work), and
-the pool is apart from Starlette's, where drains and publishes may wait for seconds."""
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 _STATUS_OF = [
@@ -193,21 +189,6 @@ class _HubCollector:
         yield GaugeMetricFamily("tensorhub_workers", "Registered workers", value=snap["workers"])
 
 
-class _StateCalls:
-    """Runs a state call on one of the state threads, off the event loop (see the module docstring). One pool per
-    process, made on first use: the hubs of one process (tests start many) share it, and its idle threads end
-    with the process."""
-
-    _pool: ThreadPoolExecutor | None = None
-    _made = threading.Lock()
-
-    async def __call__(self, fn, *args):
-        with self._made:
-            if _StateCalls._pool is None:
-                _StateCalls._pool = ThreadPoolExecutor(_STATE_THREADS, thread_name_prefix="tensorhub-hub-state")
-        return await asyncio.get_running_loop().run_in_executor(_StateCalls._pool, functools.partial(fn, *args))
-
-
 def create_app(state: HubState, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     async def authorize(request: Request) -> None:
         # async: a sync dependency would run in the thread pool for every request, so heartbeats and parked
@@ -220,21 +201,18 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             raise errors.Unauthorized("missing or wrong bearer token; pass the hub's token (TENSORHUB_TOKEN)")
 
     app = FastAPI(title="TensorHub hub", version="1", dependencies=[Depends(authorize)])
-    off_loop = _StateCalls()
+    off_loop = StateCalls()
     registry = CollectorRegistry()
     registry.register(_HubCollector(state))
 
     @app.exception_handler(errors.TensorHubError)
     async def typed_error(_request: Request, exc: errors.TensorHubError):
-        status = next((code for cls, code in _STATUS_OF if isinstance(exc, cls)), 400)
-        tensor = exc.tensor if isinstance(exc, errors.ManifestMismatch) and exc.tensor else None
-        body = msg.ErrorReply(error=type(exc).__name__, detail=str(exc), tensor=tensor)
-        return JSONResponse(body.body(), status_code=status, headers={INSTANCE_HEADER: state.instance})
+        return Response(error_body(exc), status_code=status_of(exc, _STATUS_OF), media_type="application/json",
+                        headers={INSTANCE_HEADER: state.instance})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        body = msg.ErrorReply(error="InvalidRequest", detail=f"malformed request: {problems}")
+        body = msg.ErrorReply(error="InvalidRequest", detail=invalid_detail(exc.errors()))
         return JSONResponse(body.body(), status_code=422, headers={INSTANCE_HEADER: state.instance})
 
     @app.get("/healthz")
@@ -281,35 +259,9 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
 
-    # The fetch path (manifest, begin, exchange) is most of a hub's requests. Its routes are async and run their
-    # state calls on the state threads, so they never queue behind Starlette's pool. /v1/fetch/end stays in that
-    # pool: it drains the reads peers still make of a holding it gives up, which may take seconds.
-    @app.post("/v1/fetch/begin")
-    async def begin(req: msg.BeginFetch, credential: Credential = "") -> msg.BeginFetchReply:
-        return await off_loop(_begin, state, req, credential)
-
-    @app.post("/v1/fetch/exchange")
-    async def exchange(req: msg.Exchange, credential: Credential = "") -> msg.ExchangeReply:
-        # An exchange that may wait for work parks on the event loop, as /v1/wait does, and holds no thread while
-        # it waits: a thousand idle readers then hold no threads that others need. The first try books the
-        # reports; later tries only ask again, each after a change of the model's state, while the hub says the
-        # fetch waits for work (as HubState.exchange decides), and the leases any try revoked are all returned.
-        seen = state.changes.seq
-        reply = await off_loop(_exchange, state, req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req,
-                               credential)
-        if not req.wait_s:
-            return reply
-        deadline = time.monotonic() + req.wait_s
-        again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
-        revoked = set(reply.revoked)
-        while not reply.assignments and time.monotonic() < deadline \
-                and await off_loop(state.fetch_waits_for_work, req):
-            await state.changes.wait_async(seen, deadline - time.monotonic(), req.model)
-            seen = state.changes.seq
-            reply = await off_loop(_exchange, state, again, credential)
-            revoked.update(reply.revoked)
-        return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
-
+    # /v1/fetch/begin and /v1/fetch/exchange, most of a hub's requests, are answered before FastAPI
+    # (``hub_fetch_routes.FetchRoutes``), their state calls on the state threads. /v1/fetch/end stays here, in
+    # Starlette's pool: it drains the reads peers still make of a holding it gives up, which may take seconds.
     @app.post("/v1/fetch/end")
     def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:
         with state.acting_as(req.worker, credential):
@@ -353,28 +305,13 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
 
-    return _TokenGate(_BodyLimit(_StampInstance(app, state.instance), max_body_bytes), token, state.instance)
+    fetch = FetchRoutes(app, state, _STATUS_OF, off_loop)
+    return _TokenGate(_BodyLimit(_StampInstance(fetch, state.instance), max_body_bytes), token, state.instance)
 
 
 def _heartbeat(state: HubState, worker: str, credential: str) -> msg.WorkerAck:
     with state.acting_as(worker, credential):
         return state.heartbeat(worker)
-
-
-def _begin(state: HubState, req: msg.BeginFetch, credential: str) -> msg.BeginFetchReply:
-    with state.acting_as(req.worker, credential):
-        state.begin_fetch(req)
-        first = None
-        if req.want:
-            first = state.exchange(msg.Exchange(
-                worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
-                want=req.want, run_chunks=req.run_chunks))
-        return msg.BeginFetchReply(first=first)
-
-
-def _exchange(state: HubState, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
-    with state.acting_as(req.worker, credential):
-        return state.exchange(req)
 
 
 def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | None) -> str | None:

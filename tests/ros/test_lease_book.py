@@ -159,3 +159,35 @@ def test_a_reader_whose_fetch_ended_has_nothing_left_to_read():
     assert len(index.cursor("r").candidates(set(), set(), 4)) == 4 and index.filling() == 1
     index.end_reader("r")
     assert index.cursor("r").candidates(set(), set(), 4) == [] and index.filling() == 0
+
+
+def test_compacting_a_rotated_cursor_steps_once_per_stretch_not_per_chunk():
+    # A reader's order is its chunks rotated to its own offset (then compacted): the landed runs and the kept
+    # stretches each cost one step, also across the rotation, and the result is the plain filter's.
+    from tensorhub_verl.ros.chunk_index import _consecutive, _without
+    from tensorhub_verl.ros.intervals import IntervalSet
+
+    class Counted(IntervalSet):
+        __slots__ = ("asked",)
+
+        def holds(self, x):
+            self.asked += 1
+            return super().holds(x)
+
+    rng = random.Random(5)
+    for _ in range(30):
+        start = rng.randrange(1, 12_800)
+        order = list(range(start, 12_800)) + list(range(start))
+        have = Counted()
+        have.asked = 0
+        for _ in range(rng.randrange(1, 12)):
+            a = rng.randrange(12_800)
+            have.add_range(a, min(12_800, a + rng.randrange(1, 2_000)))
+        kept = _without(order, have)
+        assert kept == [c for c in order if c not in have]
+        assert have.asked <= 2 * len(have.intervals()) + 4  # a step per stretch (plus the rotation's)
+        again = _without(kept, have)  # a compacted order (gaps where runs landed) compacts the same way
+        assert again == kept
+    assert _consecutive([5, 6, 7, 9, 0, 1], 0, 6) == 3
+    assert _consecutive([11, 12, 0, 1, 2], 0, 5) == 2
+    assert _consecutive([3, 4], 1, 1) == 1

@@ -1,0 +1,148 @@
+"""The hub's hot fetch routes (``/v1/fetch/begin``, ``/v1/fetch/exchange``) as plain ASGI, in front of FastAPI.
+
+Every reader makes these requests all through an update, so their per-request cost is the hub's. Through FastAPI
+each one paid for routing, dependency resolution, a JSON parse into dicts, validation of those dicts, and then
+validation and encoding of the reply once more (the route's response model); here the body is validated from its
+bytes in one call (``model_validate_json``, the same strict models) and the reply is encoded from the model in one
+call (``model_dump_json``). What the routes do is unchanged: the same ``HubState`` calls under the same
+credential check, each on a state thread (``hub.state_calls``: the event loop never takes the state's lock), the same answers, the same errors (a ``TensorHubError`` with the status FastAPI's handler gives
+it, a malformed body 422 ``InvalidRequest``). The bearer token is checked before this (``hub_app._TokenGate``),
+the body's size by ``hub_app._BodyLimit``, and the hub instance is stamped on the reply by ``_StampInstance``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Awaitable, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from tensorhub_verl import errors
+from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub.state_calls import StateCalls
+from tensorhub_verl.ros.hub_state import HubState
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+
+_CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
+_CREDENTIAL_MAX = 256
+_JSON = (b"content-type", b"application/json")
+
+
+def status_of(exc: errors.TensorHubError, table: list[tuple[type, int]]) -> int:
+    """The HTTP status of a typed error: the first class of ``table`` it is an instance of, else 400."""
+    return next((code for cls, code in table if isinstance(exc, cls)), 400)
+
+
+def error_body(exc: errors.TensorHubError) -> bytes:
+    tensor = exc.tensor if isinstance(exc, errors.ManifestMismatch) and exc.tensor else None
+    return json.dumps(msg.ErrorReply(error=type(exc).__name__, detail=str(exc), tensor=tensor).body()).encode()
+
+
+def invalid_detail(problems: list[dict]) -> str:
+    """A 422's detail: the first few problems, each as ``loc: message``."""
+    return "malformed request: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in problems[:5])
+
+
+def _begin(state: HubState, req: msg.BeginFetch, credential: str) -> msg.BeginFetchReply:
+    with state.acting_as(req.worker, credential):
+        state.begin_fetch(req)
+        first = None
+        if req.want:
+            first = state.exchange(msg.Exchange(
+                worker=req.worker, holder=req.holder, model=req.model, version=req.version, layout=req.layout,
+                want=req.want, run_chunks=req.run_chunks))
+        return msg.BeginFetchReply(first=first)
+
+
+def _exchange(state: HubState, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
+    with state.acting_as(req.worker, credential):
+        return state.exchange(req)
+
+
+async def begin(state: HubState, off_loop: StateCalls, req: msg.BeginFetch, credential: str) -> msg.BeginFetchReply:
+    """``/v1/fetch/begin``: registers the fetch and, when it wants some, answers its first exchange."""
+    return await off_loop(_begin, state, req, credential)
+
+
+async def exchange(state: HubState, off_loop: StateCalls, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
+    """``/v1/fetch/exchange``. One that may wait for work parks on the event loop and holds no thread while it
+    waits: a thousand idle readers then hold no threads that others need. The first try books the reports; later
+    tries only ask again, each after a change of the model's state (``HubState.changes``: a lease ended, a version
+    came or went), while the hub says the fetch waits for work (as ``HubState.exchange`` decides); the leases any
+    try revoked are all returned."""
+    seen = state.changes.seq
+    reply = await off_loop(_exchange, state, req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req,
+                           credential)
+    if not req.wait_s:
+        return reply
+    deadline = time.monotonic() + req.wait_s
+    again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
+    revoked = set(reply.revoked)
+    while not reply.assignments and time.monotonic() < deadline \
+            and await off_loop(state.fetch_waits_for_work, req):
+        await state.changes.wait_async(seen, deadline - time.monotonic(), req.model)
+        seen = state.changes.seq
+        reply = await off_loop(_exchange, state, again, credential)
+        revoked.update(reply.revoked)
+    return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
+
+
+Handler = Callable[[HubState, StateCalls, BaseModel, str], Awaitable[BaseModel]]
+ROUTES: dict[str, tuple[type[BaseModel], Handler]] = {
+    "/v1/fetch/begin": (msg.BeginFetch, begin),
+    "/v1/fetch/exchange": (msg.Exchange, exchange),
+}
+
+
+class FetchRoutes:
+    """ASGI: answers POSTs to ``ROUTES`` itself and hands every other request to ``app`` (FastAPI)."""
+
+    def __init__(self, app, state: HubState, statuses: list[tuple[type, int]], off_loop: StateCalls):
+        self.app, self.state, self.statuses, self.off_loop = app, state, statuses, off_loop
+
+    async def __call__(self, scope, receive, send):
+        route = ROUTES.get(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            return await self.app(scope, receive, send)
+        model, handler = route
+        credential = b""
+        for name, value in scope.get("headers") or ():
+            if name == _CREDENTIAL:
+                credential = value
+                break
+        if len(credential) > _CREDENTIAL_MAX:
+            return await _answer(send, 422, _invalid(f"{CREDENTIAL_HEADER}: longer than {_CREDENTIAL_MAX} "
+                                                     "characters"))
+        body = await _read_body(receive)
+        try:
+            req = model.model_validate_json(body)
+        except ValidationError as exc:
+            return await _answer(send, 422, _invalid(invalid_detail(exc.errors())))
+        try:
+            reply = await handler(self.state, self.off_loop, req, credential.decode("latin-1"))
+        except errors.TensorHubError as exc:
+            return await _answer(send, status_of(exc, self.statuses), error_body(exc))
+        await _answer(send, 200, reply.model_dump_json().encode())
+
+
+def _invalid(detail: str) -> bytes:
+    return json.dumps(msg.ErrorReply(error="InvalidRequest", detail=detail).body()).encode()
+
+
+async def _read_body(receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(parts)
+
+
+async def _answer(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [_JSON, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
