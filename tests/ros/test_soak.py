@@ -43,8 +43,12 @@ def _check(report: dict, versions: int) -> None:
     assert set(lost) <= {"fault_free_version_p50_s", *report["injected"]}, lost
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_short_soak_survives_every_kind_of_fault(capsys):
+    """About 4 minutes: slow tier. Each fault alone, in the default suite: tests/ros/test_faults.py (killed,
+    frozen holders, a hub restart mid-fetch, a killed reader) and tests/ros/test_bad_peers.py (garbage,
+    tampering, straggling peers); the fault plan itself: the first test of this file."""
     # --seconds is only a guard against a hang: the test counts its 12 versions, however loaded the host is.
     report = _run(capsys, "--versions", "12", "--readers", "4", "--seed", "1", "--seconds", "800")
     _check(report, 12)
