@@ -21,11 +21,11 @@ _EXPORTS = {
     "ClientConfig": "tensorhub_verl.ros.client",
     "connect": "tensorhub_verl.ros.client",
     "FetchStats": "tensorhub_verl.ros.fetcher",
-    "HubServer": "tensorhub_verl.ros.hub_server",
-    "start_hub": "tensorhub_verl.ros.hub_server",
-    "HubConfig": "tensorhub_verl.ros.hub_state",
+    "HubServer": "tensorhub_verl.ros.hub.server",
+    "start_hub": "tensorhub_verl.ros.hub.server",
+    "HubConfig": "tensorhub_verl.ros.hub.config",
     "Manifest": "tensorhub_verl.ros.manifest",
-    "OwnerRule": "tensorhub_verl.ros.ownership",
+    "OwnerRule": "tensorhub_verl.ros.hub.ownership",
     "TensorSpec": "tensorhub_verl.ros.manifest",
     "row_range": "tensorhub_verl.ros.manifest",
     "shard_chunks": "tensorhub_verl.ros.manifest",
@@ -39,10 +39,10 @@ __all__ = ["errors", *_EXPORTS]
 if TYPE_CHECKING:
     from tensorhub_verl.ros.client import Client, ClientConfig, connect
     from tensorhub_verl.ros.fetcher import FetchStats
-    from tensorhub_verl.ros.hub_server import HubServer, start_hub
-    from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.hub.server import HubServer, start_hub
+    from tensorhub_verl.ros.hub.config import HubConfig
     from tensorhub_verl.ros.manifest import Manifest, TensorSpec, row_range, shard_chunks
-    from tensorhub_verl.ros.ownership import OwnerRule
+    from tensorhub_verl.ros.hub.ownership import OwnerRule
     from tensorhub_verl.ros.planner import PlannerConfig
     from tensorhub_verl.ros.topology import LinkCapacities, Location
 

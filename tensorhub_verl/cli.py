@@ -76,9 +76,9 @@ def hub_seeds_per_dc(args: argparse.Namespace) -> int:
 
 
 def _hub_command(argv: list[str]) -> int:
-    from tensorhub_verl.ros.hub_server import HubServer, resolve_token
-    from tensorhub_verl.ros.hub_state import HubConfig
-    from tensorhub_verl.ros.ownership import OwnerRule
+    from tensorhub_verl.ros.hub.server import HubServer, resolve_token
+    from tensorhub_verl.ros.hub.config import HubConfig
+    from tensorhub_verl.ros.hub.ownership import OwnerRule
     from tensorhub_verl.ros.planner import PlannerConfig
 
     args = hub_parser().parse_args(argv)

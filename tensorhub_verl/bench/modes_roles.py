@@ -40,7 +40,7 @@ def _cpu_s() -> float:
 def hub(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
-    from tensorhub_verl.ros.hub_state import HubConfig
+    from tensorhub_verl.ros.hub.config import HubConfig
     from tensorhub_verl.ros.planner import PlannerConfig
 
     config = HubConfig(planner=PlannerConfig(max_inflight_per_source=a.max_inflight_per_source,

@@ -31,7 +31,7 @@ from tensorhub_verl.bench import positive_ints
 from tensorhub_verl.bench.control import _CHUNK_BYTES, _publish
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.integrity import byte_views, chunk_digest
+from tensorhub_verl.ros.integrity import chunk_digests
 from tensorhub_verl.ros.manifest import split_into_chunks, TensorSpec
 from tensorhub_verl.ros.planes.base import DataPlane, ReadState
 
@@ -89,14 +89,13 @@ def run_point(chunks: int, run: int, window: int) -> dict:
 
 
 def digest_ms(chunk_mib: int, repeats: int = 5) -> float:
-    """CPU milliseconds to hash one chunk of ``chunk_mib`` MiB with the fetcher's ``chunk_digest``."""
+    """CPU milliseconds to digest one chunk of ``chunk_mib`` MiB as the fetcher checks it (``chunk_digests``)."""
     nbytes = chunk_mib << 20
     tensor = torch.ones(nbytes, dtype=torch.uint8)
     (chunk,) = split_into_chunks((TensorSpec("w", (nbytes,), "uint8", nbytes),), nbytes)
-    views = byte_views([tensor])
     started = time.process_time()
     for _ in range(repeats):
-        chunk_digest(chunk, views)
+        chunk_digests([chunk], [tensor])
     return 1e3 * (time.process_time() - started) / repeats
 
 

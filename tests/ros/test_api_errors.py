@@ -8,7 +8,7 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import ConfigError, InvalidRequest, ManifestMismatch, Unauthorized, VersionNotFound
-from tensorhub_verl.ros.hub_server import HubServer
+from tensorhub_verl.ros.hub.server import HubServer
 
 from tests.ros.roles import digest, make_weights
 

@@ -105,7 +105,7 @@ def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
 
 
 def test_a_hub_frozen_past_the_worker_timeout_drops_nobody(roles, tmp_path):
-    # The hub's own stall is not its workers' silence (ros/liveness.py): after SIGCONT the sweeper must not
+    # The hub's own stall is not its workers' silence (ros/hub/liveness.py): after SIGCONT the sweeper must not
     # drop workers whose heartbeats sat unread in the hub's socket buffers. (Dropped workers would come back
     # by re-registering, so the hub's log is what tells.)
     log = tmp_path / "hub.log"

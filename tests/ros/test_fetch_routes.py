@@ -4,7 +4,7 @@ routes refuse, with the same typed errors, and answer a real fetch's requests (r
 import httpx
 import pytest
 
-from tensorhub_verl.ros.hub_server import HubServer
+from tensorhub_verl.ros.hub.server import HubServer
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
 
 WHO = {"worker": "r", "holder": "r", "model": "m", "version": 1, "layout": "hf"}
@@ -69,8 +69,9 @@ def test_a_parked_exchange_plans_again_when_a_lease_ends_not_on_every_poll():
     import asyncio
 
     from tensorhub_verl.ros import messages as msg
-    from tensorhub_verl.ros.hub_app import create_app
-    from tensorhub_verl.ros.hub_state import HubConfig, HubState
+    from tensorhub_verl.ros.hub.app import create_app
+    from tensorhub_verl.ros.hub.config import HubConfig
+    from tensorhub_verl.ros.hub.state import HubState
     from tensorhub_verl.ros.manifest import Manifest, TensorSpec
     from tensorhub_verl.ros.wire_convert import manifest_to_msg
 

@@ -12,8 +12,9 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_app import create_app
-from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.hub.app import create_app
+from tensorhub_verl.ros.hub.config import HubConfig
+from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.limits import HubLimits
 
 EXAMPLES = 40

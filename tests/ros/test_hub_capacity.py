@@ -8,7 +8,8 @@ import httpx
 import tensorhub_verl as th
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.retention import Retention
-from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.hub.config import HubConfig
+from tensorhub_verl.ros.hub.state import HubState
 
 
 def _tiny(model: str, version: int) -> msg.ManifestMsg:

@@ -4,8 +4,8 @@ holder's chunks would, and stay right as leases and chunks come and go (pure cla
 import random
 from collections import Counter
 
-from tensorhub_verl.ros.chunk_index import ChunkIndex, NeedCursor
-from tensorhub_verl.ros.lease_book import Lease, LeaseBook
+from tensorhub_verl.ros.hub.chunk_index import ChunkIndex, NeedCursor
+from tensorhub_verl.ros.hub.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros.topology import Distance, Location
 
 KEYS = [("m", 1, "hf"), ("m", 2, "hf")]
@@ -164,7 +164,7 @@ def test_a_reader_whose_fetch_ended_has_nothing_left_to_read():
 def test_compacting_a_rotated_cursor_steps_once_per_stretch_not_per_chunk():
     # A reader's order is its chunks rotated to its own offset (then compacted): the landed runs and the kept
     # stretches each cost one step, also across the rotation, and the result is the plain filter's.
-    from tensorhub_verl.ros.chunk_index import _consecutive, _without
+    from tensorhub_verl.ros.hub.chunk_index import _consecutive, _without
     from tensorhub_verl.ros.intervals import IntervalSet
 
     class Counted(IntervalSet):

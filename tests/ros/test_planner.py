@@ -163,7 +163,7 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
     import random
 
     from tensorhub_verl.ros.intervals import Coverage, IntervalSet, first_held
-    from tensorhub_verl.ros.lease_book import PullIndex
+    from tensorhub_verl.ros.hub.lease_book import PullIndex
 
     rng = random.Random(11)
     locations = [N0, N1, RACK1, DC1_A, DC1_B]

@@ -5,7 +5,8 @@ nothing; anything less is no copy."""
 from __future__ import annotations
 
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_state import HubConfig, HubState
+from tensorhub_verl.ros.hub.config import HubConfig
+from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec, shard_bytes
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 

@@ -9,7 +9,7 @@ import trustme
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import ConfigError, HubUnavailable
-from tensorhub_verl.ros.hub_server import HubServer
+from tensorhub_verl.ros.hub.server import HubServer
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import pytest
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest, NotModelOwner, NotOwner
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.corruption import CorruptionEvidence
-from tensorhub_verl.ros.ownership import DEFAULT_JOB, OwnerRule, Owners, job_of
+from tensorhub_verl.ros.hub.corruption import CorruptionEvidence
+from tensorhub_verl.ros.hub.ownership import DEFAULT_JOB, OwnerRule, Owners, job_of
 
 from tests.ros.test_hub_state import begin, make_state, manifest, publish, register
 

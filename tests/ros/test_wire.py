@@ -9,7 +9,7 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_app import _send_error
+from tensorhub_verl.ros.hub.app import _send_error
 from tensorhub_verl.ros.hub_client import HubClient, _error_of
 from tensorhub_verl.ros.manifest import Manifest, TensorBlocks, TensorSpec
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
@@ -128,6 +128,6 @@ def test_the_client_does_not_import_the_hub():
     import sys
 
     code = ("import sys, tensorhub_verl.ros.client, tensorhub_verl.vllm.follow; "
-            "print('tensorhub_verl.ros.hub_state' in sys.modules)")
+            "print('tensorhub_verl.ros.hub.state' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]

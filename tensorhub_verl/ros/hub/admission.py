@@ -9,7 +9,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord
 from tensorhub_verl.ros.hub.versions import VersionStore
 from tensorhub_verl.ros.limits import HubLimits
-from tensorhub_verl.ros.ownership import Owners
+from tensorhub_verl.ros.hub.ownership import Owners
 
 
 def check_pending_budget(req: msg.Publish, limits: HubLimits, versions: VersionStore) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tensorhub_verl.ros.limits import HubLimits
-from tensorhub_verl.ros.ownership import OwnerRule
+from tensorhub_verl.ros.hub.ownership import OwnerRule
 from tensorhub_verl.ros.planner import PlannerConfig
 
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import AbstractSet
 
 from tensorhub_verl.ros.hub.records import Key
-from tensorhub_verl.ros.lease_book import Lease, LeaseBook
+from tensorhub_verl.ros.hub.lease_book import Lease, LeaseBook
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 

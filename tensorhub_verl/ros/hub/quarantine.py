@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from tensorhub_verl.ros.corruption import CorruptionEvidence
+from tensorhub_verl.ros.hub.corruption import CorruptionEvidence
 from tensorhub_verl.ros.hub.records import Key
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")

@@ -6,11 +6,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.chunk_index import ChunkIndex
-from tensorhub_verl.ros.chunk_spans import ChunkSpans
+from tensorhub_verl.ros.hub.chunk_index import ChunkIndex
+from tensorhub_verl.ros.hub.chunk_spans import ChunkSpans
 from tensorhub_verl.ros.intervals import IntervalSet
 from tensorhub_verl.ros.manifest import Chunk, Manifest
-from tensorhub_verl.ros.ownership import DEFAULT_JOB
+from tensorhub_verl.ros.hub.ownership import DEFAULT_JOB
 from tensorhub_verl.ros.topology import Location
 
 Key = tuple[str, int, str]  # (model, version, layout)

@@ -21,7 +21,7 @@ A part never calls the facade or reaches into another part's data; where a part 
 needs which versions are visible) the facade passes that part in and it calls its public methods.
 
 Locks and the event loop: every public method takes the state lock (a ``threading.RLock``) and runs on a thread,
-never on the HTTP server's event loop (``hub_app``): a pool thread's long ``status()`` or drop of a worker then
+never on the HTTP server's event loop (``hub.app``): a pool thread's long ``status()`` or drop of a worker then
 stalls no other request. Coroutines that wait for a change (``/v1/wait``, a parked exchange) wait on
 ``changes.wait_async`` without the lock; threads wait on the lock's condition. A change of holdings or reads notifies both.
 
@@ -74,9 +74,9 @@ from tensorhub_verl.ros.hub.versions import VersionStore
 from tensorhub_verl.ros.intervals import IntervalSet
 from tensorhub_verl.ros.limits import PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, \
     prepare_version
-from tensorhub_verl.ros.liveness import StallMeter
+from tensorhub_verl.ros.hub.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Manifest, check_same_tensors
-from tensorhub_verl.ros.ownership import Owners
+from tensorhub_verl.ros.hub.ownership import Owners
 from tensorhub_verl.ros.planner import unservable
 from tensorhub_verl.ros.shard_digests import merge_shard_digests
 from tensorhub_verl.ros.topology import Location

@@ -1,7 +1,7 @@
 """The hub's leases alone: expiry revokes, a gone source revokes its readers' leases, a reader's end clears it."""
 
 from tensorhub_verl.ros.hub.leases import Leases
-from tensorhub_verl.ros.lease_book import Lease
+from tensorhub_verl.ros.hub.lease_book import Lease
 from tensorhub_verl.ros.topology import Distance, Location
 
 KEY = ("m", 1, "hf")

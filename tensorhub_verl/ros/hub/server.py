@@ -17,10 +17,11 @@ from pathlib import Path
 import uvicorn
 
 from tensorhub_verl.errors import ConfigError, HubUnavailable
-from tensorhub_verl.ros.hub_app import DEFAULT_MAX_BODY_BYTES, create_app
-from tensorhub_verl.ros.hub_state import HubConfig, HubState
-from tensorhub_verl.ros.http_guard import ConnectionLimits, guarded_protocol, raise_open_files_limit
-from tensorhub_verl.ros.liveness import StallMeter
+from tensorhub_verl.ros.hub.app import DEFAULT_MAX_BODY_BYTES, create_app
+from tensorhub_verl.ros.hub.config import HubConfig
+from tensorhub_verl.ros.hub.state import HubState
+from tensorhub_verl.ros.hub.http_guard import ConnectionLimits, guarded_protocol, raise_open_files_limit
+from tensorhub_verl.ros.hub.liveness import StallMeter
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 

@@ -6,8 +6,8 @@ validation and encoding of the reply once more (the route's response model); her
 bytes in one call (``model_validate_json``, the same strict models) and the reply is encoded from the model in one
 call (``model_dump_json``). What the routes do is unchanged: the same ``HubState`` calls under the same
 credential check, each on a state thread (``hub.state_calls``: the event loop never takes the state's lock), the same answers, the same errors (a ``TensorHubError`` with the status FastAPI's handler gives
-it, a malformed body 422 ``InvalidRequest``). The bearer token is checked before this (``hub_app._TokenGate``),
-the body's size by ``hub_app._BodyLimit``, and the hub instance is stamped on the reply by ``_StampInstance``.
+it, a malformed body 422 ``InvalidRequest``). The bearer token is checked before this (``app._TokenGate``),
+the body's size by ``app._BodyLimit``, and the hub instance is stamped on the reply by ``_StampInstance``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.state_calls import StateCalls
-from tensorhub_verl.ros.hub_state import HubState
+from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
 
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()

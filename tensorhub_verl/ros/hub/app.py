@@ -33,8 +33,8 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub.state_calls import StateCalls
-from tensorhub_verl.ros.hub_fetch_routes import FetchRoutes, error_body, invalid_detail, status_of
-from tensorhub_verl.ros.hub_state import HubState
+from tensorhub_verl.ros.hub.fetch_routes import FetchRoutes, error_body, invalid_detail, status_of
+from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 from tensorhub_verl.ros.planes.tcp_wire import advertised_host_problem
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
@@ -260,7 +260,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         return state.must_preserve(req)
 
     # /v1/fetch/begin and /v1/fetch/exchange, most of a hub's requests, are answered before FastAPI
-    # (``hub_fetch_routes.FetchRoutes``), their state calls on the state threads. /v1/fetch/end stays here, in
+    # (``fetch_routes.FetchRoutes``), their state calls on the state threads. /v1/fetch/end stays here, in
     # Starlette's pool: it drains the reads peers still make of a holding it gives up, which may take seconds.
     @app.post("/v1/fetch/end")
     def end(req: msg.EndFetch, credential: Credential = "") -> msg.EndFetchAck:

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import AbstractSet, Iterator, Mapping
 
-from tensorhub_verl.ros.chunk_index import places
+from tensorhub_verl.ros.hub.chunk_index import places
 from tensorhub_verl.ros.intervals import Coverage
 from tensorhub_verl.ros.planner import PullCounts
 from tensorhub_verl.ros.topology import Distance, Location
