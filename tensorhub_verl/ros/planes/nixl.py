@@ -67,8 +67,9 @@ class NixlConfig:
     See NixlPlane."""
     net_devices: str | None = None
     """Network devices UCX uses and listens on (UCX_NET_DEVICES syntax: 'eth0', 'mlx5_0:1', ...).
-    None: $UCX_NET_DEVICES if set, else 'lo' when the hub is on loopback (every peer is on this host), else
-    UCX's default, which is every device: name the cluster interface in production."""
+    None: $UCX_NET_DEVICES if set, else 'lo' when the hub is on loopback (every peer is on this host) and the
+    host has neither CUDA nor RDMA (``registry.net_devices``), else UCX's default, which is every device: name
+    the cluster interface in production."""
 
     def __post_init__(self) -> None:
         if self.progress not in PROGRESS_MODES:
