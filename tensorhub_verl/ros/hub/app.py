@@ -15,7 +15,6 @@ for a change, on ``HubState.changes`` without the lock.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hmac
 import json

@@ -37,9 +37,6 @@ class VersionStore:
         self._versions[key] = record
         self._model_keys.setdefault(key[0], set()).add(key)
 
-    def keys_of(self, model: str) -> frozenset[Key]:
-        return frozenset(self._model_keys.get(model, ()))
-
     def records_of(self, model: str) -> list[tuple[Key, VersionRecord]]:
         """(key, record) of one model's versions, in key order: O(its versions), not O(all versions)."""
         return [(k, self._versions[k]) for k in sorted(self._model_keys.get(model, ()))]

@@ -34,7 +34,6 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import integrity
 from tensorhub_verl.ros.planes import tcp_bounce
 from tensorhub_verl.ros.planes import tcp_wire as wire
 from tensorhub_verl.ros.planes.tcp_bounce import Bounce, Bounces
