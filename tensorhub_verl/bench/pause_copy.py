@@ -87,12 +87,12 @@ def _run(hub_url: str, tag: str, *, shape, steps: int, ranks: int, replicas: int
             publish_s = time.monotonic() - t0
             results = [h.update(v, timeout=timeout_s) for h in holders]
             rows.append({"version": v, "publish_s": publish_s,
-                         "stall_s": [res["stall_s"] for res in results],
-                         "pull_s": [res["pull_s"] for res in results],
-                         "bytes": [res["bytes"] for res in results],
-                         "bytes_from_trainer": sum(n for res in results for w, n in res["sources"].items()
+                         "stall_s": [res.stall_s for res in results],
+                         "pull_s": [res.pull_s for res in results],
+                         "bytes": [res.bytes for res in results],
+                         "bytes_from_trainer": sum(n for res in results for w, n in res.sources.items()
                                                    if "-actor-" in w),
-                         "preserved_bytes": sum(res["preserved_bytes"] for res in results)})
+                         "preserved_bytes": sum(res.preserved_bytes for res in results)})
             logger.info("%s v%d: stall %s, preserved %d bytes", tag, v,
                         [round(s, 3) for s in rows[-1]["stall_s"]], rows[-1]["preserved_bytes"])
         return rows

@@ -132,7 +132,7 @@ def _child(conn, spec_dict: dict) -> None:
         from vllm.inputs import TokensPrompt
 
         import tensorhub_verl.vllm.extension  # noqa: F401  (prepares this process before the model loads)
-        from tensorhub_verl.vllm.updater import EngineUpdater, llm_rpc
+        from tensorhub_verl.vllm.engine_updater import EngineUpdater, llm_rpc
 
         t0 = time.monotonic()
         kw = engine_kwargs(spec.model_dir, tp_size=spec.tp_size, load_format=spec.load_format,
@@ -197,7 +197,7 @@ def _child(conn, spec_dict: dict) -> None:
         llm.start_weight_update()
         llm.update_weights({"update_info": {"version": version, "timeout_s": timeout}})
         llm.finish_weight_update()
-        return llm.collective_rpc(lambda worker: worker.weight_transfer_engine.last_result)[0]
+        return llm.collective_rpc(lambda worker: worker.weight_transfer_engine.last_result)[0].as_dict()
 
     handlers = {
         "generate": generate,

@@ -16,7 +16,7 @@ from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.identity import ROLLOUT_ROLE, make_identity
 from tensorhub_verl.verl.node_location import actor_node, worker_location
-from tensorhub_verl.vllm.updater import EngineUpdater
+from tensorhub_verl.vllm.engine_updater import EngineUpdater
 
 STATUS_POLL_S = 0.05
 """How often the updater asks the engines whether their pull finished. A status call is one cheap RPC that

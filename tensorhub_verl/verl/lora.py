@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from tensorhub_verl.vllm.lora import ADAPTER_LAYOUT, BASE_LAYER, adapter_bytes, adapter_model, pack_adapter
-from tensorhub_verl.vllm.updater import UpdateResult
+from tensorhub_verl.vllm.results import AdapterUpdate, UpdateResult, add_sources
 
 logger = logging.getLogger("tensorhub_verl.verl.lora")
 
@@ -87,23 +87,22 @@ class AdapterPublisher:
 
 
 
-def adapter_update_result(version: int, ranks: list[dict], base: UpdateResult | None = None) -> UpdateResult:
+def adapter_update_result(version: int, answers: list, base: UpdateResult | None = None) -> UpdateResult:
     """One replica's update to adapter ``version`` from its ranks' ``th_lora_update`` answers, plus the base
     update that preceded it in the same step (its bytes and sources count too: they moved for this version)."""
-    result = UpdateResult(version=version, applied=any(r["applied"] for r in ranks),
-                          pull_s=max((r["seconds"] for r in ranks), default=0.0),
-                          bytes=sum(r["bytes"] for r in ranks), rank_bytes=[r["bytes"] for r in ranks],
+    ranks = [AdapterUpdate.from_wire(a) for a in answers]
+    result = UpdateResult(version=version, applied=any(r.applied for r in ranks),
+                          pull_s=max((r.seconds for r in ranks), default=0.0),
+                          bytes=sum(r.bytes for r in ranks), rank_bytes=[r.bytes for r in ranks],
                           source_layouts=[ADAPTER_LAYOUT] * len(ranks))
     for r in ranks:
-        for worker, n in r["sources"].items():
-            result.sources[worker] = result.sources.get(worker, 0) + n
+        add_sources(result.sources, r.sources)
     if base is not None:
         result.bytes += base.bytes
         result.rank_bytes = [a + b for a, b in zip(result.rank_bytes, base.rank_bytes)]
         result.pull_s = max(result.pull_s, base.pull_s)
         result.source_layouts = base.source_layouts + result.source_layouts
-        for worker, n in base.sources.items():
-            result.sources[worker] = result.sources.get(worker, 0) + n
+        add_sources(result.sources, base.sources)
     return result
 
 

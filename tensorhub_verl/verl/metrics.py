@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from tensorhub_verl.verl.identity import is_trainer_worker, peer_bytes
-from tensorhub_verl.vllm.updater import UpdateResult
+from tensorhub_verl.vllm.results import UpdateResult
 
 
 def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], updates: Iterable[UpdateResult],

@@ -41,7 +41,7 @@ from tensorhub_verl.verl.engines import ReplicaEngines
 from tensorhub_verl.verl.lora import LORA_KEY, adapter_update_result
 from tensorhub_verl.verl.identity import ray_boundary_facts
 from tensorhub_verl.verl.metrics import update_metrics
-from tensorhub_verl.vllm.updater import UpdateResult
+from tensorhub_verl.vllm.results import UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.verl.updater")
 

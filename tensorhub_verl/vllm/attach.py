@@ -154,7 +154,7 @@ async def _serve(ns: argparse.Namespace) -> int:
     from fastapi import APIRouter
 
     from tensorhub_verl.vllm import compat
-    from tensorhub_verl.vllm.updater import EngineUpdater
+    from tensorhub_verl.vllm.engine_updater import EngineUpdater
 
     args = compat.openai_server_args(vllm_argv(ns))
     listen_address, sock = compat.openai_server_socket(args)

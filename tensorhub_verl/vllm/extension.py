@@ -9,7 +9,8 @@ model loads, which is the only per-engine hook that early.
 
 Identity is passed in (``th_setup``'s worker id and location), never read from globals; the TP rank comes from
 the engine itself. A rank's worker id is ``<worker>`` at TP=1 and ``<worker>/rank<r>`` otherwise.
-Every method takes and returns plain JSON-like values (they cross vLLM's msgpack RPC).
+Every method takes plain values and returns plain values or a result dataclass of ``results.py`` (they cross
+vLLM's RPC: pickled, or msgpack where a dataclass arrives as its dict; the driver reads either with ``from_wire``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_verl.vllm.lora import AdapterHolder, base_parameters, load_adapter_into_vllm
 from tensorhub_verl.vllm.mapping import EngineMapping, engine_mapping
+from tensorhub_verl.vllm.results import AdapterUpdate, ApplyResult, PullStart
 from tensorhub_verl.vllm.sleep import Asleep, install_hooks, rejoin, wakes_weights
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
@@ -183,10 +185,10 @@ class TensorHubWorkerExtension:
     def th_newest_version(self) -> int | None:
         return self._th().newest_version()
 
-    def th_begin_pull(self, version: int | str = "latest") -> dict:
+    def th_begin_pull(self, version: int | str = "latest") -> PullStart:
         return self._th().begin_pull(version)
 
-    def th_apply(self, timeout: float = 300.0) -> dict:
+    def th_apply(self, timeout: float = 300.0) -> ApplyResult:
         return self._th().apply(timeout)
 
     def th_wait_published(self, timeout_s: float = 120.0) -> bool:
@@ -233,9 +235,9 @@ class TensorHubWorkerExtension:
             raise errors.InvalidRequest("tensorhub LoRA is not set up on this worker: call th_lora_setup first")
         return adapters
 
-    def th_lora_update(self, version: int | str = "latest", timeout_s: float = 300.0) -> dict:
+    def th_lora_update(self, version: int | str = "latest", timeout_s: float = 300.0) -> AdapterUpdate:
         """Fetches adapter ``version`` (trainer or peers), applies it, holds it for peers."""
-        return self._th_adapters().update(version, timeout_s).as_dict()
+        return self._th_adapters().update(version, timeout_s)
 
     def th_lora_status(self) -> dict:
         return self._th_adapters().status()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from tensorhub_verl import errors
 from tensorhub_verl.errors import Cancelled
 from tensorhub_verl.ros.manifest import HF_LAYOUT
+from tensorhub_verl.vllm.results import UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.vllm.follow")
 
@@ -35,9 +36,9 @@ class FollowerState:
     model: str
     served: int | None = None
     updates: int = 0
-    first: dict | None = None
-    """The initial fetch's UpdateResult (its ``sources`` tell whether a peer or the trainer served it)."""
-    last: dict | None = None
+    first: UpdateResult | None = None
+    """The initial fetch (its ``sources`` tell whether a peer or the trainer served it)."""
+    last: UpdateResult | None = None
     last_error: str | None = None
     hub_lost: bool = False
     """The hub has been unreachable for longer than the follower's ``hub_lost_s``."""
@@ -45,7 +46,8 @@ class FollowerState:
 
     def as_dict(self) -> dict:
         return {"worker": self.worker, "model": self.model, "served": self.served, "updates": self.updates,
-                "first": self.first, "last": self.last, "last_error": self.last_error, "hub_lost": self.hub_lost,
+                "first": None if self.first is None else self.first.as_dict(),
+                "last": None if self.last is None else self.last.as_dict(), "last_error": self.last_error, "hub_lost": self.hub_lost,
                 "history": self.history[-20:]}
 
 
@@ -101,7 +103,7 @@ class Follower:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def first_version(self, timeout: float) -> dict:
+    def first_version(self, timeout: float) -> UpdateResult:
         """Waits (at most ``timeout`` s) for a published version and applies it. Raises TimeoutError, or
         ``Cancelled`` (errors.py) when ``stop()`` was called meanwhile."""
         deadline = time.monotonic() + timeout
@@ -116,23 +118,23 @@ class Follower:
             if v is None:
                 continue
             try:
-                res = self.updater.update(v, self.fetch_timeout_s).as_dict()
+                res = self.updater.update(v, self.fetch_timeout_s)
             except errors.VersionNotFound:  # retention dropped it meanwhile: take the next newest
                 continue
             self._record(res, first=True)
             return res
 
-    def _record(self, res: dict, first: bool = False) -> None:
-        self.state.served = res["version"]
+    def _record(self, res: UpdateResult, first: bool = False) -> None:
+        self.state.served = res.version
         self.state.updates += 1
         self.state.last = res
         self.state.last_error = None
         if first:
             self.state.first = res
-        self.state.history.append({k: res.get(k) for k in ("version", "stall_s", "pull_s", "sources",
-                                                           "source_layouts")})
-        logger.info("serving %s v%s (stall %.3f s, pull %.3f s, sources %s)", self.state.model, res["version"],
-                    res["stall_s"], res["pull_s"], sorted(res["sources"]))
+        self.state.history.append({"version": res.version, "stall_s": res.stall_s, "pull_s": res.pull_s,
+                                   "sources": dict(res.sources), "source_layouts": list(res.source_layouts)})
+        logger.info("serving %s v%s (stall %.3f s, pull %.3f s, sources %s)", self.state.model, res.version,
+                    res.stall_s, res.pull_s, sorted(res.sources))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tensorhub-follow", daemon=True)
@@ -151,7 +153,7 @@ class Follower:
                 if v is None or self._stop.is_set():
                     continue
                 self.updater.begin(v)
-                self._record(self.updater.finish(self.fetch_timeout_s).as_dict())
+                self._record(self.updater.finish(self.fetch_timeout_s))
             except Exception as e:  # noqa: BLE001 - the node keeps serving its version and retries
                 self.state.last_error = f"{type(e).__name__}: {e}"
                 logger.warning("update failed, still serving v%s: %s", self.state.served, e)

@@ -57,6 +57,7 @@ from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES, load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews
+from tensorhub_verl.vllm.results import ApplyResult, PullStart
 from tensorhub_verl.vllm.verify import VersionRefused, poison, refuse_unwritten
 
 logger = logging.getLogger("tensorhub_verl.vllm.holder")
@@ -271,11 +272,11 @@ class EngineHolder:
         self.served = None
 
     # ------------------------------------------------------------------ pull
-    def begin_pull(self, version: int | str = "latest") -> dict:
+    def begin_pull(self, version: int | str = "latest") -> PullStart:
         """Resolves the version and, with staging, starts pulling it in a background thread.
 
-        Returns ``{"version", "source_layout", "started"}``; ``started`` is False when the shard already
-        serves that version (nothing to do). With staging ``none`` the pull itself happens in ``apply``.
+        ``started`` is False when the shard already serves that version (nothing to do). With staging ``none``
+        the pull itself happens in ``apply``.
         """
         with self._lock:
             if self._pull is not None and self._pull.state is PullState.PULLING:
@@ -290,18 +291,18 @@ class EngineHolder:
             else:
                 raise errors.InvalidRequest(f"version must be an int or 'latest', got {version!r}")
             if v == self.served and not self.broken:
-                return {"version": v, "source_layout": self.config.layout, "started": False}
+                return PullStart(version=v, source_layout=self.config.layout, started=False)
             pull = _Pull(version=v, source_layout=self.plan_source_layout(v))
             self._pull = pull
             if self._pulls_in_place(pull.source_layout) or self._loads_in_buckets(pull.source_layout):
                 pull.bucketed = self._loads_in_buckets(pull.source_layout)
                 pull.state = PullState.READY  # the pull runs inside apply, straight into the params
                 self._refuse_other_dtype(pull)
-                return {"version": v, "source_layout": pull.source_layout, "started": True}
+                return PullStart(version=v, source_layout=pull.source_layout, started=True)
             pull.thread = threading.Thread(target=self._run_pull, args=(pull,), daemon=True,
                                            name=f"tensorhub-pull-{self.config.model}-v{v}")
             pull.thread.start()
-            return {"version": v, "source_layout": pull.source_layout, "started": True}
+            return PullStart(version=v, source_layout=pull.source_layout, started=True)
 
     def _pulls_in_place(self, source_layout: str) -> bool:
         """Staging ``none`` reads straight into the parameters: raw from a peer, or from ``hf`` when the HF
@@ -489,14 +490,10 @@ class EngineHolder:
             self._release_pull_hold(pull)
 
     # ------------------------------------------------------------------ apply
-    def apply(self, timeout: float | None = None) -> dict:
+    def apply(self, timeout: float | None = None) -> ApplyResult:
         """Makes the pulled version the served one, all-or-nothing. The engine must not run a forward pass
         meanwhile (the vLLM extension runs this inside a collective RPC, between engine steps).
-
-        Returns ``{"worker", "version", "applied", "source_layout", "stall_s", "pull_s", "bytes", "sources",
-        "phases", "preserved_bytes", "peak_bucket_bytes"}`` (``update`` returns the same keys)
-        (``preserved_bytes``: what unpublishing the old version copied to CPU inside the stall). On a failed pull
-        raises it (TransferFailed, ...) with the parameters untouched.
+        On a failed pull raises it (TransferFailed, ...) with the parameters untouched.
         """
         timeout = self.config.fetch_timeout_s if timeout is None else timeout
         self.wait_ready(timeout)
@@ -516,14 +513,13 @@ class EngineHolder:
             stats = pull.stats
             self._pull = None
             stall = time.monotonic() - t0
-        result = {"worker": self.worker, "version": pull.version, "applied": True, "source_layout": pull.source_layout,
-                  "stall_s": stall,
-                  "pull_s": pull.seconds, "bytes": getattr(stats, "bytes", 0),
-                  "sources": dict(getattr(stats, "sources", {}) or {}), "phases": dict(self.last_phases),
-                  "preserved_bytes": self.client.preserved_bytes - preserved,
-                  "peak_bucket_bytes": getattr(stats, "peak_bucket_bytes", 0)}
+        result = ApplyResult(worker=self.worker, version=pull.version, applied=True,
+                             source_layout=pull.source_layout, stall_s=stall, pull_s=pull.seconds,
+                             bytes=getattr(stats, "bytes", 0), sources=dict(getattr(stats, "sources", {}) or {}),
+                             phases=dict(self.last_phases), preserved_bytes=self.client.preserved_bytes - preserved,
+                             peak_bucket_bytes=getattr(stats, "peak_bucket_bytes", 0))
         logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
-                    self.config.model, pull.version, sorted(result["sources"]), pull.source_layout, stall,
+                    self.config.model, pull.version, sorted(result.sources), pull.source_layout, stall,
                     pull.seconds)
         return result
 
@@ -668,14 +664,12 @@ class EngineHolder:
 
     # ------------------------------------------------------------------ one-shot + teardown
     def update(self, version: int | str = "latest", timeout: float | None = None, *,
-               wait_published: bool = True) -> dict:
+               wait_published: bool = True) -> ApplyResult:
         """``begin_pull`` then ``apply`` (the whole pull is a stall: use the two halves to overlap). With
         ``wait_published`` it returns once the parameters are registered as the holder of the version too."""
         started = self.begin_pull(version)
-        if not started["started"]:  # already served: the keys of apply's result, nothing moved
-            return {"worker": self.worker, "version": started["version"], "applied": False, "source_layout": None,
-                    "stall_s": 0.0, "pull_s": 0.0, "bytes": 0, "sources": {}, "phases": {}, "preserved_bytes": 0,
-                    "peak_bucket_bytes": 0}
+        if not started.started:  # already served: nothing moved
+            return ApplyResult(worker=self.worker, version=started.version, applied=False)
         result = self.apply(timeout)
         if wait_published:
             self.wait_published(timeout)

@@ -28,12 +28,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tensorhub_verl import errors
+from tensorhub_verl.vllm.results import AdapterUpdate
 
 logger = logging.getLogger("tensorhub_verl.vllm.lora")
 
@@ -119,19 +119,6 @@ def unpack_adapter(buffers: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch
 
 def adapter_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-@dataclass(slots=True)
-class AdapterUpdate:
-    version: int
-    applied: bool
-    bytes: int = 0
-    seconds: float = 0.0
-    sources: dict[str, int] | None = None
-
-    def as_dict(self) -> dict:
-        return {"version": self.version, "applied": self.applied, "bytes": self.bytes, "seconds": self.seconds,
-                "sources": dict(self.sources or {})}
 
 
 class AdapterHolder:
@@ -239,6 +226,6 @@ def load_adapter_into_vllm(worker: Any, tensors: dict[str, torch.Tensor], peft_c
     adapters.activate_adapter(lora_int_id)
 
 
-__all__ = ["ADAPTER_LAYOUT", "ADAPTER_SUFFIX", "PEFT_CONFIG_KEY", "AdapterHolder", "AdapterUpdate",
+__all__ = ["ADAPTER_LAYOUT", "ADAPTER_SUFFIX", "PEFT_CONFIG_KEY", "AdapterHolder",
            "adapter_bytes", "adapter_model", "base_parameters", "load_adapter_into_vllm", "pack_adapter",
            "peft_config_dict", "unpack_adapter"]

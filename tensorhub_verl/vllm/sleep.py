@@ -80,7 +80,7 @@ def rejoin(holder, asleep: Asleep) -> dict:
             return out
         result = holder.update(newest)
         out["action"] = "pulled"
-        out["version"] = result["version"]
+        out["version"] = result.version
     except errors.TensorHubError as e:
         logger.warning("%s: after wake, holding or pulling failed (%s); the next update retries", holder.worker, e)
         out["error"] = repr(e)

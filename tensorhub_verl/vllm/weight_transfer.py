@@ -27,6 +27,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.settings import STAGING_MODES
 from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder
+from tensorhub_verl.vllm.results import ApplyResult, PullStart
 
 logger = logging.getLogger("tensorhub_verl.vllm.weight_transfer")
 
@@ -86,7 +87,7 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
     def __init__(self, config, vllm_config, device: torch.device, model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
         self.holder: EngineHolder | None = None
-        self.last_result: dict | None = None
+        self.last_result: PullStart | ApplyResult | None = None
 
     def init_transfer_engine(self, init_info: TensorHubInitInfo) -> None:
         import tensorhub_verl as th

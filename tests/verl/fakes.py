@@ -84,11 +84,11 @@ class StubEngineRank:
                                                          fetch_timeout_s=fetch_timeout_s), params, load_hf,
                                     hf_views=HFViews(dict(params), (), ()))
 
-            def th_apply(self, timeout: float = 300.0) -> dict:
+            def th_apply(self, timeout: float = 300.0):
                 rank._recorder.record.remote(rank.replica_rank, "apply_begin")
                 result = super().th_apply(timeout)
                 rank._recorder.record.remote(rank.replica_rank, "apply_end",
-                                             (result["version"], digest(params.items())))
+                                             (result.version, digest(params.items())))
                 return result
 
         return Extension()

@@ -9,7 +9,7 @@ from tensorhub_verl.errors import ConfigError, VersionNotFound
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.identity import is_trainer_worker, make_identity
 from tensorhub_verl.verl.metrics import update_metrics
-from tensorhub_verl.vllm.updater import UpdateResult
+from tensorhub_verl.vllm.results import UpdateResult
 from tensorhub_verl.verl.staging import BufferRing
 
 

@@ -11,7 +11,7 @@ import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.verl.lora import AdapterPublisher, adapter_update_result, checkpoint_names, lora_adapter_engine
 from tensorhub_verl.vllm.lora import ADAPTER_LAYOUT, adapter_model, unpack_adapter
-from tensorhub_verl.vllm.updater import UpdateResult
+from tensorhub_verl.vllm.results import AdapterUpdate, UpdateResult
 
 CFG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}
 A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -32,13 +32,15 @@ def test_lora_adapter_engine_only_for_unmerged_peft():
 
 
 def test_adapter_update_result_adds_the_base_that_moved_in_the_same_step():
-    ranks = [{"applied": True, "bytes": 10, "seconds": 0.1, "sources": {"trainer": 6, "peer": 4}}]
+    # one rank's answer as it arrives through msgpack (a dict), and the same as the object pickling delivers
+    ranks = [{"version": 3, "applied": True, "bytes": 10, "seconds": 0.1, "sources": {"trainer": 6, "peer": 4}}]
     base = UpdateResult(version=0, applied=True, bytes=1000, rank_bytes=[1000], sources={"trainer": 1000},
                         source_layouts=["hf"], pull_s=0.5)
     res = adapter_update_result(3, ranks, base)
     assert (res.version, res.bytes, res.rank_bytes, res.sources) == (3, 1010, [1010], {"trainer": 1006, "peer": 4})
     assert res.source_layouts == ["hf", ADAPTER_LAYOUT] and res.pull_s == 0.5
     assert adapter_update_result(3, ranks).bytes == 10
+    assert adapter_update_result(3, [AdapterUpdate.from_wire(ranks[0])]) == adapter_update_result(3, ranks)
 
 
 def test_adapter_publisher_copies_and_keeps_the_newest():

@@ -103,9 +103,9 @@ def test_bucketed_load_applies_with_one_bucket_of_memory_and_refuses_skipped_nam
     h, params, client = bucket_holder(hub, "eng-bk")
     try:
         res = h.update(1)
-        assert res["version"] == 1 and res["source_layout"] == "hf"
+        assert res.version == 1 and res.source_layout == "hf"
         assert all(torch.equal(params[n], t) for n, t in expected(1).items())
-        assert 0 < res["peak_bucket_bytes"] < MODEL_BYTES / 2, (res["peak_bucket_bytes"], MODEL_BYTES)
+        assert 0 < res.peak_bucket_bytes < MODEL_BYTES / 2, (res.peak_bucket_bytes, MODEL_BYTES)
         assert "eng-bk" in trainer.versions("bk", layout=LAYOUT)[1]
         # v2 under names the engine does not know (as transformers' fused MoE experts are): its loader skips
         # them, the parameters they would fill stay unwritten, the version is refused and v1 restored
@@ -118,7 +118,7 @@ def test_bucketed_load_applies_with_one_bucket_of_memory_and_refuses_skipped_nam
         assert all(torch.equal(params[n], t) for n, t in expected(1).items())
         assert "eng-bk" in trainer.versions("bk", layout=LAYOUT)[1]
         trainer.publish("bk", 3, random_hf_weights(SHAPE, seed=3))
-        assert h.update(3)["version"] == 3
+        assert h.update(3).version == 3
         assert all(torch.equal(params[n], t) for n, t in expected(3).items())
     finally:
         h.close()

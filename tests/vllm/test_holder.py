@@ -106,22 +106,22 @@ def test_hf_then_raw_from_peer_then_new_version(hub, trainer):
     b, pb, cb = make_holder(hub, "eng-b", node="n2")
     try:
         ra = a.update("latest")
-        assert ra["version"] == 1 and ra["source_layout"] == "hf" and set(ra["sources"]) == {"trainer"}
+        assert ra.version == 1 and ra.source_layout == "hf" and set(ra.sources) == {"trainer"}
         assert same(pa, 1) and a.served == 1 and a.wait_published(30)
         assert "eng-a" in trainer.versions("policy", layout=LAYOUT)[1]
         rb = b.update(1)  # the peer holds the engine layout: raw reads from it, never the trainer
-        assert rb["source_layout"] == LAYOUT and set(rb["sources"]) == {"eng-a"}
+        assert rb.source_layout == LAYOUT and set(rb.sources) == {"eng-a"}
         assert same(pb, 1)
         # a new version: only hf exists -> hf path; the old version is unpublished before params change
         trainer.publish("policy", 2, hf_version(2))
         ca.calls.clear()
         ra2 = a.update("latest")
-        assert ra2["version"] == 2 and same(pa, 2) and a.wait_published(30)
+        assert ra2.version == 2 and same(pa, 2) and a.wait_published(30)
         order = [c for c in ca.calls if "publish" in c]
         assert order[0] == "unpublish v1 None" and order[-1] == f"publish v2 {LAYOUT}"  # None: all layouts
         assert "eng-a" not in trainer.versions("policy", layout=LAYOUT).get(1, [])
         rb2 = b.update("latest")
-        assert rb2["source_layout"] == LAYOUT and set(rb2["sources"]) == {"eng-a"} and same(pb, 2)
+        assert rb2.source_layout == LAYOUT and set(rb2.sources) == {"eng-a"} and same(pb, 2)
     finally:
         for h, c in ((a, ca), (b, cb)):
             h.close()
@@ -140,7 +140,7 @@ def test_failed_pull_midway_never_leaves_a_mix(hub, trainer, staging):
         client.fail_next = True
         if staging == "cpu":  # the raw pull failed in staging; the hf fallback then succeeded
             res = h.update(12)
-            assert res["source_layout"] == "hf" and h.served == 12
+            assert res.source_layout == "hf" and h.served == 12
         else:  # straight into params: the failure is raised after restoring v11 from the trainer
             with pytest.raises(errors.TransferFailed, match="injected"):
                 h.update(12)
@@ -168,7 +168,7 @@ def test_staged_pull_failure_keeps_old_version_untouched(hub, trainer):
             h.apply(timeout=30)
         assert all(torch.equal(before[n], params[n]) for n in params)
         assert h.served == 21 and "eng-staged" in trainer.versions("policy", layout=LAYOUT)[21]
-        assert h.update(22)["version"] == 22 and same(params, 22)  # the next try works
+        assert h.update(22).version == 22 and same(params, 22)  # the next try works
     finally:
         h.close()
         client.close()
@@ -193,7 +193,7 @@ def test_wait_ready_timeout_fires(hub, trainer):
         with pytest.raises(errors.InvalidRequest):
             h.begin_pull(31)  # one pull at a time
         gate.set()
-        assert h.apply(30)["version"] == 31 and same(params, 31)
+        assert h.apply(30).version == 31 and same(params, 31)
     finally:
         gate.set()
         h.close()
@@ -219,7 +219,7 @@ def test_staging_none_pulls_hf_straight_into_the_parameters(hub, trainer):
     try:
         ptrs = {n: t.data_ptr() for n, t in params.items()}
         res = h.update(41)
-        assert res["source_layout"] == "hf" and set(res["sources"]) == {"trainer"} and same(params, 41)
+        assert res.source_layout == "hf" and set(res.sources) == {"trainer"} and same(params, 41)
         assert {n: t.data_ptr() for n, t in params.items()} == ptrs  # the engine's own storage, updated in place
         assert h.extra_bytes == 0  # this fixture's tied embedding: the trainer publishes no lm_head
         assert "eng-views" in trainer.versions("policy", layout=LAYOUT)[41]
@@ -228,7 +228,7 @@ def test_staging_none_pulls_hf_straight_into_the_parameters(hub, trainer):
         with pytest.raises(errors.TransferFailed, match="injected"):
             h.update(42)
         assert h.served == 41 and not h.broken and same(params, 41)
-        assert h.update(42)["version"] == 42 and same(params, 42)
+        assert h.update(42).version == 42 and same(params, 42)
     finally:
         h.close()
         client.close()
@@ -244,10 +244,10 @@ def test_apply_returns_before_the_digest_pass_and_the_next_write_waits_for_it(hu
         client.publish_gate.clear()
         h.begin_pull(51)
         done = threading.Event()
-        applied: dict = {}
-        threading.Thread(target=lambda: (applied.update(h.apply(30)), done.set()), daemon=True).start()
+        applied = []
+        threading.Thread(target=lambda: (applied.append(h.apply(30)), done.set()), daemon=True).start()
         assert done.wait(30), "apply waited for the publication"
-        assert applied["version"] == 51 and h.served == 51 and same(params, 51) and h.status()["publishing"]
+        assert applied[0].version == 51 and h.served == 51 and same(params, 51) and h.status()["publishing"]
         assert 51 not in trainer.versions("policy", layout=LAYOUT)
         trainer.publish("policy", 52, hf_version(52))
         h.begin_pull(52)

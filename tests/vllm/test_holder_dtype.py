@@ -76,9 +76,9 @@ def test_the_trainer_publishes_in_the_engines_dtype(hub, master_dtype, engine_dt
             assert stats.bytes == trainer.manifest(model, v).nbytes
             assert {t.dtype for t in trainer.manifest(model, v).tensors} == {str(engine_dtype)[6:]}
             res = h.update(v)
-            assert res["version"] == v and res["source_layout"] == "hf" and serves(params, v, master_dtype,
+            assert res.version == v and res.source_layout == "hf" and serves(params, v, master_dtype,
                                                                                    engine_dtype)
-            assert res["bytes"] == stats.bytes  # the engine read the version once, in its own dtype
+            assert res.bytes == stats.bytes  # the engine read the version once, in its own dtype
         if master_dtype == torch.float32:
             assert stats.bytes == sum(t.numel() for t in master(2, master_dtype).values()) * 2  # half of fp32
     finally:
@@ -115,7 +115,7 @@ def test_a_version_in_another_dtype_is_refused_before_anything_moves(hub):
         staged, staged_params, staged_client = make_holder(hub, "eng-staged", torch.bfloat16, staging="cpu",
                                                            model=model)
         try:
-            assert staged.update(2)["version"] == 2 and serves(staged_params, 2, torch.float32, torch.bfloat16)
+            assert staged.update(2).version == 2 and serves(staged_params, 2, torch.float32, torch.bfloat16)
         finally:
             staged.close()
             staged_client.close()
@@ -142,13 +142,13 @@ def test_unpublishing_the_last_copy_preserves_it_inside_the_stall_and_says_how_m
     h, params, client = make_holder(hub, "eng-last-copy", torch.float32, model=model)
     try:
         trainer.publish(model, 1, master(1, torch.float32))
-        assert h.update(1)["preserved_bytes"] == 0
+        assert h.update(1).preserved_bytes == 0
         trainer.unpublish(model, 1)
         trainer.publish(model, 2, master(2, torch.float32))
         res = h.update(2)
         # One copy: the params hold v1 in 'hf' and in the engine's layout; once the first is archived, the
         # archive is the reliable copy of the version and the second is dropped without one.
-        assert res["preserved_bytes"] == sum(t.numel() * t.element_size() for t in master(1, torch.float32).values())
+        assert res.preserved_bytes == sum(t.numel() * t.element_size() for t in master(1, torch.float32).values())
     finally:
         h.close()
         client.close()
@@ -176,7 +176,7 @@ def test_no_copy_in_the_pause_while_the_trainers_shard_group_holds_the_version(h
         h.update(1)
         keep.append(publish_rows(2))
         res = h.update(2)
-        assert res["version"] == 2 and res["preserved_bytes"] == 0
+        assert res.version == 2 and res.preserved_bytes == 0
         assert "eng-shards~cpu" not in str(ranks[0].versions(model))
     finally:
         h.close()

@@ -55,7 +55,7 @@ def test_tp_layouts_visible_only_when_every_rank_holds_them_and_peers_read_rank_
     b = [rank_holder(hub, f"tpb-{staging}", r, staging, "nb") for r in range(TP)]
     try:
         ra0 = a[0][0].update(v)
-        assert ra0["source_layout"] == "hf" and same(a[0][1], v, 0)
+        assert ra0.source_layout == "hf" and same(a[0][1], v, 0)
         # rank 0 holds v, rank 1 not yet: nobody sees rank 0's layout of v, so no peer starts a raw read of it
         assert v not in trainer.versions("policy", layout=LAYOUTS[0])
         assert b[0][0].plan_source_layout(v) == "hf"
@@ -64,11 +64,11 @@ def test_tp_layouts_visible_only_when_every_rank_holds_them_and_peers_read_rank_
             assert trainer.versions("policy", layout=LAYOUTS[r])[v] == [f"tpa-{staging}/rank{r}"]
         # engine B: each rank reads its own layout raw from the same rank of engine A
         rb0 = b[0][0].update(v)
-        assert rb0["source_layout"] == LAYOUTS[0] and set(rb0["sources"]) == {f"tpa-{staging}/rank0"}
+        assert rb0.source_layout == LAYOUTS[0] and set(rb0.sources) == {f"tpa-{staging}/rank0"}
         assert same(b[0][1], v, 0)
         assert trainer.versions("policy", layout=LAYOUTS[0])[v] == [f"tpa-{staging}/rank0"]  # B's rank 0 pending
         rb1 = b[1][0].update(v)
-        assert rb1["source_layout"] == LAYOUTS[1] and set(rb1["sources"]) == {f"tpa-{staging}/rank1"}
+        assert rb1.source_layout == LAYOUTS[1] and set(rb1.sources) == {f"tpa-{staging}/rank1"}
         assert same(b[1][1], v, 1)
         for r in range(TP):
             assert sorted(trainer.versions("policy", layout=LAYOUTS[r])[v]) == [f"tpa-{staging}/rank{r}",
@@ -106,11 +106,11 @@ def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer, staging):
             got.append(h.apply())
         for r, (h, params) in enumerate(ranks):
             param_bytes = sum(t.numel() * t.element_size() for t in params.values())
-            assert got[r]["source_layout"] == "hf" and same(params, v, r)
+            assert got[r].source_layout == "hf" and same(params, v, r)
             assert h.extra_bytes == (0 if staging == "none" else param_bytes)  # a copy of the rank, not of hf
-            assert set(got[r]["sources"]) <= {"tp-trainer", f"{engine}/rank0"}, got[r]["sources"]
+            assert set(got[r].sources) <= {"tp-trainer", f"{engine}/rank0"}, got[r].sources
             # half the model, plus the KV heads (one KV head here: every rank holds it whole)
-            assert got[r]["bytes"] < 0.6 * model_bytes, (got[r]["bytes"], model_bytes)
+            assert got[r].bytes < 0.6 * model_bytes, (got[r].bytes, model_bytes)
         assert all(h.wait_published(30) for h, _ in ranks)  # the ranks publish after apply returns
         assert trainer.versions("policy", layout=LAYOUTS[1])[v] == [f"{engine}/rank1"]
         assert f"{engine}/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never hf

@@ -10,7 +10,7 @@
 The engine is a holder of v only once every rank applied it; each rank pulls its own layout
 (``vllm/<arch>/tp<k>/rank<r>``), so a k-shard reader always gets every shard at the same version.
 ``rpc(method, kwargs, timeout)`` is the engine's collective RPC (``LLM.collective_rpc`` or a wrapper around
-``AsyncLLM.collective_rpc``); it returns one result per rank.
+``AsyncLLM.collective_rpc``); it returns one answer per rank (``results.ApplyResult.from_wire`` reads them).
 """
 
 from __future__ import annotations
@@ -18,44 +18,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tensorhub_verl import errors
+from tensorhub_verl.vllm.results import ApplyResult, UpdateResult
 
-logger = logging.getLogger("tensorhub_verl.vllm.updater")
+logger = logging.getLogger("tensorhub_verl.vllm.engine_updater")
 
 Rpc = Callable[[str, dict, float], list]
-
-
-@dataclass(slots=True)
-class UpdateResult:
-    """What one engine-wide update did. ``stall_s`` is the longest rank's apply (generation paused)."""
-
-    version: int
-    applied: bool
-    stall_s: float = 0.0
-    pull_s: float = 0.0
-    seconds: float = 0.0
-    bytes: int = 0
-    rank_bytes: list[int] = field(default_factory=list)
-    peak_bucket_bytes: int = 0
-    """Largest bucket any rank held when the version went through the engine's loader (0: in place or raw)."""
-    """Bytes each rank read, in rank order (at TP>1 each rank reads only its own slices)."""
-    sources: dict[str, int] = field(default_factory=dict)
-    source_layouts: list[str] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
-    """Slowest rank's seconds per apply phase (unpublish_old_s, copy_in_s, release_staging_s, publish_s)."""
-    preserved_bytes: int = 0
-    """Bytes the ranks copied to CPU inside the apply because they held the last reliable copy of the version
-    they stopped serving (0 while the trainer or a peer still holds it)."""
-
-    def as_dict(self) -> dict:
-        return {"version": self.version, "applied": self.applied, "stall_s": self.stall_s, "pull_s": self.pull_s,
-                "seconds": self.seconds, "bytes": self.bytes, "rank_bytes": list(self.rank_bytes), "sources": dict(self.sources),
-                "peak_bucket_bytes": self.peak_bucket_bytes,
-                "source_layouts": list(self.source_layouts), "phases": dict(self.phases),
-                "preserved_bytes": self.preserved_bytes}
 
 
 def llm_rpc(llm) -> Rpc:
@@ -136,20 +106,8 @@ class EngineUpdater:
             rank, p = failed[0]
             raise errors.TransferFailed(f"rank {rank} could not pull v{None if p is None else p['version']}: "
                                         f"{None if p is None else p['error']}; every rank keeps its old version")
-        results = self.call("th_apply", timeout=timeout + self.rpc_timeout_s)
-        res = UpdateResult(version=results[0]["version"], applied=True,
-                           stall_s=max(r["stall_s"] for r in results), pull_s=max(r["pull_s"] for r in results),
-                           seconds=time.monotonic() - t0, bytes=sum(r["bytes"] for r in results),
-                           rank_bytes=[r["bytes"] for r in results],
-                           peak_bucket_bytes=max(r.get("peak_bucket_bytes", 0) for r in results),
-                           source_layouts=[r["source_layout"] for r in results],
-                           preserved_bytes=sum(r.get("preserved_bytes", 0) for r in results))
-        for r in results:
-            for k, x in r.get("phases", {}).items():
-                res.phases[k] = max(res.phases.get(k, 0.0), x)
-            for w, n in r["sources"].items():
-                res.sources[w] = res.sources.get(w, 0) + n
-        return res
+        ranks = [ApplyResult.from_wire(r) for r in self.call("th_apply", timeout=timeout + self.rpc_timeout_s)]
+        return UpdateResult.of_ranks(ranks, seconds=time.monotonic() - t0)
 
     def update(self, version: int | str = "latest", timeout: float = 300.0) -> UpdateResult:
         """``begin`` + ``finish``, then waits until every rank holds the version in its layout (``finish`` alone

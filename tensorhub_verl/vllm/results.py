@@ -1,0 +1,132 @@
+"""What the update operations return: one type per operation, read by attribute everywhere.
+
+    EngineHolder.begin_pull  -> PullStart      (one rank: which version, from which layout, started or not)
+    EngineHolder.apply/update -> ApplyResult   (one rank: what it read, from whom, how long it stalled)
+    EngineUpdater.update     -> UpdateResult   (one engine: its ranks' ApplyResults merged)
+    AdapterHolder.update     -> AdapterUpdate  (one rank's LoRA adapter)
+
+The per-rank results cross vLLM's ``collective_rpc``. Over a multiprocess executor they arrive as the same
+objects (pickled); through ``AsyncLLM``'s msgpack channel a dataclass arrives as a plain dict unless vLLM's
+insecure serialization is on. So a driver never reads a rank's answer by key: ``from_wire`` takes either
+form and returns the typed result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from tensorhub_verl import errors
+
+_T = TypeVar("_T")
+
+
+class _Wire:
+    """``as_dict`` / ``from_wire`` for the result dataclasses below."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls: type[_T], answer: Any) -> _T:
+        """``answer`` as this type: the object itself, or the dict it became on its way through an RPC."""
+        if isinstance(answer, cls):
+            return answer
+        if not isinstance(answer, Mapping):
+            raise errors.InvalidRequest(f"expected a {cls.__name__} or its dict, got {type(answer).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in answer.items() if k in names})
+
+
+@dataclass(slots=True, kw_only=True)
+class PullStart(_Wire):
+    """``begin_pull``'s answer. ``started`` is False when the rank already serves ``version`` (nothing to do)."""
+
+    version: int
+    source_layout: str
+    started: bool
+
+
+@dataclass(slots=True, kw_only=True)
+class ApplyResult(_Wire):
+    """What one rank's ``apply`` (or ``update``) did. ``applied`` False: it already served ``version``."""
+
+    worker: str
+    version: int
+    applied: bool
+    source_layout: str | None = None
+    """The layout the version was read in: the engine's own (raw, from a peer) or ``hf``."""
+    stall_s: float = 0.0
+    """Seconds the engine could not generate (the apply; with staging ``none`` the pull too)."""
+    pull_s: float = 0.0
+    bytes: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+    """Bytes read from each worker."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per apply phase (unpublish_old_s, copy_in_s, release_staging_s, publish_s)."""
+    preserved_bytes: int = 0
+    """Bytes copied to CPU inside the stall because this rank held the last reliable copy of the old version."""
+    peak_bucket_bytes: int = 0
+    """Largest bucket held when the version went through the engine's loader (0: in place or raw)."""
+
+
+@dataclass(slots=True)
+class UpdateResult(_Wire):
+    """What one engine-wide update did. ``stall_s`` is the longest rank's apply (generation paused)."""
+
+    version: int
+    applied: bool
+    stall_s: float = 0.0
+    pull_s: float = 0.0
+    seconds: float = 0.0
+    bytes: int = 0
+    rank_bytes: list[int] = field(default_factory=list)
+    """Bytes each rank read, in rank order (at TP>1 each rank reads only its own slices)."""
+    peak_bucket_bytes: int = 0
+    """Largest bucket any rank held when the version went through the engine's loader (0: in place or raw)."""
+    sources: dict[str, int] = field(default_factory=dict)
+    source_layouts: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Slowest rank's seconds per apply phase (unpublish_old_s, copy_in_s, release_staging_s, publish_s)."""
+    preserved_bytes: int = 0
+    """Bytes the ranks copied to CPU inside the apply because they held the last reliable copy of the version
+    they stopped serving (0 while the trainer or a peer still holds it)."""
+
+    @classmethod
+    def of_ranks(cls, ranks: list[ApplyResult], seconds: float) -> UpdateResult:
+        """One engine's update out of its ranks' applies (rank order)."""
+        res = cls(version=ranks[0].version, applied=any(r.applied for r in ranks),
+                  stall_s=max(r.stall_s for r in ranks), pull_s=max(r.pull_s for r in ranks), seconds=seconds,
+                  bytes=sum(r.bytes for r in ranks), rank_bytes=[r.bytes for r in ranks],
+                  peak_bucket_bytes=max(r.peak_bucket_bytes for r in ranks),
+                  source_layouts=[r.source_layout for r in ranks if r.source_layout is not None],
+                  preserved_bytes=sum(r.preserved_bytes for r in ranks))
+        for r in ranks:
+            for k, x in r.phases.items():
+                res.phases[k] = max(res.phases.get(k, 0.0), x)
+            add_sources(res.sources, r.sources)
+        return res
+
+
+@dataclass(slots=True, kw_only=True)
+class AdapterUpdate(_Wire):
+    """What one rank's LoRA adapter update did."""
+
+    version: int
+    applied: bool
+    bytes: int = 0
+    seconds: float = 0.0
+    sources: dict[str, int] = field(default_factory=dict)
+
+
+def add_sources(total: dict[str, int], more: Mapping[str, int]) -> None:
+    """Adds ``more``'s bytes per worker into ``total``."""
+    for worker, n in more.items():
+        total[worker] = total.get(worker, 0) + n
+
+
+__all__ = ["AdapterUpdate", "ApplyResult", "PullStart", "UpdateResult", "add_sources"]
