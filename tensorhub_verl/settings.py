@@ -1,7 +1,7 @@
 """Settings that both the verl integration and the vLLM side read, kept below both layers.
 
 ``tensorhub_verl.vllm`` must not import ``tensorhub_verl.verl`` (an attached vLLM server runs without
-verl), so the few names both sides share live here: the staging modes and the variable that selects verl's CPU platform.
+verl), so the few names both sides share live here: the staging choices and the variable that selects verl's CPU platform.
 Nothing here imports verl, vLLM or torch.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-STAGING_MODES = ("none", "cpu", "gpu")
+STAGING_CHOICES = ("none", "cpu", "gpu")
 """Where a held version's bytes live: the tensors themselves (none), pinned CPU or GPU buffers. The one list
 for the trainer (``staging``), rollout engines (``rollout_staging``, ``HolderConfig``) and ``attach-vllm``."""
 
@@ -25,4 +25,4 @@ def cpu_platform_selected() -> bool:
     return os.environ.get(PLATFORM_ENV, "").strip().lower() == PLATFORM_NAME
 
 
-__all__ = ["PLATFORM_ENV", "PLATFORM_NAME", "STAGING_MODES", "cpu_platform_selected"]
+__all__ = ["PLATFORM_ENV", "PLATFORM_NAME", "STAGING_CHOICES", "cpu_platform_selected"]

@@ -1,18 +1,22 @@
 """Suite-wide: no process started by a test outlives the run. Every process the run starts carries a marker in
 its environment; at the end, any that is still alive after a grace period (a hub, a vLLM engine, a Ray node, a
-role of a benchmark, ...) is listed, killed, and fails the run."""
+role of a benchmark, ...) is listed, killed, and fails the run (``tests/test_orphan_check.py`` checks this
+check)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 
-import psutil
 import pytest
 
+from tensorhub_verl.testing.leftovers import Leftover, with_marker
+
 SESSION_ENV = "TENSORHUB_TEST_SESSION"
-GRACE_S = 30.0
+GRACE_ENV = "TENSORHUB_TEST_GRACE_S"
+"""Seconds the processes of the run get to end after its last test (default 30)."""
 # Python's own helpers that live as long as the pytest process and end with it.
 _EXEMPT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
@@ -21,46 +25,31 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
 
 
-def _started_by_this_run(marker: str) -> list[psutil.Process]:
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(SESSION_ENV) != marker or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        if any(e in " ".join(proc.info["cmdline"] or ()) for e in _EXEMPT):
-            continue
-        found.append(proc)
-    return found
+def _started_by_this_run(marker: str) -> list[Leftover]:
+    return [p for p in with_marker(marker, name=SESSION_ENV) if not any(e in p.cmdline for e in _EXEMPT)]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     marker = os.environ.get(SESSION_ENV)
     if not marker or hasattr(session.config, "workerinput"):
         return
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + float(os.environ.get(GRACE_ENV, "30"))
     left = _started_by_this_run(marker)
     while left and time.monotonic() < deadline:
-        time.sleep(1.0)
+        time.sleep(0.5)
         left = _started_by_this_run(marker)
     if not left:
         return
-    lines = []
     for proc in left:
         try:
-            lines.append(f"  pid {proc.pid} (parent {proc.ppid()}): {' '.join(proc.cmdline())[:200]}")
-            proc.kill()
-        except psutil.NoSuchProcess:
-            continue
-    if lines:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        text = f"\n{len(lines)} process(es) started by this test run outlived it (killed now):\n" + "\n".join(lines)
-        if reporter is not None:
-            reporter.write_line(text, red=True)
-        else:
-            print(text)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = (f"\n{len(left)} process(es) started by this test run outlived it (killed now):\n"
+            + "\n".join(f"  {p}" for p in left))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(text, red=True)
+    else:
+        print(text)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub_client import is_loopback_url
 from tensorhub_verl.ros.topology import LABEL_KEYS, LINK_KEYS
-from tensorhub_verl.settings import STAGING_MODES
+from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
 
@@ -159,11 +159,11 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.model must be a non-empty string, got {self.model!r}")
         if self.keep_versions < 1:
             raise ConfigError(f"tensorhub.keep_versions must be >= 1, got {self.keep_versions}")
-        if self.staging not in STAGING_MODES:
-            raise ConfigError(f"tensorhub.staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if self.staging not in STAGING_CHOICES:
+            raise ConfigError(f"tensorhub.staging must be one of {STAGING_CHOICES}, got {self.staging!r}")
         rollout_dtype(self.rollout_dtype)  # raises ConfigError naming the accepted names
-        if self.rollout_staging not in STAGING_MODES:
-            raise ConfigError(f"tensorhub.rollout_staging must be one of {STAGING_MODES}, "
+        if self.rollout_staging not in STAGING_CHOICES:
+            raise ConfigError(f"tensorhub.rollout_staging must be one of {STAGING_CHOICES}, "
                               f"got {self.rollout_staging!r}")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")

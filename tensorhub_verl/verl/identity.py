@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.client import ARCHIVE_SUFFIX
 
 ACTOR_ROLE = "actor"
 ROLLOUT_ROLE = "rollout"
@@ -33,10 +34,15 @@ class WorkerIdentity:
     """Location labels (dc, rack, node, gpu)."""
 
 
+_TRAINER_ID = re.compile(rf"^[A-Za-z0-9._-]+-{ACTOR_ROLE}-\d+(?:{re.escape(ARCHIVE_SUFFIX)})?$")
+"""An actor id as ``make_identity`` builds it (``<tag>-actor-<rank>``), or its CPU archive (``<id>~cpu``)."""
+
+
 def is_trainer_worker(worker: str) -> bool:
     """Whether a source in ``FetchStats.sources`` is a trainer rank (or its CPU archive ``<id>~cpu``)
-    rather than a peer rollout: the split that ``tensorhub/sources_peer_fraction`` reports."""
-    return f"-{ACTOR_ROLE}-" in worker
+    rather than a peer rollout: the split that ``tensorhub/sources_peer_fraction`` reports. The whole id must
+    have the actor's form: a rollout of a job whose tag holds ``-actor-`` is still a rollout."""
+    return _TRAINER_ID.match(worker) is not None
 
 
 def peer_bytes(sources: Mapping[str, int]) -> int:

@@ -27,7 +27,7 @@ import torch
 from tensorhub_verl.errors import ConfigError, InvalidRequest
 from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT
-from tensorhub_verl.settings import STAGING_MODES
+from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.dtypes import published_dtype
 from tensorhub_verl.verl.staging import BufferRing, Slot
@@ -72,8 +72,8 @@ class Publisher:
     def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
                  unpublish_timeout_s: float, verify_digests: bool = False,
                  shard: tuple[int, int] | None = None, dtype: torch.dtype | None = None) -> None:
-        if staging not in STAGING_MODES:
-            raise ConfigError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
+        if staging not in STAGING_CHOICES:
+            raise ConfigError(f"staging must be one of {STAGING_CHOICES}, got {staging!r}")
         if staging == "gpu" and not torch.cuda.is_available():
             raise ConfigError("tensorhub.staging='gpu' needs a CUDA device on the trainer; use 'cpu' or 'none'")
         self._client = client

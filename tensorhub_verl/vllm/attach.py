@@ -35,7 +35,7 @@ import threading
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.topology import Location
-from tensorhub_verl.settings import STAGING_MODES
+from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.vllm.follow import Cancelled, Follower, FollowerState, HubWatch
 
 logger = logging.getLogger("tensorhub_verl.vllm.attach")
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-plain-http", action="store_true",
                    help="send the token to an http:// hub on another host in clear (a network you trust)")
     p.add_argument("--worker", default=None, help="worker id (default: vllm-<hostname>-<port>)")
-    p.add_argument("--staging", default="cpu", choices=STAGING_MODES)
+    p.add_argument("--staging", default="cpu", choices=STAGING_CHOICES)
     from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
 
     p.add_argument("--transport", default="auto", choices=TRANSPORTS,

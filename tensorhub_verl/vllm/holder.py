@@ -53,7 +53,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT, Manifest, check_dtype, dtype_from_name, dtype_name
-from tensorhub_verl.settings import STAGING_MODES
+from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES, load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews
@@ -102,8 +102,8 @@ class HolderConfig:
         if self.shard_count < 1 or (self.shard_count > 1) != (self.shard_group is not None):
             raise errors.ConfigError(f"an engine of shard_count {self.shard_count} needs a shard_group exactly "
                                      f"when shard_count > 1 (got {self.shard_group!r})")
-        if self.staging not in STAGING_MODES:
-            raise errors.ConfigError(f"staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if self.staging not in STAGING_CHOICES:
+            raise errors.ConfigError(f"staging must be one of {STAGING_CHOICES}, got {self.staging!r}")
         if self.bucket_bytes <= 0:
             raise errors.ConfigError(f"bucket_bytes must be > 0, got {self.bucket_bytes}")
         if self.fetch_timeout_s <= 0 or self.unpublish_timeout_s <= 0:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.settings import STAGING_MODES
+from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder
 from tensorhub_verl.vllm.results import ApplyResult, PullStart
@@ -60,8 +60,8 @@ class TensorHubInitInfo(WeightTransferInitInfo):
     def __post_init__(self) -> None:
         if not self.hub_url or not self.model or not self.worker:
             raise ValueError("hub_url, model and worker are required")
-        if self.staging not in STAGING_MODES:
-            raise ValueError(f"staging must be one of {STAGING_MODES}, got {self.staging!r}")
+        if self.staging not in STAGING_CHOICES:
+            raise ValueError(f"staging must be one of {STAGING_CHOICES}, got {self.staging!r}")
 
 
 @dataclass

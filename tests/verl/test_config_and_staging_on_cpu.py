@@ -96,6 +96,9 @@ def test_identities_and_trainer_sources():
     r = make_identity(role="rollout", rank=1, replica=3, job="ray:01")
     assert (a.worker, r.worker) == ("ray-01-actor-0", "ray-01-rollout-3-1")
     assert is_trainer_worker(a.worker) and is_trainer_worker(a.worker + "~cpu") and not is_trainer_worker(r.worker)
+    # the whole id decides, not a substring: a rollout of a job whose tag holds "-actor-" is a peer
+    peer = make_identity(role="rollout", rank=0, replica=0, job="my-actor-job").worker
+    assert not is_trainer_worker(peer) and not is_trainer_worker(a.worker + "/rank1")
     with pytest.raises(ConfigError):
         make_identity(role="rollout", rank=0, job="j")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.quarantine import Quarantine
-from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord
+from tensorhub_verl.ros.hub.records import Holding, HoldingState, Key, VersionRecord
 from tensorhub_verl.ros.hub.registry import Registry
 from tensorhub_verl.ros.hub.versions import VersionStore
 
@@ -34,7 +34,7 @@ def must_preserve(req: msg.PreserveQuery, retained: list[int], versions: Version
             continue
         for other in record.holdings.values():
             worker = registry.get(other.worker)
-            if other.holder != req.holder and other.state == "active" and other.chunks is None and worker \
+            if other.holder != req.holder and other.state == HoldingState.ACTIVE and other.chunks is None and worker \
                     and not worker.spot and _reliable(quarantine, key, other, now):
                 return msg.PreserveAnswer(must_preserve=False, reason=f"{other.holder} holds a copy")
         group = _reliable_row_shards(record, req.holder, registry, quarantine, now, stalled)
@@ -53,7 +53,7 @@ def _reliable_row_shards(record: VersionRecord, asking: str, registry: Registry,
     key = (record.manifest.model, record.manifest.version, record.manifest.layout)
     for other in record.holdings.values():
         worker = registry.get(other.worker)
-        if other.shard_rank is None or other.holder == asking or other.state != "active" or worker is None \
+        if other.shard_rank is None or other.holder == asking or other.state != HoldingState.ACTIVE or worker is None \
                 or worker.spot or not _reliable(quarantine, key, other, now):
             continue
         if not registry.alive(worker, now, stalled):

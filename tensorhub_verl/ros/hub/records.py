@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -39,6 +40,22 @@ class WorkerRecord:
     """Its data plane (``RegisterWorker.plane``): one per hub (``planes/one_plane.py``)."""
 
 
+class HoldingState(str, enum.Enum):
+    """Where one holding is in its life. It compares equal to, and prints as, its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    PENDING = "pending"
+    """A shard of a group not yet committed: invisible to readers."""
+    FILLING = "filling"
+    """A reader's copy still arriving: it serves the chunks it has."""
+    ACTIVE = "active"
+    """Serves every chunk it holds; counts as a holder of the version."""
+    DRAINING = "draining"
+    """Being unpublished: no new reads, waits for those in flight."""
+
+
 @dataclass(slots=True)
 class Holding:
     holder: str
@@ -46,7 +63,7 @@ class Holding:
     regions: list[msg.RegionMsg]
     chunks: IntervalSet | frozenset[int] | None
     """None: every chunk. A row shard's (frozen) never change; a filling reader's grow, a run as one interval."""
-    state: str  # "pending" (a shard of an uncommitted group) | "filling" | "active" | "draining"
+    state: HoldingState
     generation: int
     served_bytes: int = 0
     shard_rank: int | None = None

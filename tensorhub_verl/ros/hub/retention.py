@@ -10,7 +10,7 @@ a hub restart, when every worker re-registers at once, a registration does not w
 from __future__ import annotations
 
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub.records import Key
+from tensorhub_verl.ros.hub.records import HoldingState, Key
 from tensorhub_verl.ros.hub.versions import VersionStore
 
 
@@ -57,7 +57,7 @@ class Retention:
             if key[1] in retained or key[1] > visible[0]:
                 continue
             for holding in record.holdings.values():
-                if holding.state == "active":
+                if holding.state == HoldingState.ACTIVE:
                     self._release_of.setdefault(holding.worker, {})[key] = msg.HoldingKey(
                         model=key[0], version=key[1], layout=key[2])
                     self._release_workers.setdefault(model, set()).add(holding.worker)
@@ -83,5 +83,5 @@ def _newest_holders_of(model: str, versions: VersionStore) -> frozenset[str]:
         if key[2] in done_layouts or not versions.visible(record):
             continue
         done_layouts.add(key[2])
-        found.update(h.worker for h in record.holdings.values() if h.state == "active")
+        found.update(h.worker for h in record.holdings.values() if h.state == HoldingState.ACTIVE)
     return frozenset(found)

@@ -65,7 +65,7 @@ from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.preserve import must_preserve
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.reads import ReadDesk
-from tensorhub_verl.ros.hub.records import GroupKey, Holding, Key, Member, VersionRecord, WorkerRecord
+from tensorhub_verl.ros.hub.records import GroupKey, Holding, HoldingState, Key, Member, VersionRecord, WorkerRecord
 from tensorhub_verl.ros.hub.registry import Registry, hash_secret
 from tensorhub_verl.ros.hub.retention import Retention
 from tensorhub_verl.ros.hub.shard_groups import ShardGroups
@@ -238,7 +238,7 @@ class HubState:
                 existing = record.holdings.get(req.holder)
                 if existing is not None and existing.worker != req.worker:
                     raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
-                if existing is not None and existing.state not in ("active", "pending"):
+                if existing is not None and existing.state not in (HoldingState.ACTIVE, HoldingState.PENDING):
                     raise InvalidRequest(f"{req.holder} is {existing.state} version {manifest.version} of "
                                          f"{manifest.model!r} ({manifest.layout}); wait for that to finish")
             group = (manifest.model, manifest.version, req.shard_group)
@@ -252,7 +252,7 @@ class HubState:
             elif (record.manifest.chunk_bytes, record.manifest.row_shards) == (manifest.chunk_bytes,
                                                                              manifest.row_shards):
                 record.manifest = merge_shard_digests(record.manifest, manifest)  # fills a partial group's gaps
-            state = "pending" if req.shard_count > 1 else "active"
+            state = HoldingState.PENDING if req.shard_count > 1 else HoldingState.ACTIVE
             record.put(Holding(req.holder, req.worker, list(req.regions), prepared.shard_chunks, state,
                                next(self._ids), shard_rank=req.shard_rank, vouched=owner), worker.location)
             if owner:
@@ -261,8 +261,8 @@ class HubState:
                 for member_key, holder in self.shard_groups.commit(group, req.shard_count, member, req.shard_rank,
                                                                    self._member_alive):
                     holding = self.store.holding(member_key, holder)
-                    if holding.state == "pending":  # not one that is draining meanwhile
-                        holding.state = "active"
+                    if holding.state == HoldingState.PENDING:  # not one that is draining meanwhile
+                        holding.state = HoldingState.ACTIVE
             self._holdings_changed(key[0])
 
     def _member_alive(self, member: Member) -> bool:
@@ -279,7 +279,7 @@ class HubState:
                                       f"({req.layout}); nothing to unpublish")
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
-            holding.state = "draining"
+            holding.state = HoldingState.DRAINING
             self._holdings_changed(req.model)
             return self._drain(key, req.holder, req.wait_s, msg.UnpublishAck)
 
@@ -335,15 +335,16 @@ class HubState:
             existing = record.holdings.get(req.holder)
             if existing is not None and existing.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {existing.worker!r}")
-            if existing is not None and existing.state != "filling":
+            if existing is not None and existing.state != HoldingState.FILLING:
                 raise InvalidRequest(f"{req.holder} already holds version {req.version} of {req.model!r} "
                                      f"({existing.state}); unpublish it before fetching it again")
             # Announced chunks are not read again, but the hub never saw them land: they serve nobody during
             # this fetch, and the holding never counts as a reliable copy (Holding.vouched).
             chunks = IntervalSet(c for c in req.have if c < len(record.chunks))
             need = None if req.need is None else frozenset(c for c in req.need if c < len(record.chunks))
-            record.put(Holding(req.holder, req.worker, list(req.regions), chunks, "filling", next(self._ids),
-                               need=need, unserved=frozenset(req.unserved) | frozenset(chunks), vouched=not chunks),
+            record.put(Holding(req.holder, req.worker, list(req.regions), chunks, HoldingState.FILLING,
+                               next(self._ids), need=need, unserved=frozenset(req.unserved) | frozenset(chunks),
+                               vouched=not chunks),
                        worker.location)
             self.leases.forget_revoked(req.holder)
             return record.manifest
@@ -360,7 +361,7 @@ class HubState:
             holding = record.holdings.get(req.holder) if record else None
             if holding is not None and holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
-            if holding is None or holding.state != "filling":
+            if holding is None or holding.state != HoldingState.FILLING:
                 raise UnknownFetch(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
             revoked, booked = self.reads.settle(req, record, holding, self._clock())
             if booked:
@@ -385,8 +386,8 @@ class HubState:
         with self._lock:
             record = self.store.get(key)
             holding = record.holdings.get(req.holder) if record else None
-            return holding is not None and holding.state == "filling" and self.reads.waits_for_work(key, record,
-                                                                                                   holding)
+            return holding is not None and holding.state == HoldingState.FILLING \
+                and self.reads.waits_for_work(key, record, holding)
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)
@@ -398,10 +399,10 @@ class HubState:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress")
             if holding.worker != req.worker:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
-            if holding.state == "draining":
+            if holding.state == HoldingState.DRAINING:
                 # A repeated end while the holding's reads drain: it only waits for them.
                 return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
-            if holding.state != "filling":
+            if holding.state != HoldingState.FILLING:
                 raise InvalidRequest(f"{req.holder} has no fetch of {key} in progress: its holding is "
                                      f"{holding.state}; only a fetch begun with /v1/fetch/begin can end")
             if req.ok and holding.chunks is not None and not holding.complete(len(record.chunks)):
@@ -415,11 +416,11 @@ class HubState:
             if req.ok:
                 self.fetch_times.add(req.model, req.seconds)
             if req.ok and req.hold:
-                holding.state, holding.chunks = "active", None
+                holding.state, holding.chunks = HoldingState.ACTIVE, None
                 record.index.enter(holding)  # a complete holder now
                 self._holdings_changed(req.model)
                 return msg.EndFetchAck(drained=True, inflight=0)
-            holding.state = "draining"
+            holding.state = HoldingState.DRAINING
             return self._drain(key, req.holder, req.wait_s, msg.EndFetchAck)
 
     # ------------------------------------------------------------------------------------ upkeep
@@ -489,15 +490,10 @@ class HubState:
             for (m, v, lay), record in self.store.records_of(model):
                 if layout is not None and lay != layout:
                     continue
-                holders = [h.worker for h in record.holdings.values() if h.state == "active"]
+                holders = [h.worker for h in record.holdings.values() if h.state == HoldingState.ACTIVE]
                 if holders and self.store.visible(record):
                     result[v].extend(w for w in holders if w not in result[v])
             return {v: sorted(ws) for v, ws in sorted(result.items())}
-
-    def wait_for_change(self, timeout: float) -> None:
-        """Waits on a thread until the state changes (any notification), at most ``timeout`` seconds."""
-        with self._lock:
-            self.changes.wait(timeout)
 
     def status(self) -> msg.StatusReply:
         with self._lock:

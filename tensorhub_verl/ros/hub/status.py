@@ -8,6 +8,7 @@ from collections import defaultdict
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.records import HoldingState
 from tensorhub_verl.ros.hub.registry import Registry
 from tensorhub_verl.ros.hub.versions import VersionStore
 
@@ -44,7 +45,7 @@ def status_reply(instance: str, registry: Registry, versions: VersionStore, leas
 
 def metrics_snapshot(registry: Registry, versions: VersionStore, leases: Leases, quarantine: Quarantine,
                      fetch_times: FetchTimes) -> dict:
-    holders = {k: sum(1 for h in r.holdings.values() if h.state == "active") for k, r in versions.items()}
+    holders = {k: sum(1 for h in r.holdings.values() if h.state == HoldingState.ACTIVE) for k, r in versions.items()}
     return {"bytes_served": {r.worker: r.bytes_served for r in registry},
             "holders": holders, "fetch_seconds": list(fetch_times.samples),
             "leases_revoked": leases.revoked_total, "read_failures": dict(quarantine.read_failures),

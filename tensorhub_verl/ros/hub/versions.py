@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord
+from tensorhub_verl.ros.hub.records import Holding, HoldingState, Key, VersionRecord
 
 
 class VersionStore:
@@ -51,7 +51,7 @@ class VersionStore:
     def pending_of(self, worker: str) -> list[tuple[Key, Holding]]:
         """The worker's holdings that wait for the rest of their shard group."""
         return [(k, h) for k, r in self._versions.items() for h in r.holdings.values()
-                if h.worker == worker and h.state == "pending"]
+                if h.worker == worker and h.state == HoldingState.PENDING]
 
     def forget_if_empty(self, key: Key) -> bool:
         """Drops the record of ``key`` when no holding is left; True when no layout of that version is left (its
@@ -77,8 +77,8 @@ class VersionStore:
         O(holdings), not O(chunks): it runs for every version of a model on each query."""
         ranks = set()
         for h in record.holdings.values():
-            if h.state == "active" and h.chunks is None:
+            if h.state == HoldingState.ACTIVE and h.chunks is None:
                 return True
-            if h.state == "active":
+            if h.state == HoldingState.ACTIVE:
                 ranks.add(h.shard_rank)
         return len(ranks) == record.manifest.row_shards
