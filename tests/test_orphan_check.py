@@ -9,9 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tensorhub_verl.testing.leftovers import alive, wait_gone
 from tests.conftest import GRACE_ENV, SESSION_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,36 +39,19 @@ def _run_inner(tmp_path: Path, reap: bool) -> tuple[subprocess.CompletedProcess,
     return proc, int(Path(pid_file).read_text())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _gone_within(pid: int, timeout: float) -> bool:
-    try:
-        psutil.Process(pid).wait(timeout)
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.TimeoutExpired:
-        return not _alive(pid)
-    return True
-
-
 def test_a_process_left_by_a_test_fails_the_run_and_is_killed(tmp_path):
     proc, pid = _run_inner(tmp_path, reap=False)
     try:
         assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout + proc.stderr
         assert "outlived it" in proc.stdout and f"pid {pid} " in proc.stdout, proc.stdout
-        assert _gone_within(pid, 30), f"the check did not kill pid {pid}"
+        assert wait_gone([pid], 30) == [], f"the check did not kill pid {pid}"
     finally:
-        if _alive(pid):
+        if alive([pid]):
             os.kill(pid, 9)
 
 
 def test_a_run_that_ends_its_processes_passes(tmp_path):
     proc, pid = _run_inner(tmp_path, reap=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "outlived" not in proc.stdout and not _alive(pid)
+    assert "outlived" not in proc.stdout and alive([pid]) == []
 

@@ -13,18 +13,7 @@ import time
 import psutil
 
 from tensorhub_verl.process_group import EXIT_WITH_PARENT_ENV, start_group, stop_group
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.1)
-    return False
+from tensorhub_verl.testing.leftovers import alive, wait_gone
 
 
 def _read_pid(path, timeout: float = 30.0) -> int:
@@ -44,7 +33,7 @@ def test_stop_group_takes_the_grandchildren_of_a_child_that_ignores_sigterm(tmp_
     grandchild = _read_pid(pid_file)
     code = stop_group(proc, timeout=1.0)
     assert code == -signal.SIGKILL
-    assert _wait_gone(grandchild, 10), "the grandchild outlived its group"
+    assert not wait_gone([grandchild], 10), "the grandchild outlived its group"
 
 
 def test_a_child_asked_to_exit_with_its_parent_dies_when_the_parent_is_killed(tmp_path):
@@ -68,7 +57,7 @@ def test_a_child_asked_to_exit_with_its_parent_dies_when_the_parent_is_killed(tm
         assert psutil.Process(pid).ppid() == parent.pid
         parent.kill()  # SIGKILL: the launcher cannot clean up
         parent.wait(10)
-        assert _wait_gone(pid, 10), "the child outlived its SIGKILLed parent"
+        assert not wait_gone([pid], 10), "the child outlived its SIGKILLed parent"
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
@@ -108,10 +97,10 @@ def test_a_group_leader_started_to_end_with_its_launcher_gets_sigterm_when_the_l
         pid = _read_pid(pid_file)
         parent.kill()
         parent.wait(10)
-        assert _wait_gone(pid, 10), "the leader outlived its SIGKILLed launcher"
+        assert not wait_gone([pid], 10), "the leader outlived its SIGKILLed launcher"
         assert term_file.read_text() == "TERM"
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
-        if pid is not None and not _wait_gone(pid, 0):
+        if pid is not None and alive([pid]):
             os.killpg(pid, signal.SIGKILL)

@@ -75,4 +75,24 @@ def wait_none_with_marker(value: str, timeout: float, name: str = MARKER_ENV) ->
     return left
 
 
-__all__ = ["Leftover", "MARKER_ENV", "new_marker", "wait_none_with_marker", "with_marker"]
+def alive(pids: list[int], proc_root: str = "/proc") -> list[int]:
+    """Those of ``pids`` that are still running (a zombie has exited: it is not listed)."""
+    out = []
+    for pid in pids:
+        state = _state_and_ppid(Path(proc_root) / str(pid))
+        if state is not None and state[0] not in ("Z", "X"):
+            out.append(pid)
+    return out
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Waits up to ``timeout`` s for every one of ``pids`` to end; returns those still running."""
+    deadline = time.monotonic() + timeout
+    left = alive(pids)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = alive(left)
+    return left
+
+
+__all__ = ["Leftover", "MARKER_ENV", "alive", "new_marker", "wait_gone", "wait_none_with_marker", "with_marker"]

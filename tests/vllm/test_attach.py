@@ -29,6 +29,7 @@ require("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import ENGINE_ENV
+from tensorhub_verl.testing.leftovers import wait_gone
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
@@ -194,26 +195,6 @@ def _tree(pid: int) -> list[int]:
     return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
 
 
-def _alive(pids: list[int]) -> list[int]:
-    import psutil
-
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def _wait_all_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return _alive(pids)
-
-
 def test_a_node_leaves_no_process_when_killed_outright_or_when_its_hub_is_gone(tiny_models, tmp_path):
     """SIGKILL of the node's own process (not its group): vLLM's engine processes die with it. Then a node whose
     hub stops shuts itself down after --hub-lost-timeout, engine processes included, with exit code 0."""
@@ -229,7 +210,7 @@ def test_a_node_leaves_no_process_when_killed_outright_or_when_its_hub_is_gone(t
         assert len(tree) >= 2, "expected vLLM's engine process under the node"
         killed.proc.send_signal(signal.SIGKILL)  # the leader only: nothing of it can clean up
         killed.proc.wait(30)
-        assert _wait_all_gone(tree, 30) == [], "engine processes outlived their SIGKILLed node"
+        assert wait_gone(tree, 30) == [], "engine processes outlived their SIGKILLed node"
 
         lost = AttachNode(hub.url, tiny_models["qwen2"], "lost", "n2", tmp_path, core=CORES[-1],
                           extra=("--hub-lost-timeout", "5"))
@@ -244,7 +225,7 @@ def test_a_node_leaves_no_process_when_killed_outright_or_when_its_hub_is_gone(t
             pytest.fail(f"the node kept running 180 s after its hub stopped:\n{lost.log_tail()}")
         assert code == 0, lost.log_tail()
         assert "its hub is gone" in lost.log_path.read_text(errors="replace")
-        assert _wait_all_gone(tree, 30) == [], "engine processes outlived the node"
+        assert wait_gone(tree, 30) == [], "engine processes outlived the node"
     finally:
         for node in nodes:
             node.kill()
