@@ -1,0 +1,30 @@
+"""The docs that describe the code name what exists: every verl patch module is listed in
+``patches/verl/README.md``, and every module ``docs/architecture.md`` names is in the package."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "tensorhub_verl"
+
+
+def test_the_patches_readme_lists_every_verl_patch():
+    modules = {p.stem for p in (PACKAGE / "verl" / "patches").glob("verl_*.py")}
+    listed = set(re.findall(r"`(verl_[0-9_]+[a-z_]+)`", (REPO / "patches" / "verl" / "README.md").read_text()))
+    assert modules, "no patch modules found"
+    assert modules - listed == set(), f"patches missing from patches/verl/README.md: {sorted(modules - listed)}"
+    assert listed - modules == set(), f"the README lists patches that do not exist: {sorted(listed - modules)}"
+
+
+def test_every_module_the_architecture_names_exists():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    names = set(re.findall(r"\b([a-z_]+(?:/[a-z_]+)*\.py)\b", text))
+    files = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    basenames = {Path(f).name for f in files}
+    tests = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("*.py")}
+    missing = sorted(n for n in names
+                     if n not in basenames and not any(f.endswith("/" + n) or f == n for f in files | tests))
+    assert len(names) > 30, sorted(names)
+    assert missing == [], f"docs/architecture.md names modules that do not exist: {missing}"
