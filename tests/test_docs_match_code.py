@@ -1,5 +1,5 @@
 """The docs that describe the code name what exists: every verl patch module is listed in
-``patches/verl/README.md``, and every module ``docs/architecture.md`` names is in the package."""
+``patches/verl/README.md``, and every module ``docs/architecture.md``'s picture names is in the package."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def test_the_patches_readme_lists_every_verl_patch():
 
 
 def test_every_module_the_architecture_names_exists():
-    text = (REPO / "docs" / "architecture.md").read_text()
+    # the picture and the names; the issue's checklist after them names old modules on purpose
+    text = (REPO / "docs" / "architecture.md").read_text().split("## Issue 23")[0]
     names = set(re.findall(r"\b([a-z_]+(?:/[a-z_]+)*\.py)\b", text))
     files = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
     basenames = {Path(f).name for f in files}
