@@ -19,6 +19,22 @@ GroupKey = tuple[str, int, str]  # (model, version, shard group)
 Member = tuple[Key, str]  # (layout key, holder): the row shards of one group share one key
 
 
+class HoldingState(str, enum.Enum):
+    """Where one holding is in its life. It compares equal to, and prints as, its value."""
+
+    PENDING = "pending"
+    """A shard of a group not yet committed: invisible to readers."""
+    FILLING = "filling"
+    """A reader's copy still arriving: it serves the chunks it has."""
+    ACTIVE = "active"
+    """Serves every chunk it holds; counts as a holder of the version."""
+    DRAINING = "draining"
+    """Being unpublished: no new reads, waits for those in flight."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(slots=True, kw_only=True)
 class WorkerRecord:
     worker: str
@@ -38,22 +54,6 @@ class WorkerRecord:
     """The job its registration's job key admits it to (``ownership.job_of``)."""
     plane: str = "nixl"
     """Its data plane (``RegisterWorker.plane``): one per hub (``planes/one_plane.py``)."""
-
-
-class HoldingState(str, enum.Enum):
-    """Where one holding is in its life. It compares equal to, and prints as, its value."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    PENDING = "pending"
-    """A shard of a group not yet committed: invisible to readers."""
-    FILLING = "filling"
-    """A reader's copy still arriving: it serves the chunks it has."""
-    ACTIVE = "active"
-    """Serves every chunk it holds; counts as a holder of the version."""
-    DRAINING = "draining"
-    """Being unpublished: no new reads, waits for those in flight."""
 
 
 @dataclass(slots=True)
