@@ -147,7 +147,9 @@ class ClientConfig:
 
 
 @dataclass(slots=True)
-class _Held:
+class _Publication:
+    """What this client serves under one holder id until it unpublishes it (the hub's record of it: a Holding)."""
+
     holder: str
     manifest: Manifest
     tensors: dict[str, torch.Tensor]
@@ -185,7 +187,7 @@ class Client:
         self.location = Location.parse(location)
         self.config = config or ClientConfig()
         self._lock = threading.RLock()
-        self._held: dict[tuple[str, str, int, str], _Held] = {}
+        self._held: dict[tuple[str, str, int, str], _Publication] = {}
         self.preserved_bytes = 0
         """Bytes this client copied to CPU memory because it held a retained version's last reliable copy
         (``preserve_on_unpublish``), over its life: callers report the difference across an operation."""
@@ -248,7 +250,7 @@ class Client:
             manifest = dataclasses.replace(
                 manifest, chunk_digests=chunk_digests(chunks, ordered), digest_algorithm=ALGORITHM,
                 block_digests=block_digests(chunks, manifest.tensors, ordered) if self.config.block_digests else ())
-        self._publish(_Held(self.worker, manifest, tensors, shard_group, shard_count))
+        self._publish(_Publication(self.worker, manifest, tensors, shard_group, shard_count))
         return manifest
 
     def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], *,
@@ -285,10 +287,10 @@ class Client:
             blocks = block_digests(chunks, full, ordered, starts, own) if self.config.block_digests else ()
             manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM,
                                            block_digests=blocks)
-        self._publish(_Held(self.worker, manifest, tensors, group, ranks, rank))
+        self._publish(_Publication(self.worker, manifest, tensors, group, ranks, rank))
         return manifest
 
-    def _publish(self, held: "_Held") -> None:
+    def _publish(self, held: "_Publication") -> None:
         if self._plane.register(held.tensors.values()):
             self._register_worker()
         self._hub.post("/v1/publish", held.message(self.worker), msg.OkReply)
@@ -317,7 +319,7 @@ class Client:
                 self._preserve(held)
             self._drain(held, timeout)
 
-    def _preserve(self, held: _Held) -> None:
+    def _preserve(self, held: _Publication) -> None:
         m = held.manifest
         answer = self._hub.post("/v1/preserve", msg.PreserveQuery(holder=held.holder, model=m.model,
                                                                   version=m.version, layout=m.layout),
@@ -327,11 +329,11 @@ class Client:
         copy = {name: t.detach().to("cpu", copy=True) for name, t in held.tensors.items()}
         logger.info("%s held the last reliable copy of %s v%d; keeping a CPU copy (%d bytes)",
                     held.holder, m.model, m.version, m.nbytes)
-        self._publish(_Held(self.worker + ARCHIVE_SUFFIX, m, copy))
+        self._publish(_Publication(self.worker + ARCHIVE_SUFFIX, m, copy))
         with self._lock:
             self.preserved_bytes += m.nbytes
 
-    def _drain(self, held: _Held, timeout: float | None) -> None:
+    def _drain(self, held: _Publication, timeout: float | None) -> None:
         m = held.manifest
         deadline = time.monotonic() + (timeout or self.config.unpublish_timeout_s)
         while True:
@@ -459,7 +461,7 @@ class Client:
             stats.manifest = manifest
         if hold:
             with self._lock:
-                self._held[(self.worker, *key)] = _Held(self.worker, manifest, tensors)
+                self._held[(self.worker, *key)] = _Publication(self.worker, manifest, tensors)
         return stats
 
     def _through_restart(self, call, deadline: float):
