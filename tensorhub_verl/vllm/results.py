@@ -39,7 +39,11 @@ class _Wire:
         if not isinstance(answer, Mapping):
             raise errors.InvalidRequest(f"expected a {cls.__name__} or its dict, got {type(answer).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in answer.items() if k in names})
+        try:
+            return cls(**{k: v for k, v in answer.items() if k in names})
+        except TypeError as e:  # a required field is missing: the other side speaks another version
+            raise errors.InvalidRequest(f"not a {cls.__name__}: {e}; got keys {sorted(answer)} (are both sides "
+                                        f"of the RPC the same tensorhub_verl version?)") from e
 
 
 @dataclass(slots=True, kw_only=True)
