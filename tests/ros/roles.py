@@ -13,6 +13,7 @@ from tensorhub_verl.bench.procs import content_digest as digest
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.planes.base import DataPlane, ReadState
 from tensorhub_verl.ros.planes.nixl import NixlPlane
+from tests.waits import wait_until  # noqa: F401 - the roles' tests import it from here
 
 
 def make_weights(seed: int = 0, size_mb: float = 4.0) -> dict[str, torch.Tensor]:
@@ -174,15 +175,6 @@ class GatedPlane(DataPlane):
 
     def close(self):
         self.inner.close()
-
-
-def wait_until(condition, timeout: float, what: str, poll_s: float = 0.05) -> None:
-    """Polls ``condition`` until it holds; fails the test with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout:.0f} s")
-        time.sleep(poll_s)
 
 
 def listening_addresses(pid: int) -> list[str]:

@@ -1,13 +1,13 @@
 """The hub's HTTP routes over a real server: a route that waits never stops the others."""
 
 import threading
-import time
 
 import tensorhub_verl as th
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tests.waits import wait_until
 
 CHUNK = 4096
 M = Manifest("policy", 1, "hf", (TensorSpec("w", (4 * CHUNK,), "uint8", 4 * CHUNK),), CHUNK, "f1",
@@ -33,13 +33,11 @@ def _exchange(hub: HubClient, name: str, completed=(), want=0) -> msg.ExchangeRe
 
 
 def _wait_until_draining(hub: HubClient, holder: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def draining() -> bool:
         holders = hub.get("/v1/status", msg.StatusReply).models["policy"][0].holders
-        if any(h.holder == holder and h.state == "draining" for h in holders):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{holder} did not start draining within {timeout} s")
+        return any(h.holder == holder and h.state == "draining" for h in holders)
+
+    wait_until(draining, timeout, f"{holder} did not start draining", poll_s=0.02)
 
 
 def test_a_fetch_end_draining_its_holding_does_not_stop_the_reports_it_waits_for():
@@ -108,9 +106,8 @@ def test_parked_exchanges_hold_no_threads_that_registration_and_publish_need():
         threads = [threading.Thread(target=wait_for_work, args=(n,)) for n in readers]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 30
-        while len(asked - {"busy"}) < parked and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(asked - {"busy"}) >= parked, 30, "not every reader's exchange reached the hub",
+                   poll_s=0.02)
         assert len(asked - {"busy"}) == parked, "not every reader's exchange reached the hub"
         newcomer = _worker(server.url, "newcomer")
         newcomer.post("/v1/publish", msg.Publish(worker="newcomer", holder="newcomer", manifest=manifest_to_msg(

@@ -21,6 +21,7 @@ from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, Re
 from tensorhub_verl.ros.planes import registry
 
 from tests.ros.roles import digest, make_weights
+from tests.waits import wait_until
 
 CHUNK = 256 << 10
 NBYTES = 1 << 20
@@ -98,9 +99,7 @@ def test_a_joiner_connects_to_the_newest_versions_holder_at_registration_before_
         time.sleep(0.3)
         assert _connections_to(published["pid"]) == 0, "preconnect_peers=0 connects at the first lease only"
     with th.connect(hub.url, "joiner", transport="tcp", tcp_streams=2) as joiner:
-        deadline = time.monotonic() + 10
-        while _connections_to(published["pid"]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: _connections_to(published["pid"]) >= 2, 10, "two connections before any fetch")
         assert _connections_to(published["pid"]) == 2, "one connection per stream, opened before any fetch"
         stats = joiner.fetch("policy", 1)
         assert digest(stats.buffers) == published["digest"] and _connections_to(published["pid"]) == 2
@@ -110,13 +109,6 @@ def _streams_to(agent: str) -> int:
     return sum(t.name.startswith(f"tensorhub-tcp-{agent}-") and t.is_alive() for t in threading.enumerate())
 
 
-def _wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
-
-
 def test_idle_streams_end_and_the_next_read_starts_them_again(roles):
     """Workers come and go: a reader must not keep threads and sockets for every peer it ever read from. Streams
     idle for ``idle_close_s`` close; the next read to that peer opens them again."""
@@ -124,9 +116,9 @@ def test_idle_streams_end_and_the_next_read_starts_them_again(roles):
     reader = TcpPlane("idle-reader", "127.0.0.1", idle_close_s=0.5)
     try:
         reader.load_peer("bare-holder", info["metadata"])
-        assert _wait_until(lambda: _connections_to(info["pid"]) == 2), "two streams connect before any read"
-        assert _wait_until(lambda: _streams_to("bare-holder") == 0 and _connections_to(info["pid"]) == 0), \
-            "idle streams must end and close their connections"
+        wait_until(lambda: _connections_to(info["pid"]) == 2, 10, "two streams connect before any read")
+        wait_until(lambda: _streams_to("bare-holder") == 0 and _connections_to(info["pid"]) == 0, 10,
+                   "idle streams must end and close their connections")
         into = torch.zeros(4096, dtype=torch.uint8)
         ranges = [(info["addr"] + 4096, 4096)]
         grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
