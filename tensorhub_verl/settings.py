@@ -1,7 +1,8 @@
 """Settings that both the verl integration and the vLLM side read, kept below both layers.
 
 ``tensorhub_verl.vllm`` must not import ``tensorhub_verl.verl`` (an attached vLLM server runs without
-verl), so the few names both sides share live here: the staging choices and the variable that selects verl's CPU platform.
+verl), so the few names both sides share live here: the staging choices and the variable that selects verl's
+CPU platform.
 Nothing here imports verl, vLLM or torch.
 """
 
