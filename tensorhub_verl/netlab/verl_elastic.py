@@ -30,6 +30,7 @@ log = logging.getLogger("tensorhub_verl.netlab.verl_elastic")
 PORT = 18_500
 STOP_TIMEOUT_S = 90.0
 """How long the node may take to leave the hub and stop its engine before its group is killed."""
+_JOB_ONLY = {"RAY_ADDRESS", "VERL_FILE_LOGGER_PATH"}
 _STATUS_CODE = ("import sys, urllib.request; "
                 "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())")
 
@@ -37,19 +38,21 @@ _STATUS_CODE = ("import sys, urllib.request; "
 @dataclass(frozen=True, slots=True)
 class ElasticJoiner:
     """``attach-vllm`` on ``host`` with the labels ``location`` (dc/rack/node), started after ``join_after``
-    training steps; ``env``: what the node gets besides its host's environment (the job's token)."""
+    training steps; ``env``: what the node gets besides the job's environment (the job's token); ``args``: more
+    ``attach-vllm`` options."""
 
     host: str
     location: Mapping[str, str]
     join_after: int = 1
     env: Mapping[str, str] | None = None
+    args: tuple[str, ...] = ()
     port: int = PORT
 
     def command(self, job: TinyJob, hub: str) -> list[str]:
         where = ",".join(f"{k}={v}" for k, v in self.location.items())
         return [sys.executable, "-m", "tensorhub_verl.cli", "attach-vllm", "--hub", hub,
                 "--model-dir", str(job.task.model_dir), "--host", "0.0.0.0", "--port", str(self.port),
-                "--location", where, "--worker", f"elastic-{self.host}", "--allow-plain-http"]
+                "--location", where, "--worker", f"elastic-{self.host}", "--allow-plain-http", *self.args]
 
     def during(self, lab: Lab, job: TinyJob, proc: subprocess.Popen, deadline: float) -> dict:
         """Runs alongside the job until it ends (or ``deadline``, monotonic): starts the node, follows its status,
@@ -81,8 +84,10 @@ class ElasticJoiner:
     def _start(self, lab: Lab, job: TinyJob) -> subprocess.Popen:
         hub = job.hub_url_file.read_text().strip()
         log.info("elastic node joins on %s (%s), hub %s", self.host, dict(self.location), hub)
+        # The job's environment (vLLM's CPU settings), less what names the job's own cluster and metrics file.
+        env = {k: v for k, v in job.environment().items() if k not in _JOB_ONLY}
         with open(job.out_dir / "elastic_node.log", "w") as out:  # the child keeps its own descriptor
-            return lab.host(self.host).popen(self.command(job, hub), env=dict(self.env or {}), stdout=out,
+            return lab.host(self.host).popen(self.command(job, hub), env={**env, **(self.env or {})}, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True)
 
     def _status(self, lab: Lab) -> dict | None:

@@ -14,9 +14,11 @@ hosts by a custom resource each offers (``tensorhub.rollout_placement``). The hu
 address over plain HTTP with the job's token (``allow_plain_http``: the lab's network is this machine's
 namespaces, nobody else's).
 
-In ``elastic`` the baseline's joining node gives the trainer's rack as its location: the hub's planner, nearest
-first, then sends it to the trainer (not to a replica of its own rack), and its bytes cross the lab's links from
-the trainer's host; the TensorHub run's node gives its own rack and reads from its peers.
+In ``elastic`` the baseline's joining node reads the trainer's layout (``attach-vllm --source-layout hf``; the
+replicas' engine layout is not the trainer's) and gives the trainer's rack as its location: the hub's planner,
+nearest first, then sends it to the trainer (not to a replica of its own rack, which holds that layout too after
+an in-place pull), and its bytes cross the lab's links from the trainer's host. The TensorHub run's node gives its
+own rack and reads the engine's layout from its peers.
 """
 
 from __future__ import annotations
@@ -98,11 +100,12 @@ def mode_job(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: str
 
 
 def elastic_joiner(lab: ModeLab, variant: str, token: str) -> ElasticJoiner:
-    """The elastic node of ``lab``: its own rack as its location with TensorHub, the trainer's rack in the
-    baseline (see the module's doc)."""
-    rack = "r1" if variant == "tensorhub" else "r0"
-    return ElasticJoiner(host=lab.elastic_host, location={"dc": "dc0", "rack": rack, "node": lab.elastic_host},
-                         env={"TENSORHUB_TOKEN": token})
+    """The elastic node of ``lab``: with TensorHub its own rack as its location; in the baseline the trainer's
+    rack and the trainer's layout (see the module's doc)."""
+    th = variant == "tensorhub"
+    return ElasticJoiner(host=lab.elastic_host, location={"dc": "dc0", "rack": "r1" if th else "r0",
+                                                          "node": lab.elastic_host},
+                         env={"TENSORHUB_TOKEN": token}, args=() if th else ("--source-layout", "hf"))
 
 
 def run_variant(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: str, steps: int,

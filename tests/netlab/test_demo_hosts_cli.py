@@ -55,7 +55,8 @@ def test_the_elastic_lab_puts_the_joining_node_beside_the_replicas_outside_the_j
     assert job.replicas == 2 and job.mode == "elastic"
     # With TensorHub the node gives its own rack (its peers are nearest); in the baseline the trainer's.
     assert elastic_joiner(lab, "tensorhub", "t").location["rack"] == "r1"
-    assert elastic_joiner(lab, "pull_from_trainer", "t").location["rack"] == "r0"
+    base = elastic_joiner(lab, "pull_from_trainer", "t")
+    assert base.location["rack"] == "r0" and base.args == ("--source-layout", "hf")
     node = elastic_joiner(lab, "tensorhub", "secret")
     assert "secret" not in " ".join(node.command(job, "http://10.77.0.10:1")) and node.env["TENSORHUB_TOKEN"] == "secret"
 
