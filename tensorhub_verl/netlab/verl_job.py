@@ -56,10 +56,11 @@ what it returns is the result's ``during``."""
 def run_on_lab(job: TinyJob, spec: LabSpec, *, head: str, gpus: Mapping[str, int],
                resources: Mapping[str, Mapping[str, float]] | None = None, timeout_s: float = 1500.0,
                outside: Sequence[str] = (), during: During | None = None,
-               job_env: Mapping[str, str] | None = None) -> dict:
+               job_env: Mapping[str, str] | None = None, cluster_env: Mapping[str, str] | None = None) -> dict:
     """Runs ``job`` from ``head`` on a Ray cluster of every host of ``spec`` but ``outside`` (``gpus``: each
     host's logical GPU slots, ``resources``: its custom Ray resources; ``job_env``: more of the driver's
-    environment, which reaches the job's workers through its runtime environment); ``during`` runs beside it
+    environment, which reaches the job's workers through its runtime environment; ``cluster_env``: more of every
+    Ray node's own environment, e.g. Ray's system settings); ``during`` runs beside it
     (e.g. a node that joins from an ``outside`` host). Returns the steps, the cluster's nodes as Ray lists them
     (labels included), every actor the job ran with its host, the bytes that crossed the WAN into each dc (Ray's
     own traffic to the head included) and what ``during`` returned."""
@@ -71,7 +72,7 @@ def run_on_lab(job: TinyJob, spec: LabSpec, *, head: str, gpus: Mapping[str, int
     env.pop("RAY_ADDRESS", None)
     # The nodes get what a host's own setup gives them; the job's settings (TENSORHUB_*, the metrics file, verl's
     # platform) reach their workers only through the job's runtime environment, as on separate machines.
-    node_env = {k: v for k, v in env.items() if k not in job_settings(env)}
+    node_env = {**{k: v for k, v in env.items() if k not in job_settings(env)}, **(cluster_env or {})}
     with Lab(spec) as lab:
         workers = [h.name for h in lab.hosts if h.name != head and h.name not in outside]
         with LabRayCluster(lab, head=head, workers=workers, num_gpus=gpus, resources=resources,
