@@ -1,5 +1,5 @@
-"""``tensorhub demo --mode standalone|elastic|cross_dc --hosts N``: verl's tiny job on a Ray cluster across N network-lab
-hosts on this machine, TensorHub against pulling from the trainer (``netlab.verl_modes``).
+"""``tensorhub demo --mode standalone|elastic|cross_dc --hosts N``: verl's tiny job on a Ray cluster across N
+network-lab hosts on this machine, TensorHub against pulling from the trainer (``netlab.verl_modes``).
 
 Prints the demo's step table for each variant, a comparison, a plot of the TensorHub run and one JSON object as
 the last line. The lab builds network namespaces and needs root: without it, ``available()`` says why and the
@@ -71,7 +71,7 @@ def _print_table(result: dict) -> None:
     node = result.get("elastic_node")
     if node and node["first"]:
         first = node["first"]
-        print(f"  elastic node on {node['host']} (joined after step {node['joined_after_step']}): first pulled "
+        print(f"  elastic node on {node['host']} (started after step {node['started_after_step']}): first pulled "
               f"v{first['version']} in {first['pull_s']:.3f} s, {first['bytes'] / 1e6:.2f} MB, "
               f"{first['peer_fraction']:.0%} from peers; then followed {len(node['followed'])} versions to "
               f"v{node['served']}", flush=True)

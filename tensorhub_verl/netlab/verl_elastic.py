@@ -1,7 +1,9 @@
 """An elastic vLLM node that joins verl's running job from another lab host: ``tensorhub attach-vllm`` started in
-that host's namespace once the job has trained ``join_after`` steps, outside the job's Ray cluster (as a node a
-user adds by hand), reading the hub URL from the job's ``hub_url_file`` and the job's token from its own
-environment (``TENSORHUB_TOKEN``, never a command line).
+that host's namespace once the job's hub is up and the job has trained ``join_after`` steps, outside the job's Ray
+cluster (as a node a user adds by hand), reading the hub URL from the job's ``hub_url_file`` and the job's token
+from its own environment (``TENSORHUB_TOKEN``, never a command line). The node takes the newest version once its
+engine is up (minutes on a loaded CPU, against seconds per training step: ``join_after=0`` starts it while the job
+starts, and it joins mid-run).
 
 While the job runs, ``ElasticJoiner.during`` polls the node's ``GET /tensorhub/status`` from inside its host once
 per training step; when the job reaches its last step (or ends) it stops the node's whole process group, so nothing
@@ -37,13 +39,13 @@ _STATUS_CODE = ("import sys, urllib.request; "
 
 @dataclass(frozen=True, slots=True)
 class ElasticJoiner:
-    """``attach-vllm`` on ``host`` with the labels ``location`` (dc/rack/node), started after ``join_after``
-    training steps; ``env``: what the node gets besides the job's environment (the job's token); ``args``: more
-    ``attach-vllm`` options."""
+    """``attach-vllm`` on ``host`` with the labels ``location`` (dc/rack/node), started once the hub's URL is
+    written and ``join_after`` training steps are done; ``env``: what the node gets besides the job's environment
+    (the job's token); ``args``: more ``attach-vllm`` options."""
 
     host: str
     location: Mapping[str, str]
-    join_after: int = 1
+    join_after: int = 0
     env: Mapping[str, str] | None = None
     args: tuple[str, ...] = ()
     port: int = PORT
@@ -59,17 +61,17 @@ class ElasticJoiner:
         stops it at the job's last step. Returns what the node reported (``summary``)."""
         node: subprocess.Popen | None = None
         status: dict | None = None
-        joined_at = None
+        started_at = None
         seen = 0
         try:
             while proc.poll() is None and time.monotonic() < deadline:
                 rows = read_steps(job.metrics_file, final=False)
+                if node is None and len(rows) >= self.join_after and job.hub_url_file.exists():
+                    node, started_at = self._start(lab, job), len(rows)
                 if len(rows) > seen:
                     seen = len(rows)
                     if node is not None:
                         status = self._status(lab) or status
-                    if node is None and seen >= self.join_after and job.hub_url_file.exists():
-                        node, joined_at = self._start(lab, job), rows[-1].step
                     if seen >= job.steps - 1 and node is not None:
                         break  # the job's last step is under way: the node leaves while its hub is still up
                 time.sleep(1.0)
@@ -79,7 +81,7 @@ class ElasticJoiner:
             if node is not None:
                 code = stop_group(node, timeout=STOP_TIMEOUT_S)
                 log.info("elastic node on %s stopped (exit %s)", self.host, code)
-        return summary(status, host=self.host, joined_after_step=joined_at)
+        return summary(status, host=self.host, started_after_step=started_at)
 
     def _start(self, lab: Lab, job: TinyJob) -> subprocess.Popen:
         hub = job.hub_url_file.read_text().strip()
@@ -104,9 +106,9 @@ class ElasticJoiner:
             return None
 
 
-def summary(status: dict | None, *, host: str, joined_after_step: int | None) -> dict:
+def summary(status: dict | None, *, host: str, started_after_step: int | None) -> dict:
     """The node's first pull (version, seconds, bytes and their share from peers) and the pulls that followed."""
-    out = {"host": host, "joined_after_step": joined_after_step, "first": None, "followed": [], "served": None}
+    out = {"host": host, "started_after_step": started_after_step, "first": None, "followed": [], "served": None}
     if not status or not status.get("first"):
         return out
     out["served"] = status.get("served")
