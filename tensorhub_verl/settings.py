@@ -14,6 +14,11 @@ STAGING_CHOICES = ("none", "cpu", "gpu")
 """Where a held version's bytes live: the tensors themselves (none), pinned CPU or GPU buffers. The one list
 for the trainer (``staging``), rollout engines (``rollout_staging``, ``HolderConfig``) and ``attach-vllm``."""
 
+SOURCE_LAYOUT_ENV = "TENSORHUB_SOURCE_LAYOUT"
+"""``hf``: an engine reads every version in the trainer's layout, never another engine's (``attach-vllm
+--source-layout hf``), so only holders of that layout serve it; unset: the engine's own layout where a peer
+holds it."""
+
 PLATFORM_NAME = "cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
 """``VERL_PLATFORM=cpu`` is verl's own platform override; ``tensorhub_verl.verl.cpu_platform`` registers the
@@ -26,4 +31,4 @@ def cpu_platform_selected() -> bool:
     return os.environ.get(PLATFORM_ENV, "").strip().lower() == PLATFORM_NAME
 
 
-__all__ = ["PLATFORM_ENV", "PLATFORM_NAME", "STAGING_CHOICES", "cpu_platform_selected"]
+__all__ = ["PLATFORM_ENV", "PLATFORM_NAME", "SOURCE_LAYOUT_ENV", "STAGING_CHOICES", "cpu_platform_selected"]

@@ -248,6 +248,11 @@ class Lab:
         """Bytes the host's NIC has sent so far."""
         return _tx_bytes(self.host(host).netns, HOST_IFACE)
 
+    def nic_rx_bytes(self, host: str) -> int:
+        """Bytes the host's NIC has received so far (what its rack's end of the link sent it)."""
+        nic = self._nic(host)
+        return _tx_bytes(nic.b_ns, nic.b_if)
+
     def describe(self) -> dict:
         return {"prefix": self.prefix, "subnet": self.spec.subnet, "nic_mbit": self.spec.nic_mbit,
                 "rack_uplink_mbit": self.spec.rack_uplink_mbit, "wan_mbit": self.spec.wan_mbit,

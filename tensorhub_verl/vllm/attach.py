@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transport", default="auto", choices=TRANSPORTS,
                    help="data plane (default auto: NIXL with RDMA or a loopback hub, else TCP); it must match "
                         "the plane of the hub's other workers (the hub refuses another one and names it)")
+    p.add_argument("--source-layout", default="auto", choices=("auto", "hf"),
+                   help="auto: read a version in the engine's layout from peers that hold it, else the trainer's "
+                        "'hf'; hf: always the trainer's layout (only its holders serve it)")
     p.add_argument("--first-version-timeout", type=float, default=600.0,
                    help="seconds to wait for a first published version")
     p.add_argument("--fetch-timeout", type=float, default=300.0)
@@ -233,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(str(e))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tensorhub_verl.settings import SOURCE_LAYOUT_ENV
+
+    if ns.source_layout == "hf":  # read in the engine's worker processes, which inherit this environment
+        os.environ[SOURCE_LAYOUT_ENV] = "hf"
     from tensorhub_verl.process_group import EXIT_WITH_PARENT_ENV
 
     os.environ[EXIT_WITH_PARENT_ENV] = str(os.getpid())  # vLLM's engine processes go when this one goes

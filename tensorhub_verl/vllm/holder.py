@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -53,7 +54,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.integrity import tensor_digests
 from tensorhub_verl.ros.manifest import HF_LAYOUT, Manifest, check_dtype, dtype_from_name, dtype_name
-from tensorhub_verl.settings import STAGING_CHOICES
+from tensorhub_verl.settings import SOURCE_LAYOUT_ENV, STAGING_CHOICES
 from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES, load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.layout import HFViews
@@ -188,9 +189,10 @@ class EngineHolder:
         return max(self.client.versions(self.config.model), default=None)
 
     def plan_source_layout(self, version: int) -> str:
-        """The engine's layout when another worker holds ``version`` in it, else ``hf``."""
+        """The engine's layout when another worker holds ``version`` in it, else ``hf`` (always ``hf`` when
+        ``$TENSORHUB_SOURCE_LAYOUT`` is ``hf``: ``attach-vllm --source-layout hf``)."""
         raw = self.client.versions(self.config.model, layout=self.config.layout).get(version, [])
-        if any(h != self.worker for h in raw):
+        if any(h != self.worker for h in raw) and os.environ.get(SOURCE_LAYOUT_ENV) != HF_LAYOUT:
             return self.config.layout
         if version in self.client.versions(self.config.model, layout=HF_LAYOUT):
             return HF_LAYOUT

@@ -1,5 +1,5 @@
 """``tensorhub demo --hosts N``: what it refuses before it builds anything (a lab needs a trainer host and a
-rollout host; elastic across lab hosts is not built), and the lab it plans for each mode."""
+rollout host, elastic also the joining node's host), and the lab it plans for each mode."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def _demo(*args: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 def test_refusals_name_the_problem(netns_ok, tmp_path):
-    proc = _demo("--mode", "elastic", "--hosts", "3", tmp_path=tmp_path)
-    assert proc.returncode == 2 and "elastic across lab hosts is not built" in proc.stderr
+    proc = _demo("--mode", "elastic", "--hosts", "2", tmp_path=tmp_path)
+    assert proc.returncode != 0 and "--mode elastic needs --hosts >= 3" in proc.stderr
     proc = _demo("--mode", "cross_dc", "--hosts", "1", tmp_path=tmp_path)
     assert proc.returncode != 0 and "--hosts must be >= 2" in proc.stderr
 
@@ -34,11 +34,46 @@ def test_mode_labs_put_the_replicas_on_two_racks_or_in_the_second_dc(tmp_path):
     cross = mode_lab("cross_dc", 3)
     assert [dc.name for dc in cross.spec.datacenters] == ["dc0", "dc1"]
     assert cross.rollout_hosts == ("d1r0h0", "d1r0h1") and cross.rollout_dc == "dc1"
-    with pytest.raises(ConfigError, match="modes are standalone, cross_dc"):
-        mode_lab("elastic", 3)
+    with pytest.raises(ConfigError, match="modes are standalone, elastic, cross_dc"):
+        mode_lab("bulk", 3)
     job = mode_job(task=None, out_dir=tmp_path, mode="cross_dc", hosts=3, variant="pull_from_trainer", steps=2)
     assert job.replicas == 2 and "tensorhub.cooperative=false" in job.extra
     assert "tensorhub.rollout_placement=resource:th_rollout_host" in job.extra
+
+
+def test_the_elastic_lab_puts_the_joining_node_beside_the_replicas_outside_the_job(tmp_path):
+    from tensorhub_verl.netlab.verl_modes import elastic_joiner, elastic_secrets
+
+    lab = mode_lab("elastic", 4)
+    racks = {r.name: r.hosts for r in lab.spec.datacenters[0].racks}
+    assert racks == {"r0": ("d0r0h0",), "r1": ("d0r1h0", "d0r1h1", "d0r1h2")}
+    assert lab.rollout_hosts == ("d0r1h0", "d0r1h1") and lab.elastic_host == "d0r1h2"
+    from tensorhub_verl.demo.task import TaskFiles
+
+    task = TaskFiles(*(tmp_path / name for name in ("model", "train", "val", "reward")))
+    job = mode_job(task=task, out_dir=tmp_path, mode="elastic", hosts=4, variant="tensorhub", steps=8)
+    assert job.replicas == 2 and job.mode == "elastic"
+    # With TensorHub the node gives its own rack (its peers are nearest); in the baseline the trainer's.
+    assert elastic_joiner(lab, "tensorhub", {}).location["rack"] == "r1"
+    base = elastic_joiner(lab, "pull_from_trainer", {})
+    assert base.location["rack"] == "r0" and base.args == ("--source-layout", "hf")
+    job_secrets = elastic_secrets()
+    node = elastic_joiner(lab, "tensorhub", job_secrets)
+    command = " ".join(node.command(job, "http://10.77.0.10:1"))
+    assert all(value not in command for value in job_secrets.values())  # never on a command line
+    assert node.env == job_secrets and set(job_secrets) == {"TENSORHUB_TOKEN", "TENSORHUB_JOB_KEY"}
+
+
+def test_the_elastic_nodes_status_becomes_its_first_pull_and_the_ones_that_followed():
+    from tensorhub_verl.netlab.verl_elastic import summary
+
+    assert summary(None, host="h", started_after_step=None)["first"] is None
+    first = {"version": 3, "pull_s": 0.2, "stall_s": 0.3, "sources": {"job-rollout-0-rank0": 1000}}
+    follow = {"version": 4, "pull_s": 0.1, "stall_s": 0.2,
+              "sources": {"job-actor-rank0": 500, "job-rollout-0-rank0": 500}}
+    out = summary({"served": 4, "first": first, "history": [first, follow]}, host="h", started_after_step=2)
+    assert out["first"]["peer_fraction"] == 1.0 and out["first"]["bytes"] == 1000
+    assert [f["peer_fraction"] for f in out["followed"]] == [0.5] and out["served"] == 4
 
 
 def test_the_summary_counts_the_trainers_copies_per_version_and_compares_the_variants():
