@@ -10,7 +10,8 @@ comes from that worker. Routes that act for a worker run inside ``HubState.actin
 One rule for the state's lock: the event loop never takes it. Plain (sync) routes run in Starlette's thread pool.
 The async routes are the ones that must not queue behind that pool (heartbeats, the fetch path, long-polls): they
 hand each state call to the hub's own small pool of state threads (``hub.state_calls``) and park, while they wait
-for a change, on ``HubState.changes`` without the lock.
+for a change, on ``HubState.changes`` without the lock. A heartbeat needs neither: it is answered on the loop
+without the lock (``HubState.heartbeat_unlocked``).
 """
 
 from __future__ import annotations
@@ -229,9 +230,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     @app.post("/v1/workers/heartbeat")
     async def heartbeat(credential: Credential = "",
                         worker: str = Query(min_length=1, max_length=256)) -> msg.WorkerAck:
-        # On a state thread, not in Starlette's pool: a heartbeat never queues behind drains or publishes that
-        # hold pool threads, so a busy hub does not drop live workers.
-        return await off_loop(_heartbeat, state, worker, credential)
+        # On the event loop without the state lock (``HubState.heartbeat_unlocked``): a heartbeat never waits for
+        # a thread or the lock, so a busy hub does not drop live workers. The rare one that must clear a
+        # suspicion or wait for retention lists goes to a state thread.
+        ack = state.heartbeat_unlocked(worker, credential)
+        return ack if ack is not None else await off_loop(_heartbeat, state, worker, credential)
 
     @app.post("/v1/workers/leave")
     def leave(credential: Credential = "", worker: str = Query(min_length=1, max_length=256)) -> msg.OkReply:
