@@ -92,8 +92,13 @@ class ReadDesk:
             return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
 
         pulling, wan = book.pulling(key), book.wan_pulling(key)
+        def stretch(chunk: int) -> tuple[list[HolderView], int]:
+            names, end = record.index.stretch(chunk)
+            return serving(names), end
+
         view = SwarmView(serving(record.index.complete), pulling, wan,
                          partial_holders=lambda chunk: serving(record.index.holders_of(chunk)),
+                         partial_stretch=stretch,
                          nearer_holders=lambda here, distance: serving(record.index.nearer(here, distance)))
 
         def everyone() -> SwarmView:
