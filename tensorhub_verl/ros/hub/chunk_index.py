@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_left
-from typing import AbstractSet, Iterable, Protocol, Sequence
+from typing import AbstractSet, Callable, Iterable, Protocol, Sequence
 
 from tensorhub_verl.ros.intervals import IntervalSet, StepSets
 from tensorhub_verl.ros.topology import Distance, Location
@@ -41,6 +41,14 @@ def candidates_for(want: int) -> int:
     """How many of a reader's chunks still to read one plan ranks for ``want`` reads: bounded whatever the size
     of the version, and enough that busy chunks rarely leave a reader short."""
     return max(_MIN_CANDIDATES, _CANDIDATES_PER_READ * want)
+
+
+def candidate_stride(want: int, run_chunks: int) -> int:
+    """How far apart a plan's candidates may sit inside a stretch of chunks with the same holders, for ``want``
+    runs of up to ``run_chunks``: the candidates then span the chunks that ``want`` whole runs would read. A run
+    started at one candidate covers the candidates after it up to its end, so consecutive candidates (stride 1)
+    gave a plan for runs one or two leases, whatever the window; 1 without runs."""
+    return max(1, run_chunks * want // candidates_for(want))
 
 
 class IndexedHolding(Protocol):
@@ -66,15 +74,18 @@ class NeedCursor:
         self._stale = 0
         """Entries of ``_order`` seen landed: compacted away once they are half of it (O(1) per chunk, amortized)."""
 
-    def candidates(self, have: AbstractSet[int], busy: AbstractSet[int], limit: int) -> list[int]:
+    def candidates(self, have: AbstractSet[int], busy: AbstractSet[int], limit: int,
+                   skip_to: Callable[[int], int] | None = None) -> list[int]:
         """Up to ``limit`` chunks not in ``have`` (landed) nor ``busy`` (this reader's reads in flight), from the
-        cursor on, wrapping around once at most."""
+        cursor on, wrapping around once at most. ``skip_to(c)``: the next chunk worth offering after candidate
+        ``c`` (the chunks between are passed over where the order visits them one after another); None: each."""
         if self._stale * 2 > len(self._order):
             self._compact(have)
         found: list[int] = []
         order, n = self._order, len(self._order)
         walked = 0
         runs = have.run_end if isinstance(have, IntervalSet) else None
+        busy_runs = getattr(busy, "run_end", None)
         while walked < n and len(found) < limit:
             at = (self._pos + walked) % n
             chunk = order[at]
@@ -84,9 +95,13 @@ class NeedCursor:
                 walked += skip
                 self._stale += skip
                 continue
-            walked += 1
-            if chunk not in busy:
-                found.append(chunk)
+            if chunk in busy:  # a run this reader reads now: skipped whole too
+                walked += _consecutive(order, at, min(busy_runs(chunk) - chunk, n - at, n - walked)) \
+                    if busy_runs else 1
+                continue
+            found.append(chunk)
+            nxt = skip_to(chunk) if skip_to is not None else chunk + 1
+            walked += _consecutive(order, at, min(nxt - chunk, n - at, n - walked)) if nxt > chunk + 1 else 1
         self._walked = walked
         return found
 
