@@ -164,6 +164,7 @@ def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results
         "exchanges_per_reader": round(exchanges / readers, 1),
         "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
         "leases_per_exchange": round(leases / exchanges, 2) if exchanges else None,
+        "peer_read_share": round(sum(r.get("from_peers", 0) for r in results) / reads, 3) if reads else None,
         "idle_waits_per_reader": round(sum(r["idle_waits"] for r in results) / readers, 1),
         "max_wait_s": round(max(r["max_wait_s"] for r in results), 4),
         "p50_wait_ms": round(1000 * waits[len(waits) // 2], 3) if waits else None,
@@ -219,7 +220,8 @@ def _row(p: dict) -> str:
     return (f"readers {p['readers']:>4}  chunks {p['chunks']:>6} ({p['model_gb']:g} GB)  hub CPU/update "
             f"{p['hub_cpu_per_update_s']:.3f} s{mark}  /exchange {p['hub_cpu_per_exchange_ms']} ms  /chunk read "
             f"{p['hub_cpu_per_chunk_read_ms']} ms  exchanges/reader {p['exchanges_per_reader']}  chunks/exchange "
-            f"{p['reads_per_exchange']}  max wait "
+            f"{p['reads_per_exchange']}  leases/exchange {p['leases_per_exchange']}  from peers "
+            f"{p['peer_read_share']}  max wait "
             f"{p['max_wait_s']} s  wall {p['wall_s']} s")
 
 
