@@ -119,3 +119,30 @@ def test_settled_release_refuses_a_read_that_a_change_overlapped():
     retention._release_of = ChangesWhileRead(original)
     assert retention.settled_release("w") is None
     assert state.heartbeat_unlocked("w", credential) is None
+
+
+def test_the_heartbeat_route_refuses_what_fastapi_refused_with_typed_errors():
+    server = th.start_hub(token="t0ken")
+    try:
+        credential = _register(server.state, "w")
+
+        def beat(query, cred=credential, token="t0ken"):
+            return httpx.post(server.url + "/v1/workers/heartbeat" + query, timeout=10.0,
+                              headers={"authorization": f"Bearer {token}", CREDENTIAL_HEADER: cred})
+        cases = {
+            "no token": (beat("?worker=w", token="wrong"), 401, "Unauthorized"),
+            "no worker": (beat(""), 422, "InvalidRequest"),
+            "empty worker": (beat("?worker="), 422, "InvalidRequest"),
+            "long worker": (beat("?worker=" + "x" * 257), 422, "InvalidRequest"),
+            "long credential": (beat("?worker=w", cred="x" * 300), 422, "InvalidRequest"),
+            "wrong credential": (beat("?worker=w", cred="not-it"), 403, "NotOwner"),
+            "unknown worker": (beat("?worker=gh%6Fst"), 404, "UnknownWorker"),
+        }
+        for name, (reply, status, error) in cases.items():
+            assert reply.status_code == status and reply.json()["error"] == error, (name, reply.text)
+        assert "query.worker" in cases["no worker"][0].json()["detail"]
+        assert "'ghost'" in cases["unknown worker"][0].json()["detail"]  # the query is URL-decoded
+        ok = beat("?worker=w")
+        assert ok.status_code == 200 and msg.WorkerAck.model_validate_json(ok.content).worker == "w"
+    finally:
+        server.stop()
