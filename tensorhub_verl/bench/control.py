@@ -124,7 +124,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a load process failed to register its readers (see its stderr)")
         hub_proc = psutil.Process(hub.pid)
-        cpu0, started = _cpu(hub_proc), time.perf_counter()
+        cpu0, started = cpu_seconds(hub_proc), time.perf_counter()
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -135,7 +135,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
                 raise RuntimeError(f"a load process exited with {proc.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - started
-        cpu = _cpu(hub_proc) - cpu0
+        cpu = cpu_seconds(hub_proc) - cpu0
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -210,7 +210,8 @@ def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = Tr
     return layout_digest("hf", [tensor], _CHUNK_BYTES)
 
 
-def _cpu(process: psutil.Process) -> float:
+def cpu_seconds(process: psutil.Process) -> float:
+    """A process's CPU seconds so far (user + system): the hub's, for ``bench control`` and ``bench hub``."""
     times = process.cpu_times()
     return times.user + times.system
 
