@@ -5,7 +5,8 @@
 One trainer (another node of the readers' rack) publishes CHUNKS chunks (default 12,800); READERS readers
 (default 8, one node) fetch them, each asking for a window of 8 leases of up to RUN_CHUNKS chunks and landing
 every assigned read at once (as ``bench control`` does, without its HTTP and load processes). Prints the process
-CPU time of the whole update and the exchanges it took: the hub's own work per update (docs/control-plane.md).
+CPU time of the whole update and the exchanges it took: the hub's own work per update (docs/control-plane.md);
+and the share of chunk reads that peers served (the swarm spreading), not the trainer.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def main(run: int, readers: int, chunks: int) -> None:
                                        regions=[msg.RegionMsg(addr=1 << 20)], **key))
     landed: dict[str, list[int]] = {name: [] for name in names}
     done: set[str] = set()
-    exchanges = 0
+    exchanges = leases = from_trainer = 0
     started = time.process_time()
     while len(done) < readers:
         for name in names:
@@ -53,12 +54,16 @@ def main(run: int, readers: int, chunks: int) -> None:
                                               run_chunks=run, **key))
             exchanges += 1
             landed[name] = [a.lease for a in reply.assignments]
+            leases += len(reply.assignments)
+            for a in reply.assignments:
+                from_trainer += a.count if a.source == "trainer" else 0
             if reply.have == reply.total and not landed[name]:
                 hub.end_fetch(msg.EndFetch(worker=name, holder=name, ok=True, hold=True, **key))
                 done.add(name)
     cpu = time.process_time() - started
     print(f"runs of {run}, {readers} readers x {chunks} chunks: hub CPU {cpu:.3f} s, {exchanges} exchanges, "
-          f"{1e6 * cpu / (readers * chunks):.2f} us per chunk read")
+          f"{1e6 * cpu / (readers * chunks):.2f} us per chunk read, {leases / exchanges:.2f} leases per exchange, "
+          f"{1 - from_trainer / (readers * chunks):.1%} of chunk reads from peers")
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a load process failed to register its readers (see its stderr)")
         hub_proc = psutil.Process(hub.pid)
-        cpu0, started = _cpu(hub_proc), time.perf_counter()
+        cpu0, started = cpu_seconds(hub_proc), time.perf_counter()
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -135,7 +135,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
                 raise RuntimeError(f"a load process exited with {proc.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - started
-        cpu = _cpu(hub_proc) - cpu0
+        cpu = cpu_seconds(hub_proc) - cpu0
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -164,6 +164,7 @@ def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results
         "exchanges_per_reader": round(exchanges / readers, 1),
         "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
         "leases_per_exchange": round(leases / exchanges, 2) if exchanges else None,
+        "peer_read_share": round(sum(r.get("from_peers", 0) for r in results) / reads, 3) if reads else None,
         "idle_waits_per_reader": round(sum(r["idle_waits"] for r in results) / readers, 1),
         "max_wait_s": round(max(r["max_wait_s"] for r in results), 4),
         "p50_wait_ms": round(1000 * waits[len(waits) // 2], 3) if waits else None,
@@ -209,7 +210,8 @@ def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = Tr
     return layout_digest("hf", [tensor], _CHUNK_BYTES)
 
 
-def _cpu(process: psutil.Process) -> float:
+def cpu_seconds(process: psutil.Process) -> float:
+    """A process's CPU seconds so far (user + system): the hub's, for ``bench control`` and ``bench hub``."""
     times = process.cpu_times()
     return times.user + times.system
 
@@ -219,7 +221,8 @@ def _row(p: dict) -> str:
     return (f"readers {p['readers']:>4}  chunks {p['chunks']:>6} ({p['model_gb']:g} GB)  hub CPU/update "
             f"{p['hub_cpu_per_update_s']:.3f} s{mark}  /exchange {p['hub_cpu_per_exchange_ms']} ms  /chunk read "
             f"{p['hub_cpu_per_chunk_read_ms']} ms  exchanges/reader {p['exchanges_per_reader']}  chunks/exchange "
-            f"{p['reads_per_exchange']}  max wait "
+            f"{p['reads_per_exchange']}  leases/exchange {p['leases_per_exchange']}  from peers "
+            f"{p['peer_read_share']}  max wait "
             f"{p['max_wait_s']} s  wall {p['wall_s']} s")
 
 

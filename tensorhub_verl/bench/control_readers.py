@@ -48,6 +48,8 @@ class _Reader:
         self.assigned = 0
         """Chunk reads assigned (a run lease counts its chunks)."""
         self.leases = 0
+        self.from_peers = 0
+        """Chunk reads assigned to another reader (not the trainer): the swarm spreading."""
         self.waits: list[float] = []
         """Seconds per exchange that asked for work while the reader had reads to report (not idle long-polls)."""
         self.idle_waits = 0
@@ -72,6 +74,7 @@ class _Reader:
             chunks = sum(a["count"] for a in body["assignments"])
             self.assigned += chunks
             self.leases += len(leases)
+            self.from_peers += sum(a["count"] for a in body["assignments"] if a["source"] != "trainer")
             if body["have"] == body["total"] and not leases:
                 break
             if leases and job["rate"]:
@@ -116,6 +119,7 @@ async def _main(job: dict) -> dict:
     return {"readers": len(readers), "done": sum(r.done for r in readers),
             "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),
             "reads": sum(r.assigned for r in readers), "leases": sum(r.leases for r in readers),
+            "from_peers": sum(r.from_peers for r in readers),
             "max_wait_s": max(waits, default=0.0),
             "waits": sorted(waits)[:: max(1, len(waits) // 2000)],
             "reader_seconds": [r.seconds for r in readers if r.done]}

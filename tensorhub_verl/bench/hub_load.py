@@ -5,7 +5,8 @@ A hub process, and one asyncio load process standing in for ``--workers`` worker
 the hub answers: once on an empty hub, once with ``--models`` x ``--versions`` published while ``--readers``
 workers run fetches (begin, exchanges, end) and ``--waiters`` long-polls stay parked on /v1/wait -- side by
 side, so the ratio shows whether a heartbeat's cost grows with what the hub holds. Reports paced heartbeat
-latency p50/p99 and the longest gap, exchange p50/p99, and whether the hub dropped any live worker.
+latency p50/p99 and the longest gap, exchange p50/p99, whether the hub dropped any live worker, and the hub
+process's CPU per heartbeat answered on the empty hub (paced and closed-loop together).
 On a small shared machine the load process competes with the hub for the same cores. Last line: JSON.
 """
 
@@ -21,7 +22,9 @@ import sys
 import time
 
 import httpx
+import psutil
 
+from tensorhub_verl.bench.control import cpu_seconds
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     hub = HubProcess(args=("--worker-timeout", str(args.worker_timeout), "--keep-versions", str(args.versions)),
                      stderr_path=os.environ.get("HUB_LOG")).start()
     try:
-        report = asyncio.run(_run(hub.url, args))
+        report = asyncio.run(_run(hub.url, psutil.Process(hub.pid), args))
     finally:
         hub.stop()
     if not args.json:
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report["dropped_workers"] == 0 else 1
 
 
-async def _run(url: str, args) -> dict:
+async def _run(url: str, hub: psutil.Process, args) -> dict:
     limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http, \
             httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=args.waiters + 1)) as idle:
@@ -69,8 +72,13 @@ async def _run(url: str, args) -> dict:
         names = [f"w{i}" for i in range(args.workers)]
         creds = dict(zip(names, await asyncio.gather(*(_register(http, w) for w in names))))
         done = asyncio.Event()
-        paced = asyncio.create_task(_heartbeats(http, creds, done, args.heartbeat_s))  # all along, as clients do
-        empty = await _capacity(http, creds, args.seconds / 2, args.streams)
+        answered = [0]
+        """Heartbeats answered so far, paced and closed-loop: the hub's CPU per heartbeat on the empty hub."""
+        paced = asyncio.create_task(_heartbeats(http, creds, done, args.heartbeat_s, answered))  # as clients do
+        beats0, cpu0, started = answered[0], cpu_seconds(hub), time.perf_counter()
+        empty = await _capacity(http, creds, args.seconds / 2, args.streams, answered)
+        empty_cpu, empty_beats = cpu_seconds(hub) - cpu0, answered[0] - beats0
+        empty_share = empty_cpu / (time.perf_counter() - started)
         started = time.perf_counter()
         await _publish_all(http, creds, names, args.models, args.versions)
         publish_s = time.perf_counter() - started
@@ -80,7 +88,7 @@ async def _run(url: str, args) -> dict:
         readers = [asyncio.create_task(_read_loop(http, f"w{i}", creds[f"w{i}"], args, exchanges, stop))
                    for i in range(min(args.readers, args.workers))]
         await asyncio.sleep(args.seconds / 2)
-        loaded = await _capacity(http, creds, args.seconds / 2, args.streams)
+        loaded = await _capacity(http, creds, args.seconds / 2, args.streams, answered)
         stop.set()
         for task in waits:  # parked: no need to wait out their poll
             task.cancel()
@@ -95,6 +103,8 @@ async def _run(url: str, args) -> dict:
         "heartbeat_capacity_per_s_empty": round(empty["rate"], 1),
         "heartbeat_capacity_per_s_loaded": round(loaded["rate"], 1),
         "capacity_ratio_loaded_vs_empty": round(loaded["rate"] / empty["rate"], 3) if empty["rate"] else None,
+        "hub_cpu_per_heartbeat_ms_empty": round(1000 * empty_cpu / empty_beats, 4) if empty_beats else None,
+        "hub_cpu_share_empty": round(empty_share, 3),
         "paced_heartbeats_per_s": round(paced["rate"], 1),
         "heartbeat_p50_ms": _ms(paced["latency"], 50), "heartbeat_p99_ms": _ms(paced["latency"], 99),
         "exchanges": len(exchanges), "exchange_p50_ms": _ms(exchanges, 50), "exchange_p99_ms": _ms(exchanges, 99),
@@ -123,7 +133,8 @@ async def _register(http: httpx.AsyncClient, worker: str) -> str:
     return reply.json()["credential"]
 
 
-async def _capacity(http: httpx.AsyncClient, creds: dict[str, str], seconds: float, streams: int) -> dict:
+async def _capacity(http: httpx.AsyncClient, creds: dict[str, str], seconds: float, streams: int,
+                    answered: list[int]) -> dict:
     """``streams`` closed loops cycling through the workers, each heartbeat sent when the last answered, on
     top of the workers' paced heartbeats: the extra heartbeats/s the hub still answers (a few streams:
     hundreds of concurrent httpx requests would make this Python load process, not the hub, the limit)."""
@@ -145,13 +156,15 @@ async def _capacity(http: httpx.AsyncClient, creds: dict[str, str], seconds: flo
             if reply.status_code != 404:  # a dropped worker is counted at the end
                 reply.raise_for_status()
                 latency.append(time.perf_counter() - sent)
+                answered[0] += 1
 
     started = time.perf_counter()
     await asyncio.gather(*(stream(i) for i in range(streams)))
     return {"rate": len(latency) / (time.perf_counter() - started), "latency": latency}
 
 
-async def _heartbeats(http: httpx.AsyncClient, creds: dict[str, str], done: asyncio.Event, period_s: float) -> dict:
+async def _heartbeats(http: httpx.AsyncClient, creds: dict[str, str], done: asyncio.Event, period_s: float,
+                      answered: list[int]) -> dict:
     """Every worker heartbeats every ``period_s``, as clients do, spread over the period, until ``done``:
     latency and the longest gap between two answered heartbeats of one worker (it must stay well under the
     hub's worker timeout)."""
@@ -168,6 +181,7 @@ async def _heartbeats(http: httpx.AsyncClient, creds: dict[str, str], done: asyn
             if reply.status_code == 404:  # the hub dropped this worker: counted at the end, not retried
                 return
             reply.raise_for_status()
+            answered[0] += 1
             now = time.perf_counter()
             latency.append(now - sent)
             gaps.append(now - last)

@@ -184,6 +184,75 @@ class Coverage:
                 out.update(range(point, self._points[k + 1]))
         return out
 
+class StepSets:
+    """A set of names for each integer (who holds each chunk), kept as a step function: sorted breakpoints, the set
+    ``_sets[i]`` on [``_points[i]``, ``_points[i + 1]``), empty before the first and from the last on. Adding a
+    name over a run costs the steps it spans, not its integers, and ``step(x)`` answers x's set and where the
+    step ends: every integer up to there has exactly that set. Neighbouring steps with equal sets are merged."""
+
+    __slots__ = ("_points", "_sets")
+
+    def __init__(self) -> None:
+        self._points: list[int] = []
+        self._sets: list[set[str]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._points)
+
+    def add(self, start: int, end: int, name: str) -> None:
+        """``name`` holds [start, end) too."""
+        if start < end:
+            i, j = self._cut(start), self._cut(end)
+            for k in range(i, j):
+                self._sets[k].add(name)
+            self._merge(i, j)
+
+    def remove(self, start: int, end: int, name: str) -> None:
+        """``name`` holds nothing in [start, end) any more."""
+        if start < end:
+            i, j = self._cut(start), self._cut(end)
+            for k in range(i, j):
+                self._sets[k].discard(name)
+            self._merge(i, j)
+
+    def at(self, x: int) -> AbstractSet[str]:
+        """The names holding ``x`` (the live set: read it, do not keep it)."""
+        i = bisect_right(self._points, x) - 1
+        return self._sets[i] if i >= 0 else _NOBODY
+
+    def step(self, x: int) -> tuple[AbstractSet[str], int | None]:
+        """``at(x)``, and the end of its step (None: no end, nobody holds anything from ``x`` on)."""
+        points = self._points
+        i = bisect_right(points, x) - 1
+        end = points[i + 1] if i + 1 < len(points) else None
+        return (self._sets[i] if i >= 0 else _NOBODY), end
+
+    def _cut(self, x: int) -> int:
+        """The index of a breakpoint at ``x``, made (with the set of the step it splits) when there is none."""
+        points = self._points
+        i = bisect_left(points, x)
+        if i == len(points) or points[i] != x:
+            points.insert(i, x)
+            self._sets.insert(i, set(self._sets[i - 1]) if i else set())
+        return i
+
+    def _merge(self, i: int, j: int) -> None:
+        """Drops the breakpoints i..j whose step has the set of the step before (highest first: an index below
+        stays valid); the first step's set is never empty, nor is the last's anything but empty."""
+        points, sets = self._points, self._sets
+        for k in range(min(j, len(points) - 1), max(i, 1) - 1, -1):
+            before, here = sets[k - 1], sets[k]
+            if len(before) == len(here) and before == here:
+                del points[k]
+                del sets[k]
+        if points and not sets[0]:
+            del points[0]
+            del sets[0]
+
+
+_NOBODY: frozenset[str] = frozenset()
+
+
 def first_held(chunks: AbstractSet[int] | None, start: int, end: int) -> int:
     """The first chunk in [start, end) that ``chunks`` holds (None: every chunk); ``end`` when none."""
     if chunks is None:

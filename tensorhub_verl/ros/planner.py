@@ -100,6 +100,10 @@ class SwarmView:
     """chunk -> the partial holders (row shards, filling readers) that have it, from an index kept up to date
     (``chunk_index.ChunkIndex``); ``holders`` then need list only the complete holders. None: the partial
     holders are found by walking the chunks of every partial holder in ``holders``."""
+    partial_stretch: Callable[[int], tuple[Sequence[HolderView], int]] | None = None
+    """chunk -> (``partial_holders(chunk)``, the end of the stretch of chunks from it that have those same
+    holders), from the same index: the candidates of a plan for runs are mostly consecutive chunks with the same
+    holders, looked up once per stretch. None: ``partial_holders`` chunk by chunk."""
     nearer_holders: Callable[[Location, Distance], Sequence[HolderView]] | None = None
     """(reader's location, distance) -> every partial holder nearer to it than that: with it a run is extended by
     interval lookups (the holders' chunks, ``pulling`` and ``wan_pulling`` as interval sets answer "the first
@@ -363,10 +367,20 @@ def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: 
                      config: PlannerConfig) -> dict[int, list[HolderView]]:
     """chunk -> its partial holders other than ``reader`` (only published ones for the naive baseline)."""
     partial: dict[int, list[HolderView]] = defaultdict(list)
+    keep = lambda found: [h for h in found if h.holder != reader  # noqa: E731
+                          and h.chunks is not None and (config.cooperative or h.published)]
+    if view.partial_stretch is not None:  # from the index, once per stretch of the same holders
+        start = end = 0
+        kept: list[HolderView] = []
+        for chunk in order:
+            if not start <= chunk < end:
+                found, end = view.partial_stretch(chunk)
+                start, kept = chunk, keep(found)
+            partial[chunk] = kept  # one list for the stretch: the plan never changes it
+        return partial
     if view.partial_holders is not None:  # from the index: only the chunks considered
         for chunk in order:
-            partial[chunk] = [h for h in view.partial_holders(chunk) if h.holder != reader
-                              and h.chunks is not None and (config.cooperative or h.published)]
+            partial[chunk] = keep(view.partial_holders(chunk))
         return partial
     for h in holders:
         if config.cooperative or h.published:  # the naive baseline reads only from published holders

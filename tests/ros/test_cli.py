@@ -118,3 +118,4 @@ def test_bench_control_readers_ask_for_runs_and_count_chunks_per_exchange():
     point = last_json(result.stdout)["points"][0]
     assert point["complete"] and point["reads"] == 4 * 64  # every chunk booked once, through run leases
     assert point["leases"] < point["reads"] and point["exchanges_per_reader"] < 64 / 8
+    assert 0 < point["peer_read_share"] < 1  # the readers read from each other, not only from the trainer

@@ -105,6 +105,34 @@ def test_the_chunk_index_answers_who_holds_each_chunk_through_runs_long_and_shor
                 assert set(index.holders_of(chunk)) == {h for h, held in model.items() if chunk in held}
 
 
+def test_a_stretch_of_the_chunk_index_has_the_same_holders_throughout():
+    # A plan looks a candidate's holders up once per stretch (ChunkIndex.stretch): every chunk of a stretch must
+    # have exactly the holders of its first, through runs long and short, added and removed.
+    rng = random.Random(5)
+    index, model = ChunkIndex(1000), {f"h{i}": set() for i in range(6)}
+    lengths = []
+    for step in range(400):
+        holder = rng.choice(list(model))
+        if rng.random() < 0.1:
+            index.remove(holder, set(model[holder]))
+            model[holder] = set()
+        else:
+            start = rng.randrange(1000)
+            chunks = range(start, min(1000, start + rng.choice((1, 3, 64, 200, 1024))))
+            index.add(holder, chunks)
+            model[holder].update(chunks)
+        if step % 25 == 0:
+            chunk = 0
+            while chunk < 1000:
+                names, end = index.stretch(chunk)
+                assert chunk < end <= 1000 and set(names) == set(index.holders_of(chunk))
+                for c in range(chunk, end):
+                    assert {h for h, held in model.items() if c in held} == set(names), (chunk, end, c)
+                lengths.append(end - chunk)
+                chunk = end
+    assert sum(lengths) > 8 * len(lengths)  # a stretch spans many chunks, not one
+
+
 def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
     cursor = NeedCursor("reader", range(100))
     have: set[int] = set()

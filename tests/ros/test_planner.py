@@ -147,13 +147,21 @@ def test_planning_from_the_chunk_index_gives_the_plan_the_full_walk_gives():
             for c in h.chunks:
                 by_chunk.setdefault(c, []).append(h)
         pulling = {c: [rng.choice(locations)] for c in range(40) if rng.random() < 0.2}
+        def stretch(chunk):  # the holders of ``chunk`` and where the same holders end
+            names, end = {h.holder for h in by_chunk.get(chunk, [])}, chunk + 1
+            while end < 40 and {h.holder for h in by_chunk.get(end, [])} == names:
+                end += 1
+            return by_chunk.get(chunk, []), rng.randrange(chunk + 1, end + 1)  # any end up to there is right
+
         request = PlanRequest("p0", N0, [c for c in range(40) if c not in holders[1].chunks], 8)
         for cooperative in (True, False):
             config = PlannerConfig(cooperative=cooperative)
             walked = plan_chunks(request, SwarmView(holders, pulling), config)
             indexed = plan_chunks(request, SwarmView(holders, pulling, partial_holders=lambda c: by_chunk.get(c, [])),
                                   config)
-            assert walked == indexed
+            stretched = plan_chunks(request, SwarmView(holders, pulling, partial_holders=lambda c: by_chunk.get(c, []),
+                                                       partial_stretch=stretch), config)
+            assert walked == indexed == stretched
 
 
 def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
@@ -162,13 +170,14 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
     # chunk. On random swarms of runs both must plan exactly the same reads.
     import random
 
-    from tensorhub_verl.ros.intervals import Coverage, IntervalSet, first_held
+    from tensorhub_verl.ros.hub.chunk_index import ChunkIndex
     from tensorhub_verl.ros.hub.lease_book import PullIndex
+    from tensorhub_verl.ros.intervals import Coverage, IntervalSet, first_held
 
     rng = random.Random(11)
     locations = [N0, N1, RACK1, DC1_A, DC1_B]
     total = 120
-    lengths = []
+    lengths, stretches = [], []
 
     def runs_of(p):  # chunks in random runs, as a swarm of run leases leaves them
         chunks = set()
@@ -208,6 +217,16 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
         def nearer(location, distance):
             return [h for h in indexed_holders[1:] if location.distance(h.location) < distance]
 
+        index = ChunkIndex(total)  # the hub's index of partial holders, looked up once per stretch
+        for h in indexed_holders[1:]:
+            index.add(h.holder, h.chunks)
+        by_name = {h.holder: h for h in indexed_holders}
+
+        def stretch(chunk):
+            names, end = index.stretch(chunk)
+            stretches.append(end - chunk)
+            return [by_name[n] for n in sorted(names)], end
+
         request = dict(reader="p0", location=here, needed=needed, max_assignments=rng.randrange(1, 9),
                        may_cross_wan=rng.random() < 0.5, run_chunks=rng.choice((2, 8, 64)))
         walked = plan_chunks(PlanRequest(**request, needs=needs),
@@ -215,7 +234,12 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
         indexed = plan_chunks(PlanRequest(**request, needs=needs, needs_until=needs_until),
                               SwarmView(indexed_holders, pulling_index, {here.dc: wan_index},
                                         nearer_holders=nearer), PlannerConfig())
-        assert walked == indexed, trial
+        stretched = plan_chunks(PlanRequest(**request, needs=needs, needs_until=needs_until),
+                                SwarmView(indexed_holders[:1], pulling_index, {here.dc: wan_index},
+                                          partial_stretch=stretch, nearer_holders=nearer), PlannerConfig())
+        assert walked == indexed == stretched, trial
         lengths += [(a.count, request["run_chunks"]) for a in walked]
     assert sum(n > 1 for n, _ in lengths) > 100  # runs were made, and cut short by the swarm
+    # holders looked up once per stretch, not per chunk (these swarms' runs are short: filed chunk by chunk)
+    assert sum(stretches) > 1.5 * len(stretches)
     assert sum(1 < n < cap for n, cap in lengths) > 50

@@ -216,3 +216,28 @@ def test_the_hubs_runs_stop_at_a_chunk_a_nearer_reader_already_holds():
     by_chunk = {c: a.source for a in reply.assignments for c in range(a.chunk, a.chunk + a.count)}
     assert by_chunk[lease.chunk] == "mate" and len(by_chunk) == 8  # the mate on this node serves its chunk
     assert any(a.count > 1 for a in reply.assignments)
+
+
+def test_one_plan_hands_out_a_window_of_runs_not_one_run_over_its_candidates():
+    # A plan ranks 64 candidate chunks; for runs they sit apart (chunk_index.candidate_stride), so the window of
+    # 4 runs of 64 is handed out in one exchange. Consecutive candidates gave one run over them all, and the
+    # reader needed an exchange per run.
+    state, _, m = fetching(chunks=1024)
+    first = exchange(state, m, run=64, want=4).assignments
+    assert len(first) == 4 and [a.count for a in first] == [64] * 4
+    assert len(set(covered(first))) == 256
+    second = exchange(state, m, run=64, want=4, completed=[a.lease for a in first]).assignments
+    assert len(second) == 4 and not set(covered(first)) & set(covered(second))
+
+
+def test_a_cursor_passes_over_the_chunks_between_spaced_candidates_and_over_its_own_runs():
+    from tensorhub_verl.ros.hub.chunk_index import NeedCursor
+    from tensorhub_verl.ros.hub.lease_book import ReaderRuns
+    from tensorhub_verl.ros.intervals import IntervalSet
+
+    cursor = NeedCursor("r", range(1000))
+    start = cursor.candidates(IntervalSet(), frozenset(), 1)[0]
+    spaced = cursor.candidates(IntervalSet(), frozenset(), 5, skip_to=lambda c: c + 10)
+    assert spaced == [(start + 10 * k) % 1000 for k in range(5)]
+    busy = ReaderRuns({1: (start, start + 300)})  # the reader reads a run of 300 from its first chunk
+    assert cursor.candidates(IntervalSet(), busy, 2) == [(start + 300) % 1000, (start + 301) % 1000]

@@ -6,12 +6,10 @@ set on each exchange costs readers x chunks; here it is kept up to date as chunk
 candidates come from a cursor over its chunks still to read, so one exchange looks at a bounded number of
 chunks whatever the size of the version.
 
-Chunks that land in runs of ``_BLOCK`` or more go into the holder's ``IntervalSet``, and the version's chunks
-are cut in blocks of ``_BLOCK`` chunks, each listing the holders that hold all of it and those that hold a part
-of it: a landed run of n chunks costs O(n / _BLOCK) set updates, not n. Chunks that land a few at a time (runs
-off, or short runs) are filed per chunk as before: filed by block, scattered chunks would put every holder in
-every block's partial list, and a lookup would bisect each of them. Who holds a chunk: its per-chunk holders,
-its block's full holders, and those of the block's partial holders whose intervals hold it.
+Who holds each chunk is a step function (``intervals.StepSets``): the set of partial holders on each stretch of
+chunks where it does not change. A landed run costs the stretches it spans, not its chunks; one lookup answers a
+chunk's holders and where the stretch with those same holders ends, so a plan whose candidates are mostly
+consecutive chunks looks holders up once per stretch (``stretch``), not once per chunk.
 
 Partial holders are also listed by place (datacenter, rack, node): a run is extended by asking only the holders
 nearer to its reader than its source where each first holds a chunk of the run (``nearer``), by bisection in
@@ -29,13 +27,12 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_left
-from typing import AbstractSet, Iterable, Protocol, Sequence
+from typing import AbstractSet, Callable, Iterable, Protocol, Sequence
 
-from tensorhub_verl.ros.intervals import IntervalSet
+from tensorhub_verl.ros.intervals import IntervalSet, StepSets
 from tensorhub_verl.ros.topology import Distance, Location
 
 _EMPTY: frozenset[str] = frozenset()
-_BLOCK = 64
 _MIN_CANDIDATES = 64
 _CANDIDATES_PER_READ = 8
 
@@ -44,6 +41,14 @@ def candidates_for(want: int) -> int:
     """How many of a reader's chunks still to read one plan ranks for ``want`` reads: bounded whatever the size
     of the version, and enough that busy chunks rarely leave a reader short."""
     return max(_MIN_CANDIDATES, _CANDIDATES_PER_READ * want)
+
+
+def candidate_stride(want: int, run_chunks: int) -> int:
+    """How far apart a plan's candidates may sit inside a stretch of chunks with the same holders, for ``want``
+    runs of up to ``run_chunks``: the candidates then span the chunks that ``want`` whole runs would read. A run
+    started at one candidate covers the candidates after it up to its end, so consecutive candidates (stride 1)
+    gave a plan for runs one or two leases, whatever the window; 1 without runs."""
+    return max(1, run_chunks * want // candidates_for(want))
 
 
 class IndexedHolding(Protocol):
@@ -69,15 +74,18 @@ class NeedCursor:
         self._stale = 0
         """Entries of ``_order`` seen landed: compacted away once they are half of it (O(1) per chunk, amortized)."""
 
-    def candidates(self, have: AbstractSet[int], busy: AbstractSet[int], limit: int) -> list[int]:
+    def candidates(self, have: AbstractSet[int], busy: AbstractSet[int], limit: int,
+                   skip_to: Callable[[int], int] | None = None) -> list[int]:
         """Up to ``limit`` chunks not in ``have`` (landed) nor ``busy`` (this reader's reads in flight), from the
-        cursor on, wrapping around once at most."""
+        cursor on, wrapping around once at most. ``skip_to(c)``: the next chunk worth offering after candidate
+        ``c`` (the chunks between are passed over where the order visits them one after another); None: each."""
         if self._stale * 2 > len(self._order):
             self._compact(have)
         found: list[int] = []
         order, n = self._order, len(self._order)
         walked = 0
         runs = have.run_end if isinstance(have, IntervalSet) else None
+        busy_runs = getattr(busy, "run_end", None)
         while walked < n and len(found) < limit:
             at = (self._pos + walked) % n
             chunk = order[at]
@@ -87,9 +95,13 @@ class NeedCursor:
                 walked += skip
                 self._stale += skip
                 continue
-            walked += 1
-            if chunk not in busy:
-                found.append(chunk)
+            if chunk in busy:  # a run this reader reads now: skipped whole too
+                walked += _consecutive(order, at, min(busy_runs(chunk) - chunk, n - at, n - walked)) \
+                    if busy_runs else 1
+                continue
+            found.append(chunk)
+            nxt = skip_to(chunk) if skip_to is not None else chunk + 1
+            walked += _consecutive(order, at, min(nxt - chunk, n - at, n - walked)) if nxt > chunk + 1 else 1
         self._walked = walked
         return found
 
@@ -136,16 +148,8 @@ def _consecutive(order: list[int], i: int, most: int) -> int:
 class ChunkIndex:
     def __init__(self, total: int):
         self.total = total
-        self._holders: dict[int, set[str]] = {}
-        """chunk -> partial holders (row shards, filling readers) that may serve it, filed a few at a time."""
-        self._few: dict[str, list[int]] = {}
-        """partial holder -> its chunks filed in ``_holders``."""
-        self._held: dict[str, IntervalSet] = {}
-        """partial holder -> its chunks filed by block (landed in long runs)."""
-        self._full: dict[int, set[str]] = {}
-        """block -> the partial holders holding every chunk of it."""
-        self._part: dict[int, set[str]] = {}
-        """block -> the partial holders holding some of its chunks, not all."""
+        self._steps = StepSets()
+        """chunk -> the partial holders (row shards, filling readers) that may serve it, stretch by stretch."""
         self._cursors: dict[str, NeedCursor] = {}
         self.complete: set[str] = set()
         """Holders of every chunk (in any state: the hub checks whether each may serve)."""
@@ -183,75 +187,24 @@ class ChunkIndex:
         self.end_reader(holding.holder)
 
     def add(self, holder: str, chunks: Iterable[int]) -> None:
-        added = chunks if isinstance(chunks, (range, IntervalSet)) else IntervalSet(chunks)
-        few = None
-        for start, end in _spans(added):
-            if end - start >= _BLOCK:
-                held = self._held.setdefault(holder, IntervalSet())
-                held.add_range(start, end)
-                self._refile(holder, held, range(start, end))
-                continue
-            few = self._few.setdefault(holder, []) if few is None else few
-            few.extend(range(start, end))
-            for chunk in range(start, end):
-                self._holders.setdefault(chunk, set()).add(holder)
+        """``holder`` serves ``chunks`` as a partial holder (they landed, or it entered holding them)."""
+        for start, end in _spans(chunks):
+            self._steps.add(start, end, holder)
 
     def remove(self, holder: str, chunks: Iterable[int]) -> None:
         """``holder`` no longer serves ``chunks`` as a partial holder (it left, or now holds every chunk)."""
-        gone = chunks if isinstance(chunks, (range, IntervalSet)) else IntervalSet(chunks)
-        held = self._held.get(holder)
-        if held is not None:
-            for start, end in _spans(gone):
-                held.remove_range(start, end)
-            self._refile(holder, held, gone)
-            if not held:
-                del self._held[holder]
-        few = self._few.get(holder)
-        if few is not None:
-            kept = []
-            for chunk in few:
-                if chunk not in gone:
-                    kept.append(chunk)
-                    continue
-                holders = self._holders.get(chunk)
-                if holders is not None:
-                    holders.discard(holder)
-                    if not holders:
-                        del self._holders[chunk]
-            if kept:
-                self._few[holder] = kept
-            else:
-                del self._few[holder]
-
-    def _refile(self, holder: str, held: IntervalSet, changed: range | IntervalSet) -> None:
-        """Files ``holder`` under each block that ``changed`` touches: full, partial, or neither."""
-        blocks = set()
-        for start, end in _spans(changed):
-            blocks.update(range(start // _BLOCK, (end - 1) // _BLOCK + 1))
-        for block in blocks:
-            start, end = block * _BLOCK, min((block + 1) * _BLOCK, self.total)
-            full = held.run_end(start) >= end
-            some = full or held.first_in(start, end) < end
-            for table, member in ((self._full, full), (self._part, some and not full)):
-                names = table.get(block)
-                if member:
-                    table.setdefault(block, set()).add(holder)
-                elif names is not None:
-                    names.discard(holder)
-                    if not names:
-                        del table[block]
+        for start, end in _spans(chunks):
+            self._steps.remove(start, end, holder)
 
     def holders_of(self, chunk: int) -> AbstractSet[str]:
         """The partial holders that may serve ``chunk`` (read it, do not keep it)."""
-        few = self._holders.get(chunk, _EMPTY)
-        if not self._held:
-            return few
-        block = chunk // _BLOCK
-        full, part = self._full.get(block, _EMPTY), self._part.get(block)
-        if part:
-            held = self._held
-            full = full | {h for h in part if held[h].holds(chunk)}
-        return full | few if few and full else full or few
+        return self._steps.at(chunk)
+
+    def stretch(self, chunk: int) -> tuple[AbstractSet[str], int]:
+        """``holders_of(chunk)``, and the end of the stretch of chunks from ``chunk`` on that have exactly those
+        partial holders (at most the version's end)."""
+        holders, end = self._steps.step(chunk)
+        return holders, self.total if end is None else min(end, self.total)
 
     def nearer(self, here: Location, distance: Distance) -> AbstractSet[str]:
         """The partial holders nearer to ``here`` than ``distance`` (entered with a location)."""
@@ -281,7 +234,8 @@ def places(where: Location) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str
     return (where.dc,), (where.dc, where.rack), (where.dc, where.rack, where.node)
 
 
-def _spans(chunks: range | IntervalSet) -> list[tuple[int, int]]:
-    if isinstance(chunks, range):
+def _spans(chunks: Iterable[int]) -> list[tuple[int, int]]:
+    """``chunks`` as [start, end) stretches: a range or an IntervalSet as they are, anything else run by run."""
+    if isinstance(chunks, range) and chunks.step == 1:
         return [(chunks.start, chunks.stop)] if chunks else []
-    return chunks.intervals()
+    return (chunks if isinstance(chunks, IntervalSet) else IntervalSet(chunks)).intervals()

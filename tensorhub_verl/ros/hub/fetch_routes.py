@@ -1,4 +1,5 @@
-"""The hub's hot fetch routes (``/v1/fetch/begin``, ``/v1/fetch/exchange``) as plain ASGI, in front of FastAPI.
+"""The hub's hot routes (``/v1/fetch/begin``, ``/v1/fetch/exchange``, ``/v1/workers/heartbeat``) as plain ASGI, in
+front of FastAPI.
 
 Every reader makes these requests all through an update, so their per-request cost is the hub's. Through FastAPI
 each one paid for routing, dependency resolution, a JSON parse into dicts, validation of those dicts, and then
@@ -8,12 +9,17 @@ call (``model_dump_json``). What the routes do is unchanged: the same ``HubState
 credential check, each on a state thread (``hub.state_calls``: the event loop never takes the state's lock), the same answers, the same errors (a ``TensorHubError`` with the status FastAPI's handler gives
 it, a malformed body 422 ``InvalidRequest``). The bearer token is checked before this (``app._TokenGate``),
 the body's size by ``app._BodyLimit``, and the hub instance is stamped on the reply by ``_StampInstance``.
+
+A heartbeat is answered on the event loop without the state lock (``HubState.heartbeat_unlocked``); only one that
+must clear a suspicion or wait for retention lists goes to a state thread. Its ``worker`` query parameter is checked
+as FastAPI checked it (1 to 256 characters, else 422 ``InvalidRequest``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from urllib.parse import parse_qsl
 from typing import Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
@@ -88,6 +94,32 @@ async def exchange(state: HubState, off_loop: StateCalls, req: msg.Exchange, cre
     return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
 
 
+HEARTBEAT_PATH = "/v1/workers/heartbeat"
+_WORKER_MAX = 256
+
+
+def locked_heartbeat(state: HubState, worker: str, credential: str) -> msg.WorkerAck:
+    """A heartbeat under the state lock: one that clears a suspicion, or finds the retention lists changing."""
+    with state.acting_as(worker, credential):
+        return state.heartbeat(worker)
+
+
+async def heartbeat(state: HubState, off_loop: StateCalls, worker: str, credential: str) -> msg.WorkerAck:
+    """``/v1/workers/heartbeat``: on the event loop without the state lock, or, when it needs the lock, on a state
+    thread (never in Starlette's pool, where drains and publishes may hold every thread)."""
+    ack = state.heartbeat_unlocked(worker, credential)
+    return ack if ack is not None else await off_loop(locked_heartbeat, state, worker, credential)
+
+
+def _query_worker(query: bytes) -> str | None:
+    """The ``worker`` query parameter (the last one given), None when absent."""
+    worker = None
+    for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name == "worker":
+            worker = value
+    return worker
+
+
 Handler = Callable[[HubState, StateCalls, BaseModel, str], Awaitable[BaseModel]]
 ROUTES: dict[str, tuple[type[BaseModel], Handler]] = {
     "/v1/fetch/begin": (msg.BeginFetch, begin),
@@ -102,10 +134,11 @@ class FetchRoutes:
         self.app, self.state, self.statuses, self.off_loop = app, state, statuses, off_loop
 
     async def __call__(self, scope, receive, send):
-        route = ROUTES.get(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if route is None:
+        post = scope["type"] == "http" and scope["method"] == "POST"
+        path = scope.get("path", "") if post else ""
+        route = ROUTES.get(path)
+        if route is None and path != HEARTBEAT_PATH:
             return await self.app(scope, receive, send)
-        model, handler = route
         credential = b""
         for name, value in scope.get("headers") or ():
             if name == _CREDENTIAL:
@@ -114,6 +147,9 @@ class FetchRoutes:
         if len(credential) > _CREDENTIAL_MAX:
             return await _answer(send, 422, _invalid(f"{CREDENTIAL_HEADER}: longer than {_CREDENTIAL_MAX} "
                                                      "characters"))
+        if route is None:
+            return await self._heartbeat(scope, send, credential.decode("latin-1"))
+        model, handler = route
         body = await _read_body(receive)
         try:
             req = model.model_validate_json(body)
@@ -124,6 +160,17 @@ class FetchRoutes:
         except errors.TensorHubError as exc:
             return await _answer(send, status_of(exc, self.statuses), error_body(exc))
         await _answer(send, 200, reply.model_dump_json().encode())
+
+    async def _heartbeat(self, scope, send, credential: str) -> None:
+        worker = _query_worker(scope.get("query_string", b""))
+        if worker is None or not 1 <= len(worker) <= _WORKER_MAX:
+            problem = "Field required" if worker is None else f"must have 1 to {_WORKER_MAX} characters"
+            return await _answer(send, 422, _invalid(f"malformed request: query.worker: {problem}"))
+        try:
+            ack = await heartbeat(self.state, self.off_loop, worker, credential)
+        except errors.TensorHubError as exc:
+            return await _answer(send, status_of(exc, self.statuses), error_body(exc))
+        await _answer(send, 200, ack.model_dump_json().encode())
 
 
 def _invalid(detail: str) -> bytes:

@@ -120,6 +120,10 @@ class ReaderRuns(AbstractSet[int]):
         """The first chunk in [start, end) these leases read; ``end`` when none."""
         return min((max(start, s) for s, e in self._runs.values() if s < end and e > start), default=end)
 
+    def run_end(self, chunk: int) -> int:
+        """The end of a lease's run that reads ``chunk`` (``chunk`` itself when none does)."""
+        return max((e for s, e in self._runs.values() if s <= chunk < e), default=chunk)
+
 
 class LeaseBook:
     def __init__(self) -> None:

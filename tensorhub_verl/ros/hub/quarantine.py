@@ -36,6 +36,11 @@ class Quarantine:
     def suspect(self, worker: str, now: float) -> bool:
         return self._suspect_until.get(worker, 0) > now
 
+    def listed(self, worker: str) -> bool:
+        """Whether ``worker`` has a suspicion on record (ended or not): one dict lookup, safe without the state
+        lock, so a heartbeat of a worker with none is answered without it."""
+        return worker in self._suspect_until
+
     def cleared(self, worker: str) -> bool:
         """The worker proved alive (a heartbeat), or left: no longer suspect. True when it was suspect (waiting
         readers may be planned on it now)."""

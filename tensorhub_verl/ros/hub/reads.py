@@ -13,7 +13,7 @@ from typing import AbstractSet, Iterator
 
 from tensorhub_verl.errors import NotOwner
 from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub.chunk_index import candidates_for
+from tensorhub_verl.ros.hub.chunk_index import candidate_stride, candidates_for
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord, WorkerRecord
@@ -92,8 +92,13 @@ class ReadDesk:
             return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
 
         pulling, wan = book.pulling(key), book.wan_pulling(key)
+        def stretch(chunk: int) -> tuple[list[HolderView], int]:
+            names, end = record.index.stretch(chunk)
+            return serving(names), end
+
         view = SwarmView(serving(record.index.complete), pulling, wan,
                          partial_holders=lambda chunk: serving(record.index.holders_of(chunk)),
+                         partial_stretch=stretch,
                          nearer_holders=lambda here, distance: serving(record.index.nearer(here, distance)))
 
         def everyone() -> SwarmView:
@@ -102,7 +107,12 @@ class ReadDesk:
             return SwarmView([v for n in sorted(names) if (v := view_of(n)) is not None], pulling, wan)
 
         cursor = record.index.cursor(holding.holder)
-        needed = cursor.candidates(holding.chunks, mine, candidates_for(want))
+        stride = candidate_stride(want, run_chunks)
+        index = record.index
+        # Candidates for runs sit up to ``stride`` apart, and at every change of holders between (a nearer or
+        # another source starts there): a plan then finds ``want`` runs, not the one that covers them all.
+        skip_to = (lambda c: min(c + stride, index.stretch(c)[1])) if stride > 1 else None
+        needed = cursor.candidates(holding.chunks, mine, candidates_for(want), skip_to)
         filling = record.index.filling()
         seeds = [s for s in record.seeds[location.dc] if s in record.holdings]
         request, record.seeds[location.dc] = reader_request(

@@ -48,12 +48,18 @@ class WorkerRecord:
     """sha256 of the worker's credential: a leaked status dump or core file does not leak the secret."""
     grant_key: bytes = b""
     """The key this worker's data-plane server checks read grants with (grants.py); empty: it needs none."""
-    stall_at_seen: float = 0.0
-    """The hub's own stall total (StallMeter.stalled) when this worker was last heard."""
+    awake_at_seen: float | None = None
+    """The hub's awake clock (its clock less its own stalls, ``liveness``) when this worker was last heard; None:
+    ``last_seen`` (no stall yet). One float, so a heartbeat answered without the state lock writes it in one
+    store and the sweeper never reads half of an update."""
     job: str = DEFAULT_JOB
     """The job its registration's job key admits it to (``ownership.job_of``)."""
     plane: str = "nixl"
     """Its data plane (``RegisterWorker.plane``): one per hub (``planes/one_plane.py``)."""
+
+    def __post_init__(self) -> None:
+        if self.awake_at_seen is None:
+            self.awake_at_seen = self.last_seen
 
 
 @dataclass(slots=True)

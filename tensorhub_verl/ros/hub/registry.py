@@ -100,16 +100,13 @@ class Registry:
 
     def touch(self, worker: str, now: float, stalled: float) -> WorkerRecord:
         """Records that ``worker`` was heard at ``now`` (the hub's stall total then: see ``silence``)."""
-        record = self.require(worker)
-        record.last_seen = now
-        record.stall_at_seen = stalled
-        return record
+        return heard(self.require(worker), now, stalled)
 
     @staticmethod
     def silence(record: WorkerRecord, now: float, stalled: float) -> float:
         """How long the worker was silent while the hub was awake (``liveness``): heartbeats that queued while
         the hub's own event loop stalled do not count against the worker that sent them."""
-        return now - record.last_seen - (stalled - record.stall_at_seen)
+        return now - stalled - record.awake_at_seen
 
     def silent(self, now: float, stalled: float) -> list[tuple[WorkerRecord, float]]:
         """The workers silent past the timeout, with their silence."""
@@ -118,6 +115,16 @@ class Registry:
 
     def alive(self, record: WorkerRecord, now: float, stalled: float) -> bool:
         return self.silence(record, now, stalled) <= self.worker_timeout_s
+
+
+def heard(record: WorkerRecord, now: float, stalled: float) -> WorkerRecord:
+    """Records that the worker was heard at ``now``, when the hub had been stalled ``stalled`` seconds in all.
+    Safe without the state lock (a heartbeat on the event loop): liveness reads only ``awake_at_seen``, written
+    in one store; ``last_seen`` is for display. A record the sweeper dropped meanwhile is written to and
+    forgotten: its worker's next call finds it unknown and registers again."""
+    record.last_seen = now
+    record.awake_at_seen = now - stalled
+    return record
 
 
 def hash_secret(secret: str) -> bytes:

@@ -5,6 +5,9 @@ Retention keeps the newest ``keep_versions`` visible versions of each model; eve
 heartbeat ack, its active holdings outside that window. Both answers are kept per model and brought up to date only
 for the models whose holdings changed since (``changed``): a heartbeat costs O(1) in models and versions, and after
 a hub restart, when every worker re-registers at once, a registration does not walk every model's versions.
+
+``settled_release`` answers a worker's list without the state lock (a heartbeat on the event loop): ``seq`` moves
+before any change of the lists, so a read that saw no change from start to end read lists nobody was changing.
 """
 
 from __future__ import annotations
@@ -26,17 +29,34 @@ class Retention:
         """model -> the workers actively holding its newest visible version(s): whom a joiner likely reads from."""
         self._newest_dirty: set[str] = set()
         self._newest_union: frozenset[str] | None = None
+        self.seq = 0
+        """Bumped before the release lists may change (``changed``): readers without the lock compare it."""
 
     def changed(self, *models: str) -> None:
         """A holding of these models appeared, turned active, or went: both answers look at them again."""
+        self.seq += 1
         self._stale_models.update(models)
         self._newest_dirty.update(models)
 
     def release_for(self, worker: str, versions: VersionStore) -> list[msg.HoldingKey]:
         """The worker's active holdings outside the retention window."""
         while self._stale_models:
-            self._rebuild(self._stale_models.pop(), versions)
+            model = next(iter(self._stale_models))
+            self._rebuild(model, versions)
+            self._stale_models.discard(model)  # only once rebuilt: a reader without the lock sees it stale till then
         return list(self._release_of.get(worker, {}).values())
+
+    def settled_release(self, worker: str) -> list[msg.HoldingKey] | None:
+        """``release_for`` without the state lock, when the lists are up to date and nobody changed them while
+        this read them; None otherwise (the caller asks ``release_for`` under the lock)."""
+        seen = self.seq
+        if self._stale_models:
+            return None
+        try:
+            release = list(self._release_of.get(worker, {}).values())
+        except RuntimeError:  # a list changed size under the read: changed() moved seq first
+            return None
+        return release if self.seq == seen and not self._stale_models else None
 
     def retained(self, model: str, versions: VersionStore) -> list[int]:
         """The version numbers inside the model's retention window, newest first."""

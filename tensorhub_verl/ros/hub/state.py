@@ -22,7 +22,8 @@ needs which versions are visible) the facade passes that part in and it calls it
 
 Locks and the event loop: every public method takes the state lock (a ``threading.RLock``) and runs on a thread,
 never on the HTTP server's event loop (``hub.app``): a pool thread's long ``status()`` or drop of a worker then
-stalls no other request. Coroutines that wait for a change (``/v1/wait``, a parked exchange) wait on
+stalls no other request. One exception, ``heartbeat_unlocked``: it takes no lock and runs on the loop (it reads
+entries that the locked side replaces in one store, and writes one timestamp). Coroutines that wait for a change (``/v1/wait``, a parked exchange) wait on
 ``changes.wait_async`` without the lock; threads wait on the lock's condition. A change of holdings or reads notifies both.
 
 Invariants:
@@ -66,7 +67,7 @@ from tensorhub_verl.ros.hub.preserve import must_preserve
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.records import GroupKey, Holding, HoldingState, Key, Member, VersionRecord, WorkerRecord
-from tensorhub_verl.ros.hub.registry import Registry, hash_secret
+from tensorhub_verl.ros.hub.registry import Registry, hash_secret, heard
 from tensorhub_verl.ros.hub.retention import Retention
 from tensorhub_verl.ros.hub.shard_groups import ShardGroups
 from tensorhub_verl.ros.hub.status import FetchTimes, metrics_snapshot, status_reply
@@ -139,7 +140,7 @@ class HubState:
                 agent_name=req.agent_name, agent_metadata_b64=req.agent_metadata_b64, last_seen=now,
                 bytes_served=old.bytes_served if old else 0, credential_hash=hash_secret(admitted.secret),
                 grant_key=base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
-                stall_at_seen=self.stall.stalled(), job=admitted.job, plane=req.plane)
+                awake_at_seen=now - self.stall.stalled(), job=admitted.job, plane=req.plane)
             self.registry.put(record)
             for holding in self.store.holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -173,15 +174,34 @@ class HubState:
                 self.changes.notify()  # readers waiting for work may be planned on it again
             return self._ack(worker)
 
+    def heartbeat_unlocked(self, worker: str, credential: str) -> msg.WorkerAck | None:
+        """A heartbeat answered without the state lock, on the event loop: checks the credential (UnknownWorker:
+        the worker registers again; NotOwner), records when the worker was heard (one store, ``registry.heard``)
+        and answers from the release lists when they are settled. None when the heartbeat needs the lock: the
+        worker has a suspicion to clear, or retention lists are being brought up to date; the caller then runs
+        ``heartbeat`` inside ``acting_as``.
+
+        Reads only dict entries and fields that the locked side replaces in one store; ordered against a
+        concurrent locked call as if it came just before or just after it."""
+        record = self.registry.authenticate(worker, credential)
+        heard(record, self._clock(), self.stall.stalled())
+        if self.quarantine.listed(worker):
+            return None
+        release = self.retention.settled_release(worker)
+        return None if release is None else self._ack(worker, release)
+
     def leave(self, worker: str) -> None:
         """A worker that closes: it has drained its holdings; forget it now rather than at its timeout."""
         with self._lock:
             if worker in self.registry:
                 self._drop_worker(worker)
 
-    def _ack(self, worker: str) -> msg.WorkerAck:
+    def _ack(self, worker: str, release: list[msg.HoldingKey] | None = None) -> msg.WorkerAck:
+        """``release``: the worker's release list when the caller has it (None: looked up, under the lock)."""
+        if release is None:
+            release = self.retention.release_for(worker, self.store)
         return msg.WorkerAck(worker=worker, hub_instance=self.instance, heartbeat_s=self.config.heartbeat_s,
-                             release=self.retention.release_for(worker, self.store))
+                             release=release)
 
     def _holdings_changed(self, *models: str) -> None:
         """Called wherever a holding appears, turns active, or goes: retention and waiters look again."""
@@ -356,7 +376,7 @@ class HubState:
         with self._lock:
             reader = self.registry.require(req.worker)
             _check_holder(req.worker, req.holder)
-            reader.last_seen = self._clock()
+            self.registry.touch(req.worker, self._clock(), self.stall.stalled())
             record = self.store.get(key)
             holding = record.holdings.get(req.holder) if record else None
             if holding is not None and holding.worker != req.worker:

@@ -1,7 +1,7 @@
 """Runs the hub's state calls for its async routes on a small pool of state threads, off the event loop.
 
-The event loop never takes the state's lock (``hub.app``'s rule): an async route (a heartbeat, the fetch path, a
-long-poll) hands each state call here and awaits it, so neither a long ``status()`` nor a drain stalls the loop,
+The event loop never takes the state's lock (``hub.app``'s rule): an async route (the fetch path, a long-poll, a
+heartbeat that must clear a suspicion) hands each state call here and awaits it, so neither a long ``status()`` nor a drain stalls the loop,
 and these calls never queue behind Starlette's pool, where drains and publishes may wait for seconds.
 """
 
