@@ -219,7 +219,7 @@ class ChunkFetcher:
         self._inflight: dict[int, _Run] = {}
         """lease -> its reads (``window`` leases at most)."""
         self._throughput = _Throughput()
-        self._chunk_bytes = max(1, sum(c.nbytes for c in chunks) // max(1, len(chunks)))
+        self._chunk_bytes = max(1, sum([s.length for c in chunks for s in c.segments]) // max(1, len(chunks)))
         self._durations: dict[Distance, list[float]] = {}
         """distance -> durations of the landed reads at that distance, sorted (for the median)."""
         self._abandoned: set[int] = set()

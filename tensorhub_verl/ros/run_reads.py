@@ -68,16 +68,17 @@ class ChunkSpans:
     def _compute(self, chunk: int) -> tuple[Span, ...]:
         plan = self._plan
         if plan is None:
-            spans = tuple((s.tensor, s.offset, s.length, s.tensor, s.offset) for s in self._chunks[chunk].segments)
-            counted = sum(s[2] for s in spans)
+            spans = tuple([(s.tensor, s.offset, s.length, s.tensor, s.offset) for s in self._chunks[chunk].segments])
+            counted = read = sum([s[2] for s in spans])
         else:
-            spans = tuple((p.tensor, p.offset, p.length, p.tensor, p.local) for p in plan.pieces[chunk])
-            counted = sum(s[2] for s in spans)
+            spans = tuple([(p.tensor, p.offset, p.length, p.tensor, p.local) for p in plan.pieces[chunk]])
+            counted = sum([s[2] for s in spans])
             edges = plan.edges.get(chunk, ()) if plan.edges and self._scratch else ()
-            spans += tuple((p.tensor, p.offset, p.length, SCRATCH, p.local) for p in edges)
+            spans += tuple([(p.tensor, p.offset, p.length, SCRATCH, p.local) for p in edges])
+            read = sum([s[2] for s in spans])
         self._spans[chunk] = spans
         self._counted[chunk] = counted
-        self._read[chunk] = sum(s[2] for s in spans)
+        self._read[chunk] = read
         return spans
 
     def run(self, first: int, count: int, max_copies: int = 0) -> tuple[list[Part], list[int]]:
@@ -87,8 +88,9 @@ class ChunkSpans:
         spans: list[list[int]] = []
         ends: list[int] = []
         total = start = 0
+        cached = self._spans
         for chunk in range(first, first + count):
-            mine = self.spans(chunk)
+            mine = cached[chunk] or self._compute(chunk)
             if max_copies and spans and len(spans) + len(mine) > max_copies:
                 parts.append(Part(spans, start, total))
                 spans, start = [], total

@@ -8,6 +8,10 @@ plane moves a chunk the way a raw socket does: the holder ``sendall``s it from t
     reader: fetch loop --start_read--> per-peer queue --> ``streams`` connections (threads)  ==TCP==>
     holder: ReadServer (tcp_server.py): check the grant, then send the ranges from the live tensors
 
+A read is one request, whatever its copies: a run lease's merged ranges go as one reply, received in order
+into the copies, and the read counts the bytes in as they land (``landed_bytes``), so the fetch checks each chunk
+of a run as soon as its bytes are in.
+
 Connections to a peer are opened in the background as soon as its metadata arrives (``load_peer``, with the
 first lease on it), so the first chunk does not wait for TCP's handshake. Each stream sends the next read's
 request ahead of the reply it is receiving, so the holder sends chunk after chunk with no gap; several streams
