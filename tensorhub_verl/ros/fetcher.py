@@ -100,9 +100,8 @@ class FetchStats:
     chunks: int = 0
     exchanges: int = 0
     """Hub exchanges this fetch made (each costs the hub and the reader a request)."""
-    timeline: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
-    """(posted, landed, chunk, source worker) per landed chunk in landing order, monotonic times: where a
-    fetch spent its time."""
+    landings: list[tuple[float, list[int], list[float], str]] = field(default_factory=list, repr=False)
+    """(posted, chunks, when each landed, source worker) per booked read, in booking order (``timeline``)."""
     exchange_log: list[tuple[float, float, int, int]] = field(default_factory=list, repr=False)
     """(sent, answered, leases asked for, leases granted) per hub exchange, monotonic times: how long the
     fetch waited for its plans, and how often the hub had nothing for it."""
@@ -115,6 +114,13 @@ class FetchStats:
     @property
     def gbps(self) -> float:
         return self.bytes * 8 / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def timeline(self) -> list[tuple[float, float, int, str]]:
+        """(posted, landed, chunk, source worker) per landed chunk, monotonic times: where a fetch spent its time.
+        Made when asked for: kept per read while the fetch runs, so it allocates nothing per chunk."""
+        return [(posted, at, chunk, worker) for posted, chunks, landed, worker in self.landings
+                for chunk, at in zip(chunks, landed)]
 
 
 @dataclass(slots=True)
@@ -485,7 +491,7 @@ class ChunkFetcher:
                 continue
             worker, counted = run.source.worker, self._spans.counted_bytes
             self.landed.update(run.intact)
-            self.stats.timeline.extend((run.started, at, chunk, worker) for chunk, at in zip(run.intact, run.landed_at))
+            self.stats.landings.append((run.started, run.intact, run.landed_at, worker))
             nbytes = sum(counted(chunk) for chunk in run.intact)
             self.stats.bytes += nbytes
             self.stats.sources[worker] = self.stats.sources.get(worker, 0) + nbytes

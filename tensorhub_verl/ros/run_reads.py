@@ -58,12 +58,17 @@ class ChunkSpans:
         return spans
 
     def read_bytes(self, chunk: int) -> int:
-        self.spans(chunk)
-        return self._read[chunk]
+        return self._read[chunk] or self._bytes(chunk)[0]
 
     def counted_bytes(self, chunk: int) -> int:
-        self.spans(chunk)
-        return self._counted[chunk]
+        return self._counted[chunk] or self._bytes(chunk)[1]
+
+    def _bytes(self, chunk: int) -> tuple[int, int]:
+        if self._plan is None:
+            self._read[chunk] = self._counted[chunk] = sum([s.length for s in self._chunks[chunk].segments])
+        else:
+            self._compute(chunk)
+        return self._read[chunk], self._counted[chunk]
 
     def _compute(self, chunk: int) -> tuple[Span, ...]:
         plan = self._plan
@@ -84,6 +89,8 @@ class ChunkSpans:
     def run(self, first: int, count: int, max_copies: int = 0) -> tuple[list[Part], list[int]]:
         """The reads of chunks ``first``..``first + count - 1`` (each at most ``max_copies`` merged spans when
         nonzero, split only between chunks), and the run's byte count at the end of each of its chunks."""
+        if self._plan is None:
+            return self._whole_run(first, count, max_copies)
         parts: list[Part] = []
         spans: list[list[int]] = []
         ends: list[int] = []
@@ -102,6 +109,35 @@ class ChunkSpans:
                 else:
                     spans.append([tensor, offset, length, local, at])
             total += self._read[chunk]
+            ends.append(total)
+        if spans or not parts:
+            parts.append(Part(spans, start, total))
+        return parts, ends
+
+    def _whole_run(self, first: int, count: int, max_copies: int) -> tuple[list[Part], list[int]]:
+        """``run`` for a whole read: straight from the chunks' segments (each lands at its own offset of its
+        tensor's buffer), keeping nothing per chunk but its byte count."""
+        parts: list[Part] = []
+        spans: list[list[int]] = []
+        ends: list[int] = []
+        total = start = 0
+        sizes = self._read
+        for chunk in self._chunks[first:first + count]:
+            segments = chunk.segments
+            if max_copies and spans and len(spans) + len(segments) > max_copies:
+                parts.append(Part(spans, start, total))
+                spans, start = [], total
+            size = 0
+            for seg in segments:
+                tensor, offset, length = seg.tensor, seg.offset, seg.length
+                size += length
+                last = spans[-1] if spans else None
+                if last is not None and last[0] == tensor and last[1] + last[2] == offset:
+                    last[2] += length
+                else:
+                    spans.append([tensor, offset, length, tensor, offset])
+            sizes[chunk.index] = self._counted[chunk.index] = size
+            total += size
             ends.append(total)
         if spans or not parts:
             parts.append(Part(spans, start, total))
