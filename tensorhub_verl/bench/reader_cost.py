@@ -6,8 +6,8 @@ Per point: a fresh hub process (`tensorhub hub`), a version of ``--chunks`` chun
 publishes it, and one real ``Client`` fetching it with runs of up to ``--runs`` chunks, over a transport that
 lands every read the moment it is posted and moves no bytes (``_LandsAtOnce``). The reader process's CPU for
 the fetch (user + system, every thread) is then what the reader spends apart from moving the bytes: the
-fetcher's bookkeeping (posting one read per chunk of a run, polling, booking, run sizing), building each
-chunk's copies, and the exchanges' HTTP and JSON on its side. Digest checks are left out (the version is
+fetcher's bookkeeping (posting each lease as one read of its chunks' merged ranges, polling, booking, run sizing),
+the chunks' spans, and the exchanges' HTTP and JSON on its side. Digest checks are left out (the version is
 published without digests to a hub started with ``--allow-unverified``) and timed apart: ``chunk_digest`` over
 one chunk of ``--chunk-mib`` (8 MiB).
 

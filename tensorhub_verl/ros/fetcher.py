@@ -23,11 +23,14 @@ source for a moment. Each chunk is abandoned this way at most once, so a fetch w
 source is slow still finishes (its second read of a chunk waits up to ``read_timeout_s``). An abandoned
 read may still land later: it writes the bytes that every holder of the version holds.
 
-A lease may cover a run of consecutive chunks from one source (``AssignmentMsg.count``): the fetcher posts one
-read per chunk of the run (the data planes see chunk reads, as before; over TCP each carries the run's grant,
-which signs all of the run's ranges) and reports the lease complete once all of them landed, digests checked.
-When one of them fails, the rest of the run is cancelled and the lease reported failed with the chunks that did
-land (``FailedRead.landed``): the hub books those and plans the others again. The run length this reader asks
+A lease may cover a run of consecutive chunks from one source (``AssignmentMsg.count``): the fetcher posts it as
+one read of the run's merged ranges (``run_reads.py``: a run over one tensor is one copy; NIXL: one transfer of
+few descriptors; TCP: one request under the run's grant) and reports the lease complete once all of it landed,
+each chunk's digest checked over its bytes: as they land, where the plane reports how far a read got
+(``DataPlane.reports_progress``), else when the read completes. A chunk that fails its digest, or a read that
+fails, ends the run: the lease is reported failed with the chunks that landed intact (``FailedRead.landed``; of
+a failed read without progress reports, those whose digests check out), which the hub books, and it plans the
+others again. The run length this reader asks
 for is sized from its measured throughput so that a run takes about ``run_target_s`` of its link: 1 on slow
 links (so chunks spread through a swarm one by one, as they land), up to ``max_run_chunks`` at RDMA speeds, where
 a lease per chunk would make thousands of hub exchanges per update.
@@ -59,6 +62,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.integrity import ChunkChecker, local_views
 from tensorhub_verl.ros.manifest import Chunk, Manifest, Segment
 from tensorhub_verl.ros.ranges import Piece, ReadPlan
+from tensorhub_verl.ros.run_reads import SCRATCH, ChunkSpans
 from tensorhub_verl.ros.topology import Distance
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
@@ -68,6 +72,8 @@ _STARVED_RETRY_S = 0.02
 _THROUGHPUT_READS = 256
 _MIN_SPAN_S = 0.002
 """Reads that land at once (posted together) do not make the measured throughput infinite."""
+_IN_FLIGHT = object()
+"""What ``_poll_run`` returns for a run whose read is still in flight."""
 _IDLE_WAIT_S = 0.05
 """Longest sleep of a fetch loop that is woken by its reads and exchanges (timeouts and stragglers are checked
 at least this often)."""
@@ -94,9 +100,8 @@ class FetchStats:
     chunks: int = 0
     exchanges: int = 0
     """Hub exchanges this fetch made (each costs the hub and the reader a request)."""
-    timeline: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
-    """(posted, landed, chunk, source worker) per landed chunk in landing order, monotonic times: where a
-    fetch spent its time."""
+    landings: list[tuple[float, list[int], list[float], str]] = field(default_factory=list, repr=False)
+    """(posted, chunks, when each landed, source worker) per booked read, in booking order (``timeline``)."""
     exchange_log: list[tuple[float, float, int, int]] = field(default_factory=list, repr=False)
     """(sent, answered, leases asked for, leases granted) per hub exchange, monotonic times: how long the
     fetch waited for its plans, and how often the hub had nothing for it."""
@@ -110,34 +115,46 @@ class FetchStats:
     def gbps(self) -> float:
         return self.bytes * 8 / self.seconds / 1e9 if self.seconds else 0.0
 
-
-@dataclass(slots=True)
-class _Read:
-    handle: ReadHandle
-    chunk: int
-    source: msg.SourceInfo
-    started: float
-    distance: Distance
-    landed: float = 0.0
+    @property
+    def timeline(self) -> list[tuple[float, float, int, str]]:
+        """(posted, landed, chunk, source worker) per landed chunk, monotonic times: where a fetch spent its time.
+        Made when asked for: kept per read while the fetch runs, so it allocates nothing per chunk."""
+        return [(posted, at, chunk, worker) for posted, chunks, landed, worker in self.landings
+                for chunk, at in zip(chunks, landed)]
 
 
 @dataclass(slots=True)
 class _Run:
-    """One lease's reads: one chunk, or a run of them from one source."""
+    """One lease's read: one chunk, or a run of them from one source, posted as one read of their merged ranges
+    (several where the plane caps a read's copies: ``parts``, whose bytes follow each other)."""
 
+    first: int
+    count: int
     source: msg.SourceInfo
     distance: Distance
-    reads: dict[int, _Read]
-    """chunk -> its read, while in flight."""
-    landed: list[_Read] = field(default_factory=list)
-    """Reads that landed, digests checked."""
+    started: float
+    parts: list[tuple[ReadHandle, int]]
+    """(read, bytes of the run before it) per posted read, in chunk order."""
+    ends: list[int]
+    """The run's bytes at the end of each of its chunks: chunk ``first + k`` is whole once ``ends[k]`` landed."""
+    seen: int = 0
+    """Chunks (from the first) whose bytes are all in and were checked."""
     last_landed: float = 0.0
-    """When its latest read landed: the chunks of a run are read one after another, so a chunk's read is timed
-    from then (or from its post, if later), not from the post of the whole run."""
+    """When ``seen`` last grew: the chunks of a run land one after another, so the next is timed from then."""
+    intact: list[int] = field(default_factory=list)
+    """Chunks that landed, digests checked, in order."""
+    landed_at: list[float] = field(default_factory=list)
+    """When each of ``intact`` was seen to land."""
+    corrupt: int = 0
+    """Chunks whose bytes failed their digest."""
 
     @property
     def crosses_wan(self) -> bool:
         return self.distance == Distance.WAN
+
+    @property
+    def pending(self) -> int:
+        return self.count - self.seen
 
 
 @dataclass(slots=True)
@@ -192,6 +209,8 @@ class ChunkFetcher:
         self._local_tensors = local
         self._scratch = None if scratch is None else Region.of_tensor(scratch)
         self._scratch_view = None if scratch is None else local_views([scratch])[0]
+        self._spans = ChunkSpans(chunks, plan, scratch is not None)
+        """Each chunk's spans and byte counts, computed once per fetch (``run_reads.py``)."""
         self._views: list | None = None
         """Byte views of ``local``, made when a landed chunk is first checked."""
         self._exchange = exchange
@@ -206,7 +225,7 @@ class ChunkFetcher:
         self._inflight: dict[int, _Run] = {}
         """lease -> its reads (``window`` leases at most)."""
         self._throughput = _Throughput()
-        self._chunk_bytes = max(1, sum(c.nbytes for c in chunks) // max(1, len(chunks)))
+        self._chunk_bytes = max(1, sum([s.length for c in chunks for s in c.segments]) // max(1, len(chunks)))
         self._durations: dict[Distance, list[float]] = {}
         """distance -> durations of the landed reads at that distance, sorted (for the median)."""
         self._abandoned: set[int] = set()
@@ -312,25 +331,18 @@ class ChunkFetcher:
 
     def _poll(self, now: float, done: list[int], failed: list[msg.FailedRead], finished: dict[int, _Run]) -> None:
         for lease, run in list(self._inflight.items()):
-            failure = None
-            for read in list(run.reads.values()):  # in chunk order: a run's reads land about in order
-                if failure := self._poll_read(now, run, read):
-                    break
-                if read.chunk in run.reads:
-                    break  # in flight: the ones behind it are polled once it landed (a run's polls stay O(1))
-            if failure is None and run.reads:
+            failure = self._poll_run(now, run)
+            if failure is _IN_FLIGHT:
                 continue
             del self._inflight[lease]
+            self._release(run)
             if failure is None:
                 done.append(lease)
                 finished[lease] = run
-            else:
-                for read in run.reads.values():  # the rest of a failed run: the hub plans it again
-                    self._transport.release(read.handle)
+            else:  # the rest of a failed run: the hub plans it again
                 reason, corrupt = failure
-                landed = [read.chunk for read in run.landed]
-                failed.append(msg.FailedRead(lease=lease, reason=reason, corrupt=corrupt, landed=landed))
-                if landed:
+                failed.append(msg.FailedRead(lease=lease, reason=reason, corrupt=corrupt, landed=list(run.intact)))
+                if run.intact:
                     finished[lease] = run
             if run.crosses_wan and self._wan_queue and self._wan_posted() < self._settings.wan_reads_posted:
                 self._post(self._wan_queue.popleft(), failed)
@@ -339,15 +351,16 @@ class ChunkFetcher:
         return sum(run.crosses_wan for run in self._inflight.values())
 
     def _wan_ahead_at(self) -> float | None:
-        """When to post the queued WAN read: ``wan_lead`` of a WAN read's median duration before the one in flight
-        is due to land (None: nothing queued, nothing posted, or no WAN read landed yet to time it by)."""
+        """When to post the queued WAN read: ``wan_lead`` of a WAN chunk read's median duration before the one in
+        flight is due to land (None: nothing queued, nothing posted, or no WAN read landed yet to time it by)."""
         if not self._wan_queue or not self._settings.wan_lead or Distance.WAN not in self._durations:
             return None
-        posted = [read for run in self._inflight.values() if run.crosses_wan for read in run.reads.values()]
+        posted = [run for run in self._inflight.values() if run.crosses_wan]
         if len(posted) != self._settings.wan_reads_posted:
             return None
-        median = self._median(posted[0])
-        return max(read.started for read in posted) + median * (1 - self._settings.wan_lead)
+        median = self._median(Distance.WAN)
+        due = max(max(run.started, run.last_landed) + median * run.pending for run in posted)
+        return due - median * self._settings.wan_lead
 
     def _post_wan_ahead(self, now: float, failed: list[msg.FailedRead]) -> None:
         """Posts the queued WAN read shortly before the one in flight lands: posted at its landing, the next read
@@ -356,39 +369,84 @@ class ChunkFetcher:
         if ahead is not None and now >= ahead:
             self._post(self._wan_queue.popleft(), failed)
 
-    def _poll_read(self, now: float, run: _Run, read: _Read) -> tuple[str, bool] | None:
-        """Polls one chunk read of ``run``; a finished one leaves ``run.reads``. (why, corrupt) if it failed."""
-        state = self._transport.poll(read.handle)
-        reason = "transfer error"
-        took = now - max(read.started, run.last_landed)
-        if state is ReadState.IN_PROGRESS and took > self._settings.read_timeout_s:
-            state, reason = ReadState.FAILED, f"no answer within {self._settings.read_timeout_s} s"
-        elif state is ReadState.IN_PROGRESS and took > self._straggler_limit(read):
-            self._abandoned.add(read.chunk)
-            state = ReadState.FAILED
-            reason = f"straggler: {took:.1f} s, its peers' reads took {self._median(read):.2f} s"
-        if state is ReadState.IN_PROGRESS:
-            return None
-        corrupt = state is ReadState.DONE and self._checks(read.chunk) and \
-            self._digest(read) != self._checker.expected(read.chunk)
-        self._transport.release(read.handle)
-        del run.reads[read.chunk]
-        if corrupt:
-            # Checked before the chunk is reported: a reader never serves or claims unverified bytes.
-            logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
-                         read.chunk, read.source.holder, read.source.worker)
-            self.stats.corrupt_reads += 1
+    def _poll_run(self, now: float, run: _Run) -> "tuple[str, bool] | None | object":
+        """Polls a run's read and checks the chunks whose bytes are all in. ``_IN_FLIGHT``, None when every chunk
+        landed intact, or (why, corrupt) when the run failed (``run.intact``: what landed of it)."""
+        transport = self._transport
+        states = [transport.poll(handle) for handle, _ in run.parts]
+        if all(state is ReadState.DONE for state in states):
+            self._check_landed(now, run, run.ends[-1])
+            return (self._corrupt(run), True) if run.corrupt else None
+        failed = ReadState.FAILED in states
+        if transport.reports_progress:
+            upto = 0
+            for (handle, before), state in zip(run.parts, states):
+                if state is not ReadState.DONE:
+                    upto = before + transport.landed_bytes(handle)
+                    break
+            self._check_landed(now, run, upto)
+        elif failed:  # what landed of it is unknown: the chunks whose digests check out did
+            self._check_all(now, run)
+        if run.corrupt:
+            return self._corrupt(run), True
+        if failed:
             self.stats.failed_reads += 1
-            return f"{read.source.holder}: chunk {read.chunk} fails its digest", True
-        if state is ReadState.DONE:
-            read.landed = now
-            bisect.insort(self._durations.setdefault(read.distance, []), took)
-            run.last_landed = now
-            self._throughput.add(now, sum(p.length for p in self._pieces(read.chunk)))
-            run.landed.append(read)
-            return None
+            why = next(transport.failure(h) for (h, _), st in zip(run.parts, states) if st is ReadState.FAILED)
+            return f"{run.source.holder}: {why or 'transfer error'}", False
+        took = now - max(run.started, run.last_landed)
+        reason = None
+        if took > self._settings.read_timeout_s:
+            reason = f"no answer within {self._settings.read_timeout_s} s"
+        elif took > self._straggler_limit(run):
+            self._abandoned.update(range(run.first + run.seen, run.first + run.count))
+            reason = f"straggler: {took:.1f} s, its peers' reads took {self._median(run.distance):.2f} s per chunk"
+        if reason is None:
+            return _IN_FLIGHT
         self.stats.failed_reads += 1
-        return f"{read.source.holder}: {reason}", False
+        return f"{run.source.holder}: {reason}", False
+
+    def _check_landed(self, now: float, run: _Run, upto: int) -> None:
+        """Checks the run's chunks whose bytes are all in (the first ``upto`` bytes of the run landed): those that
+        match their digests (or have none to check) landed; a reader never serves or claims unverified bytes."""
+        first_new, ends = run.seen, run.ends
+        if first_new >= run.count or upto < ends[first_new]:
+            return
+        last = bisect.bisect_right(ends, upto, lo=first_new)
+        counted, nbytes = self._spans.counted_bytes, 0
+        for chunk in range(run.first + first_new, run.first + last):
+            if self._intact(run, chunk):
+                run.intact.append(chunk)
+                nbytes += counted(chunk)
+        run.landed_at.extend([now] * (len(run.intact) - len(run.landed_at)))
+        run.seen = last
+        if nbytes:
+            bisect.insort(self._durations.setdefault(run.distance, []),
+                          (now - max(run.started, run.last_landed)) / (last - first_new))
+            self._throughput.add(now, nbytes)
+        run.last_landed = now
+
+    def _check_all(self, now: float, run: _Run) -> None:
+        """After a failed read whose plane cannot say what landed: every chunk not yet seen that has a digest is
+        checked, and those that match landed (their bytes are the version's)."""
+        for chunk in range(run.first + run.seen, run.first + run.count):
+            if self._checks(chunk) and self._intact(run, chunk):
+                run.intact.append(chunk)
+                run.landed_at.append(now)
+        run.seen = run.count
+
+    def _intact(self, run: _Run, chunk: int) -> bool:
+        """Whether the chunk's landed bytes match its digest (or it has none to check); counts it corrupt if not."""
+        if self._checker is None or not self._checker.checks(chunk) or self._digest(chunk) == self._checker.expected(chunk):
+            return True
+        logger.error("chunk %d read from %s (worker %s) does not match its digest; reading it elsewhere",
+                     chunk, run.source.holder, run.source.worker)
+        run.corrupt += 1
+        self.stats.corrupt_reads += 1
+        return False
+
+    def _corrupt(self, run: _Run) -> str:
+        self.stats.failed_reads += 1
+        return f"{run.source.holder}: {run.corrupt} chunk(s) of its run fail their digests"
 
     def _run_chunks(self) -> int:
         """The run length to ask for: about ``run_target_s`` of this reader's measured throughput."""
@@ -401,42 +459,44 @@ class ChunkFetcher:
         """Whether the chunk's bytes are checked against its digest (or its blocks') when they land."""
         return self._checker is not None and self._checker.checks(chunk)
 
-    def _digest(self, read: _Read) -> str:
+    def _digest(self, chunk: int) -> str:
         """The digest of what landed of the chunk, computed where the local buffers are (integrity.py)."""
         if self._views is None:
             self._views = local_views(self._local_tensors)
-        return self._checker.landed(self._pieces(read.chunk), self._views, self._edges(read.chunk),
-                                    self._scratch_view)
+        return self._checker.landed(self._pieces(chunk), self._views, self._edges(chunk), self._scratch_view)
 
     def _edges(self, chunk: int) -> tuple[Piece, ...]:
         edges = None if self._plan is None or self._scratch is None else self._plan.edges
         return edges.get(chunk, ()) if edges else ()
 
-    def _straggler_limit(self, read: _Read) -> float:
-        landed = self._durations.get(read.distance, ())
-        if (not self._settings.straggler_factor or read.chunk in self._abandoned
+    def _straggler_limit(self, run: _Run) -> float:
+        """How long the run's next chunk may take: ``straggler_factor`` times the median chunk read at its distance
+        (times the chunks still due, where the plane says nothing until the whole read is in)."""
+        landed = self._durations.get(run.distance, ())
+        if (not self._settings.straggler_factor or run.first + run.seen in self._abandoned
                 or len(landed) < self._settings.straggler_samples):
             return float("inf")
-        return max(self._settings.straggler_floor_s, self._settings.straggler_factor * self._median(read))
+        due = 1 if self._transport.reports_progress else run.pending
+        return max(self._settings.straggler_floor_s, self._settings.straggler_factor * self._median(run.distance) * due)
 
-    def _median(self, read: _Read) -> float:
-        landed = self._durations[read.distance]
+    def _median(self, distance: Distance) -> float:
+        landed = self._durations[distance]
         return landed[len(landed) // 2]
 
     def _book(self, reported: list[int], finished: dict[int, _Run], revoked: set[int]) -> None:
         for lease in reported:
             run = finished.pop(lease)
             if lease in revoked:
-                self.stats.revoked_reads += len(run.landed)
+                self.stats.revoked_reads += len(run.intact)
                 continue
-            for read in run.landed:
-                nbytes = sum(p.length for p in self._pieces(read.chunk))
-                self.landed.add(read.chunk)
-                self.stats.timeline.append((read.started, read.landed, read.chunk, read.source.worker))
-                self.stats.bytes += nbytes
-                self.stats.sources[read.source.worker] = self.stats.sources.get(read.source.worker, 0) + nbytes
-                if read.source.partial:
-                    self.stats.partial_source_bytes += nbytes
+            worker, counted = run.source.worker, self._spans.counted_bytes
+            self.landed.update(run.intact)
+            self.stats.landings.append((run.started, run.intact, run.landed_at, worker))
+            nbytes = sum(counted(chunk) for chunk in run.intact)
+            self.stats.bytes += nbytes
+            self.stats.sources[worker] = self.stats.sources.get(worker, 0) + nbytes
+            if run.source.partial:
+                self.stats.partial_source_bytes += nbytes
 
     def _load(self, info: msg.SourceInfo) -> None:
         """Loads a source's data-plane metadata (new generation) and merges the addresses sent with it;
@@ -465,11 +525,10 @@ class ChunkFetcher:
         """Abandons in-flight or queued reads whose leases the hub revoked; the hub re-plans their chunks."""
         for lease in revoked & self._inflight.keys():
             run = self._inflight.pop(lease)
-            for read in run.reads.values():
-                self._transport.release(read.handle)
-            self.stats.cancelled_reads += len(run.reads)
-            logger.info("read of chunk(s) %s from %s cancelled: the hub revoked its lease",
-                        sorted(run.reads)[:8], run.source.holder)
+            self._release(run)
+            self.stats.cancelled_reads += run.pending
+            logger.info("read of %d chunk(s) from %d, from %s, cancelled: the hub revoked its lease", run.pending,
+                        run.first + run.seen, run.source.holder)
         if revoked and self._wan_queue:
             self._wan_queue = deque(a for a in self._wan_queue if a.lease not in revoked)
 
@@ -481,6 +540,7 @@ class ChunkFetcher:
         self._post(a, failed)
 
     def _post(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
+        """Posts the lease as one read of its chunks' merged ranges (``run_reads.py``)."""
         source = self._sources.get(a.source)
         if source is None:
             reason = self._unusable.get(a.source, "the hub sent no address info")
@@ -488,45 +548,47 @@ class ChunkFetcher:
             self.stats.failed_reads += 1
             return
         regions = self._regions[a.source]
-        run = range(a.chunk, a.chunk + a.count)
-        needed = {p.tensor for c in run for p in self._pieces(c)} | \
-            {seg.tensor for c in run if not self._checkable(c) for seg in self._chunks[c].segments}
+        transport = self._transport
+        parts, ends = self._spans.run(a.chunk, a.count, transport.max_copies)
+        whole_segments = transport.needs_grant and not (a.count == 1 and self._checkable(a.chunk))
+        needed = {span[0] for part in parts for span in part.spans}
+        if whole_segments:  # the grant signs the chunks' whole segments
+            needed |= self._spans.segment_tensors(a.chunk, a.count)
         missing = sorted(t for t in needed if t not in regions)
         if missing:
             failed.append(msg.FailedRead(lease=a.lease, reason=f"{a.source}: no address for tensor {missing[0]}"))
             self.stats.failed_reads += 1
             return
-        reads = _Run(source, Distance(a.distance), {})
+        run = _Run(a.chunk, a.count, source, Distance(a.distance), time.monotonic(), [], ends)
         try:
-            grant = self._grant(a, regions) if self._transport.needs_grant else None
-            for chunk in run:
-                copies = []
-                for p in self._pieces(chunk):
-                    local, remote = self._local[p.tensor], regions[p.tensor]
-                    seg = Segment(p.tensor, p.offset, p.length)
-                    copies.append(Copy(local.addr + p.local, local.device, local.mem,
-                                       remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
-                                       remote.mem, p.length))
-                for p in self._edges(chunk):  # the bytes that complete the blocks the slices cover in part
-                    remote, seg = regions[p.tensor], Segment(p.tensor, p.offset, p.length)
-                    copies.append(Copy(self._scratch.addr + p.local, self._scratch.device, self._scratch.mem,
-                                       remote_address(remote, seg, self._tensor_nbytes(p.tensor)), remote.device,
-                                       remote.mem, p.length))
-                landing = {"wake": self._wake} if self._transport.lands_on_own_threads else {}
-                handle = self._transport.start_read(source.agent_name, copies, grant, **landing)
-                reads.reads[chunk] = _Read(handle, chunk, source, time.monotonic(), reads.distance)
+            grant = self._grant(a, regions, whole_segments) if transport.needs_grant else None
+            landing = {"wake": self._wake} if transport.lands_on_own_threads else {}
+            for part in parts:
+                copies = [self._copy(span, regions) for span in part.spans]
+                run.parts.append((transport.start_read(source.agent_name, copies, grant, **landing), part.start))
         except ReadError as e:
-            for read in reads.reads.values():
-                self._transport.release(read.handle)
+            self._release(run)
             failed.append(msg.FailedRead(lease=a.lease, reason=str(e)))
             self.stats.failed_reads += 1
             return
-        self._inflight[a.lease] = reads
+        self._inflight[a.lease] = run
 
-    def _grant(self, a: msg.AssignmentMsg, regions: dict[int, msg.RegionMsg]) -> Grant:
+    def _copy(self, span: list[int], regions: dict[int, msg.RegionMsg]) -> Copy:
+        tensor, offset, length, local, at = span
+        into = self._scratch if local == SCRATCH else self._local[local]
+        remote = regions[tensor]
+        return Copy(into.addr + at, into.device, into.mem,
+                    remote_address(remote, Segment(tensor, offset, length), self._tensor_nbytes(tensor)),
+                    remote.device, remote.mem, length)
+
+    def _release(self, run: _Run) -> None:
+        for handle, _ in run.parts:
+            self._transport.release(handle)
+
+    def _grant(self, a: msg.AssignmentMsg, regions: dict[int, msg.RegionMsg], whole_segments: bool) -> Grant:
         """The lease's grant. For a run, or parts of a chunk, it signs the whole segments of every chunk of the
         lease (``grants.run_ranges``); else the copies' own ranges."""
-        if a.count == 1 and self._checkable(a.chunk):
+        if not whole_segments:
             return Grant(a.grant)
         return Grant(a.grant, tuple(grants.run_ranges([
             [(remote_address(regions[seg.tensor], seg, self._tensor_nbytes(seg.tensor)), seg.length)
@@ -554,8 +616,7 @@ class ChunkFetcher:
     def abandon(self) -> None:
         """Cancels the reads still in flight (after an error)."""
         for run in self._inflight.values():
-            for read in run.reads.values():
-                self._transport.release(read.handle)
+            self._release(run)
         self._inflight.clear()
         self._wan_queue.clear()
 

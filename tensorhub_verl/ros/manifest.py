@@ -11,6 +11,7 @@ every chunk is served whole by the one rank that has it, or by any full holder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -119,7 +120,12 @@ class Manifest:
         return layout_digest(self.layout, self.tensors, self.chunk_bytes, self.row_shards)
 
     def chunks(self) -> tuple[Chunk, ...]:
-        return split_into_chunks(self.tensors, self.chunk_bytes, self.row_shards)
+        """The chunk map: computed once per layout and kept (a fetch of 12,800 chunks would otherwise build 25,600
+        objects each time, and the garbage collector's passes over them cost the reader more than its reads)."""
+        try:
+            return _chunk_map(self.tensors, self.chunk_bytes, self.row_shards)
+        except TypeError:  # a spec whose shape is a list is not hashable: not kept
+            return split_into_chunks(self.tensors, self.chunk_bytes, self.row_shards)
 
     def allocate(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """Empty buffers matching this manifest, ready to pass as ``fetch(into=...)``."""
@@ -170,6 +176,11 @@ def shard_chunks(manifest: Manifest, rank: int) -> set[int]:
     counts = rank_chunk_counts(manifest.tensors, manifest.chunk_bytes, manifest.row_shards)
     first = sum(counts[:rank])
     return set(range(first, first + counts[rank]))
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_map(tensors: tuple[TensorSpec, ...], chunk_bytes: int, row_shards: int) -> tuple[Chunk, ...]:
+    return split_into_chunks(tensors, chunk_bytes, row_shards)
 
 
 def split_into_chunks(tensors: tuple[TensorSpec, ...], chunk_bytes: int, row_shards: int = 1) -> tuple[Chunk, ...]:

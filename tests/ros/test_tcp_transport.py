@@ -153,6 +153,24 @@ def test_a_finished_read_wakes_its_waiter_with_the_bytes_landed(bare):
     reader.release(handle)
 
 
+def test_a_read_of_several_ranges_reports_its_bytes_landed_in_order(bare):
+    """A run's merged ranges are one request: the reply fills the copies in order, and the plane counts the bytes
+    in as they land (the fetch checks each chunk once its bytes are in)."""
+    info, reader = bare
+    into = torch.zeros(3 * 4096, dtype=torch.uint8)
+    ranges = [(info["addr"] + 8192, 4096), (info["addr"] + 4096, 4096), (info["addr"] + 65536, 4096)]
+    grant = grants.sign(info["key"], 1, grants.expiry_ms(30), ranges)
+    copies = [Copy(into.data_ptr() + k * 4096, 0, "DRAM", addr, 0, "DRAM", n) for k, (addr, n) in enumerate(ranges)]
+    wake = threading.Event()
+    handle = reader.start_read("bare-holder", copies, Grant(grant), wake=wake)
+    assert reader.reports_progress and wake.wait(30) and reader.poll(handle) is ReadState.DONE
+    assert reader.landed_bytes(handle) == 3 * 4096
+    expected = torch.cat([torch.arange(a - info["addr"], a - info["addr"] + n, dtype=torch.int64) % 256
+                          for a, n in ranges]).to(torch.uint8)
+    assert torch.equal(into, expected)
+    reader.release(handle)
+
+
 def test_a_fetch_over_tcp_is_driven_by_its_reads_not_by_polling(hub, roles):
     """The fetch loop sleeps until a read lands or an exchange returns: with a poll interval longer than the
     fetch's timeout, it can only finish if its reads wake it."""

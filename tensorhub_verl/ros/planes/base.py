@@ -12,6 +12,11 @@ them ignores:
   finishes. Without it the fetch loop polls every read.
 - ``preconnect_peers``: how many likely sources the hub should name at registration so that the plane
   connects to them before the first fetch (0: none).
+- ``reports_progress``: ``landed_bytes`` says how many of a read's bytes landed so far, in copy order, while it
+  is in flight (TCP: its stream receives them in order). Without it, what a read in flight or a failed read
+  landed is unknown (NIXL: UCX completes a transfer as a whole). A fetch posts a run of chunks as one read of
+  their merged ranges (``run_reads.py``) and checks each chunk's digest once its bytes are in.
+- ``max_copies``: most copies one read may carry (0: no limit); a longer run is posted as several reads.
 
 ``start_read`` owns the checks that tie these together; each plane implements ``_start_read``.
 """
@@ -97,6 +102,8 @@ class DataPlane(ABC, Generic[H]):
     needs_grant: bool = False
     lands_on_own_threads: bool = False
     preconnect_peers: int = 0
+    reports_progress: bool = False
+    max_copies: int = 0
 
     def __init__(self, agent_name: str):
         self.agent_name = agent_name
@@ -144,6 +151,11 @@ class DataPlane(ABC, Generic[H]):
 
     @abstractmethod
     def poll(self, handle: H) -> ReadState: ...
+
+    def landed_bytes(self, handle: H) -> int:
+        """How many of the read's bytes have landed, counted in copy order (a prefix of its copies' bytes), for a
+        plane that ``reports_progress``; 0 for one that does not (poll says when all of them have)."""
+        return 0
 
     def failure(self, handle: H) -> str:
         """Why a read whose state is FAILED failed, when the plane knows."""

@@ -8,6 +8,10 @@ plane moves a chunk the way a raw socket does: the holder ``sendall``s it from t
     reader: fetch loop --start_read--> per-peer queue --> ``streams`` connections (threads)  ==TCP==>
     holder: ReadServer (tcp_server.py): check the grant, then send the ranges from the live tensors
 
+A read is one request, whatever its copies: a run lease's merged ranges go as one reply, received in order
+into the copies, and the read counts the bytes in as they land (``landed_bytes``), so the fetch checks each chunk
+of a run as soon as its bytes are in.
+
 Connections to a peer are opened in the background as soon as its metadata arrives (``load_peer``, with the
 first lease on it), so the first chunk does not wait for TCP's handshake. Each stream sends the next read's
 request ahead of the reply it is receiving, so the holder sends chunk after chunk with no gap; several streams
@@ -54,7 +58,8 @@ threads and two sockets for every peer it ever read from."""
 
 
 class _Read(ReadHandle):
-    """One chunk's read on one stream: posted, then done or failed; ``cancel`` hangs its stream up."""
+    """One read (a chunk, or a run's merged ranges) on one stream: posted, then done or failed; ``cancel`` hangs
+    its stream up. ``landed``: its bytes received so far, in order (a retry on a fresh connection starts again)."""
 
     def __init__(self, request: bytes, targets: "list[memoryview | torch.Tensor]", wake: threading.Event | None):
         self.request = request
@@ -67,6 +72,10 @@ class _Read(ReadHandle):
         self.lock = threading.Lock()
         self.sock: socket.socket | None = None
         self.attempts = 0
+        self.landed = 0
+
+    def advance(self, nbytes: int) -> None:
+        self.landed += nbytes
 
     def finish(self, state: ReadState, reason: str = "") -> None:
         with self.lock:
@@ -189,6 +198,7 @@ class _Peer:
             read.finish(ReadState.FAILED, f"{type(e).__name__}: {e}")
             return None
         read.attempts += 1
+        read.landed = 0
         with read.lock:
             read.sock = sock
         try:
@@ -208,11 +218,11 @@ class _Peer:
                 return self._broken(sent, "the holder refused an earlier read on this connection", sock, sent)
             for target in read.targets:
                 if isinstance(target, memoryview):
-                    wire.recv_into_exact(sock, target)
+                    wire.recv_into_exact(sock, target, read.advance)
                     continue
                 if not bounce:
                     bounce.append(self._bounces.new())
-                bounce[0].receive(sock, target)
+                bounce[0].receive(sock, target, read.advance)
         except (OSError, RuntimeError) as e:  # RuntimeError: a failed host -> device copy (torch's CUDA errors)
             return self._broken([read, *sent], f"{type(e).__name__}: {e}", sock, sent)
         read.finish(ReadState.DONE)
@@ -288,6 +298,8 @@ class TcpPlane(DataPlane[_Read]):
     name = "tcp"
     needs_grant = True
     lands_on_own_threads = True
+    reports_progress = True
+    max_copies = wire.MAX_RANGES
 
     @classmethod
     def from_config(cls, agent_name: str, config: TcpConfig, hub_url: str, io_timeout_s: float) -> "TcpPlane":
@@ -418,6 +430,9 @@ class TcpPlane(DataPlane[_Read]):
 
     def poll(self, handle: _Read) -> ReadState:
         return handle.state
+
+    def landed_bytes(self, handle: _Read) -> int:
+        return handle.landed
 
     def failure(self, handle: _Read) -> str:
         return handle.reason

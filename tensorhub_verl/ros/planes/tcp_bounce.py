@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -84,14 +85,17 @@ class Bounce:
             sock.sendall(self._host[:n])
             self._owner._count()
 
-    def receive(self, sock: socket.socket, target: torch.Tensor) -> None:
-        """Fills ``target`` (uint8, 1-D) from ``sock`` piece by piece; returns once every byte is in ``target``."""
+    def receive(self, sock: socket.socket, target: torch.Tensor, progress: Callable[[int], None] | None = None) -> None:
+        """Fills ``target`` (uint8, 1-D) from ``sock`` piece by piece; returns once every byte is in ``target``.
+        ``progress(n)`` after each piece of ``n`` bytes is in ``target``."""
         stream = self._stream(target.device)
         for start in range(0, target.numel(), self._owner.nbytes):
             n = min(self._owner.nbytes, target.numel() - start)
             wire.recv_into_exact(sock, self._host[:n])
             self._copy(target[start:start + n], self.buffer[:n], stream)
             self._owner._count()
+            if progress is not None:
+                progress(n)
 
     @staticmethod
     def _copy(into: torch.Tensor, source: torch.Tensor, stream: "torch.cuda.Stream | None") -> None:

@@ -5,9 +5,10 @@
     holder -> reader   REPLY    status u8 | length u64 | the wanted ranges' bytes, in order (status OK)
                                                        | why, utf-8 (status REFUSED; then the holder hangs up)
 
-One request is one lease's chunk. ``granted`` are the exact ranges the lease's grant signs (the chunk's
-segments); ``wanted`` the parts of them the reader reads (a tensor-parallel rank's slice), each inside one
-granted range; none: all of the granted ranges. A connection carries one request at a time, many in a row.
+One request is one lease's read: a chunk, or a run of chunks. ``granted`` are the exact ranges the lease's grant
+signs (the chunks' segments, merged where contiguous); ``wanted`` the parts of them the reader reads (a
+tensor-parallel rank's slice, a run's merged ranges that differ from the signed ones), each inside one granted
+range; none: all of the granted ranges. A connection carries one request at a time, many in a row.
 Integers are big-endian. No pickle, no JSON on this path: fixed structs, sizes capped before anything is read.
 """
 
@@ -18,6 +19,7 @@ import ipaddress
 import json
 import socket
 import struct
+from typing import Callable
 
 MAGIC = b"THR2"
 REQUEST = struct.Struct("!4sHII")
@@ -54,8 +56,9 @@ def recv_exact(sock: socket.socket, nbytes: int) -> bytes:
     return bytes(buffer)
 
 
-def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fills ``view`` from ``sock`` (whose timeout bounds each wait). ConnectionError when the peer hangs up."""
+def recv_into_exact(sock: socket.socket, view: memoryview, progress: Callable[[int], None] | None = None) -> None:
+    """Fills ``view`` from ``sock`` (whose timeout bounds each wait), calling ``progress(n)`` after each ``n``
+    bytes that land. ConnectionError when the peer hangs up."""
     received, total = 0, len(view)
     while received < total:
         try:
@@ -65,6 +68,8 @@ def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
         if n == 0:
             raise ConnectionError(f"peer closed the connection after {received} of {total} bytes")
         received += n
+        if progress is not None:
+            progress(n)
 
 
 def encode_metadata(agent_name: str, host: str, port: int) -> bytes:
