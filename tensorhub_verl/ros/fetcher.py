@@ -216,6 +216,9 @@ class ChunkFetcher:
         self._abandoned: set[int] = set()
         """Chunks whose read was abandoned as a straggler once already: their next read is not."""
         self._wan_queue: deque[msg.AssignmentMsg] = deque()
+        self._wan_landed = 0.0
+        """When this fetch's latest WAN read landed: WAN reads share one stream, so one posted ahead is timed from
+        then (its own wire time), not from its post."""
         self._wake = threading.Event()
         """Set when a read finishes (transports that land reads on their own threads) or an exchange returns."""
 
@@ -273,7 +276,8 @@ class ChunkFetcher:
                 for a in reply.assignments:
                     self._assign(a, failed)
                 if len(reply.assignments) < asked_for:
-                    park = bool(self._inflight) and not parked  # a parked ask that came back short: retry later
+                    # Not a seed: its parked ask would hold back the report of a WAN chunk and its next WAN lease.
+                    park = bool(self._inflight) and not parked and not self._wan_queue and not self._wan_posted()
                     starved_until = 0.0 if park else time.monotonic() + _STARVED_RETRY_S
                 continue
             if pending is None:
@@ -356,7 +360,7 @@ class ChunkFetcher:
         if len(posted) != self._settings.wan_reads_posted:
             return None
         median = self._median(posted[0])
-        return max(read.started for read in posted) + median * (1 - self._settings.wan_lead)
+        return max(self._wan_landed, *(read.started for read in posted)) + median * (1 - self._settings.wan_lead)
 
     def _post_wan_ahead(self, now: float, failed: list[msg.FailedRead]) -> None:
         """Posts the queued WAN read shortly before the one in flight lands: posted at its landing, the next read
@@ -369,7 +373,7 @@ class ChunkFetcher:
         """Polls one chunk read of ``run``; a finished one leaves ``run.reads``. (why, corrupt) if it failed."""
         state = self._transport.poll(read.handle)
         reason = "transfer error"
-        took = now - max(read.started, run.last_landed)
+        took = now - max(read.started, run.last_landed, self._wan_landed if run.crosses_wan else 0.0)
         if state is ReadState.IN_PROGRESS and took > self._settings.read_timeout_s:
             state, reason = ReadState.FAILED, f"no answer within {self._settings.read_timeout_s} s"
         elif state is ReadState.IN_PROGRESS and took > self._straggler_limit(read):
@@ -393,6 +397,8 @@ class ChunkFetcher:
             read.landed = now
             bisect.insort(self._durations.setdefault(read.distance, []), took)
             run.last_landed = now
+            if run.crosses_wan:
+                self._wan_landed = now
             self._throughput.add(now, sum(p.length for p in self._pieces(read.chunk)))
             run.landed.append(read)
             return None
