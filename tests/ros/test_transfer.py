@@ -266,3 +266,44 @@ def test_a_seed_posts_its_queued_wan_read_before_the_one_in_flight_lands(hub):
         for name, tensor in weights.items():
             assert torch.equal(stats.buffers[name], tensor), name
         seed.close()
+
+
+def test_a_fetch_with_a_read_in_flight_and_a_short_plan_parks_its_next_ask_at_the_hub():
+    """The only source serves one read at a time: the reader's plan comes back short while its read is in flight,
+    so its next ask waits at the hub (``fetcher._STARVED_PARK_S``) for the source's slot instead of polling."""
+    from tensorhub_verl.ros import fetcher
+    from tensorhub_verl.ros.planner import PlannerConfig
+
+    server = th.start_hub(config=th.HubConfig(planner=PlannerConfig(max_inflight_per_source=1)))
+    try:
+        weights = make_weights(2, 2.0)
+        with th.connect(server.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
+            trainer.publish("policy", 1, weights)
+            gated = GatedPlane("parker")
+            gated.finish_gate.clear()
+            client = Client(server.url, "parker", "dc=dc0,rack=r1,node=p",
+                            config=ClientConfig(window=4, max_run_chunks=1), plane=gated)
+            asks: list[tuple[float, int]] = []
+            real = client._exchange
+
+            def recorded(key, **kw):  # the real exchange, its wait and the reads in flight noted on the way
+                asks.append((kw["wait_s"], gated.in_flight))
+                return real(key, **kw)
+
+            client._exchange = recorded
+            outcome = {}
+            fetch = threading.Thread(target=lambda: outcome.update(stats=client.fetch("policy", 1)), daemon=True)
+            fetch.start()
+            try:
+                wait_until(lambda: (fetcher._STARVED_PARK_S, 1) in asks, 30,
+                           f"no ask parked with a read in flight: {asks[:8]}", poll_s=0.02)
+            finally:
+                gated.finish_gate.set()
+                fetch.join(60)
+                client.close()
+            stats = outcome["stats"]
+            assert stats.sources == {"trainer": stats.bytes} and gated.most_in_flight == 1
+            for name, tensor in weights.items():
+                assert torch.equal(stats.buffers[name], tensor), name
+    finally:
+        server.stop()
