@@ -65,10 +65,6 @@ from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, Re
 logger = logging.getLogger("tensorhub_verl.ros.fetch")
 
 _STARVED_RETRY_S = 0.02
-_STARVED_PARK_S = 0.05
-"""A fetch with reads in flight whose plan came back short asks again at once, parked at the hub this long at most:
-the hub answers the moment a chunk it lacks lands at a peer, instead of at its next retry. (Its own landings wait
-for that answer to be reported: hence a short park.)"""
 _THROUGHPUT_READS = 256
 _MIN_SPAN_S = 0.002
 """Reads that land at once (posted together) do not make the measured throughput infinite."""
@@ -242,8 +238,6 @@ class ChunkFetcher:
             pending.set_result(self._first)
             self.stats.exchanges += 1
         starved_until = 0.0
-        park = parked = False
-        """park: the next ask waits at the hub for work (``_STARVED_PARK_S``); parked: the pending one does."""
         last_exchange = time.monotonic()
         unreported_since = 0.0
         """When the oldest landed chunk not yet reported landed (0: none)."""
@@ -276,9 +270,7 @@ class ChunkFetcher:
                 for a in reply.assignments:
                     self._assign(a, failed)
                 if len(reply.assignments) < asked_for:
-                    # Not a seed: its parked ask would hold back the report of a WAN chunk and its next WAN lease.
-                    park = bool(self._inflight) and not parked and not self._wan_queue and not self._wan_posted()
-                    starved_until = 0.0 if park else time.monotonic() + _STARVED_RETRY_S
+                    starved_until = time.monotonic() + _STARVED_RETRY_S
                 continue
             if pending is None:
                 room = window - len(self._inflight) - len(self._wan_queue)
@@ -297,11 +289,9 @@ class ChunkFetcher:
                     reported, asked_for = done + [f.lease for f in failed if f.landed], max(room, 0)
                     last_exchange = sent = now
                     self.stats.exchanges += 1
-                    parked = park and ask and bool(self._inflight)
                     pending = hub.submit(self._exchange, completed=done, failed=failed, want=asked_for,
-                                         wait_s=0.2 if idle else _STARVED_PARK_S if parked else 0.0,
-                                         known_sources=self._known(), run_chunks=self._run_chunks())
-                    park = False
+                                         wait_s=0.2 if idle else 0.0, known_sources=self._known(),
+                                         run_chunks=self._run_chunks())
                     pending.add_done_callback(lambda _: self._wake.set())
                     done, failed = [], []
                     unreported_since = 0.0

@@ -55,10 +55,8 @@ class ReadDesk:
                            f"HubConfig(nixl_within_job=False) where every job is trusted")
 
     def waits_for_work(self, key: Key, record: VersionRecord, holding: Holding) -> bool:
-        """A filling reader that still needs a chunk it is not reading (one with reads in flight parks only when
-        its plan came back short: ``fetcher`` asks then, so that a chunk landing at a peer reaches it at once)."""
-        wanted = len(record.chunks) if holding.need is None else len(holding.need)
-        return len(holding.chunks) + len(self.leases.book.chunks_of(holding.holder, key)) < wanted
+        """A filling reader with no read of this version in flight that still needs chunks."""
+        return not self.leases.book.of_reader(holding.holder, key) and not holding.complete(len(record.chunks))
 
     def plan(self, key: Key, record: VersionRecord, holding: Holding, location: Location, want: int,
              run_chunks: int, now: float):

@@ -51,17 +51,3 @@ def test_a_suspect_source_and_another_jobs_nixl_holder_serve_no_reads():
     assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] == []
     desk, record, reader = _desk(source_job="other", nixl_within_job=False)
     assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] != []
-
-
-def test_a_reader_with_reads_in_flight_waits_for_work_while_it_still_needs_chunks_it_is_not_reading():
-    desk, record, reader = _desk()
-    assert desk.waits_for_work(KEY, record, reader) is True, "nothing read yet"
-    assignments, _, _ = desk.plan(KEY, record, reader, Location(), 2, 1, now=0.0)
-    desk.lease(_exchange(), KEY, record, reader, Location(), assignments, set(), lambda: [], ids=itertools.count(1),
-               now=0.0)
-    assert len(assignments) == 2 and len(record.chunks) == 4
-    # Two of its four chunks are neither landed nor read: a short plan's next ask may park for them.
-    assert desk.waits_for_work(KEY, record, reader) is True
-    more, _, _ = desk.plan(KEY, record, reader, Location(), 2, 1, now=0.0)
-    desk.lease(_exchange(), KEY, record, reader, Location(), more, set(), lambda: [], ids=itertools.count(3), now=0.0)
-    assert desk.waits_for_work(KEY, record, reader) is False, "every chunk it lacks is being read"
