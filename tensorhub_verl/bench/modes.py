@@ -26,6 +26,7 @@ Needs root and iproute2 (`tensorhub_verl.netlab`); prints one JSON object as the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -65,6 +66,8 @@ class LabBenchParams(LabWorkload):
     reply waits behind the bulk data in the trainer's NIC queue (tbf is one FIFO, up to 50 ms deep)."""
     broadcast: bool = True
     """standalone: also run the torch.distributed (gloo) broadcast baseline."""
+    queue_ms: float = 50.0
+    """Depth of every lab link's queue (``LabSpec.queue_ms``; every figure before had 50 ms)."""
     timeout_s: float = 300.0
 
 
@@ -168,6 +171,11 @@ def _summary(fetched: list[dict]) -> dict:
             "readers": [{k: f[k] for k in _TRACE if k in f} for f in fetched]}
 
 
+def _spec(p: LabBenchParams, mode: str):
+    spec, hosts = lab_spec(p, mode)
+    return dataclasses.replace(spec, queue_ms=p.queue_ms), hosts
+
+
 def start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tuple[str, list[tuple[LabProcess, Path]]]:
     """Hub (lab host "hub") and trainer (lab host "trainer"). Returns the hub URL and (role, stop file) in
     stop order: the trainer first (its close() unpublishes through the hub), the hub last."""
@@ -240,7 +248,7 @@ def _broadcast(lab: Lab, workdir: Path, p: LabBenchParams, hosts: list[str]) -> 
 
 
 def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, ...]) -> dict:
-    spec, rollout_hosts = lab_spec(p, "standalone")  # elastic runs in the same lab
+    spec, rollout_hosts = _spec(p, "standalone")  # elastic runs in the same lab
     with Lab(spec) as lab:
         url, control = start_control(lab, workdir, p, copies=max(p.rollouts, p.joiners))
         out = {}
@@ -311,7 +319,7 @@ def _busy_flows(lab: Lab, p: LabBenchParams) -> list[subprocess.Popen]:
 
 
 def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
-    spec, rollout_hosts = lab_spec(p, "cross_dc")
+    spec, rollout_hosts = _spec(p, "cross_dc")
     with Lab(spec) as lab:
         url, control = start_control(lab, workdir, p, copies=p.rollouts)
         try:

@@ -18,6 +18,13 @@ exchanges) and prints, per mode, the ceiling of the lab's topology and where eac
   was in flight) and, cross-dc, the seed's WAN: the time between one WAN chunk landing and the next being posted,
   and the WAN's achieved rate.
 - spread: for each chunk, from its first landing in the readers' datacenter to its last.
+- hops: for each read from a peer, where the time from the chunk landing at that peer to this reader posting
+  its read went: the peer's wait to report it (its next exchange), that exchange's round trip (the hub books the
+  landing on its way), this reader's wait to ask after the report was answered, and its own exchange's round
+  trip. On the lab, an exchange of a reader whose NIC moves bulk data waits in that NIC's queue (tbf: one FIFO,
+  up to 50 ms deep) each way.
+- idle with work: per reader, the time it had no read in flight while a peer had held, for at least
+  ``IDLE_LAG_S``, a chunk it still lacked (a read it could have made, had the hub known and planned it).
 
 Times are on the machine's monotonic clock (every lab host shares it), relative to the earliest reader's go.
 Prints one JSON object as the last line.
@@ -32,6 +39,8 @@ import sys
 from pathlib import Path
 
 MIB = 1 << 20
+IDLE_LAG_S = 0.1
+"""A peer's chunk counts as readable this long after it landed there (a report and a plan's round trips)."""
 WIRE = 1514 / 1448
 """Bytes on the wire per byte of TCP payload (Ethernet + IP + TCP headers with timestamps, 1,500 MTU)."""
 
@@ -125,6 +134,65 @@ def spread(readers: list[dict], base: float) -> dict:
             "last_chunk_spread_s": round(max(lands[last]) - min(lands[last]), 3) if last is not None else None}
 
 
+def _quantiles(values: list[float]) -> dict:
+    v = sorted(values)
+    if not v:
+        return {}
+    return {f"p{q}_ms": round(1000 * v[min(len(v) - 1, q * len(v) // 100)], 1) for q in (10, 50, 90)}
+
+
+def hops(readers: list[dict], base: float) -> dict:
+    """For each read from a peer (a reader of this run), where the time from the chunk landing at the peer to the
+    read's post went (p10 / p50 / p90 over the reads; see the module doc)."""
+    runs = {}
+    for r in readers:
+        off = r["t0"] - base
+        runs[r["worker"]] = ([(p + off, l + off, c, s) for p, l, c, s in r["timeline"]],
+                             sorted((a + off, b + off) for a, b, *_ in r.get("exchanges", [])))
+    landed = {w: {c: l for _, l, c, _ in tl} for w, (tl, _) in runs.items()}
+    parts: dict[str, list[float]] = {k: [] for k in ("post_after_landing", "source_report_wait", "source_report_rtt",
+                                                     "reader_ask_after_report", "reader_ask_rtt")}
+    for tl, ex in runs.values():
+        for posted, _, chunk, source in tl:
+            if source not in runs or chunk not in landed[source]:
+                continue
+            at = landed[source][chunk]
+            report = next((e for e in runs[source][1] if e[0] >= at), None)
+            ask = next((e for e in reversed(ex) if e[1] <= posted + 1e-3), None)
+            if report is None or ask is None:
+                continue
+            parts["post_after_landing"].append(posted - at)
+            parts["source_report_wait"].append(report[0] - at)
+            parts["source_report_rtt"].append(report[1] - report[0])
+            parts["reader_ask_after_report"].append(ask[0] - report[1])
+            parts["reader_ask_rtt"].append(ask[1] - ask[0])
+    return {"reads": len(parts["post_after_landing"]), **{k: _quantiles(v) for k, v in parts.items()}}
+
+
+def idle_with_work(readers: list[dict], base: float, lag: float = IDLE_LAG_S, step: float = 0.005) -> dict:
+    """Per reader: seconds with no read in flight while a peer had held a chunk it lacked for ``lag`` or more
+    (sampled every ``step``)."""
+    tls = {r["worker"]: [(p + r["t0"] - base, l + r["t0"] - base, c) for p, l, c, _ in r["timeline"]]
+           for r in readers}
+    landed = {w: {c: l for _, l, c in tl} for w, tl in tls.items()}
+    out = {}
+    for w, tl in tls.items():
+        first = {}
+        for other, lands in landed.items():
+            if other != w:
+                for c, l in lands.items():
+                    first[c] = min(first.get(c, l), l)
+        posted = {c: p for p, _, c in tl}
+        end, t, idle = max(l for _, l, _ in tl), min(p for p, _, _ in tl), 0.0
+        while t < end:
+            if not any(p <= t < l for p, l, _ in tl) and \
+                    any(at + lag <= t and posted.get(c, end) > t for c, at in first.items()):
+                idle += step
+            t += step
+        out[w] = round(idle, 3)
+    return {"total_s": round(sum(out.values()), 3), "readers": out}
+
+
 def analyse(result: dict) -> dict:
     params, out = result["params"], {}
     for mode, res in result["modes"].items():
@@ -142,7 +210,8 @@ def analyse(result: dict) -> dict:
                  "start_s": round(sum(r["first_post_s"] for r in rows), 3),
                  "idle_s": round(sum(r["idle_s"] for r in rows), 3),
                  "starved_s": round(sum(r["starved_s"] for r in rows), 3),
-                 "trainer": trainer_use(readers, base), "spread": spread(readers, base), "readers": rows}
+                 "trainer": trainer_use(readers, base), "spread": spread(readers, base),
+                 "hops": hops(readers, base), "idle_with_work": idle_with_work(readers, base), "readers": rows}
         if mode == "cross_dc":
             entry["wan"] = wan_pacing(readers, base, params)
         out[mode] = entry
@@ -161,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
               f"ratio {e['ratio']}x of a ceiling {e['ratio_ceiling']}x (pull {e['pull_s']:.1f} s)")
         print(f"  summed over readers: first read posted {e['start_s']:.2f} s, idle {e['idle_s']:.2f} s, "
               f"starved {e['starved_s']:.2f} s; trainer {e['trainer']}; spread {e['spread']}")
+        print(f"  idle with work (a peer had a chunk it lacked for {IDLE_LAG_S} s): "
+              f"{e['idle_with_work']['total_s']:.2f} s summed")
+        print(f"  hops (peer landed -> read posted): {e['hops']}")
         if "wan" in e:
             print(f"  WAN: {e['wan']}")
         for r in e["readers"]:

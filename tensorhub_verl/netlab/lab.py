@@ -158,7 +158,8 @@ class Lab:
             iproute.ip("link", "add", v.a_if, "type", "veth", "peer", "name", v.b_if, "netns", v.b_ns, netns=v.a_ns)
             for ns, ifname, mbit in ((v.a_ns, v.a_if, v.a_mbit), (v.b_ns, v.b_if, v.b_mbit)):
                 if mbit is not None:
-                    iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit), netns=ns)
+                    iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit, self.spec.queue_ms),
+                               netns=ns)
         for ns, ifname, br in p.ports:
             iproute.ip("link", "set", ifname, "master", br, netns=ns)
         for v in p.veths:
@@ -227,7 +228,7 @@ class Lab:
         """Re-shape a host's NIC, both directions (a straggler: a degraded or congested link)."""
         nic = self._nic(host)
         for ns, ifname in ((nic.a_ns, nic.a_if), (nic.b_ns, nic.b_if)):
-            iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit), netns=ns)
+            iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit, self.spec.queue_ms), netns=ns)
 
     def _nic(self, host: str) -> VethPlan:
         netns = self.host(host).netns

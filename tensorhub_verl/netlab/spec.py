@@ -59,10 +59,15 @@ class LabSpec:
     """Rate of each datacenter's WAN access link, each direction; None leaves it unshaped."""
     subnet: str = "10.77.0.0/16"
     """Private /16 used only inside the lab; datacenter i gets the i-th /24."""
+    queue_ms: float = 50.0
+    """Depth of each shaped link's queue (tbf's latency: one FIFO), in ms of its rate: a small packet, such as a
+    hub exchange, waits behind up to this much bulk data on a busy link."""
 
     def __post_init__(self) -> None:
         if not self.datacenters:
             raise ConfigError("LabSpec.datacenters: give at least one datacenter")
+        if self.queue_ms <= 0:
+            raise ConfigError(f"LabSpec.queue_ms={self.queue_ms}: must be > 0")
         net = ipaddress.ip_network(self.subnet)
         if net.prefixlen != 16 or not net.is_private or net.is_loopback or net.version != 4:
             raise ConfigError(f"LabSpec.subnet={self.subnet!r}: must be a private IPv4 /16 (e.g. 10.77.0.0/16)")
@@ -210,9 +215,9 @@ def plan_lab(spec: LabSpec, prefix: str) -> LabPlan:
                    router_addrs=tuple(router_addrs), lab_subnet=spec.subnet, namespaces=tuple(namespaces))
 
 
-def tbf_args(mbit: float) -> list[str]:
+def tbf_args(mbit: float, queue_ms: float = 50.0) -> list[str]:
     """`tc ... tbf` arguments for `mbit`. Why this burst: tbf needs at least rate/HZ bytes of burst
     to reach its rate (HZ may be 100 here); 64 KiB covers one GSO super-packet at low rates."""
     rate_bytes = mbit * 1e6 / 8
     burst = max(64 * 1024, int(rate_bytes / 100))
-    return ["tbf", "rate", f"{mbit:g}mbit", "burst", str(burst), "latency", "50ms"]
+    return ["tbf", "rate", f"{mbit:g}mbit", "burst", str(burst), "latency", f"{queue_ms:g}ms"]

@@ -106,7 +106,7 @@ class ClientConfig:
     poll_interval_s: float = 0.0005
     """How often the fetch loop checks its reads."""
     wan_reads_posted: int = 1
-    """WAN reads a seed keeps posted at once; the hub gives it one more (PlannerConfig.wan_reads_per_seed),
+    """WAN reads a seed keeps posted at once; the hub gives it two more (PlannerConfig.wan_reads_per_seed),
     queued here to start the moment one lands. One at a time suits TCP, where reads posted together share
     a stream and land together. On an RDMA WAN with a long round trip (reads on one queue pair complete in
     order) raise both to cover the bandwidth-delay product."""

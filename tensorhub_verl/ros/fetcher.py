@@ -231,6 +231,9 @@ class ChunkFetcher:
         self._abandoned: set[int] = set()
         """Chunks whose read was abandoned as a straggler once already: their next read is not."""
         self._wan_queue: deque[msg.AssignmentMsg] = deque()
+        self._wan_landed = 0.0
+        """When this fetch's latest WAN read landed: WAN reads share one stream, so one posted ahead is timed from
+        then (its own wire time), not from its post."""
         self._wake = threading.Event()
         """Set when a read finishes (transports that land reads on their own threads) or an exchange returns."""
 
@@ -359,7 +362,7 @@ class ChunkFetcher:
         if len(posted) != self._settings.wan_reads_posted:
             return None
         median = self._median(Distance.WAN)
-        due = max(max(run.started, run.last_landed) + median * run.pending for run in posted)
+        due = max(max(run.started, run.last_landed, self._wan_landed) + median * run.pending for run in posted)
         return due - median * self._settings.wan_lead
 
     def _post_wan_ahead(self, now: float, failed: list[msg.FailedRead]) -> None:
@@ -393,7 +396,7 @@ class ChunkFetcher:
             self.stats.failed_reads += 1
             why = next(transport.failure(h) for (h, _), st in zip(run.parts, states) if st is ReadState.FAILED)
             return f"{run.source.holder}: {why or 'transfer error'}", False
-        took = now - max(run.started, run.last_landed)
+        took = now - self._timed_from(run)
         reason = None
         if took > self._settings.read_timeout_s:
             reason = f"no answer within {self._settings.read_timeout_s} s"
@@ -420,10 +423,16 @@ class ChunkFetcher:
         run.landed_at.extend([now] * (len(run.intact) - len(run.landed_at)))
         run.seen = last
         if nbytes:
-            bisect.insort(self._durations.setdefault(run.distance, []),
-                          (now - max(run.started, run.last_landed)) / (last - first_new))
+            bisect.insort(self._durations.setdefault(run.distance, []), (now - self._timed_from(run)) / (last - first_new))
             self._throughput.add(now, nbytes)
         run.last_landed = now
+        if run.crosses_wan:
+            self._wan_landed = now
+
+    def _timed_from(self, run: _Run) -> float:
+        """When the run's next chunk started moving: its post, its previous chunk's landing, or (WAN reads share one
+        stream) the fetch's latest WAN landing."""
+        return max(run.started, run.last_landed, self._wan_landed if run.crosses_wan else 0.0)
 
     def _check_all(self, now: float, run: _Run) -> None:
         """After a failed read whose plane cannot say what landed: every chunk not yet seen that has a digest is

@@ -10,7 +10,7 @@ holders and readers that are still filling), and:
      there, so a chunk spreads through peers instead of everyone hitting its first holder;
   4. crosses the WAN only as one of its datacenter's seeds, and only for a chunk that is not already
      crossing into that datacenter: one WAN copy per chunk per datacenter. A seed holds at most
-     ``wan_reads_per_seed`` WAN reads: it reads one at a time and keeps the next queued (see
+     ``wan_reads_per_seed`` WAN reads: it reads one at a time and keeps the others queued (see
      ``ClientConfig.wan_reads_posted``), so chunks cross one after another and each starts spreading
      through its datacenter as early as the WAN allows;
   5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
@@ -59,9 +59,10 @@ class PlannerConfig:
     """Reads in flight that one source serves at once; more wait for a slot or go to another source."""
     seeds_per_dc: int = 1
     """Readers per datacenter that may pull across the WAN for one version."""
-    wan_reads_per_seed: int = 2
-    """WAN reads one seed holds at once: the one it is reading and the next, queued on the reader so that
-    it starts the moment the first lands, without waiting for a hub round trip."""
+    wan_reads_per_seed: int = 3
+    """WAN reads one seed holds at once: the one it is reading and the next two, queued on the reader so that
+    the next starts the moment one lands, and the exchange that reports it and brings a new WAN lease has two
+    chunks' WAN time, not one, to come back (with one, an answer slower than a chunk idled the WAN)."""
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
     nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""

@@ -33,3 +33,29 @@ def test_a_reader_idle_between_its_reads_and_waiting_on_empty_exchanges_is_count
     assert (first["idle_s"], first["starved_s"], first["empty_exchanges"]) == (0.3, 0.3, 1)
     assert first["chunks_from"] == {"trainer": 1, "peers": 1} and second["go_s"] == pytest.approx(0.1)
     assert gap["trainer"]["reads"] == 2 and gap["spread"]["max_s"] == pytest.approx(0.6)
+
+
+def test_a_peer_read_splits_into_the_reports_and_asks_that_preceded_it():
+    # r-1 lands chunk 1 at 0.30, reports it with the exchange sent at 0.32 (answered 0.36); r-0 asks at 0.40,
+    # gets the lease at 0.45 and posts the read at once.
+    readers = [
+        {"worker": "r-0", "t0": 0.0, "timeline": [(0.0, 0.2, 0, "trainer"), (0.45, 0.6, 1, "r-1")],
+         "exchanges": [(0.0, 0.01, 2, 1), (0.40, 0.45, 1, 1)]},
+        {"worker": "r-1", "t0": 0.0, "timeline": [(0.0, 0.3, 1, "trainer")],
+         "exchanges": [(0.0, 0.01, 2, 1), (0.32, 0.36, 1, 0)]},
+    ]
+    h = modes_gap.hops(readers, 0.0)
+    assert h["reads"] == 1
+    assert (h["post_after_landing"]["p50_ms"], h["source_report_wait"]["p50_ms"], h["source_report_rtt"]["p50_ms"],
+            h["reader_ask_after_report"]["p50_ms"], h["reader_ask_rtt"]["p50_ms"]) == (150.0, 20.0, 40.0, 40.0, 50.0)
+
+
+def test_idle_with_work_counts_only_time_with_nothing_in_flight_after_a_peer_held_a_missing_chunk():
+    readers = [
+        # r-0 reads nothing from 0.2 to 1.0; r-1 holds chunk 1 from 0.3, so from 0.3 + IDLE_LAG_S r-0 idles with work.
+        {"worker": "r-0", "t0": 0.0, "timeline": [(0.0, 0.2, 0, "trainer"), (1.0, 1.1, 1, "r-1")]},
+        {"worker": "r-1", "t0": 0.0, "timeline": [(0.0, 0.3, 1, "trainer"), (0.3, 0.5, 0, "r-0")]},
+    ]
+    idle = modes_gap.idle_with_work(readers, 0.0)["readers"]
+    assert idle["r-0"] == pytest.approx(1.0 - 0.3 - modes_gap.IDLE_LAG_S, abs=0.011)
+    assert idle["r-1"] == 0.0, "r-1 always had a read in flight"

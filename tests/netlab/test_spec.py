@@ -88,3 +88,12 @@ def test_tbf_burst_grows_with_rate():
     high = tbf_args(10_000)
     assert low[:3] == ["tbf", "rate", "100mbit"]
     assert int(high[high.index("burst") + 1]) > int(low[low.index("burst") + 1])
+
+
+def test_the_queue_depth_is_the_tbf_latency_and_must_be_positive():
+    assert tbf_args(200)[-2:] == ["latency", "50ms"], "the depth every figure before was measured with"
+    assert tbf_args(200, 5.0)[-2:] == ["latency", "5ms"]
+    dcs = (DatacenterSpec(name="dc0", racks=(RackSpec(name="r0", hosts=("a",)),)),)
+    assert LabSpec(datacenters=dcs, queue_ms=5.0).queue_ms == 5.0
+    with pytest.raises(ConfigError, match="queue_ms"):
+        LabSpec(datacenters=dcs, queue_ms=0.0)

@@ -207,10 +207,11 @@ def test_the_nixl_plane_declares_what_it_needs():
             plane.close()
 
 
-def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queued(hub):
-    """The hub leases a seed two WAN reads (PlannerConfig.wan_reads_per_seed); the client posts one and
-    queues the other, so WAN chunks land one after another instead of together: at most the one in flight and
-    the next, posted shortly before it lands (FetchSettings.wan_lead), are ever posted at once."""
+def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_ones_queued(hub):
+    """The hub leases a seed three WAN reads (PlannerConfig.wan_reads_per_seed); the client posts one and
+    queues the others, so WAN chunks land one after another instead of together: at most the one in flight and
+    the next, posted shortly before it lands (FetchSettings.wan_lead), are ever posted at once. Two queued: the
+    exchange that reports a landing and brings the next WAN lease has two chunks' time to come back."""
     weights = make_weights(2, 2.0)
     with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
         trainer.publish("policy", 1, weights)
@@ -221,13 +222,13 @@ def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_one_queue
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
         fetch.start()
-        wait_until(lambda: trainer.status()["leases_in_flight"] >= 2, 30, "the seed was not leased two WAN reads",
+        wait_until(lambda: trainer.status()["leases_in_flight"] >= 3, 30, "the seed was not leased three WAN reads",
                    poll_s=0.02)
         # Counted, not timed: the fetch loop polled its read in flight 20 more times with the second lease in
         # hand, each a turn at which a wrongly posted second read would have been posted.
         polled = gated.polls
         wait_until(lambda: gated.polls >= polled + 20, 30, "the seed's fetch loop stopped polling", poll_s=0.01)
-        assert trainer.status()["leases_in_flight"] == 2 and gated.reads == 1 and gated.most_in_flight == 1
+        assert trainer.status()["leases_in_flight"] == 3 and gated.reads == 1 and gated.most_in_flight == 1
         gated.finish_gate.set()
         fetch.join(60)
         stats = outcome["stats"]
@@ -265,3 +266,4 @@ def test_a_seed_posts_its_queued_wan_read_before_the_one_in_flight_lands(hub):
         for name, tensor in weights.items():
             assert torch.equal(stats.buffers[name], tensor), name
         seed.close()
+
