@@ -18,7 +18,9 @@ a chunk read is then one chunk of a run, and the JSON also gives leases and chun
 
 ``--shards K`` runs the hub as K hub processes (``ros/shares.py``): the version is published as K shares of about
 chunks / K chunks, one per shard, and each reader fetches the K shares at once. The hub's CPU is then summed over
-the shards, and the busiest shard's CPU is the critical path (each shard on a core of its own).
+the shards, and the busiest shard's CPU is the critical path (each shard on a core of its own). ``--split
+readers`` measures the other way to split: every shard serves the whole version to a share of the readers
+(contiguous blocks of nodes), each reader talking to its shard only.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes-per-rack", type=int, default=8)
     parser.add_argument("--grants", action="store_true", help="workers register grant keys (the TCP plane's cost)")
     parser.add_argument("--shards", type=int, default=1, help="hub processes, each serving a share of the version")
+    parser.add_argument("--split", choices=("chunks", "readers"), default="chunks",
+                        help="with --shards: each shard serves a share of the chunks to every reader (a sharded "
+                             "client), or the whole version to a share of the readers")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop a point after this long")
     parser.add_argument("--connections", type=int, default=64, help="HTTP connections per load process")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
             if not args.json:
                 print(_row(point), flush=True)
-    report = {"bench": "control", "shards": args.shards, "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
+    report = {"bench": "control", "shards": args.shards, "split": args.split, "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
               "chunk_mib": args.chunk_mib,
               "grants": args.grants, "points": points, "extrapolated_1024_readers_100GB": _extrapolate(points)}
     if not args.json:
@@ -117,16 +122,21 @@ def run_point(chunks: int, readers: int, args) -> dict:
         model = "m"
         shards = []
         for index, hub in enumerate(hubs):
-            layout = share_layout("hf", index, args.shards)
-            share = chunks // args.shards + (index < chunks % args.shards)
+            by_chunks = args.split == "chunks"
+            layout = share_layout("hf", index, args.shards) if by_chunks else "hf"
+            share = chunks // args.shards + (index < chunks % args.shards) if by_chunks else chunks
             shards.append({"url": hub.url, "layout": layout,
                            "digest": _publish(hub.url, model, share, args.grants, layout=layout)})
         names = [f"r{i}" for i in range(readers)]
         locations = [{"dc": "dc0", "rack": f"k{i // (args.gpus_per_node * args.nodes_per_rack)}",
                       "node": f"n{i // args.gpus_per_node}"} for i in range(readers)]
+        everyone = list(range(args.shards))
+        reader_shards = [everyone if args.split == "chunks" else [i * args.shards // readers]
+                         for i in range(readers)]
         env = dict(os.environ)
         for p in range(min(args.procs, readers)):
-            job = {"shards": shards, "model": model, "readers": names[p::args.procs],
+            job = {"shards": shards, "reader_shards": reader_shards[p::args.procs], "model": model,
+                   "readers": names[p::args.procs],
                    "locations": locations[p::args.procs], "window": args.window, "rate": args.rate,
                    "run_chunks": args.run_chunks,
                    "grants": args.grants, "max_seconds": args.max_seconds, "connections": args.connections}
@@ -184,6 +194,7 @@ def _summarize(chunks: int, readers: int, args, cpus: list[float], wall: float, 
         "hub_cpu_per_exchange_ms": round(1000 * cpu / exchanges, 4) if exchanges else None,
         "hub_cpu_per_chunk_read_ms": round(1000 * per_read, 5) if per_read else None,
         "exchanges_per_reader": round(exchanges / readers, 1),
+        "exchanges_per_reader_per_shard": round(exchanges / readers / (len(cpus) if args.split == "chunks" else 1), 1),
         "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
         "leases_per_exchange": round(leases / exchanges, 2) if exchanges else None,
         "idle_waits_per_reader": round(sum(r["idle_waits"] for r in results) / readers, 1),

@@ -7,8 +7,9 @@ they would on one NIC). It reports as the real fetcher does: the landed leases g
 asks for a full window, each lease a run of up to ``run_chunks`` chunks (``Exchange.run_chunks``). A reader
 with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
 
-With several hub shards (``bench control --shards K``) each reader registers with every shard and fetches the
-shards' shares of the version at once (one begin, exchanges and end per shard), as a sharded client does.
+With several hub shards (``bench control --shards K``) a reader registers with the shards the job lists for it
+(``reader_shards``) and fetches their shares of the version at once (one begin, exchanges and end per shard): every
+shard when the version is split by chunks, as a sharded client does; one when the readers are split.
 
 Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
 prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
@@ -43,8 +44,9 @@ async def _register(http: httpx.AsyncClient, worker: str, location: dict, grants
 
 
 class _Reader:
-    def __init__(self, name: str, credentials: list[str], job: dict, stop_at: float):
+    def __init__(self, name: str, shards: list[dict], credentials: list[str], job: dict, stop_at: float):
         self.name = name
+        self.shards = shards
         self.headers = [{CREDENTIAL_HEADER: credential} for credential in credentials]
         self.job = job
         self.stop_at = stop_at
@@ -61,7 +63,7 @@ class _Reader:
     async def run(self, https: list[httpx.AsyncClient]) -> None:
         started = time.perf_counter()
         done = await asyncio.gather(*(self._share(http, headers, shard) for http, headers, shard
-                                      in zip(https, self.headers, self.job["shards"])))
+                                      in zip(https, self.headers, self.shards)))
         self.seconds = time.perf_counter() - started
         self.done = all(done)
 
@@ -116,16 +118,17 @@ async def _main(job: dict) -> dict:
     async with contextlib.AsyncExitStack() as stack:
         https = [await stack.enter_async_context(httpx.AsyncClient(base_url=shard["url"], timeout=120,
                                                                    limits=limits)) for shard in job["shards"]]
-        names = job["readers"]
-        creds = await asyncio.gather(*(asyncio.gather(*(_register(http, n, loc, job["grants"]) for http in https))
-                                       for n, loc in zip(names, job["locations"])))
+        names, mine = job["readers"], job["reader_shards"]
+        creds = await asyncio.gather(*(asyncio.gather(*(_register(https[i], n, loc, job["grants"]) for i in own))
+                                       for n, loc, own in zip(names, job["locations"], mine)))
         print("ready", flush=True)
         line = await asyncio.to_thread(sys.stdin.readline)
         if line.strip() != "go":
             raise RuntimeError(f"expected 'go' from the driver, got {line!r}")
         stop_at = time.perf_counter() + job["max_seconds"]
-        readers = [_Reader(n, c, job, stop_at) for n, c in zip(names, creds)]
-        await asyncio.gather(*(r.run(https) for r in readers))
+        readers = [_Reader(n, [job["shards"][i] for i in own], c, job, stop_at)
+                   for n, own, c in zip(names, mine, creds)]
+        await asyncio.gather(*(r.run([https[i] for i in own]) for r, own in zip(readers, mine)))
     waits = [w for r in readers for w in r.waits]
     return {"readers": len(readers), "done": sum(r.done for r in readers),
             "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),
