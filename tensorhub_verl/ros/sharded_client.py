@@ -28,7 +28,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client import Client, ClientConfig, _full_specs
 from tensorhub_verl.ros.fetcher import FetchStats
-from tensorhub_verl.ros.manifest import Manifest
+from tensorhub_verl.ros.manifest import Manifest, check_buffers
 from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.planes.base import DataPlane
 from tensorhub_verl.ros.shares import MAX_SHARDS, share_layout, split
@@ -61,7 +61,8 @@ class ShardedClient:
         for client in self.shards:
             client._siblings = tuple(c for c in self.shards if c is not client)
         self.hub_urls = [client.hub_url for client in self.shards]
-        self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix=f"tensorhub-shards-{worker}")
+        # Calls on different versions may run at once (as on a Client); each takes one thread per shard.
+        self._pool = ThreadPoolExecutor(4 * len(self.shards), thread_name_prefix=f"tensorhub-shards-{worker}")
 
     @property
     def count(self) -> int:
@@ -121,8 +122,15 @@ class ShardedClient:
         manifests = self.manifests(model, version, layout)
         if into is None:
             into = {name: t for m in manifests for name, t in m.allocate("cpu").items()}
-        self._register(into.values())
+        known = {spec.name for m in manifests for spec in m.tensors}
+        extra = [name for name in into if name not in known]
+        if extra:
+            raise errors.ManifestMismatch(f"tensor {extra[0]!r} is not in {model} v{manifests[0].version} ({layout}); "
+                                          f"remove it from the buffers", tensor=extra[0])
         parts = [{spec.name: into[spec.name] for spec in m.tensors if spec.name in into} for m in manifests]
+        for m, part in zip(manifests, parts):
+            check_buffers(m, part)  # every share's buffers, before any share's bytes move
+        self._register(into.values())
         stats = self._all_or_none(manifests, lambda i, client: client.fetch(
             model, manifests[i].version, parts[i], self._layout(layout, i), hold, _left(started, timeout, self.config)),
             hold)

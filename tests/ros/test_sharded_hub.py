@@ -65,6 +65,11 @@ def test_a_two_shard_hub_serves_the_published_bytes(shards):
         names = [[spec.name for spec in m.tensors] for m in manifests]
         assert all(names) and sorted(sum(names, [])) == sorted(weights)
         assert [m.layout for m in manifests] == ["hf@0/2", "hf@1/2"]
+        # Buffers missing a tensor of the last share are refused before any share's bytes move.
+        partial = {name: torch.empty_like(t) for name, t in weights.items() if name != names[1][-1]}
+        with pytest.raises(errors.ManifestMismatch, match=names[1][-1]):
+            reader.fetch("policy", 1, into=partial)
+        assert reader.holdings() == [] and reader.shards[0].versions("policy", "hf@0/2") == {1: ["trainer"]}
         stats = reader.fetch("policy", "latest")
         assert digest(stats.buffers) == digest(weights)
         assert stats.version == 1 and stats.sources == {"trainer": stats.bytes}
@@ -121,10 +126,8 @@ def test_unpublish_drains_every_shard(shards):
 
         fetch = threading.Thread(target=fetch_it, daemon=True)
         fetch.start()
-        # Two reads posted (and held at the gate after them: more leases are out, on one shard or both).
-        deadline = time.monotonic() + 60
-        while gated.reads < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # Two reads posted, and the third held at the gate: its lease, on the trainer, is live on its shard.
+        assert gated.holding.wait(60)
         unpublished = threading.Event()
         threading.Thread(target=lambda: (trainer.unpublish("policy", 1), unpublished.set()), daemon=True).start()
         # The unpublish waits for the reads in flight on every shard: it cannot return while the gate holds them.
