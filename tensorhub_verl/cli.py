@@ -57,6 +57,9 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wan-gbps", type=float, default=None, help="the WAN's rate, Gbit/s")
     parser.add_argument("--max-inflight-per-source", type=int, default=8)
     parser.add_argument("--url-file", default=None, help="write the hub URL here once listening")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="run the hub as this many processes, each serving a share of every version, on "
+                             "--port, --port+1, ...; clients connect to the comma-separated URLs it prints")
     parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB",
                         help="only workers whose id matches WORKER_GLOB create versions of the models "
                              "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
@@ -82,6 +85,13 @@ def _hub_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.planner import PlannerConfig
 
     args = hub_parser().parse_args(argv)
+    if args.shards != 1:
+        from tensorhub_verl.ros.hub.shard_launcher import run_shards
+        from tensorhub_verl.ros.shares import MAX_SHARDS
+
+        if not 1 <= args.shards <= MAX_SHARDS:
+            hub_parser().error(f"--shards must be in [1, {MAX_SHARDS}]")
+        return run_shards(args.shards, args.port, argv, args.url_file)
     if args.token is not None:
         print("warning: a token given with --token is visible to every local user (ps, /proc); prefer "
               "--token-file or $TENSORHUB_TOKEN", file=sys.stderr)

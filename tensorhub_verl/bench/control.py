@@ -15,6 +15,12 @@ CPU per chunk read (``extrapolated: true``). The last line is JSON.
 ``--run-chunks N`` has each reader ask for leases that cover runs of up to N consecutive chunks (``auto``: sized
 from ``--rate`` as the fetcher sizes them from its measured throughput, ``--run-target-s`` of reads per run);
 a chunk read is then one chunk of a run, and the JSON also gives leases and chunks per exchange.
+
+``--shards K`` runs the hub as K hub processes (``ros/shares.py``): the version is published as K shares of about
+chunks / K chunks, one per shard, and each reader fetches the K shares at once. The hub's CPU is then summed over
+the shards, and the busiest shard's CPU is the critical path (each shard on a core of its own). ``--split
+readers`` measures the other way to split: every shard serves the whole version to a share of the readers
+(contiguous blocks of nodes), each reader talking to its shard only.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.integrity import ALGORITHM
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS
+from tensorhub_verl.ros.shares import share_layout
 
 _CHUNK_BYTES = 4096
 """The chunk size the hub sees: the hub's work per chunk does not depend on it, and a small one keeps the
@@ -59,12 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--nodes-per-rack", type=int, default=8)
     parser.add_argument("--grants", action="store_true", help="workers register grant keys (the TCP plane's cost)")
+    parser.add_argument("--shards", type=int, default=1, help="hub processes, each serving a share of the version")
+    parser.add_argument("--split", choices=("chunks", "readers"), default="chunks",
+                        help="with --shards: each shard serves a share of the chunks to every reader (a sharded "
+                             "client), or the whole version to a share of the readers")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop a point after this long")
     parser.add_argument("--connections", type=int, default=64, help="HTTP connections per load process")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
-    if args.window < 1 or args.procs < 1 or args.rate < 0 or args.max_seconds <= 0:
-        parser.error("--window and --procs must be >= 1, --rate >= 0, --max-seconds > 0")
+    if args.window < 1 or args.procs < 1 or args.rate < 0 or args.max_seconds <= 0 or args.shards < 1:
+        parser.error("--window, --procs and --shards must be >= 1, --rate >= 0, --max-seconds > 0")
+    if any(chunks < args.shards for chunks in args.chunks):
+        parser.error("every --chunks must be >= --shards (a shard serves at least one chunk)")
     args.run_chunks = _run_chunks(args, parser)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     points = []
@@ -74,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
             if not args.json:
                 print(_row(point), flush=True)
-    report = {"bench": "control", "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
+    report = {"bench": "control", "shards": args.shards, "split": args.split, "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
               "chunk_mib": args.chunk_mib,
               "grants": args.grants, "points": points, "extrapolated_1024_readers_100GB": _extrapolate(points)}
     if not args.json:
@@ -101,17 +114,29 @@ def _run_chunks(args, parser) -> int:
 
 def run_point(chunks: int, readers: int, args) -> dict:
     """One fresh hub, one version of ``chunks`` chunks, ``readers`` synthetic readers fetching it at once."""
-    hub = HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600")).start()
+    hubs: list[HubProcess] = []
     procs: list[subprocess.Popen] = []
     try:
+        for _ in range(args.shards):
+            hubs.append(HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600")).start())
         model = "m"
-        digest = _publish(hub.url, model, chunks, args.grants)
+        shards = []
+        for index, hub in enumerate(hubs):
+            by_chunks = args.split == "chunks"
+            layout = share_layout("hf", index, args.shards) if by_chunks else "hf"
+            share = chunks // args.shards + (index < chunks % args.shards) if by_chunks else chunks
+            shards.append({"url": hub.url, "layout": layout,
+                           "digest": _publish(hub.url, model, share, args.grants, layout=layout)})
         names = [f"r{i}" for i in range(readers)]
         locations = [{"dc": "dc0", "rack": f"k{i // (args.gpus_per_node * args.nodes_per_rack)}",
                       "node": f"n{i // args.gpus_per_node}"} for i in range(readers)]
+        everyone = list(range(args.shards))
+        reader_shards = [everyone if args.split == "chunks" else [i * args.shards // readers]
+                         for i in range(readers)]
         env = dict(os.environ)
         for p in range(min(args.procs, readers)):
-            job = {"url": hub.url, "model": model, "digest": digest, "readers": names[p::args.procs],
+            job = {"shards": shards, "reader_shards": reader_shards[p::args.procs], "model": model,
+                   "readers": names[p::args.procs],
                    "locations": locations[p::args.procs], "window": args.window, "rate": args.rate,
                    "run_chunks": args.run_chunks,
                    "grants": args.grants, "max_seconds": args.max_seconds, "connections": args.connections}
@@ -123,8 +148,8 @@ def run_point(chunks: int, readers: int, args) -> dict:
         for proc in procs:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a load process failed to register its readers (see its stderr)")
-        hub_proc = psutil.Process(hub.pid)
-        cpu0, started = cpu_seconds(hub_proc), time.perf_counter()
+        hub_procs = [psutil.Process(hub.pid) for hub in hubs]
+        cpu0, started = [cpu_seconds(p) for p in hub_procs], time.perf_counter()
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -135,17 +160,21 @@ def run_point(chunks: int, readers: int, args) -> dict:
                 raise RuntimeError(f"a load process exited with {proc.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
         wall = time.perf_counter() - started
-        cpu = cpu_seconds(hub_proc) - cpu0
+        cpus = [cpu_seconds(p) - before for p, before in zip(hub_procs, cpu0)]
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-        hub.stop()
-    return _summarize(chunks, readers, args, cpu, wall, results)
+        for hub in hubs:
+            hub.stop()
+    return _summarize(chunks, readers, args, cpus, wall, results)
 
 
-def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results: list[dict]) -> dict:
+def _summarize(chunks: int, readers: int, args, cpus: list[float], wall: float, results: list[dict]) -> dict:
+    """``cpus``: each shard's hub CPU. Per update, the shards' sum and the busiest shard's share of it (the
+    critical path); an unfinished point scales both by its CPU per chunk read."""
+    cpu = sum(cpus)
     exchanges = sum(r["exchanges"] for r in results)
     reads = sum(r["reads"] for r in results)
     leases = sum(r["leases"] for r in results)
@@ -153,15 +182,19 @@ def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results
     waits = sorted(w for r in results for w in r["waits"])
     complete = done == readers
     per_read = cpu / reads if reads else None
+    scale = 1.0 if complete or not reads else readers * chunks / reads
     return {
         "chunks": chunks, "readers": readers, "model_gb": round(chunks * args.chunk_mib / 1024, 2),
         "complete": complete, "readers_done": done, "reads": reads, "leases": leases,
-        "hub_cpu_s": round(cpu, 3), "wall_s": round(wall, 3),
+        "shards": len(cpus), "hub_cpu_s": round(cpu, 3), "hub_cpu_per_shard_s": [round(c, 3) for c in cpus],
+        "wall_s": round(wall, 3),
+        "critical_path_per_update_s": round(max(cpus) * scale, 3),
         "hub_cpu_per_update_s": round(cpu if complete else (per_read or 0) * readers * chunks, 3),
         "extrapolated": not complete,
         "hub_cpu_per_exchange_ms": round(1000 * cpu / exchanges, 4) if exchanges else None,
         "hub_cpu_per_chunk_read_ms": round(1000 * per_read, 5) if per_read else None,
         "exchanges_per_reader": round(exchanges / readers, 1),
+        "exchanges_per_reader_per_shard": round(exchanges / readers / (len(cpus) if args.split == "chunks" else 1), 1),
         "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
         "leases_per_exchange": round(leases / exchanges, 2) if exchanges else None,
         "peer_read_share": round(sum(r.get("from_peers", 0) for r in results) / reads, 3) if reads else None,
@@ -174,17 +207,21 @@ def _summarize(chunks: int, readers: int, args, cpu: float, wall: float, results
 
 def _extrapolate(points: list[dict]) -> dict:
     """Hub CPU for 1,024 readers x 12,800 chunks, scaled from the point with the most chunk reads: its CPU per
-    chunk read times the target's reads (an extrapolation: it assumes the per-read cost stays what it was there)."""
+    chunk read times the target's reads (an extrapolation: it assumes the per-read cost stays what it was there).
+    The critical path scales the same way, by the busiest shard's share of the CPU."""
     best = max((p for p in points if p["hub_cpu_per_chunk_read_ms"]), key=lambda p: (p["readers"] * p["chunks"]),
                default=None)
     if best is None:
         return {}
     per_read_s = best["hub_cpu_per_chunk_read_ms"] / 1000
+    total = per_read_s * _TARGET_READERS * _TARGET_CHUNKS
+    busiest = max(best["hub_cpu_per_shard_s"]) / best["hub_cpu_s"] if best["hub_cpu_s"] else 1.0
     return {"from_readers": best["readers"], "from_chunks": best["chunks"], "extrapolated": True,
-            "hub_cpu_per_update_s": round(per_read_s * _TARGET_READERS * _TARGET_CHUNKS, 1)}
+            "shards": best["shards"], "hub_cpu_per_update_s": round(total, 1),
+            "critical_path_per_update_s": round(total * busiest, 2)}
 
 
-def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = True) -> str:
+def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = True, layout: str = "hf") -> str:
     """Publishes one version of ``chunks`` chunks as a trainer that registered no memory; ``digests``: with
     placeholder chunk digests (the hub stores them; only readers check them), else none (a hub started with
     ``--allow-unverified`` takes it)."""
@@ -202,12 +239,12 @@ def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = Tr
         headers = {CREDENTIAL_HEADER: reply.json()["credential"]}
         reply = http.post("/v1/publish", headers=headers, json={
             "worker": "trainer", "holder": "trainer", "regions": [{"addr": 1 << 20}], "manifest": {
-                "model": model, "version": 1, "layout": "hf", "chunk_bytes": _CHUNK_BYTES,
+                "model": model, "version": 1, "layout": layout, "chunk_bytes": _CHUNK_BYTES,
                 "tensors": [{"name": tensor.name, "shape": list(tensor.shape), "dtype": tensor.dtype,
                              "nbytes": tensor.nbytes}],
                 "chunk_digests": ["0" * 16] * chunks if digests else [], "digest_algorithm": ALGORITHM}})
         reply.raise_for_status()
-    return layout_digest("hf", [tensor], _CHUNK_BYTES)
+    return layout_digest(layout, [tensor], _CHUNK_BYTES)
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -219,7 +256,8 @@ def cpu_seconds(process: psutil.Process) -> float:
 def _row(p: dict) -> str:
     mark = " (extrapolated)" if p["extrapolated"] else ""
     return (f"readers {p['readers']:>4}  chunks {p['chunks']:>6} ({p['model_gb']:g} GB)  hub CPU/update "
-            f"{p['hub_cpu_per_update_s']:.3f} s{mark}  /exchange {p['hub_cpu_per_exchange_ms']} ms  /chunk read "
+            f"{p['hub_cpu_per_update_s']:.3f} s{mark}  critical path ({p['shards']} shard(s)) "
+            f"{p['critical_path_per_update_s']:.3f} s  /exchange {p['hub_cpu_per_exchange_ms']} ms  /chunk read "
             f"{p['hub_cpu_per_chunk_read_ms']} ms  exchanges/reader {p['exchanges_per_reader']}  chunks/exchange "
             f"{p['reads_per_exchange']}  leases/exchange {p['leases_per_exchange']}  from peers "
             f"{p['peer_read_share']}  max wait "

@@ -7,6 +7,10 @@ they would on one NIC). It reports as the real fetcher does: the landed leases g
 asks for a full window, each lease a run of up to ``run_chunks`` chunks (``Exchange.run_chunks``). A reader
 with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
 
+With several hub shards (``bench control --shards K``) a reader registers with the shards the job lists for it
+(``reader_shards``) and fetches their shares of the version at once (one begin, exchanges and end per shard): every
+shard when the version is split by chunks, as a sharded client does; one when the readers are split.
+
 Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
 prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -39,9 +44,10 @@ async def _register(http: httpx.AsyncClient, worker: str, location: dict, grants
 
 
 class _Reader:
-    def __init__(self, name: str, credential: str, job: dict, stop_at: float):
+    def __init__(self, name: str, shards: list[dict], credentials: list[str], job: dict, stop_at: float):
         self.name = name
-        self.headers = {CREDENTIAL_HEADER: credential}
+        self.shards = shards
+        self.headers = [{CREDENTIAL_HEADER: credential} for credential in credentials]
         self.job = job
         self.stop_at = stop_at
         self.exchanges = 0
@@ -56,14 +62,23 @@ class _Reader:
         self.done = False
         self.seconds = 0.0
 
-    async def run(self, http: httpx.AsyncClient) -> None:
+    async def run(self, https: list[httpx.AsyncClient]) -> None:
+        started = time.perf_counter()
+        done = await asyncio.gather(*(self._share(http, headers, shard) for http, headers, shard
+                                      in zip(https, self.headers, self.shards)))
+        self.seconds = time.perf_counter() - started
+        self.done = all(done)
+
+    async def _share(self, http: httpx.AsyncClient, headers: dict, shard: dict) -> bool:
+        """One shard's share of the version, begin to end; False when the point's time ran out first."""
         job = self.job
-        who = {"worker": self.name, "holder": self.name, "model": job["model"], "version": 1, "layout": "hf"}
+        who = {"worker": self.name, "holder": self.name, "model": job["model"], "version": 1,
+               "layout": shard["layout"]}
         window = job["window"]
         started = time.perf_counter()
         sent = time.perf_counter()
-        reply = await http.post("/v1/fetch/begin", headers=self.headers, json=who | {
-            "digest": job["digest"], "regions": [{"addr": 1 << 20}], "want": window,
+        reply = await http.post("/v1/fetch/begin", headers=headers, json=who | {
+            "digest": shard["digest"], "regions": [{"addr": 1 << 20}], "want": window,
             "run_chunks": job["run_chunks"]})
         reply.raise_for_status()
         self.waits.append(time.perf_counter() - sent)
@@ -80,10 +95,10 @@ class _Reader:
             if leases and job["rate"]:
                 await asyncio.sleep(chunks / job["rate"])
             if time.perf_counter() > self.stop_at:
-                return
+                return False
             idle = not leases
             sent = time.perf_counter()
-            reply = await http.post("/v1/fetch/exchange", headers=self.headers, json=who | {
+            reply = await http.post("/v1/fetch/exchange", headers=headers, json=who | {
                 "completed": leases, "want": window, "run_chunks": job["run_chunks"],
                 "wait_s": _IDLE_WAIT_S if idle else 0.0})
             reply.raise_for_status()
@@ -95,26 +110,28 @@ class _Reader:
             body = reply.json()
             if body["revoked"]:
                 raise RuntimeError(f"{self.name}: leases revoked {body['revoked'][:4]}: the bench outran lease_ttl")
-        reply = await http.post("/v1/fetch/end", headers=self.headers, json=who | {
+        reply = await http.post("/v1/fetch/end", headers=headers, json=who | {
             "ok": True, "hold": True, "seconds": time.perf_counter() - started, "wait_s": 5.0})
         reply.raise_for_status()
-        self.seconds = time.perf_counter() - started
-        self.done = True
+        return True
 
 
 async def _main(job: dict) -> dict:
     limits = httpx.Limits(max_connections=job["connections"], max_keepalive_connections=job["connections"])
-    async with httpx.AsyncClient(base_url=job["url"], timeout=120, limits=limits) as http:
-        names = job["readers"]
-        creds = await asyncio.gather(*(_register(http, n, loc, job["grants"])
-                                       for n, loc in zip(names, job["locations"])))
+    async with contextlib.AsyncExitStack() as stack:
+        https = [await stack.enter_async_context(httpx.AsyncClient(base_url=shard["url"], timeout=120,
+                                                                   limits=limits)) for shard in job["shards"]]
+        names, mine = job["readers"], job["reader_shards"]
+        creds = await asyncio.gather(*(asyncio.gather(*(_register(https[i], n, loc, job["grants"]) for i in own))
+                                       for n, loc, own in zip(names, job["locations"], mine)))
         print("ready", flush=True)
         line = await asyncio.to_thread(sys.stdin.readline)
         if line.strip() != "go":
             raise RuntimeError(f"expected 'go' from the driver, got {line!r}")
         stop_at = time.perf_counter() + job["max_seconds"]
-        readers = [_Reader(n, c, job, stop_at) for n, c in zip(names, creds)]
-        await asyncio.gather(*(r.run(http) for r in readers))
+        readers = [_Reader(n, [job["shards"][i] for i in own], c, job, stop_at)
+                   for n, own, c in zip(names, mine, creds)]
+        await asyncio.gather(*(r.run([https[i] for i in own]) for r, own in zip(readers, mine)))
     waits = [w for r in readers for w in r.waits]
     return {"readers": len(readers), "done": sum(r.done for r in readers),
             "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),

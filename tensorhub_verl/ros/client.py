@@ -192,6 +192,9 @@ class Client:
         """Bytes this client copied to CPU memory because it held a retained version's last reliable copy
         (``preserve_on_unpublish``), over its life: callers report the difference across an operation."""
         self._fetches: dict[tuple[str, int, str], _InFlightFetch] = {}
+        self._siblings: tuple[Client, ...] = ()
+        """Clients of the other hub shards sharing this one's plane (``sharded_client.py``): memory they hold
+        stays registered when this one unpublishes."""
         self._closed = False
         self._plane = plane or registry.create(self.config.plane, worker, hub_url, self.config.read_timeout_s)
         try:
@@ -350,13 +353,17 @@ class Client:
                                             f"reads in flight; the bytes must stay unchanged until it returns")
         with self._lock:
             self._held.pop((held.holder, m.model, m.version, m.layout), None)
-            still_served = {t.untyped_storage().data_ptr() for h in self._held.values() for t in h.tensors.values()}
-            still_served |= {t.untyped_storage().data_ptr() for f in self._fetches.values()
-                             for t in f.tensors.values()}
+        still_served = set().union(*(client._served_storages() for client in (self, *self._siblings)))
         # No read of these bytes is in flight now: stop serving them, so that no grant the hub signed before
         # the unpublish reads them later (their storage may be reused or hold the next version's bytes).
         self._plane.unregister([t for t in held.tensors.values()
                                     if t.untyped_storage().data_ptr() not in still_served])
+
+    def _served_storages(self) -> set[int]:
+        """The storages of every tensor this client holds or is fetching into: its plane must keep serving them."""
+        with self._lock:
+            return ({t.untyped_storage().data_ptr() for h in self._held.values() for t in h.tensors.values()}
+                    | {t.untyped_storage().data_ptr() for f in self._fetches.values() for t in f.tensors.values()})
 
     # ----------------------------------------------------------------------------------- fetch
     def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:
@@ -677,13 +684,18 @@ class Client:
 
 
 def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | str | None = None,
-            token: str | None = None, config: ClientConfig | None = None, **config_fields) -> Client:
+            token: str | None = None, config: ClientConfig | None = None, **config_fields):
     """Connects a worker to the hub. Extra keyword arguments are ClientConfig fields (``ClientConfig.from_fields``:
-    plane settings may be given flat, e.g. ``transport='tcp'``)."""
+    plane settings may be given flat, e.g. ``transport='tcp'``). A comma-separated list of URLs names the shards
+    of a hub run as several processes (``tensorhub hub --shards K`` prints it): a ``ShardedClient``."""
     if config_fields:
         if config is not None:
             raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
         config = ClientConfig.from_fields(**config_fields)
+    if "," in hub_url:
+        from tensorhub_verl.ros.sharded_client import ShardedClient
+
+        return ShardedClient([url.strip() for url in hub_url.split(",")], worker, location, token, config)
     return Client(hub_url, worker, location, token, config)
 
 

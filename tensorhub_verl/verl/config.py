@@ -142,6 +142,9 @@ class TensorHubVerlConfig:
                 raise ConfigError(f"tensorhub.{f.name} must be an integer, got {value!r}")
         if self.hub_address is not None and not self.hub_address.startswith(("http://", "https://")):
             raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL or null, got {self.hub_address!r}")
+        if self.hub_address is not None and "," in self.hub_address:
+            raise ConfigError("tensorhub.hub_address names several hub shards; the verl integration connects to one "
+                              "hub process: give one URL (a sharded hub serves the tensorhub Python API only)")
         if not isinstance(self.allow_plain_http, bool):
             raise ConfigError(f"tensorhub.allow_plain_http must be true or false, got {self.allow_plain_http!r}")
         if (self.hub_tls_cert is None) != (self.hub_tls_key is None):

@@ -119,3 +119,14 @@ def test_bench_control_readers_ask_for_runs_and_count_chunks_per_exchange():
     assert point["complete"] and point["reads"] == 4 * 64  # every chunk booked once, through run leases
     assert point["leases"] < point["reads"] and point["exchanges_per_reader"] < 64 / 8
     assert 0 < point["peer_read_share"] < 1  # the readers read from each other, not only from the trainer
+
+
+@pytest.mark.parametrize("split", ["chunks", "readers"])
+def test_bench_control_splits_the_hub_across_shard_processes(split):
+    result = run_cli("bench", "control", "--chunks", "64", "--readers", "4", "--procs", "1", "--run-chunks", "16",
+                     "--shards", "2", "--split", split, "--max-seconds", "300", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    point = last_json(result.stdout)["points"][0]
+    # Every reader booked every chunk once across the shards, and each shard process's CPU was measured.
+    assert point["complete"] and point["reads"] == 4 * 64 and len(point["hub_cpu_per_shard_s"]) == 2
+    assert point["critical_path_per_update_s"] == max(point["hub_cpu_per_shard_s"])

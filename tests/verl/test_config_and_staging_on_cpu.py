@@ -17,6 +17,7 @@ from tensorhub_verl.verl.staging import BufferRing
     ({"staging": "disk"}, "staging must be one of"),
     ({"keep_versions": 0}, "keep_versions must be >= 1"),
     ({"hub_address": "127.0.0.1:80"}, "http"),
+    ({"hub_address": "http://h:1,http://h:2"}, "names several hub shards"),
     ({"location": {"zone": "a"}}, "unknown label"),
     ({"link_capacities": {"wan_gbps": 0}}, "wan_gbps must be > 0"),
     ({"min_replica_fraction": 0.0}, "min_replica_fraction"),
