@@ -56,8 +56,8 @@ class ClientConfig:
     """Leases one fetch keeps in flight (each reads one chunk, or a run of them)."""
     run_target_s: float = 0.05
     """A fetch asks for runs of consecutive chunks under one lease, sized from its measured throughput so that
-    a run takes about this long: one hub exchange per run instead of one per few chunks (a 100 GB update at
-    25 GB/s: 3,000 chunk reads a second). 1 MiB chunks at 200 Mbit/s stay runs of 1, so a swarm on slow links
+    a run takes about this long: one hub exchange per run instead of one per few chunks (fast links read
+    thousands of chunks a second). 1 MiB chunks at 200 Mbit/s stay runs of 1, so a swarm on slow links
     spreads chunk by chunk as before; 0: a lease per chunk. Only with ``max_run_chunks`` > 1."""
     max_run_chunks: int = 1024
     """Longest run a fetch asks for (1 to messages.MAX_RUN_CHUNKS); 1: a lease per chunk. Runs are sized by

@@ -4,7 +4,7 @@ UCX picks the wire: TCP or shared memory on a plain host; RDMA, GPUDirect or CUD
 Set UCX_TLS / UCX_NET_DEVICES in the environment to force one (the network lab forces TCP).
 
 Exposure. UCX's TCP transport listens on every network device unless UCX_NET_DEVICES names some:
-``net_devices`` sets it for this agent only (measured with nixl-cu12 1.5.1: NIXL's own ``ucx_devices``
+``net_devices`` sets it for this agent only (with nixl 1.5: NIXL's own ``ucx_devices``
 backend parameter does not narrow the TCP listeners; the environment variable, read when UCX builds the
 agent's context, does). Registered memory is mapped with UCX's default protection, which includes remote
 WRITE: NIXL's ``memReg`` calls ``ucp_mem_map`` without ``UCP_MEM_MAP_PARAM_FIELD_PROT`` and offers no
@@ -190,10 +190,10 @@ class NixlPlane(DataPlane[_NixlRead]):
         reads over RDMA need no help from the holder's CPU):
 
         - ``"events"``: NIXL's progress thread, asleep in poll() until UCX has work. No GIL, no spin:
-          0.06% of a core idle (measured here), and it serves peers while Python is busy.
+          nearly no CPU when idle, and it serves peers while Python is busy.
         - ``"pump"``: a Python thread that drives UCX every ``pump_interval_s`` and sleeps between
-          (8% of a core idle at 0.5 ms; it needs the GIL, so a busy interpreter slows what it serves).
-        - ``"thread"``: NIXL's progress thread as the binding configures it: it spins, ~12-94% of a core.
+          (it costs CPU when idle and needs the GIL, so a busy interpreter slows what it serves).
+        - ``"thread"``: NIXL's progress thread as the binding configures it: it spins on a core.
 
         ``net_devices`` (UCX_NET_DEVICES syntax, e.g. ``"lo"``, ``"eth0"``, ``"mlx5_0:1"``) limits the network
         devices UCX uses and listens on; None leaves UCX's environment and defaults alone.
