@@ -371,6 +371,8 @@ class StatusReply(Reply):
     models: dict[str, list[VersionStatus]]
     leases_in_flight: int
     leases_revoked: int
+    sweeps: int = 0
+    """Upkeep passes (silent workers, overdue leases) the hub has made since it started."""
 
 
 class ErrorReply(Reply):

@@ -115,9 +115,11 @@ def test_a_hub_frozen_past_the_worker_timeout_drops_nobody(roles, tmp_path):
         reader = Client(hub_process.url, "reader")
         stats = reader.fetch("policy", 1)
         hub_process.signal(signal.SIGSTOP)
-        time.sleep(8)
+        time.sleep(8)  # the freeze itself: longer than the worker timeout (3 s)
         hub_process.signal(signal.SIGCONT)
-        time.sleep(3)  # a few sweeps, and heartbeats, after the thaw
+        thawed = reader.status()["sweeps"]
+        # Sweeps after the thaw, each of which would drop a worker it took for silent; and a heartbeat's round.
+        wait_until(lambda: reader.status()["sweeps"] >= thawed + 5, 30, "the hub's sweeper did not run after the thaw")
         assert "dropping it" not in log.read_text()
         assert sorted(reader.status()["workers"]) == ["reader", "trainer"]
         assert reader.versions("policy") == {1: ["reader", "trainer"]}

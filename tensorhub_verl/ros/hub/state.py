@@ -93,6 +93,8 @@ class HubState:
     def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config = config or HubConfig()
         self.instance = uuid.uuid4().hex[:12]
+        self.sweeps = 0
+        """Upkeep passes made (``sweep``), in ``status()``: tests and operators see the sweeper run."""
         self._clock = clock
         self.stall = StallMeter(clock)
         """Ticked by the server's event-loop probe: silence while the hub itself was stalled is not the workers'."""
@@ -451,6 +453,7 @@ class HubState:
         while the hub's own event loop was stalled do not count against the worker that sent them."""
         with self._lock:
             now = self._clock()
+            self.sweeps += 1
             for record, silence in self.registry.silent(now, self.stall.stalled()):
                 logger.warning("worker %s sent no heartbeat for %.1f s (%.1f s of it while the hub was "
                                "awake); dropping it and its holdings", record.worker, now - record.last_seen,
@@ -518,7 +521,7 @@ class HubState:
     def status(self) -> msg.StatusReply:
         with self._lock:
             return status_reply(self.instance, self.registry, self.store, self.leases, self.quarantine,
-                                self._clock())
+                                self._clock(), sweeps=self.sweeps)
 
     def metrics_snapshot(self) -> dict:
         with self._lock:

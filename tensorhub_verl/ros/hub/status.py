@@ -27,7 +27,7 @@ class FetchTimes:
 
 
 def status_reply(instance: str, registry: Registry, versions: VersionStore, leases: Leases,
-                 quarantine: Quarantine, now: float) -> msg.StatusReply:
+                 quarantine: Quarantine, now: float, sweeps: int = 0) -> msg.StatusReply:
     workers = {r.worker: msg.WorkerStatus(location=r.location.as_dict(), spot=r.spot, bytes_served=r.bytes_served,
                                           last_seen_s=round(now - r.last_seen, 3)) for r in registry}
     models: dict[str, list[msg.VersionStatus]] = defaultdict(list)
@@ -40,7 +40,7 @@ def status_reply(instance: str, registry: Registry, versions: VersionStore, leas
                                       served_bytes=h.served_bytes) for h in record.holdings.values()],
         ))
     return msg.StatusReply(hub_instance=instance, workers=workers, models=dict(models),
-                           leases_in_flight=len(leases), leases_revoked=leases.revoked_total)
+                           leases_in_flight=len(leases), leases_revoked=leases.revoked_total, sweeps=sweeps)
 
 
 def metrics_snapshot(registry: Registry, versions: VersionStore, leases: Leases, quarantine: Quarantine,
