@@ -66,9 +66,9 @@ def test_the_elastic_nodes_status_becomes_its_first_pull_and_the_ones_that_follo
     from tensorhub_verl.netlab.verl_elastic import summary
 
     assert summary(None, host="h", started_after_step=None)["first"] is None
-    first = {"version": 3, "pull_s": 0.2, "stall_s": 0.3, "sources": {"job-rollout-0-rank0": 1000}}
+    first = {"version": 3, "pull_s": 0.2, "stall_s": 0.3, "sources": {"job-rollout-0-0": 1000}}
     follow = {"version": 4, "pull_s": 0.1, "stall_s": 0.2,
-              "sources": {"job-actor-rank0": 500, "job-rollout-0-rank0": 500}}
+              "sources": {"job-actor-0": 500, "job-rollout-0-0": 500}}
     out = summary({"served": 4, "first": first, "history": [first, follow]}, host="h", started_after_step=2)
     assert out["first"]["peer_fraction"] == 1.0 and out["first"]["bytes"] == 1000
     assert [f["peer_fraction"] for f in out["followed"]] == [0.5] and out["served"] == 4
