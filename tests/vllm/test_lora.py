@@ -97,8 +97,8 @@ def test_base_once_then_adapter_matches_hf_merged(e1, run):
     assert base["applied"] and set(base["sources"]) == {"trainer"}
     assert outputs(e1, lora=False) == run.base_refs
     res = e1.request("lora_update", 120, version="latest")[0]
-    assert res["applied"] and res["version"] == 1 and set(res["sources"]) == {"trainer"}
-    assert res["bytes"] == adapter_bytes(run.adapters[1])  # the adapter and nothing else
+    assert res.applied and res.version == 1 and set(res.sources) == {"trainer"}
+    assert res.bytes == adapter_bytes(run.adapters[1])  # the adapter and nothing else
     assert run.refs[1] != run.base_refs  # the adapter changes what the model says
     assert outputs(e1) == run.refs[1]
     assert outputs(e1, lora=False) == run.base_refs  # the base parameters are untouched by the adapter
@@ -110,7 +110,7 @@ def test_second_engine_reads_base_and_adapter_from_peer(e1, e2, run, trainer):
     base = e2.update(0)
     assert base["source_layouts"] == [layout_name("qwen2", 1, 0)] and set(base["sources"]) == {"e1"}
     res = e2.request("lora_update", 120, version=1)[0]
-    assert set(res["sources"]) == {"e1"} and res["bytes"] == adapter_bytes(run.adapters[1])
+    assert set(res.sources) == {"e1"} and res.bytes == adapter_bytes(run.adapters[1])
     assert outputs(e2) == run.refs[1]
 
 
@@ -119,7 +119,7 @@ def test_next_version_moves_only_the_adapter(e1, e2, run, trainer):
     assert run.refs[2] != run.refs[1]
     for e in (e1, e2):
         res = e.request("lora_update", 120, version=2)[0]
-        assert res["version"] == 2 and res["bytes"] == adapter_bytes(run.adapters[2])
+        assert res.version == 2 and res.bytes == adapter_bytes(run.adapters[2])
         assert outputs(e) == run.refs[2]
         assert e.update(0)["applied"] is False  # the base stays: nothing of it moves again
     assert sorted(trainer.versions("policy", layout="hf")) == [0]
