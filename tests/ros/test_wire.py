@@ -41,13 +41,15 @@ def test_replies_keep_their_json_shape(api):
     assert http.get("/v1/wait", params={"model": "m", "timeout": 0}).json() == {"version": 1}
     assert http.get("/v1/wait", params={"model": "m", "newer_than": 1, "timeout": 0}).json() == {"version": None}
     status = http.get("/v1/status").json()
-    assert list(status) == ["hub_instance", "workers", "models", "leases_in_flight", "leases_revoked"]
+    assert list(status) == ["hub_instance", "workers", "models", "leases_in_flight", "leases_revoked",
+                            "sweeps"]
     worker = status["workers"]["w"]
     assert list(worker) == ["location", "spot", "bytes_served", "last_seen_s"]
     assert worker["location"] == {"dc": "dc0", "rack": "r0", "node": "n1"} and worker["spot"] is False
     assert status["models"] == {"m": [{"version": 1, "layout": "hf", "bytes": 4096, "chunks": 1, "holders": [
         {"holder": "w", "worker": "w", "state": "active", "quarantined": False, "chunks": 1, "served_bytes": 0}]}]}
     assert (status["leases_in_flight"], status["leases_revoked"]) == (0, 0)
+    assert isinstance(status["sweeps"], int) and status["sweeps"] >= 0
 
     client = HubClient(server.url)
     try:
