@@ -103,6 +103,9 @@ class TensorHubVerlConfig:
     """If set, the hub actor writes its URL to this file (for rollout nodes outside the Ray job)."""
     hub_start_timeout_s: float = 60.0
     """Limit for creating the hub actor and reading its URL."""
+    hub_max_restarts: int = 3
+    """Times Ray restarts the job's hub actor when its process dies (-1: always, 0: never). The restarted hub
+    binds the same address, port and token; the job's workers re-register with it (the hub's state is theirs)."""
     hub_placement: str = "head"
     """Where the job's hub actor runs (when hub_address is None): 'head', the Ray head node, where verl's driver
     runs (a hard constraint); 'any', wherever Ray puts it; 'label:KEY=VALUE', a node with that Ray node label
@@ -190,6 +193,9 @@ class TensorHubVerlConfig:
                 self.seeds_per_dc, int) or self.seeds_per_dc < 1):
             raise ConfigError(f"tensorhub.seeds_per_dc must be >= 1 (or null: sized from link_capacities), "
                               f"got {self.seeds_per_dc}")
+        if not isinstance(self.hub_max_restarts, int) or self.hub_max_restarts < -1:
+            raise ConfigError(f"tensorhub.hub_max_restarts must be an integer >= -1 (-1: always restart), "
+                              f"got {self.hub_max_restarts!r}")
         if not 0 <= self.hub_port <= 65535:
             raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
         hub_placement(self.hub_placement)  # raises ConfigError naming the accepted forms
