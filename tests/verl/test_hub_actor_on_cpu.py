@@ -91,6 +91,7 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
 
     import torch
 
+    from tensorhub_verl.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
     from tensorhub_verl.ros.client import Client, ClientConfig
     from tensorhub_verl.verl.hub_actor import hub_restarts, job_credentials
     from tests.waits import wait_until
@@ -108,6 +109,7 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
         assert hub_restarts(cfg) == 0
         actor = ray.get_actor("th-restart-hub", namespace="th-test")
         pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+        assert process_title(pid).startswith(HUB_PROCESS_TITLE)  # how the lab's HubRestart finds it
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: hub_restarts(cfg) == 1, 90, "Ray did not restart the hub actor")
         assert find_hub("th-restart-hub", "th-test") == url  # where the job's workers know it to be
