@@ -118,6 +118,9 @@ class TensorHubVerlConfig:
     rollout_placement: str = "any"
     """Where verl's standalone rollout replicas run (their ``rollout_pool_<rank>`` placement groups): the same
     forms as ``trainer_placement``."""
+    helper_placement: str = "any"
+    """Where verl's helper actors run: its task runner (the trainer's controller), the agent-loop and reward-loop
+    workers (verl spreads them round-robin over every node): the same forms as ``trainer_placement``."""
     cooperative: bool = True
     """False runs the job's hub as the pull-from-trainer baseline of measurements: only complete copies serve
     (in practice the trainer, while replicas pull at once), no reader waits for a nearer copy, no WAN seeding
@@ -199,7 +202,7 @@ class TensorHubVerlConfig:
         if not 0 <= self.hub_port <= 65535:
             raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
         hub_placement(self.hub_placement)  # raises ConfigError naming the accepted forms
-        for name in ("trainer_placement", "rollout_placement"):
+        for name in ("trainer_placement", "rollout_placement", "helper_placement"):
             pool_placement(getattr(self, name), f"tensorhub.{name}")
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
             if getattr(self, name) <= 0:
