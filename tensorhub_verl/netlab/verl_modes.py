@@ -9,8 +9,9 @@
 
 Each mode runs twice, on a fresh lab and Ray cluster each: TensorHub (the job's cooperative hub) and the
 pull-from-trainer baseline (``tensorhub.cooperative=false``: only complete copies serve, no WAN seeding). The
-trainer is placed on its host by Ray node label (``tensorhub.trainer_placement``), the replicas on the rollout
-hosts by a custom resource each offers (``tensorhub.rollout_placement``). The hub listens on the head host's lab
+trainer and verl's helper actors (task runner, agent and reward loops) are placed on the trainer's host by Ray
+node label (``tensorhub.trainer_placement``, ``helper_placement``), the replicas on the rollout hosts by a custom
+resource each offers (``tensorhub.rollout_placement``). The hub listens on the head host's lab
 address over plain HTTP with the job's token (``allow_plain_http``: the lab's network is this machine's
 namespaces, nobody else's).
 
@@ -91,6 +92,7 @@ def mode_job(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: str
     if variant not in VARIANTS:
         raise ConfigError(f"variant must be one of {VARIANTS}, got {variant!r}")
     extra = (f"tensorhub.trainer_placement='label:tensorhub/node={TRAINER_HOST}'",
+             f"tensorhub.helper_placement='label:tensorhub/node={TRAINER_HOST}'",
              f"tensorhub.rollout_placement=resource:{ROLLOUT_RESOURCE}",
              "tensorhub.allow_plain_http=true",
              f"tensorhub.cooperative={'true' if variant == 'tensorhub' else 'false'}")

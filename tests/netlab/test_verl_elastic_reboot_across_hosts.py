@@ -4,7 +4,8 @@ with the job's token and key in its environment) applies a version, then every p
 (the node, vLLM's engine core and workers: a reboot, no goodbye to the hub) and the node is started again; it
 rejoins mid-run and reads its first version from its peer. The job goes on to its last step; the node's copies
 were accepted (the job's key: no ``NotModelOwner`` in any log of the run); no process of the run is alive
-afterwards (/proc scan for the run's marker)."""
+afterwards (/proc scan for the run's marker). verl's helper actors run on the trainer's host, where
+``tensorhub.helper_placement`` puts them."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ def test_an_elastic_nodes_host_reboots_and_the_node_rejoins_from_its_peer(no_lef
     print(json.dumps({"node": node, "steps": result["steps"], "summary": result["summary"]}))
     assert left == [], "processes of the run outlived it:\n" + "\n".join(map(str, left))
     assert [s["step"] for s in result["steps"]] == list(range(1, STEPS + 1))  # the job went on
+    # verl's helper actors where tensorhub.helper_placement put them: the trainer's host.
+    helpers = {(a["class"], a["host"]) for a in result["actors"]
+               if a["class"] in ("TaskRunnerV1", "AgentLoopWorker", "RewardLoopWorker")}
+    assert {cls for cls, _ in helpers} >= {"TaskRunnerV1", "AgentLoopWorker"}, result["actors"]
+    assert {host for _, host in helpers} == {"d0r0h0"}, helpers
     reboot = node["reboot"]
     assert reboot["killed"] >= 2 and reboot["before"]["first"] is not None  # the node, its engine core, ...
     # It rejoined after the reboot with a newer version, read from its peer (the job's replica on its rack).
