@@ -25,7 +25,7 @@ require("vllm", reason="the replica and the elastic node are vLLM engines (CPU b
 pytestmark = [pytest.mark.netns, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 EXIT_GRACE_S = 60.0
-STEPS = 72
+STEPS = 90
 """A few seconds each: the node's engine comes up twice (minutes each on this machine's CPUs) within them."""
 
 
