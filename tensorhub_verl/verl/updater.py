@@ -70,6 +70,7 @@ def config_from_engine_config(engine_config: Any) -> TensorHubVerlConfig:
 
 
 def _hub_restarts(config: TensorHubVerlConfig) -> int | None:
+    """``hub_actor.hub_restarts``, imported when first needed (it imports Ray)."""
     from tensorhub_verl.verl.hub_actor import hub_restarts
 
     return hub_restarts(config)
