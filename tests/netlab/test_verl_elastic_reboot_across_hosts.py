@@ -42,21 +42,26 @@ def test_an_elastic_nodes_host_reboots_and_the_node_rejoins_from_its_peer(no_lef
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
     node = result["elastic_node"]
-    print(json.dumps({"node": node, "steps": result["steps"], "summary": result["summary"]}))
+    print(json.dumps({"node": node, "summary": result["summary"]}))
     assert left == [], "processes of the run outlived it:\n" + "\n".join(map(str, left))
     assert [s["step"] for s in result["steps"]] == list(range(1, STEPS + 1))  # the job went on
-    # verl's helper actors where tensorhub.helper_placement put them: the trainer's host.
-    helpers = {(a["class"], a["host"]) for a in result["actors"]
-               if a["class"] in ("TaskRunnerV1", "AgentLoopWorker", "RewardLoopWorker")}
-    assert {cls for cls, _ in helpers} >= {"TaskRunnerV1", "AgentLoopWorker"}, result["actors"]
-    assert {host for _, host in helpers} == {"d0r0h0"}, helpers
     reboot = node["reboot"]
     assert reboot["killed"] >= 2 and reboot["before"]["first"] is not None  # the node, its engine core, ...
     # It rejoined after the reboot with a newer version, read from its peer (the job's replica on its rack).
     assert node["first"]["version"] > reboot["before"]["first"]["version"], node
     assert node["first"]["peer_fraction"] > 0.0, node["first"]
     assert node["served"] >= node["first"]["version"]
-    # With the job's key the node may publish its own copies (in the engine's layout): nothing refused them.
+    # With the job's key the node may publish its own copies: nothing refused them, and the job's replica, whose
+    # only peer in this layout is the node, read versions from it after it rejoined.
     logs = [p for p in out.rglob("*.log")]
     refused = [p.name for p in logs if "NotModelOwner" in p.read_text(errors="replace")]
     assert refused == [], refused
+    after = [s for s in result["steps"] if s["step"] > node["first"]["version"]]
+    assert any(s["peer_fraction"] > 0 for s in after), after
+    # verl's helper actors where tensorhub.helper_placement put them: the trainer's host.
+    helpers = {(a["class"], a["host"]) for a in result["actors"]
+               if a["class"].startswith(("TaskRunner", "AgentLoopWorker", "RewardLoopWorker"))}
+    print(json.dumps(sorted(helpers)))
+    assert {cls for cls, _ in helpers} >= {"TaskRunnerV1", "RewardLoopWorker"}, helpers
+    assert any(cls.startswith("AgentLoopWorker") for cls, _ in helpers), helpers  # AgentLoopWorkerTQ in 0.9.1
+    assert {host for _, host in helpers} == {"d0r0h0"}, helpers
