@@ -8,6 +8,12 @@ starts, and it joins mid-run).
 While the job runs, ``ElasticJoiner.during`` polls the node's ``GET /tensorhub/status`` from inside its host once
 per training step; when the job reaches its last step (or ends) it stops the node's whole process group, so nothing
 it started outlives the run (vLLM's engine processes go with ``attach-vllm``: ``PR_SET_PDEATHSIG``).
+
+``reboot=True``: the node's host reboots once the node has applied its first version: every process in the host's
+namespace is SIGKILLed at once (the node, its engine core and workers; no goodbye to the hub, whose heartbeat
+timeout drops the node's holdings), then the node is started again, as the host's startup would, and rejoins with
+whatever version is newest. The summary's ``first`` is then the rejoined node's first pull, and ``reboot`` says
+what the node applied before it (``before``), after how many steps the host rebooted, and how many processes died.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from pathlib import Path
 
 from tensorhub_verl.demo.job import TinyJob
 from tensorhub_verl.demo.progress import read_steps
-from tensorhub_verl.netlab.lab import Lab
+from tensorhub_verl.netlab import iproute
+from tensorhub_verl.netlab.lab import Lab, kill_netns_pids
 from tensorhub_verl.process_group import stop_group
 from tensorhub_verl.verl.identity import peer_bytes
 
@@ -32,6 +39,8 @@ log = logging.getLogger("tensorhub_verl.netlab.verl_elastic")
 PORT = 18_500
 STOP_TIMEOUT_S = 90.0
 """How long the node may take to leave the hub and stop its engine before its group is killed."""
+REBOOT_TIMEOUT_S = 30.0
+"""How long a rebooting host's killed processes may take to be gone."""
 _JOB_ONLY = {"RAY_ADDRESS", "VERL_FILE_LOGGER_PATH"}
 _STATUS_CODE = ("import sys, urllib.request; "
                 "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())")
@@ -49,6 +58,7 @@ class ElasticJoiner:
     env: Mapping[str, str] | None = None
     args: tuple[str, ...] = ()
     port: int = PORT
+    reboot: bool = False
 
     def command(self, job: TinyJob, hub: str) -> list[str]:
         where = ",".join(f"{k}={v}" for k, v in self.location.items())
@@ -62,6 +72,7 @@ class ElasticJoiner:
         node: subprocess.Popen | None = None
         status: dict | None = None
         started_at = None
+        rebooted: dict | None = None
         seen = 0
         try:
             while proc.poll() is None and time.monotonic() < deadline:
@@ -72,6 +83,10 @@ class ElasticJoiner:
                     seen = len(rows)
                     if node is not None:
                         status = self._status(lab) or status
+                    if self.reboot and rebooted is None and status and status.get("first"):
+                        rebooted = {"after_step": seen, "killed": self._reboot(lab, node),
+                                    "before": summary(status, host=self.host, started_after_step=started_at)}
+                        node, started_at, status = self._start(lab, job, "elastic_node.rejoined.log"), seen, None
                     if seen >= job.steps - 1 and node is not None:
                         break  # the job's last step is under way: the node leaves while its hub is still up
                 time.sleep(1.0)
@@ -81,14 +96,27 @@ class ElasticJoiner:
             if node is not None:
                 code = stop_group(node, timeout=STOP_TIMEOUT_S)
                 log.info("elastic node on %s stopped (exit %s)", self.host, code)
-        return summary(status, host=self.host, started_after_step=started_at)
+        out = summary(status, host=self.host, started_after_step=started_at)
+        return {**out, "reboot": rebooted} if self.reboot else out
 
-    def _start(self, lab: Lab, job: TinyJob) -> subprocess.Popen:
+    def _reboot(self, lab: Lab, node: subprocess.Popen) -> int:
+        """Kills every process of the node's host at once and waits for them to be gone; returns how many."""
+        netns = lab.host(self.host).netns
+        pids = iproute.netns_pids(netns)
+        log.warning("rebooting %s: killing its %d processes at once", self.host, len(pids))
+        kill_netns_pids(netns)
+        node.wait(REBOOT_TIMEOUT_S)  # reaped: the host's processes are gone, not zombies of this one
+        end = time.monotonic() + REBOOT_TIMEOUT_S
+        while iproute.netns_pids(netns) and time.monotonic() < end:
+            time.sleep(0.2)
+        return len(pids)
+
+    def _start(self, lab: Lab, job: TinyJob, log_name: str = "elastic_node.log") -> subprocess.Popen:
         hub = job.hub_url_file.read_text().strip()
         log.info("elastic node joins on %s (%s), hub %s", self.host, dict(self.location), hub)
         # The job's environment (vLLM's CPU settings), less what names the job's own cluster and metrics file.
         env = {k: v for k, v in job.environment().items() if k not in _JOB_ONLY}
-        with open(job.out_dir / "elastic_node.log", "w") as out:  # the child keeps its own descriptor
+        with open(job.out_dir / log_name, "w") as out:  # the child keeps its own descriptor
             return lab.host(self.host).popen(self.command(job, hub), env={**env, **(self.env or {})}, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -9,8 +9,9 @@
 
 Each mode runs twice, on a fresh lab and Ray cluster each: TensorHub (the job's cooperative hub) and the
 pull-from-trainer baseline (``tensorhub.cooperative=false``: only complete copies serve, no WAN seeding). The
-trainer is placed on its host by Ray node label (``tensorhub.trainer_placement``), the replicas on the rollout
-hosts by a custom resource each offers (``tensorhub.rollout_placement``). The hub listens on the head host's lab
+trainer and verl's helper actors (task runner, agent and reward loops) are placed on the trainer's host by Ray
+node label (``tensorhub.trainer_placement``, ``helper_placement``), the replicas on the rollout hosts by a custom
+resource each offers (``tensorhub.rollout_placement``). The hub listens on the head host's lab
 address over plain HTTP with the job's token (``allow_plain_http``: the lab's network is this machine's
 namespaces, nobody else's).
 
@@ -91,6 +92,7 @@ def mode_job(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: str
     if variant not in VARIANTS:
         raise ConfigError(f"variant must be one of {VARIANTS}, got {variant!r}")
     extra = (f"tensorhub.trainer_placement='label:tensorhub/node={TRAINER_HOST}'",
+             f"tensorhub.helper_placement='label:tensorhub/node={TRAINER_HOST}'",
              f"tensorhub.rollout_placement=resource:{ROLLOUT_RESOURCE}",
              "tensorhub.allow_plain_http=true",
              f"tensorhub.cooperative={'true' if variant == 'tensorhub' else 'false'}")
@@ -99,18 +101,28 @@ def mode_job(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: str
                    extra=extra)
 
 
-def elastic_joiner(lab: ModeLab, variant: str, token: str) -> ElasticJoiner:
+def elastic_secrets() -> dict[str, str]:
+    """The job's token (the hub requires one off loopback) and its key (``ClientConfig.job_key``: only the job's
+    workers create versions of its model, so a node outside Ray that holds the key may publish its copies), given
+    to the job's driver, whose runtime environment carries them to every worker, and to the node's environment."""
+    return {"TENSORHUB_TOKEN": secrets.token_urlsafe(32), "TENSORHUB_JOB_KEY": secrets.token_urlsafe(32)}
+
+
+def elastic_joiner(lab: ModeLab, variant: str, job_secrets: dict[str, str], *,
+                   reboot: bool = False) -> ElasticJoiner:
     """The elastic node of ``lab``: with TensorHub its own rack as its location; in the baseline the trainer's
-    rack and the trainer's layout (see the module's doc)."""
+    rack and the trainer's layout (see the module's doc). ``reboot``: its host reboots once it has applied a
+    version, and it rejoins (``ElasticJoiner``)."""
     th = variant == "tensorhub"
     return ElasticJoiner(host=lab.elastic_host, location={"dc": "dc0", "rack": "r1" if th else "r0",
                                                           "node": lab.elastic_host},
-                         env={"TENSORHUB_TOKEN": token}, args=() if th else ("--source-layout", "hf"))
+                         env=dict(job_secrets), args=() if th else ("--source-layout", "hf"), reboot=reboot)
 
 
 def run_variant(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: str, steps: int,
-                timeout_s: float = 1500.0) -> dict:
-    """One run of one variant; its steps, where its actors ran and its summary (``summarize``)."""
+                timeout_s: float = 1500.0, *, reboot: bool = False) -> dict:
+    """One run of one variant; its steps, where its actors ran and its summary (``summarize``). ``reboot``
+    (elastic): the elastic node's host reboots mid-run and the node rejoins."""
     lab = mode_lab(mode, hosts)
     job = mode_job(task, out_dir, mode, hosts, variant, steps)
     gpus = {TRAINER_HOST: job.trainer_ranks, **{h: 1 for h in lab.rollout_hosts}}
@@ -119,12 +131,10 @@ def run_variant(task: TaskFiles, out_dir: Path, mode: str, hosts: int, variant: 
     if lab.elastic_host is None:
         result = run_on_lab(job, lab.spec, head=TRAINER_HOST, gpus=gpus, resources=resources, timeout_s=timeout_s)
         return {**result, "summary": summarize(result, replicas=job.replicas, rollout_dc=lab.rollout_dc)}
-    # The job's own token, which the hub requires off loopback: the job's workers get it through the job's
-    # runtime environment, the elastic node through its own environment.
-    token = secrets.token_urlsafe(32)
-    joiner = elastic_joiner(lab, variant, token)
+    job_secrets = elastic_secrets()
+    joiner = elastic_joiner(lab, variant, job_secrets, reboot=reboot)
     result = run_on_lab(job, lab.spec, head=TRAINER_HOST, gpus=gpus, resources=resources, timeout_s=timeout_s,
-                        outside=(lab.elastic_host,), during=joiner.during, job_env={"TENSORHUB_TOKEN": token})
+                        outside=(lab.elastic_host,), during=joiner.during, job_env=job_secrets)
     node = result.pop("during")
     if node["first"] is None:
         raise RuntimeError(f"the elastic node on {lab.elastic_host} applied no version before the job's last step "

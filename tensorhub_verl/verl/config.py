@@ -103,6 +103,9 @@ class TensorHubVerlConfig:
     """If set, the hub actor writes its URL to this file (for rollout nodes outside the Ray job)."""
     hub_start_timeout_s: float = 60.0
     """Limit for creating the hub actor and reading its URL."""
+    hub_max_restarts: int = 3
+    """Times Ray restarts the job's hub actor when its process dies (-1: always, 0: never). The restarted hub
+    binds the same address, port and token; the job's workers re-register with it (the hub's state is theirs)."""
     hub_placement: str = "head"
     """Where the job's hub actor runs (when hub_address is None): 'head', the Ray head node, where verl's driver
     runs (a hard constraint); 'any', wherever Ray puts it; 'label:KEY=VALUE', a node with that Ray node label
@@ -115,6 +118,9 @@ class TensorHubVerlConfig:
     rollout_placement: str = "any"
     """Where verl's standalone rollout replicas run (their ``rollout_pool_<rank>`` placement groups): the same
     forms as ``trainer_placement``."""
+    helper_placement: str = "any"
+    """Where verl's helper actors run: its task runner (the trainer's controller), the agent-loop and reward-loop
+    workers (verl spreads them round-robin over every node): the same forms as ``trainer_placement``."""
     cooperative: bool = True
     """False runs the job's hub as the pull-from-trainer baseline of measurements: only complete copies serve
     (in practice the trainer, while replicas pull at once), no reader waits for a nearer copy, no WAN seeding
@@ -190,10 +196,13 @@ class TensorHubVerlConfig:
                 self.seeds_per_dc, int) or self.seeds_per_dc < 1):
             raise ConfigError(f"tensorhub.seeds_per_dc must be >= 1 (or null: sized from link_capacities), "
                               f"got {self.seeds_per_dc}")
+        if not isinstance(self.hub_max_restarts, int) or self.hub_max_restarts < -1:
+            raise ConfigError(f"tensorhub.hub_max_restarts must be an integer >= -1 (-1: always restart), "
+                              f"got {self.hub_max_restarts!r}")
         if not 0 <= self.hub_port <= 65535:
             raise ConfigError(f"tensorhub.hub_port must be in [0, 65535], got {self.hub_port}")
         hub_placement(self.hub_placement)  # raises ConfigError naming the accepted forms
-        for name in ("trainer_placement", "rollout_placement"):
+        for name in ("trainer_placement", "rollout_placement", "helper_placement"):
             pool_placement(getattr(self, name), f"tensorhub.{name}")
         for name in ("hub_start_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "apply_timeout_s"):
             if getattr(self, name) <= 0:

@@ -13,6 +13,12 @@ can find it:
 or read the URL from ``hub_url_file`` / Ray's internal KV (key ``tensorhub/hub_url/<name>``). ``hub_url_file:
 auto`` is a file of this Ray cluster's session, on the hub's node (``session_url_file``), never a fixed global path.
 Being detached, it outlives the job; ``stop_hub`` ends it and removes its URL file.
+
+If its process dies, Ray restarts it (``tensorhub.hub_max_restarts``) on the same node (the head's affinity is
+hard) with the same arguments: it binds the same port (the one recorded in Ray's KV when the configured port is 0)
+and the same token (made by the actor's creator), so the job's workers find it where it was; each re-registers
+itself, its holdings and its fetches with the new instance (``HubClient``). ``hub_restarts`` counts the restarts
+(the updater's ``tensorhub/hub_restarts`` step metric).
 """
 
 from __future__ import annotations
@@ -43,15 +49,23 @@ class TensorHubHubActor:
 
     def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
                  seeds_per_dc: int, url_file: str | None, actor_name: str, tls_cert: str | None = None,
-                 tls_key: str | None = None, cooperative: bool = True, namespace: str | None = None) -> None:
+                 tls_key: str | None = None, cooperative: bool = True, namespace: str | None = None,
+                 own_token: str | None = None) -> None:
         import tensorhub_verl as th
 
         bind = host or ray.util.get_node_ip_address()
         if token is None and not is_loopback_url(f"http://{bind}"):
             # Reachable from other hosts: never open. The job's workers get this token through Ray (``token``).
-            token = secrets.token_urlsafe(32)
+            # ``own_token`` is made by whoever created the actor, so a restart (same arguments) keeps it.
+            token = own_token or secrets.token_urlsafe(32)
             logger.info("hub actor %r listens on %s, off loopback, and no token is configured: it uses a token "
                         "of its own, handed to the job's workers through Ray", actor_name, bind)
+        self._restarts = _restarts_so_far()
+        if self._restarts and port == 0:
+            # Ray restarted this actor (its process died): serve where the job's workers know the hub to be.
+            port = _previous_port(actor_name)
+            logger.warning("hub actor %r restarted by Ray (restart %d): serving again on port %d; the job's "
+                           "workers re-register with it", actor_name, self._restarts, port)
         self._token = token
         self._hub = th.start_hub(host=bind, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key,
                                  config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc,
@@ -84,9 +98,31 @@ class TensorHubHubActor:
     def ping(self) -> bool:
         return True
 
+    def restarts(self) -> int:
+        """Times Ray restarted this actor before this process started it (0: the first start)."""
+        return self._restarts
+
     def stop(self) -> None:
         self._hub.stop()
         _remove_if_ours(self._url_file, self._url)
+
+
+def _restarts_so_far() -> int:
+    """Ray's restart count of the calling actor (``NumRestarts`` in Ray's actor table)."""
+    from ray._private.state import actors
+
+    info = actors(actor_id=ray.get_runtime_context().get_actor_id())
+    return int(info.get("NumRestarts", 0)) if info else 0
+
+
+def _previous_port(actor_name: str) -> int:
+    """The port of the URL this hub actor served before its restart (Ray's KV store), 0 if none is recorded."""
+    from urllib.parse import urlsplit
+
+    from ray.experimental import internal_kv
+
+    url = internal_kv._internal_kv_get(kv_key(actor_name), namespace=KV_NAMESPACE)
+    return (urlsplit(url.decode()).port or 0) if url else 0
 
 
 def _hub_config(*, keep_versions: int, seeds_per_dc: int, cooperative: bool = True):
@@ -178,12 +214,13 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
                           f"for the workers), or set tensorhub.allow_plain_http=true on a network nobody else can "
                           f"read")
     options = dict(name=cfg.hub_actor_name, namespace=cfg.hub_namespace, lifetime="detached",
-                   get_if_exists=True, num_cpus=0, max_concurrency=8, **placement_options(cfg, node_id))
+                   get_if_exists=True, num_cpus=0, max_concurrency=8, max_restarts=cfg.hub_max_restarts,
+                   **placement_options(cfg, node_id))
     actor = ray.remote(TensorHubHubActor).options(**options).remote(
         host=host, port=cfg.hub_port, token=cfg.resolved_token(),
         keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
         actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key,
-        cooperative=cfg.cooperative, namespace=cfg.hub_namespace)
+        cooperative=cfg.cooperative, namespace=cfg.hub_namespace, own_token=secrets.token_urlsafe(32))
     try:
         url = ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:
@@ -192,6 +229,21 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
     except ray.exceptions.RayActorError as e:
         raise HubUnavailable(f"hub actor {cfg.hub_namespace}/{cfg.hub_actor_name} failed to start: {e}") from e
     return url
+
+
+def hub_restarts(cfg: TensorHubVerlConfig, timeout: float = 5.0) -> int | None:
+    """Times Ray restarted the job's hub actor, or None: the job uses ``hub_address``, or the actor did not
+    answer within ``timeout`` (it is being restarted)."""
+    if cfg.hub_address or not ray.is_initialized():
+        return None
+    try:
+        actor = ray.get_actor(cfg.hub_actor_name, namespace=cfg.hub_namespace)
+        return ray.get(actor.restarts.remote(), timeout=timeout)
+    except ValueError:
+        return None  # no hub actor of that name (e.g. a test's own hub URL)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
+        logger.warning("hub actor %s/%s gave no restart count: %s", cfg.hub_namespace, cfg.hub_actor_name, e)
+        return None
 
 
 def job_credentials(cfg: TensorHubVerlConfig) -> tuple[str | None, str | None]:

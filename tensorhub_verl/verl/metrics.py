@@ -19,6 +19,8 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/preserved_bytes``: bytes rollout engines copied to CPU inside their pause, because unpublishing
   the version they stopped serving would have dropped its last reliable copy (0 while the trainer, its complete
   FSDP shard group, or a peer still holds it).
+- ``tensorhub/hub_restarts`` (set by the updater, when the job runs its own hub actor): times Ray restarted the
+  hub actor so far; the step where it grows is the one that met the restart (its ``update_s`` shows the cost).
 plus the trainer's ``tensorhub/publish_*`` from ``PublishStats`` (bytes summed over ranks, times the slowest).
 """
 

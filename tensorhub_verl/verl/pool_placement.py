@@ -7,6 +7,11 @@ forms of ``hub_placement``: ``label:KEY=VALUE`` (every bundle gets a Ray label s
 ``ray start --labels KEY=VALUE``) or ``resource:NAME`` (every bundle asks for a sliver of the custom resource
 NAME: nodes started with ``ray start --resources '{"NAME": 1}'``).
 
+``tensorhub.helper_placement`` does the same for verl's helper actors: its task runner (``helper_actor_options``,
+applied by ``patches/verl_0_9_1_task_runner_placement``) and the agent-loop and reward-loop workers, which verl
+spreads round-robin over every node with a soft affinity (``helper_nodes`` narrows the nodes it spreads them over:
+``patches/verl_0_9_1_agent_loop_placement`` / ``verl_0_9_1_reward_loop_placement``).
+
 The settings travel as ``TENSORHUB_TRAINER_PLACEMENT`` / ``TENSORHUB_ROLLOUT_PLACEMENT`` in the job's runtime
 environment (``placement_env``, added by ``patches/verl_0_9_1_runtime_env_settings`` from the job's config), so
 that every process that creates a pool (verl's task runner, fully_async's rollouter) sees them;
@@ -21,7 +26,8 @@ from typing import Any
 
 from tensorhub_verl.verl.config import pool_placement
 
-ENV = {"trainer": "TENSORHUB_TRAINER_PLACEMENT", "rollout": "TENSORHUB_ROLLOUT_PLACEMENT"}
+ENV = {"trainer": "TENSORHUB_TRAINER_PLACEMENT", "rollout": "TENSORHUB_ROLLOUT_PLACEMENT",
+       "helper": "TENSORHUB_HELPER_PLACEMENT"}
 """The runtime-environment variable that carries each role's placement."""
 TRAINER_POOLS = ("global_pool", "trainer_pool")
 """verl's pools of trainer ranks: v1 ``separate_async`` (``global_pool``), fully_async (``trainer_pool``)."""
@@ -69,4 +75,49 @@ def placed_group_args(group_name: str | None, bundles: list[dict],
     return bundles, None
 
 
-__all__ = ["ENV", "RESOURCE_SLIVER", "placed_group_args", "placement_env", "pool_role"]
+def helper_actor_options(text: str | None) -> dict:
+    """Ray actor options for a helper placement ``text`` (``tensorhub.helper_placement``): a label selector, a
+    sliver of a custom resource, or nothing ('any', None)."""
+    if not text:
+        return {}
+    kind, key, value = pool_placement(text, ENV["helper"])
+    if kind == "label":
+        return {"label_selector": {key: value}}
+    if kind == "resource":
+        return {"resources": {key: RESOURCE_SLIVER}}
+    return {}
+
+
+def helper_nodes(nodes: list[dict], environ: Mapping[str, str] | None = None) -> list[dict]:
+    """Of Ray's node table (``ray.nodes()``), the nodes the helper placement of this process's environment allows
+    (all of them without one; all of them too when none does, so that verl still finds a node and Ray's
+    scheduler, not an empty list, reports the problem)."""
+    text = (os.environ if environ is None else environ).get(ENV["helper"])
+    if not text:
+        return nodes
+    kind, key, value = pool_placement(text, ENV["helper"])
+    if kind == "label":
+        placed = [n for n in nodes if (n.get("Labels") or {}).get(key) == value]
+    elif kind == "resource":
+        placed = [n for n in nodes if (n.get("Resources") or {}).get(key, 0) > 0]
+    else:
+        placed = nodes
+    return placed or nodes
+
+
+class PlacedNodes:
+    """Stands for the ``ray`` module in a verl module that spreads helpers over ``ray.nodes()``: the same module,
+    with ``nodes()`` narrowed by ``helper_nodes``."""
+
+    def __init__(self, ray_module: Any) -> None:
+        self._ray = ray_module
+
+    def nodes(self) -> list[dict]:
+        return helper_nodes(self._ray.nodes())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ray, name)
+
+
+__all__ = ["ENV", "RESOURCE_SLIVER", "PlacedNodes", "helper_actor_options", "helper_nodes", "placed_group_args",
+           "placement_env", "pool_role"]

@@ -69,6 +69,13 @@ def config_from_engine_config(engine_config: Any) -> TensorHubVerlConfig:
     return TensorHubVerlConfig.from_mapping(kwargs.get(BACKEND_NAME))
 
 
+def _hub_restarts(config: TensorHubVerlConfig) -> int | None:
+    """``hub_actor.hub_restarts``, imported when first needed (it imports Ray)."""
+    from tensorhub_verl.verl.hub_actor import hub_restarts
+
+    return hub_restarts(config)
+
+
 class TensorHubUpdater:
     """Publishes a version from the trainer and rolls it out replica by replica, without a global pause.
 
@@ -143,6 +150,9 @@ class TensorHubUpdater:
             metrics["tensorhub/digest_mismatches"] = float(sum(isinstance(o.error, DigestMismatch) for o in outcomes))
             metrics["tensorhub/digests_checked"] = float(sum(o.digests_checked for o in outcomes))
         metrics["tensorhub/trainer_publish_wait_s"] = published_s
+        restarts = await asyncio.to_thread(_hub_restarts, self.config)
+        if restarts is not None:  # the job's own hub actor: a restart of it shows in the step that met it
+            metrics["tensorhub/hub_restarts"] = float(restarts)
         self.last_metrics = metrics
         if failed:
             ok = len(outcomes) - len(failed)

@@ -42,7 +42,7 @@ def test_mode_labs_put_the_replicas_on_two_racks_or_in_the_second_dc(tmp_path):
 
 
 def test_the_elastic_lab_puts_the_joining_node_beside_the_replicas_outside_the_job(tmp_path):
-    from tensorhub_verl.netlab.verl_modes import elastic_joiner
+    from tensorhub_verl.netlab.verl_modes import elastic_joiner, elastic_secrets
 
     lab = mode_lab("elastic", 4)
     racks = {r.name: r.hosts for r in lab.spec.datacenters[0].racks}
@@ -54,12 +54,15 @@ def test_the_elastic_lab_puts_the_joining_node_beside_the_replicas_outside_the_j
     job = mode_job(task=task, out_dir=tmp_path, mode="elastic", hosts=4, variant="tensorhub", steps=8)
     assert job.replicas == 2 and job.mode == "elastic"
     # With TensorHub the node gives its own rack (its peers are nearest); in the baseline the trainer's.
-    assert elastic_joiner(lab, "tensorhub", "t").location["rack"] == "r1"
-    base = elastic_joiner(lab, "pull_from_trainer", "t")
+    assert elastic_joiner(lab, "tensorhub", {}).location["rack"] == "r1"
+    base = elastic_joiner(lab, "pull_from_trainer", {})
     assert base.location["rack"] == "r0" and base.args == ("--source-layout", "hf")
-    node = elastic_joiner(lab, "tensorhub", "secret")
-    assert "secret" not in " ".join(node.command(job, "http://10.77.0.10:1"))
-    assert node.env["TENSORHUB_TOKEN"] == "secret"
+    job_secrets = elastic_secrets()
+    node = elastic_joiner(lab, "tensorhub", job_secrets)
+    command = " ".join(node.command(job, "http://10.77.0.10:1"))
+    assert all(value not in command for value in job_secrets.values())  # never on a command line
+    assert node.env == job_secrets and set(job_secrets) == {"TENSORHUB_TOKEN", "TENSORHUB_JOB_KEY"}
+    assert not node.reboot and elastic_joiner(lab, "tensorhub", job_secrets, reboot=True).reboot
 
 
 def test_the_elastic_nodes_status_becomes_its_first_pull_and_the_ones_that_followed():

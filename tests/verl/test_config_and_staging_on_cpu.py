@@ -29,6 +29,7 @@ from tensorhub_verl.verl.staging import BufferRing
     ({"token": "s", "hub_address": "http://10.0.0.7:7777"}, "in clear.*allow_plain_http=true"),
     ({"allow_plain_http": "yes"}, "allow_plain_http must be true or false"),
     ({"window": 0}, "window must be in"),
+    ({"hub_max_restarts": -2}, "hub_max_restarts must be an integer >= -1"),
 ])
 def test_bad_config_names_the_field(values, message):
     with pytest.raises(ConfigError, match=message):

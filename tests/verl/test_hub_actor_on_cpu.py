@@ -80,3 +80,46 @@ def _outward_address() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect(("192.0.2.1", 9))  # no packet is sent: this picks the interface a route would use
         return s.getsockname()[0]
+
+
+def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_register(ray_local, monkeypatch):
+    """Issue 25 item 6, the hub's host restarting: Ray restarts the hub actor's process where it was, on the same
+    port (configured 0) and with the same token; a worker's holding is back at the new instance, and the restart
+    count (the updater's ``tensorhub/hub_restarts``) says it happened."""
+    import os
+    import signal
+
+    import torch
+
+    from tensorhub_verl.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
+    from tensorhub_verl.ros.client import Client, ClientConfig
+    from tensorhub_verl.verl.hub_actor import hub_restarts, job_credentials
+    from tests.waits import wait_until
+
+    monkeypatch.delenv("TENSORHUB_TOKEN", raising=False)
+    cfg = TensorHubVerlConfig(hub_actor_name="th-restart-hub", hub_namespace="th-test",
+                              hub_host=_outward_address(), allow_plain_http=True)
+    url = ensure_hub(cfg)
+    client = None
+    try:
+        token, job_key = job_credentials(cfg)
+        client = Client(url, "trainer", token=token,
+                        config=ClientConfig(allow_plain_http=True, hub_retry_s=60, job_key=job_key))
+        client.publish("policy", 1, {"w": torch.arange(1024, dtype=torch.float32)})
+        assert hub_restarts(cfg) == 0
+        actor = ray.get_actor("th-restart-hub", namespace="th-test")
+        pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+        assert process_title(pid).startswith(HUB_PROCESS_TITLE)  # how the lab's HubRestart finds it
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: hub_restarts(cfg) == 1, 90, "Ray did not restart the hub actor")
+        assert find_hub("th-restart-hub", "th-test") == url  # where the job's workers know it to be
+        assert job_credentials(cfg) == (token, job_key)
+        ok = httpx.get(f"{url}/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert ok.status_code == 200
+        # The new instance knew nothing; the trainer's client re-registered its holding on its next heartbeat.
+        wait_until(lambda: client.versions("policy").get(1) == ["trainer"], 60,
+                   "the holding was not re-registered with the restarted hub")
+    finally:
+        if client is not None:
+            client.close()
+        stop_hub("th-restart-hub", "th-test")

@@ -72,3 +72,49 @@ def test_a_tensorhub_jobs_runtime_environment_carries_its_placements_and_verls_c
     env_vars = constants.get_ppo_ray_runtime_env(OmegaConf.create(job))["env_vars"]
     assert env_vars["TENSORHUB_ROLLOUT_PLACEMENT"] == "label:tensorhub/dc=dc1"
     assert "TENSORHUB_TRAINER_PLACEMENT" not in env_vars
+
+
+NODES = [{"NodeID": "a", "Labels": {"tensorhub/node": "d0r0h0"}, "Resources": {"CPU": 2}},
+         {"NodeID": "b", "Labels": {"tensorhub/node": "d1r0h0"}, "Resources": {"CPU": 2, "th_roll": 1}}]
+
+
+def test_helper_placement_becomes_actor_options_and_narrows_the_nodes_verl_spreads_helpers_over():
+    from tensorhub_verl.verl.pool_placement import helper_actor_options, helper_nodes
+
+    assert helper_actor_options("label:tensorhub/node=d0r0h0") == {"label_selector": {"tensorhub/node": "d0r0h0"}}
+    assert helper_actor_options("resource:th_roll") == {"resources": {"th_roll": RESOURCE_SLIVER}}
+    assert helper_actor_options("any") == {} and helper_actor_options(None) == {}
+    narrowed = helper_nodes(NODES, {"TENSORHUB_HELPER_PLACEMENT": "label:tensorhub/node=d0r0h0"})
+    assert [n["NodeID"] for n in narrowed] == ["a"]
+    assert [n["NodeID"] for n in helper_nodes(NODES, {"TENSORHUB_HELPER_PLACEMENT": "resource:th_roll"})] == ["b"]
+    assert helper_nodes(NODES, {}) == NODES
+    # No node fits: verl still gets every node (Ray's scheduler, not an empty list, says what is wrong).
+    assert helper_nodes(NODES, {"TENSORHUB_HELPER_PLACEMENT": "label:tensorhub/node=nowhere"}) == NODES
+    assert placement_env({"helper_placement": "label:k=v"}) == {"TENSORHUB_HELPER_PLACEMENT": "label:k=v"}
+    with pytest.raises(ConfigError, match="tensorhub.helper_placement must be one of"):
+        TensorHubVerlConfig(helper_placement="head")
+
+
+def test_the_patches_place_verls_task_runner_and_narrow_its_helper_loops_nodes(monkeypatch):
+    import types
+
+    from tensorhub_verl.verl.patches import verl_0_9_1_helper_loop_placement as loops
+    from tensorhub_verl.verl.patches import verl_0_9_1_task_runner_placement as runner
+
+    calls = []
+    main_ppo = types.SimpleNamespace(run_ppo=lambda config, task_runner_class: calls.append(task_runner_class))
+    assert runner.apply(main_ppo) and not runner.apply(main_ppo)  # idempotent
+    job = {"actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": "tensorhub"}}},
+           "tensorhub": {"helper_placement": "label:tensorhub/node=d0r0h0"}}
+    main_ppo.run_ppo(OmegaConf.create(job), task_runner_class="TaskRunner")
+    main_ppo.run_ppo(OmegaConf.create({"tensorhub": job["tensorhub"]}), task_runner_class="TaskRunner")
+    assert isinstance(calls[0], runner.PlacedActorClass)
+    assert calls[0]._options == {"label_selector": {"tensorhub/node": "d0r0h0"}}
+    assert calls[1] == "TaskRunner"  # not a TensorHub job: verl's call unchanged
+
+    agent_loop = types.SimpleNamespace(ray=types.SimpleNamespace(nodes=lambda: NODES, get_actor="ray's"))
+    assert loops.apply(agent_loop) and not loops.apply(agent_loop)
+    assert agent_loop.ray.get_actor == "ray's"  # everything else is Ray's
+    assert agent_loop.ray.nodes() == NODES
+    monkeypatch.setenv("TENSORHUB_HELPER_PLACEMENT", "resource:th_roll")
+    assert [n["NodeID"] for n in agent_loop.ray.nodes()] == ["b"]

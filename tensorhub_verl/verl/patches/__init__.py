@@ -2,7 +2,7 @@
 
 Each patch is one small module named for the verl version it was written against (``verl_0_9_1_*.py``).
 It exposes ``VERL_VERSIONS`` (the versions it is known to fit), ``describe()``, ``TARGET`` (the verl
-module it changes) and ``apply(module)`` (idempotent: False when already applied), and may set
+module it changes; or ``TARGETS``, several modules it changes alike) and ``apply(module)`` (idempotent: False when already applied), and may set
 ``CPU_ONLY = True`` (applied only on verl's CPU platform, ``VERL_PLATFORM=cpu``). Every other replacement
 checks at call time that the job uses TensorHub (``guards``) and otherwise runs verl's code, so installing the
 package changes nothing for jobs with another checkpoint engine. ``apply_all`` applies
@@ -37,6 +37,8 @@ PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_cpu_engine_registry",
     "verl_0_9_1_runtime_env_settings",
     "verl_0_9_1_pool_placement",
+    "verl_0_9_1_task_runner_placement",
+    "verl_0_9_1_helper_loop_placement",
 ))
 
 
@@ -69,10 +71,13 @@ def apply_all(verl_version: str | None = None, *, now: bool = False) -> list[Pat
         if getattr(patch, "CPU_ONLY", False) and not cpu_platform_selected():
             results.append(PatchResult(name, True, "not needed here"))
             continue
-        if now:
-            importlib.import_module(patch.TARGET)
-        when_imported(patch.TARGET, lambda module, patch=patch, name=name: _apply(patch, name, module, version))
-        results.append(PatchResult(name, True, "applied" if now else f"applied when {patch.TARGET} is imported"))
+        targets = getattr(patch, "TARGETS", None) or (patch.TARGET,)  # a patch may fix one thing in several modules
+        for target in targets:
+            if now:
+                importlib.import_module(target)
+            when_imported(target, lambda module, patch=patch, name=name: _apply(patch, name, module, version))
+        results.append(PatchResult(name, True, "applied" if now else f"applied when {', '.join(targets)} "
+                                                                     f"is imported"))
     return results
 
 
