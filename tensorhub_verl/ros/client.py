@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -29,7 +29,7 @@ from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
-    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
+    Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, layout_digest, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.block_edges import widen
