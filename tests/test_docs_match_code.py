@@ -29,3 +29,19 @@ def test_every_module_the_architecture_names_exists():
                      if n not in basenames and not any(f.endswith("/" + n) or f == n for f in files | tests))
     assert len(names) > 30, sorted(names)
     assert missing == [], f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+def test_every_line_the_checklist_cites_is_inside_its_file():
+    # "where it stands" cites ``path.py:N`` (or ``:N-M``, ``:N,M``); the finding column quotes the issue's old code
+    text = (REPO / "docs" / "architecture.md").read_text().split("## Issue 23")[1].split("## Size")[0]
+    stands = [row.rstrip(" |").rsplit(" | ", 1)[-1] for row in text.splitlines() if row.startswith("| ")]
+    files = [p for p in PACKAGE.rglob("*.py")] + [p for p in (REPO / "tests").rglob("*.py")]
+    cited = [(path, max(int(n) for n in re.findall(r"\d+", lines)))
+             for stand in stands for path, lines in re.findall(r"([a-z0-9_/]+\.py):(\d+(?:[-,]\d+)*)", stand)]
+    assert len(cited) > 20, cited
+    wrong = []
+    for path, line in cited:
+        matches = [f for f in files if f.as_posix().endswith("/" + path)]
+        if not any(len(f.read_text().splitlines()) >= line for f in matches):
+            wrong.append(f"{path}:{line}" + ("" if matches else " (no such file)"))
+    assert wrong == [], f"docs/architecture.md's checklist cites lines that do not exist: {wrong}"

@@ -53,7 +53,8 @@ def _run(hub_url: str, tag: str, *, shape, steps: int, ranks: int, replicas: int
     model = f"policy-{tag}"
     master = random_hf_weights(shape)  # float32 master weights, updated in place each step
     specs = {n: (tuple(t.shape), published_dtype(t.dtype, publish_dtype)) for n, t in master.items()}
-    trainer_cfg = th.ClientConfig(spot=spot_trainer, preserve_on_unpublish=False)  # as the checkpoint engine
+    # as the checkpoint engine
+    trainer_cfg = th.ClientConfig.from_fields(spot=spot_trainer, preserve_on_unpublish=False)
     clients, publishers, holders = [], [], []
     try:
         for r in range(ranks):

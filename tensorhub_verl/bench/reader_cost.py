@@ -74,7 +74,7 @@ def run_point(chunks: int, run: int, window: int) -> dict:
     try:
         _publish(hub.url, "m", chunks, grants=False, digests=False)
         into = {"w": torch.empty(chunks * _CHUNK_BYTES, dtype=torch.uint8)}
-        config = ClientConfig(window=window, max_run_chunks=run, hub_retry_s=60.0, require_digests=False)
+        config = ClientConfig.from_fields(window=window, max_run_chunks=run, hub_retry_s=60.0, require_digests=False)
         hub_proc, me = psutil.Process(hub.pid), psutil.Process()
         with Client(hub.url, "reader", "dc=dc0,rack=k0,node=n0", config=config, plane=_LandsAtOnce("reader-agent")) as client:
             hub0, cpu0, started = _cpu(hub_proc), _cpu(me), time.perf_counter()

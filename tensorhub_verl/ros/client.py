@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -25,15 +25,15 @@ from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.planes.base import DataPlane, ReadError, Region
-from tensorhub_verl.ros.planes.registry import FLAT_FIELDS, PlaneConfig, from_flat
 from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
 from tensorhub_verl.ros.hub_client import HubClient
 from tensorhub_verl.ros.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
 from tensorhub_verl.ros.manifest import (
-    DEFAULT_CHUNK_BYTES, Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
+    Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, layout_digest, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
 from tensorhub_verl.ros.block_edges import widen
+from tensorhub_verl.ros.client_config import ClientConfig
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.retry import Backoff
 from tensorhub_verl.ros.topology import Location
@@ -46,104 +46,6 @@ ARCHIVE_SUFFIX = "~cpu"
 _RESTART_GRACE_S = 10.0
 """After a hub restart, holders re-register on their next heartbeat (about a second, longer on a loaded
 host): for this long a version the new hub does not know yet is waited for, not reported missing."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientConfig:
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    """Transfer unit for versions this client publishes; small tensors are packed together."""
-    window: int = 8
-    """Leases one fetch keeps in flight (each reads one chunk, or a run of them)."""
-    run_target_s: float = 0.05
-    """A fetch asks for runs of consecutive chunks under one lease, sized from its measured throughput so that
-    a run takes about this long: one hub exchange per run instead of one per few chunks (fast links read
-    thousands of chunks a second). 1 MiB chunks at 200 Mbit/s stay runs of 1, so a swarm on slow links
-    spreads chunk by chunk as before; 0: a lease per chunk. Only with ``max_run_chunks`` > 1."""
-    max_run_chunks: int = 1024
-    """Longest run a fetch asks for (1 to messages.MAX_RUN_CHUNKS); 1: a lease per chunk. Runs are sized by
-    ``run_target_s``, so this cap matters only on links fast enough to read 1,024 chunks in that time."""
-    read_timeout_s: float = 30.0
-    """A chunk read with no answer for this long is abandoned and re-planned on another source."""
-    fetch_timeout_s: float = 600.0
-    """Default limit of a whole fetch."""
-    unpublish_timeout_s: float = 120.0
-    """Limit of unpublish's wait for in-flight reads (leases expire before this by default)."""
-    request_timeout_s: float = 15.0
-    """Limit of one HTTP call to the hub."""
-    tls_ca_file: str | None = None
-    """PEM file of the CA that signed an https hub's certificate (default: the system trust store)."""
-    allow_plain_http: bool = False
-    """Send the hub token over ``http://`` to a hub on another host. Off: such a hub URL is refused (the token
-    would cross the network in clear); a loopback hub and an open hub (no token) need no TLS."""
-    hub_retry_s: float = 30.0
-    """How long calls retry with backoff while the hub is unreachable, then HubUnavailable."""
-    fingerprint: str = "sample"
-    """Content check of published bytes: 'sample', 'full' or 'none' (see manifest.content_fingerprint)."""
-    chunk_digests: bool = True
-    """Publish a digest of every chunk (integrity.py), which every reader checks as the chunk lands (a reader
-    always checks what a manifest carries). Computed with torch ops where the bytes are (a GPU's tensors on the
-    GPU); its cost per GiB on CPU is in docs/security-and-reliability.md. A hub refuses versions without them
-    unless started with ``HubConfig(require_digests=False)``."""
-    block_digests: bool = True
-    """With ``chunk_digests``, also publish per-tensor block digests (integrity.py), so that ranged readers (TP
-    ranks reading their slices) check the chunks they read in part. Costs about two more passes at publish."""
-    require_digests: bool = True
-    """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
-    bytes could not be checked. Off only for trusted tests."""
-    job_key: str | None = None
-    """The secret of this worker's job: the first job to publish a model owns it, and only its workers create
-    versions of it (others may only hold copies of published ones; ``ownership.py``). Give every worker of one
-    training job the same key (e.g. a random one per job). None: the hub's default job, shared by every worker
-    without a key."""
-    spot: bool = False
-    """A spot worker may vanish any time; its copies never count as reliable for retention."""
-    preserve_on_unpublish: bool = True
-    """Copy a retained version to CPU memory before its last reliable copy is unpublished."""
-    straggler_factor: float = 4.0
-    """A read slower than this many times the median of the fetch's landed reads at the same distance (and
-    than 1 s) is abandoned once and re-planned elsewhere, so one slow holder does not set the pace of the
-    fetch; 0 turns it off (reads then wait up to ``read_timeout_s``)."""
-    poll_interval_s: float = 0.0005
-    """How often the fetch loop checks its reads."""
-    wan_reads_posted: int = 1
-    """WAN reads a seed keeps posted at once; the hub gives it two more (PlannerConfig.wan_reads_per_seed),
-    queued here to start the moment one lands. One at a time suits TCP, where reads posted together share
-    a stream and land together. On an RDMA WAN with a long round trip (reads on one queue pair complete in
-    order) raise both to cover the bandwidth-delay product."""
-    plane: PlaneConfig = field(default_factory=PlaneConfig)
-    """The data plane (NIXL or TCP streams) and each plane's own settings; see planes/registry.py."""
-
-    @classmethod
-    def from_fields(cls, **fields: Any) -> "ClientConfig":
-        """A ClientConfig from keyword fields, where each plane setting may also be given flat, as
-        ``registry.FLAT_FIELDS`` names them (``transport='tcp', tcp_streams=4``), and ``plane`` as plain data."""
-        flat = {key: fields.pop(key) for key in list(fields) if key in FLAT_FIELDS}
-        plane = PlaneConfig.of(fields.pop("plane", PlaneConfig()))
-        return cls(plane=from_flat(plane, flat), **fields)
-
-    def __post_init__(self) -> None:
-        if not 4096 <= self.chunk_bytes <= 1 << 31:
-            raise errors.ConfigError(f"chunk_bytes must be in [4096, 2**31], got {self.chunk_bytes}")
-        if self.window < 1:
-            raise errors.ConfigError(f"window must be >= 1, got {self.window}")
-        if not 1 <= self.max_run_chunks <= msg.MAX_RUN_CHUNKS:
-            raise errors.ConfigError(f"max_run_chunks must be in [1, {msg.MAX_RUN_CHUNKS}], "
-                                     f"got {self.max_run_chunks}")
-        if not 0 <= self.run_target_s <= 10:
-            raise errors.ConfigError(f"run_target_s must be in [0, 10] (0: a lease per chunk), "
-                                     f"got {self.run_target_s}")
-        if self.wan_reads_posted < 1:
-            raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
-        if not isinstance(self.plane, PlaneConfig):
-            raise errors.ConfigError(f"plane must be a PlaneConfig, got {type(self.plane).__name__}; "
-                                     f"use ClientConfig.from_fields for plain data")
-        if self.fingerprint not in ("sample", "full", "none"):
-            raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
-        if self.straggler_factor < 0:
-            raise errors.ConfigError(f"straggler_factor must be >= 0 (0: off), got {self.straggler_factor}")
-        for name in ("read_timeout_s", "fetch_timeout_s", "unpublish_timeout_s", "request_timeout_s", "hub_retry_s"):
-            if getattr(self, name) <= 0:
-                raise errors.ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(slots=True)
@@ -196,11 +98,12 @@ class Client:
         """Clients of the other hub shards sharing this one's plane (``sharded_client.py``): memory they hold
         stays registered when this one unpublishes."""
         self._closed = False
-        self._plane = plane or registry.create(self.config.plane, worker, hub_url, self.config.read_timeout_s)
+        timeouts, access = self.config.timeouts, self.config.hub
+        self._plane = plane or registry.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s)
         try:
-            self._hub = HubClient(hub_url, token, self.config.request_timeout_s, self.config.hub_retry_s,
-                                  on_new_instance=self._reregister, ca_file=self.config.tls_ca_file,
-                                  allow_plain_http=self.config.allow_plain_http, job_key=self.config.job_key)
+            self._hub = HubClient(hub_url, token, timeouts.request_timeout_s, timeouts.hub_retry_s,
+                                  on_new_instance=self._reregister, ca_file=access.tls_ca_file,
+                                  allow_plain_http=access.allow_plain_http, job_key=access.job_key)
         except BaseException:
             if plane is None:  # a plane passed in stays its caller's to close
                 self._plane.close()
@@ -241,18 +144,19 @@ class Client:
                                         f"got {shard_count}, {shard_group!r}")
         tensors = _check_tensors(tensors)
         reuse = verified is not None and _reusable(verified, model, version, layout, tensors,
-                                                   chunk_bytes or self.config.chunk_bytes)
-        manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.chunk_bytes,
-                                  "none" if reuse else self.config.fingerprint)
+                                                   chunk_bytes or self.config.publish.chunk_bytes)
+        manifest = build_manifest(model, version, layout, tensors, chunk_bytes or self.config.publish.chunk_bytes,
+                                  "none" if reuse else self.config.publish.fingerprint)
         if reuse:
             manifest = dataclasses.replace(manifest, fingerprint=verified.fingerprint,
                                            chunk_digests=verified.chunk_digests, block_digests=verified.block_digests,
                                            digest_algorithm=verified.digest_algorithm)
-        elif self.config.chunk_digests:
+        elif self.config.publish.chunk_digests:
             chunks, ordered = manifest.chunks(), [tensors[spec.name] for spec in manifest.tensors]
             manifest = dataclasses.replace(
                 manifest, chunk_digests=chunk_digests(chunks, ordered), digest_algorithm=ALGORITHM,
-                block_digests=block_digests(chunks, manifest.tensors, ordered) if self.config.block_digests else ())
+                block_digests=(block_digests(chunks, manifest.tensors, ordered)
+                               if self.config.publish.block_digests else ()))
         self._publish(_Publication(self.worker, manifest, tensors, shard_group, shard_count))
         return manifest
 
@@ -281,13 +185,14 @@ class Client:
         if ranks == 1:
             return self.publish(model, version, tensors, layout, chunk_bytes)
         # No fingerprint: each rank holds different bytes. Each rank's chunk digests check them instead.
-        manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.chunk_bytes, row_shards=ranks)
-        if self.config.chunk_digests:
+        manifest = Manifest(model, version, layout, full, chunk_bytes or self.config.publish.chunk_bytes,
+                            row_shards=ranks)
+        if self.config.publish.chunk_digests:
             starts = [shard_bytes(spec, rank, ranks)[0] for spec in full]
             chunks, own, ordered = manifest.chunks(), shard_chunks(manifest, rank), list(tensors.values())
             digests = shard_chunk_digests(chunks, full, ordered, starts, own)
             # This rank's cells of the whole tensors' block digests: the hub puts the ranks' cells together.
-            blocks = block_digests(chunks, full, ordered, starts, own) if self.config.block_digests else ()
+            blocks = block_digests(chunks, full, ordered, starts, own) if self.config.publish.block_digests else ()
             manifest = dataclasses.replace(manifest, chunk_digests=digests, digest_algorithm=ALGORITHM,
                                            block_digests=blocks)
         self._publish(_Publication(self.worker, manifest, tensors, group, ranks, rank))
@@ -318,7 +223,7 @@ class Client:
                                          f"{'' if layout is None else f' in layout {layout!r}'}")
         for key in keys:
             held = self._held[key]
-            if self.config.preserve_on_unpublish:
+            if self.config.publish.preserve_on_unpublish:
                 self._preserve(held)
             self._drain(held, timeout)
 
@@ -338,7 +243,7 @@ class Client:
 
     def _drain(self, held: _Publication, timeout: float | None) -> None:
         m = held.manifest
-        deadline = time.monotonic() + (timeout or self.config.unpublish_timeout_s)
+        deadline = time.monotonic() + (timeout or self.config.timeouts.unpublish_timeout_s)
         while True:
             try:
                 ack = self._hub.post("/v1/unpublish", msg.Unpublish(
@@ -384,7 +289,7 @@ class Client:
         """
         self._check_open()
         started = time.monotonic()
-        deadline = started + (timeout or self.config.fetch_timeout_s)
+        deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         if into is None:
             into = manifest.allocate("cpu")
@@ -407,7 +312,7 @@ class Client:
         are neither. It never holds the version (``stats.bytes``: the bytes read)."""
         self._check_open()
         started = time.monotonic()
-        deadline = started + (timeout or self.config.fetch_timeout_s)
+        deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         tensors, plan, by_index = _ranged(manifest, into, slices or {})
         return self._run_fetch(manifest, tensors, plan, False, started, timeout, by_index)
@@ -418,17 +323,17 @@ class Client:
         """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion."""
         model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
-        deadline = started + (timeout or self.config.fetch_timeout_s)
+        deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
         if manifest.chunk_digests and manifest.digest_algorithm != ALGORITHM:
             raise errors.UnverifiedVersion(
                 f"{model} v{manifest.version} ({layout}) carries {manifest.digest_algorithm or 'unnamed'} digests; "
                 f"this reader checks {ALGORITHM} ones, so its bytes cannot be checked; refused. Run the publisher "
                 f"and its readers at the same tensorhub_verl version")
-        if self.config.require_digests and not (manifest.chunk_digests and all(manifest.chunk_digests)):
+        if self.config.fetch.require_digests and not (manifest.chunk_digests and all(manifest.chunk_digests)):
             raise errors.UnverifiedVersion(
                 f"{model} v{manifest.version} ({layout}) has no digest of some chunk, so its bytes cannot be "
-                f"checked as they land; refused. Publish with ClientConfig.chunk_digests=True (the default), "
-                f"or, for a trusted test only, fetch with ClientConfig.require_digests=False")
+                f"checked as they land; refused. Publish with ClientConfig.publish.chunk_digests=True (the default), "
+                f"or, for a trusted test only, fetch with ClientConfig.fetch.require_digests=False")
         with self._lock:
             if (self.worker, *key) in self._held:
                 raise errors.InvalidRequest(f"{self.worker} already holds {model} v{manifest.version} ({layout}); "
@@ -443,12 +348,12 @@ class Client:
         try:
             if self._plane.register([*tensors.values(), *scratch]):
                 self._register_worker()
-            first = self._through_restart(lambda: self._begin_fetch(fetch, want=self.config.window), deadline)
-            settings = FetchSettings(self.config.window, self.config.read_timeout_s, deadline,
-                                     self.config.poll_interval_s, self.config.wan_reads_posted,
-                                     straggler_factor=self.config.straggler_factor,
-                                     run_target_s=self.config.run_target_s,
-                                     max_run_chunks=self.config.max_run_chunks)
+            first = self._through_restart(lambda: self._begin_fetch(fetch, want=self.config.fetch.window), deadline)
+            settings = FetchSettings(self.config.fetch.window, self.config.timeouts.read_timeout_s, deadline,
+                                     self.config.fetch.poll_interval_s, self.config.fetch.wan_reads_posted,
+                                     straggler_factor=self.config.fetch.straggler_factor,
+                                     run_target_s=self.config.fetch.run_target_s,
+                                     max_run_chunks=self.config.fetch.max_run_chunks)
             fetch.fetcher = ChunkFetcher(self._plane, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
                                          checker=ChunkChecker(manifest, plan, slices), plan=plan, first=first,
@@ -504,7 +409,7 @@ class Client:
         while True:
             try:
                 return self._hub.post("/v1/fetch/exchange", request, msg.ExchangeReply,
-                                      timeout=self.config.request_timeout_s + wait_s)
+                                      timeout=self.config.timeouts.request_timeout_s + wait_s)
             except (UnknownFetch, errors.VersionNotFound):
                 # The hub restarted and lost this fetch. Begin it again with what has landed; if the
                 # holders have not re-registered yet, wait for them (the fetch deadline still applies).
@@ -520,7 +425,7 @@ class Client:
     def _end_fetch(self, key, ok: bool, hold: bool, seconds: float) -> None:
         model, version, layout = key
         try:
-            deadline = time.monotonic() + self.config.unpublish_timeout_s
+            deadline = time.monotonic() + self.config.timeouts.unpublish_timeout_s
             while True:
                 ack = self._hub.post("/v1/fetch/end", msg.EndFetch(
                     worker=self.worker, holder=self.worker, model=model, version=version, layout=layout,
@@ -568,7 +473,7 @@ class Client:
         metadata = base64.b64encode(self._plane.metadata()).decode()
         grant_key = self._plane.grant_key
         ack = self._hub.post("/v1/workers/register", msg.RegisterWorker(
-            worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.spot,
+            worker=self.worker, location=msg.LocationMsg(**self.location.as_dict()), spot=self.config.hub.spot,
             agent_name=self._plane.agent_name, agent_metadata_b64=metadata,
             grant_key_b64=base64.b64encode(grant_key).decode() if grant_key else None,
             preconnect=self._plane.preconnect_peers, plane=self._plane.name), msg.WorkerAck)
@@ -587,7 +492,7 @@ class Client:
     def _first_registration(self) -> msg.WorkerAck:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
         timeout), up to ``hub_retry_s``; without the old credential nobody can take a live id over."""
-        deadline = time.monotonic() + self.config.hub_retry_s
+        deadline = time.monotonic() + self.config.timeouts.hub_retry_s
         backoff = Backoff(first_s=0.5, max_s=0.5)  # the id frees at a heartbeat timeout: no sooner by doubling
         for attempt in itertools.count():
             try:
@@ -596,7 +501,8 @@ class Client:
                 if time.monotonic() > deadline:
                     raise
                 if attempt == 0:
-                    logger.warning("%s: %s; retrying for up to %.0f s", self.worker, e, self.config.hub_retry_s)
+                    logger.warning("%s: %s; retrying for up to %.0f s", self.worker, e,
+                                   self.config.timeouts.hub_retry_s)
                 backoff.sleep()
         raise AssertionError("unreachable")
 

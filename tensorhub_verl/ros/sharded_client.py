@@ -50,7 +50,8 @@ class ShardedClient:
         self.worker = worker
         self.config = config or ClientConfig()
         self._own_plane = plane is None
-        self._plane = plane or registry.create(self.config.plane, worker, hub_urls[0], self.config.read_timeout_s)
+        self._plane = plane or registry.create(self.config.plane, worker, hub_urls[0],
+                                               self.config.timeouts.read_timeout_s)
         self.shards: list[Client] = []
         try:
             for url in hub_urls:
@@ -103,7 +104,7 @@ class ShardedClient:
     def manifests(self, model: str, version: int | str = "latest", layout: str = "hf") -> list[Manifest]:
         """Every shard's manifest of one version, in shard order; VersionNotFound unless all shards have it."""
         version = self._resolve(model, version, layout)
-        deadline = time.monotonic() + self.config.request_timeout_s
+        deadline = time.monotonic() + self.config.timeouts.request_timeout_s
         # Through a shard's restart: its holders re-register on their next heartbeat (Client._through_restart).
         found: list[Manifest | None] = self._each(lambda i, client: _or_none(lambda: client._through_restart(
             lambda: client.manifest(model, version, self._layout(layout, i)), deadline)))
@@ -272,7 +273,7 @@ def _or_none(call: Callable[[], Manifest]) -> Manifest | None:
 
 def _left(started: float, timeout: float | None, config: ClientConfig) -> float:
     """What is left of a fetch's limit for the shares' fetches, which run at once."""
-    return max(0.001, (timeout or config.fetch_timeout_s) - (time.monotonic() - started))
+    return max(0.001, (timeout or config.timeouts.fetch_timeout_s) - (time.monotonic() - started))
 
 
 def _merged(stats: list[FetchStats], layout: str, seconds: float) -> FetchStats:

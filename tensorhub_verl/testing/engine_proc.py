@@ -182,7 +182,7 @@ def _child(conn, spec_dict: dict) -> None:
         steps = 0
         while True:
             st = updater.status()
-            if not any(s["pull"] is not None and s["pull"]["state"] == "pulling" for s in st):
+            if not any(s.pulling for s in st):
                 break
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"pull of v{v} still running after {timeout} s")

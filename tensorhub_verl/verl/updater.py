@@ -180,9 +180,9 @@ class TensorHubUpdater:
             # 1. Start the pull; with staging it runs while the engine keeps generating.
             await asyncio.to_thread(updater.begin, version)
             statuses = await asyncio.to_thread(updater.wait_pulled, self.config.fetch_timeout_s)
-            if all(s["pull"] is None for s in statuses):
+            if all(s.pull is None for s in statuses):
                 return outcome  # already serving this version
-            if any(s["pull"] is not None and s["pull"]["state"] == "failed" for s in statuses):
+            if any(s.pull is not None and s.pull.state == "failed" for s in statuses):
                 # Refused before anything moved (e.g. another dtype): abort on every rank, no pause; raises.
                 await asyncio.to_thread(updater.finish, self.config.apply_timeout_s)
             # 2. Pause only for the apply (every rank, or an abort on every rank); resume even if it fails.

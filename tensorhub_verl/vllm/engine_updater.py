@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tensorhub_verl import errors
-from tensorhub_verl.vllm.results import ApplyResult, UpdateResult
+from tensorhub_verl.vllm.results import ApplyResult, HolderStatus, UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.vllm.engine_updater")
 
@@ -50,20 +50,22 @@ class EngineUpdater:
 
     def setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
               staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
-              bucket_bytes: int | None = None) -> list[dict]:
-        """Connects every rank (see ``TensorHubWorkerExtension.th_setup``)."""
+              bucket_bytes: int | None = None) -> list[HolderStatus]:
+        """Connects every rank (see ``TensorHubWorkerExtension.th_setup``); returns their statuses."""
         extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        return self.call("th_setup", hub_url=hub_url, model=model, worker=worker, location=location, token=token,
-                         staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
+        answers = self.call("th_setup", hub_url=hub_url, model=model, worker=worker, location=location, token=token,
+                            staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
+        return [HolderStatus.from_wire(s) for s in answers]
 
-    def status(self) -> list[dict]:
-        return self.call("th_status")
+    def status(self) -> list[HolderStatus]:
+        """Every rank's ``th_status``, typed whichever way it crossed the RPC."""
+        return [HolderStatus.from_wire(s) for s in self.call("th_status")]
 
     def served_version(self) -> int | None:
         """The version every rank serves, or None if they differ or one is broken or empty."""
         st = self.status()
-        versions = {s["served"] for s in st}
-        if len(versions) != 1 or any(s["broken"] for s in st):
+        versions = {s.served for s in st}
+        if len(versions) != 1 or any(s.broken for s in st):
             return None
         return versions.pop()
 
@@ -81,12 +83,12 @@ class EngineUpdater:
         self.call("th_begin_pull", version=v)
         return v
 
-    def wait_pulled(self, timeout: float) -> list[dict]:
+    def wait_pulled(self, timeout: float) -> list[HolderStatus]:
         """Polls until no rank is pulling; raises TimeoutError after ``timeout``. Never blocks the engine."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.status()
-            if not any(s["pull"] is not None and s["pull"]["state"] == "pulling" for s in st):
+            if not any(s.pulling for s in st):
                 return st
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"pull still running after {timeout} s")
@@ -96,16 +98,16 @@ class EngineUpdater:
         """Waits for the pulls, then applies on every rank, or aborts on every rank if any pull failed."""
         t0 = time.monotonic()
         st = self.wait_pulled(timeout)
-        pulls = [s["pull"] for s in st]
+        pulls = [s.pull for s in st]
         if all(p is None for p in pulls):
-            v = st[0]["served"]
+            v = st[0].served
             return UpdateResult(version=-1 if v is None else v, applied=False)
-        failed = [(i, p) for i, p in enumerate(pulls) if p is None or p["state"] == "failed"]
+        failed = [(i, p) for i, p in enumerate(pulls) if p is None or p.state == "failed"]
         if failed:
             self.call("th_abort")
             rank, p = failed[0]
-            raise errors.TransferFailed(f"rank {rank} could not pull v{None if p is None else p['version']}: "
-                                        f"{None if p is None else p['error']}; every rank keeps its old version")
+            raise errors.TransferFailed(f"rank {rank} could not pull v{None if p is None else p.version}: "
+                                        f"{None if p is None else p.error}; every rank keeps its old version")
         ranks = [ApplyResult.from_wire(r) for r in self.call("th_apply", timeout=timeout + self.rpc_timeout_s)]
         return UpdateResult.of_ranks(ranks, seconds=time.monotonic() - t0)
 

@@ -23,7 +23,7 @@ from tensorhub_verl.vllm import compat
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_verl.vllm.lora import AdapterHolder, base_parameters, load_adapter_into_vllm
 from tensorhub_verl.vllm.mapping import EngineMapping, engine_mapping
-from tensorhub_verl.vllm.results import AdapterUpdate, ApplyResult, PullStart
+from tensorhub_verl.vllm.results import AdapterUpdate, ApplyResult, HolderStatus, PullStart, SleepStatus
 from tensorhub_verl.vllm.sleep import Asleep, install_hooks, rejoin, wakes_weights
 
 logger = logging.getLogger("tensorhub_verl.vllm.extension")
@@ -103,7 +103,7 @@ class TensorHubWorkerExtension:
 
     def th_setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
                  staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
-                 bucket_bytes: int | None = None) -> dict:
+                 bucket_bytes: int | None = None) -> HolderStatus:
         """Connects this rank; returns ``th_status``. Idempotent: a second call with the same hub, model, worker
         and staging keeps the holder (and the version it serves); a different one replaces it.
         ``bucket_bytes``: most HF bytes read at once when versions go through the engine's loader (None: the
@@ -144,10 +144,11 @@ class TensorHubWorkerExtension:
         """The holder of this rank's live parameters (a test double for a whole engine overrides this)."""
         return build_holder(self, **kwargs)
 
-    def th_status(self) -> dict:
+    def th_status(self) -> HolderStatus:
+        """What this rank serves and pulls, or what it held when it went to sleep (``asleep``)."""
         asleep = getattr(self, "_tensorhub_asleep", None)
         if asleep is not None:
-            return {"worker": None, "asleep": asleep.as_dict(), "served": None, "broken": False, "pull": None}
+            return HolderStatus(worker=None, served=None, asleep=SleepStatus(**asleep.as_dict()))
         return self._th().status()
 
     # ------------------------------------------------------------------ sleep and wake (see tensorhub_verl.vllm.sleep)

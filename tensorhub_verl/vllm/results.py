@@ -4,6 +4,7 @@
     EngineHolder.apply/update -> ApplyResult   (one rank: what it read, from whom, how long it stalled)
     EngineUpdater.update     -> UpdateResult   (one engine: its ranks' ApplyResults merged)
     AdapterHolder.update     -> AdapterUpdate  (one rank's LoRA adapter)
+    EngineHolder.status, th_status -> HolderStatus (one rank: what it serves, its pull, or that it sleeps)
 
 The per-rank results cross vLLM's ``collective_rpc``. Over a multiprocess executor they arrive as the same
 objects (pickled); through ``AsyncLLM``'s msgpack channel a dataclass arrives as a plain dict unless vLLM's
@@ -127,10 +128,66 @@ class AdapterUpdate(_Wire):
     sources: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True, kw_only=True)
+class PullStatus(_Wire):
+    """The running or last pull of one rank."""
+
+    version: int
+    state: str
+    """``pull.PullState``'s value: pulling, ready or failed."""
+    source_layout: str
+    error: str | None = None
+    """``repr`` of why it failed."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SleepStatus(_Wire):
+    """What a sleeping rank held when it went to sleep (``sleep.Asleep``)."""
+
+    served: int | None
+    level: int
+    weights_kept: bool
+
+
+@dataclass(slots=True, kw_only=True)
+class HolderStatus(_Wire):
+    """One rank's state (``th_status``): the version its parameters serve, its pull, or that it sleeps."""
+
+    worker: str | None
+    """None while the engine sleeps (no client)."""
+    served: int | None
+    broken: bool = False
+    """A failed update left the parameters holding no whole version (``EngineStateLost``)."""
+    layout: str | None = None
+    staging: str | None = None
+    extra_bytes: int = 0
+    """Bytes held besides the parameters (staging and scratch)."""
+    pinned_staging: bool = False
+    publishing: bool = False
+    """A publication of the parameters off the stall is still running."""
+    pull: PullStatus | None = None
+    asleep: SleepStatus | None = None
+
+    @property
+    def pulling(self) -> bool:
+        return self.pull is not None and self.pull.state == "pulling"
+
+    @classmethod
+    def from_wire(cls, answer: Any) -> HolderStatus:
+        """As ``_Wire.from_wire``, with the nested pull and sleep statuses typed too."""
+        status = super(HolderStatus, cls).from_wire(answer)
+        if isinstance(status.pull, Mapping):
+            status.pull = PullStatus.from_wire(status.pull)
+        if isinstance(status.asleep, Mapping):
+            status.asleep = SleepStatus.from_wire(status.asleep)
+        return status
+
+
 def add_sources(total: dict[str, int], more: Mapping[str, int]) -> None:
     """Adds ``more``'s bytes per worker into ``total``."""
     for worker, n in more.items():
         total[worker] = total.get(worker, 0) + n
 
 
-__all__ = ["AdapterUpdate", "ApplyResult", "PullStart", "UpdateResult", "add_sources"]
+__all__ = ["AdapterUpdate", "ApplyResult", "HolderStatus", "PullStart", "PullStatus", "SleepStatus", "UpdateResult",
+           "add_sources"]

@@ -11,6 +11,7 @@ import tensorhub_verl as th
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import layout_name
+from tensorhub_verl.vllm.results import HolderStatus
 from tests.gpu.conftest import needs_cuda
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
@@ -86,8 +87,8 @@ def read_back(hub, run, shape, version: int) -> None:
 def test_bf16_engine_updated_in_place_matches_vllms_own_loader(engine, reference, run, tmp_path, hub, shape):
     res = engine.update(1)
     assert res["version"] == 1 and set(res["sources"]) == {"trainer"}
-    status = engine.rpc("th_status")[0]
-    assert status["served"] == 1 and status["pinned_staging"] is True
+    status = HolderStatus.from_wire(engine.rpc("th_status")[0])
+    assert status.served == 1 and status.pinned_staging is True
     assert outputs(engine) == load_reference(reference, run, 1, tmp_path)
     run.step_and_publish(2)
     res = engine.request("update_while_generating", 300, version="latest", prompt_ids=PROMPTS[0], max_tokens=4)

@@ -103,7 +103,7 @@ def stalling_reader(results, control, hub_url, worker, announce):
     transport = GatedPlane(f"{worker}-agent")
     transport.on_read = lambda n: n > announce and transport.finish_gate.clear()
     client = Client(hub_url, worker, plane=transport,
-                    config=ClientConfig(window=1, max_run_chunks=1, hub_retry_s=60.0))  # a chunk per lease
+                    config=ClientConfig.from_fields(window=1, max_run_chunks=1, hub_retry_s=60.0))  # a chunk per lease
     threading.Thread(target=client.fetch, args=("policy", 1), daemon=True).start()
     deadline = time.monotonic() + 120
     while transport.reads <= announce and time.monotonic() < deadline:

@@ -83,7 +83,7 @@ def test_invalid_arguments(published):
     with pytest.raises(InvalidRequest, match="already holds"):
         trainer.fetch("policy", 1, into={n: torch.empty_like(t) for n, t in weights.items()})
     with pytest.raises(ConfigError, match="window"):
-        th.ClientConfig(window=0)
+        th.ClientConfig.from_fields(window=0)
     assert reader.versions("policy") == {1: ["trainer"]}
 
 

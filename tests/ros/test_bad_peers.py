@@ -23,7 +23,7 @@ def test_peers_with_unusable_metadata_cost_a_re_plan(hub, roles):
     other = NixlPlane("someone-else")
     try:
         impostor(hub.url, "liar", other.metadata())  # metadata of another agent
-        client = Client(hub.url, "reader", config=ClientConfig(window=4, fetch_timeout_s=60))
+        client = Client(hub.url, "reader", config=ClientConfig.from_fields(window=4, fetch_timeout_s=60))
         assert sorted(client.versions("policy")[1]) == ["garbage", "liar", "trainer"]
         stats = client.fetch("policy", 1)
         assert digest(stats.buffers) == published["digest"]
@@ -61,7 +61,8 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
     # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
     # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", plane=transport,
-                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90, straggler_factor=0))
+                    config=ClientConfig.from_fields(window=4, read_timeout_s=600, fetch_timeout_s=90,
+                                                    straggler_factor=0))
     try:
         stats = client.fetch("policy", 1)
         assert stopped
@@ -97,7 +98,7 @@ def test_a_straggler_holder_costs_a_re_plan_not_a_read_timeout(hub, roles):
     transport = _NeverFrom("reader-agent", prefix="slow-")
     # A read timeout beyond the fetch timeout: only abandoning the straggler's reads can finish this fetch.
     client = Client(hub.url, "reader", plane=transport,
-                    config=ClientConfig(window=4, read_timeout_s=600, fetch_timeout_s=90))
+                    config=ClientConfig.from_fields(window=4, read_timeout_s=600, fetch_timeout_s=90))
     try:
         stats = client.fetch("policy", 1)
         assert transport.stuck, "the straggler was never asked for a chunk"

@@ -25,7 +25,7 @@ def test_a_holder_killed_mid_read_costs_only_a_re_plan(hub, roles):
             os.kill(first["pid"], signal.SIGKILL)
 
     transport = GatedPlane("reader-agent", on_read=kill_h1)
-    client = Client(hub.url, "reader", config=ClientConfig(read_timeout_s=3.0, window=4), plane=transport)
+    client = Client(hub.url, "reader", config=ClientConfig.from_fields(read_timeout_s=3.0, window=4), plane=transport)
     manifest = client.manifest("policy", 1)
     stats = client.fetch("policy", 1)
     assert digest(stats.buffers) == digest(make_weights(4, 4.0))
@@ -39,7 +39,8 @@ def test_a_fetch_fails_cleanly_when_its_only_holder_dies(hub, roles):
     only = roles(holder, hub.url, "h1", 4, 4.0, CHUNK).result(120)
     transport = GatedPlane("reader-agent",
                                on_read=lambda n: n == 2 and os.kill(only["pid"], signal.SIGKILL))
-    client = Client(hub.url, "reader", config=ClientConfig(read_timeout_s=2.0, window=2, fetch_timeout_s=60),
+    client = Client(hub.url, "reader",
+                    config=ClientConfig.from_fields(read_timeout_s=2.0, window=2, fetch_timeout_s=60),
                     plane=transport)
     # It fails once the holder is proven dead ("no holder"), not at the fetch timeout ("fetch timed out").
     with pytest.raises(TransferFailed, match="no holder"):
@@ -54,7 +55,7 @@ def test_a_hub_restart_mid_fetch_loses_nothing(roles):
     try:
         published = roles(holder, url, "trainer", 6, 4.0, CHUNK).result(120)
         gated = GatedPlane("reader-agent", hold_after=3)
-        client = Client(url, "reader", config=ClientConfig(window=1, hub_retry_s=60), plane=gated)
+        client = Client(url, "reader", config=ClientConfig.from_fields(window=1, hub_retry_s=60), plane=gated)
         result = {}
         fetch = threading.Thread(target=lambda: result.update(stats=client.fetch("policy", 1)), daemon=True)
         fetch.start()
@@ -87,7 +88,8 @@ def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
         os.kill(victim["pid"], signal.SIGKILL)
 
         # Before the hub notices: reads planned on the dead reader fail and are re-planned; bytes are right.
-        early = Client(hub.url, "early", config=ClientConfig(window=4, read_timeout_s=5.0, fetch_timeout_s=90))
+        early = Client(hub.url, "early",
+                       config=ClientConfig.from_fields(window=4, read_timeout_s=5.0, fetch_timeout_s=90))
         stats = early.fetch("policy", 1)
         assert digest(stats.buffers) == published["digest"]
         early.close()
@@ -95,7 +97,7 @@ def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
         # At its heartbeat timeout the hub forgets the dead reader and its holding; nobody reads from it again.
         wait_until(lambda: "victim" not in observer.status()["workers"], 60, "the hub did not drop the dead reader")
         assert _holdings(observer, "victim") == []
-        late = Client(hub.url, "late", config=ClientConfig(window=4, fetch_timeout_s=90))
+        late = Client(hub.url, "late", config=ClientConfig.from_fields(window=4, fetch_timeout_s=90))
         stats = late.fetch("policy", 1)
         assert digest(stats.buffers) == published["digest"]
         assert "victim" not in stats.sources and stats.failed_reads == 0

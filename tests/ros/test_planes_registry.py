@@ -21,7 +21,7 @@ def test_a_duplicate_or_unknown_plane_name_raises():
 def test_flat_settings_land_in_their_planes_config():
     config = ClientConfig.from_fields(window=2, transport="tcp", tcp_streams=3, tcp_host="10.0.0.5",
                                       preconnect_peers=0, progress="pump", net_devices="eth1")
-    assert config.window == 2 and config.plane.kind == "tcp"
+    assert config.fetch.window == 2 and config.plane.kind == "tcp"
     assert (config.plane.tcp.streams, config.plane.tcp.host, config.plane.tcp.preconnect_peers) == (3, "10.0.0.5", 0)
     assert (config.plane.nixl.progress, config.plane.nixl.net_devices) == ("pump", "eth1")
     nested = ClientConfig.from_fields(plane={"kind": "tcp", "tcp": {"streams": 5}})

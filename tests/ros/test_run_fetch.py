@@ -129,7 +129,7 @@ def test_a_run_is_posted_as_one_plane_read_of_its_merged_ranges(hub, roles, kind
     published = roles(holder, hub.url, "trainer", 6, SIZE_MB, CHUNK, 1, None, kind).result(120)
     plane = _plane(kind)
     try:
-        with Client(hub.url, "reader", plane=plane, config=ClientConfig(window=8, **LONG_RUNS)) as reader:
+        with Client(hub.url, "reader", plane=plane, config=ClientConfig.from_fields(window=8, **LONG_RUNS)) as reader:
             stats = reader.fetch("policy", 1, hold=False)
         assert digest(stats.buffers) == published["digest"] and stats.failed_reads == 0
         # Counted on the plane: one read per lease, not one per chunk (runs of 16 after the first reads).
@@ -143,7 +143,7 @@ def test_a_chunk_that_fails_its_digest_inside_a_run_is_read_again_and_only_it(hu
     published = roles(holder, hub.url, "a", 7, SIZE_MB, CHUNK, 1, None, kind).result(120)
     roles(holder, hub.url, "b", 7, SIZE_MB, CHUNK, 1, None, kind).result(120)
     plane = _plane(kind, "corrupt")
-    client = Client(hub.url, "reader", plane=plane, config=ClientConfig(window=8, **LONG_RUNS))
+    client = Client(hub.url, "reader", plane=plane, config=ClientConfig.from_fields(window=8, **LONG_RUNS))
     assigned, failures = _spied(client)
     try:
         stats = client.fetch("policy", 1, hold=False)
@@ -166,7 +166,7 @@ def test_a_run_that_fails_midway_books_exactly_the_chunks_that_landed_intact(hub
     failed transfer landed, the chunks whose digests check out."""
     published = roles(holder, hub.url, "trainer", 5, SIZE_MB, CHUNK, 1, None, kind).result(120)
     plane = _plane(kind, "fail")
-    client = Client(hub.url, "reader", plane=plane, config=ClientConfig(window=8, **LONG_RUNS))
+    client = Client(hub.url, "reader", plane=plane, config=ClientConfig.from_fields(window=8, **LONG_RUNS))
     assigned, failures = _spied(client)
     try:
         stats = client.fetch("policy", 1, hold=False)

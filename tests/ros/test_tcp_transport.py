@@ -232,7 +232,7 @@ def test_the_hub_signs_grants_only_for_holders_that_gave_it_a_key(hub, roles):
     roles(tcp_holder, hub.url, "tcp-trainer", 1, 1.0).result(120)
     reader = TcpPlane("grant-reader", "127.0.0.1")
     try:
-        client = Client(hub.url, "reader", plane=reader, config=ClientConfig(window=2))
+        client = Client(hub.url, "reader", plane=reader, config=ClientConfig.from_fields(window=2))
         stats = client.fetch("policy", 1)
         assert stats.failed_reads == 0 and stats.sources == {"tcp-trainer": stats.bytes}
         client.close()
@@ -278,7 +278,7 @@ def test_a_holder_killed_mid_fetch_costs_a_re_plan(hub, roles):
 
     transport = KillingTransport("killing-reader", "127.0.0.1")
     client = Client(hub.url, "reader", plane=transport,
-                    config=ClientConfig(window=4, read_timeout_s=20, fetch_timeout_s=90))
+                    config=ClientConfig.from_fields(window=4, read_timeout_s=20, fetch_timeout_s=90))
     try:
         stats = client.fetch("policy", 1)
         assert digest(stats.buffers) == survivor["digest"]
@@ -496,7 +496,7 @@ def test_an_unpublished_holding_refuses_reads_whose_grants_have_not_expired(hub)
     holder.publish("policy", 1, weights)
     reader_plane = _RecordingTcp("replaying-reader", "127.0.0.1")
     try:
-        reader = Client(hub.url, "replaying-reader", plane=reader_plane, config=ClientConfig(window=2))
+        reader = Client(hub.url, "replaying-reader", plane=reader_plane, config=ClientConfig.from_fields(window=2))
         assert reader.fetch("policy", 1).failed_reads == 0
         assert reader_plane.posted
         peer, copies, grant, granted = reader_plane.posted[0]

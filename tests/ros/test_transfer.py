@@ -48,7 +48,7 @@ def test_concurrent_readers_get_the_bytes_and_serve_each_other(hub, roles):
 def test_a_late_reader_reads_from_a_reader_still_filling(hub, roles):
     roles(holder, hub.url, "trainer", 1, 4.0, CHUNK).result(120)
     gated = GatedPlane("early-agent", hold_after=3)
-    early = Client(hub.url, "early", config=ClientConfig(window=1, max_run_chunks=1), plane=gated)
+    early = Client(hub.url, "early", config=ClientConfig.from_fields(window=1, max_run_chunks=1), plane=gated)
     fetch = threading.Thread(target=early.fetch, args=("policy", 1), daemon=True)
     fetch.start()
     assert gated.holding.wait(60), "the early reader never reached its 4th read"
@@ -74,7 +74,7 @@ def test_unpublish_waits_for_reads_in_flight(hub):
     trainer.publish("policy", 1, weights)
     gated = GatedPlane("reader-agent")
     gated.finish_gate.clear()
-    reader_client = Client(hub.url, "reader", config=ClientConfig(window=16), plane=gated)
+    reader_client = Client(hub.url, "reader", config=ClientConfig.from_fields(window=16), plane=gated)
     buffers = reader_client.manifest("policy", 1).allocate()
     fetch = threading.Thread(target=reader_client.fetch, args=("policy", 1, buffers), daemon=True)
     fetch.start()
@@ -125,7 +125,7 @@ def _gated_fetch(hub_url: str, reader_config: ClientConfig):
 def test_a_fetch_whose_holder_never_answers_fails_at_its_fetch_timeout(hub):
     """ClientConfig.fetch_timeout_s bounds a fetch whose reads never finish (read timeout and straggler cut-off
     out of the way): TransferFailed, not a hang."""
-    config = ClientConfig(fetch_timeout_s=1.0, read_timeout_s=600, straggler_factor=0)
+    config = ClientConfig.from_fields(fetch_timeout_s=1.0, read_timeout_s=600, straggler_factor=0)
     with _gated_fetch(hub.url, config) as (_, _, fetch, outcome):
         fetch.join(60)
         assert not fetch.is_alive(), "the fetch did not give up at its fetch_timeout_s"
@@ -136,7 +136,7 @@ def test_an_unpublish_with_reads_in_flight_fails_at_its_unpublish_timeout(hub):
     """ClientConfig.unpublish_timeout_s bounds the wait for in-flight reads: TransferFailed, not a hang. The reads
     in flight still complete (the bytes stayed put), and a later unpublish, with nothing in flight, returns."""
     weights = make_weights(2, 1.0)
-    with _gated_fetch(hub.url, ClientConfig(fetch_timeout_s=60)) as (trainer, gated, fetch, outcome):
+    with _gated_fetch(hub.url, ClientConfig.from_fields(fetch_timeout_s=60)) as (trainer, gated, fetch, outcome):
         with pytest.raises(TransferFailed, match="timed out with"):
             trainer.unpublish("policy", 1)  # unpublish_timeout_s=0.5 from the trainer's config
         gated.finish_gate.set()
@@ -153,7 +153,7 @@ def test_a_lease_past_its_deadline_is_revoked():
         trainer.publish("policy", 1, make_weights(2, 1.0))
         gated = GatedPlane("reader-agent")
         gated.finish_gate.clear()
-        reader_client = Client(hub.url, "reader", config=ClientConfig(fetch_timeout_s=30), plane=gated)
+        reader_client = Client(hub.url, "reader", config=ClientConfig.from_fields(fetch_timeout_s=30), plane=gated)
         errors = []
 
         def run():
@@ -217,7 +217,8 @@ def test_a_seed_reads_across_the_wan_one_chunk_at_a_time_with_the_next_ones_queu
         trainer.publish("policy", 1, weights)
         gated = GatedPlane("seed-agent")
         gated.finish_gate.clear()
-        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8, max_run_chunks=1),
+        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s",
+                      config=ClientConfig.from_fields(window=8, max_run_chunks=1),
                       plane=gated)
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)
@@ -247,7 +248,8 @@ def test_a_seed_posts_its_queued_wan_read_before_the_one_in_flight_lands(hub):
         trainer.publish("policy", 1, weights)
         gated = GatedPlane("seed-ahead", on_read=lambda n: n == 2 and gated.finish_gate.clear())
         gated.finish_gate.clear()
-        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s", config=ClientConfig(window=8, max_run_chunks=1),
+        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s",
+                      config=ClientConfig.from_fields(window=8, max_run_chunks=1),
                       plane=gated)
         outcome = {}
         fetch = threading.Thread(target=lambda: outcome.update(stats=seed.fetch("policy", 1)), daemon=True)

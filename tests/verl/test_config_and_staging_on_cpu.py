@@ -71,7 +71,7 @@ def test_chunk_and_window_reach_every_workers_client():
 
     settings = TensorHubVerlConfig.from_mapping({"chunk_mb": 32, "window": 16}).client_settings()
     cfg = ClientConfig.from_fields(**settings)
-    assert (cfg.chunk_bytes, cfg.window) == (32 << 20, 16)
+    assert (cfg.publish.chunk_bytes, cfg.fetch.window) == (32 << 20, 16)
 
 
 def test_ring_unpublishes_oldest_before_reuse_and_tolerates_retention_drops():

@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from tests.verl.fakes import FakeReplica, Recorder, StubActorGroup, StubServer, TrainerStub, digest, weights_for
+from tensorhub_verl.vllm.results import HolderStatus
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -94,7 +95,8 @@ def test_each_replica_pauses_only_for_its_own_apply_and_gets_the_published_bytes
     # The engines' parameters are the holders and the only copy: no staging, no copy in a worker.
     for servers in rig["servers"].values():
         for status in ray.get([s.collective_rpc.remote("th_status") for s in servers]):
-            assert status[0]["served"] == 3 and status[0]["extra_bytes"] == 0, status
+            rank = HolderStatus.from_wire(status[0])
+            assert rank.served == 3 and rank.extra_bytes == 0, status
 
 
 def _is_interleaved_apply(seq, n_workers):

@@ -21,6 +21,7 @@ require("vllm")
 
 from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
 from tensorhub_verl.testing.tiny_model import ARCHITECTURES, build_tiny_model, greedy_mismatch
+from tensorhub_verl.vllm.results import HolderStatus
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
@@ -89,8 +90,8 @@ def refuses_a_version_missing_one_expert(e: EngineProcess, run: ToyRun, model: s
     run.client.publish(model, 3, partial)
     with pytest.raises(EngineError, match="unwritten.*layers.0.mlp.experts"):
         e.update(3)
-    status = e.rpc("th_status")
-    assert all(r["served"] == 2 and not r["broken"] for r in status), status
+    status = [HolderStatus.from_wire(r) for r in e.rpc("th_status")]
+    assert all(r.served == 2 and not r.broken for r in status), status
     assert_serves(e, run, 2)
 
 

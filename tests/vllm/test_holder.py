@@ -189,7 +189,7 @@ def test_wait_ready_timeout_fires(hub, trainer):
         h.begin_pull(31)
         with pytest.raises(TimeoutError):
             h.wait_ready(0.3)
-        assert h.status()["pull"]["state"] == "pulling"  # it gave up at its own timeout, not when the pull ended
+        assert h.status().pulling  # it gave up at its own timeout, not when the pull ended
         with pytest.raises(errors.InvalidRequest):
             h.begin_pull(31)  # one pull at a time
         gate.set()
@@ -247,7 +247,7 @@ def test_apply_returns_before_the_digest_pass_and_the_next_write_waits_for_it(hu
         applied = []
         threading.Thread(target=lambda: (applied.append(h.apply(30)), done.set()), daemon=True).start()
         assert done.wait(30), "apply waited for the publication"
-        assert applied[0].version == 51 and h.served == 51 and same(params, 51) and h.status()["publishing"]
+        assert applied[0].version == 51 and h.served == 51 and same(params, 51) and h.status().publishing
         assert 51 not in trainer.versions("policy", layout=LAYOUT)
         trainer.publish("policy", 52, hf_version(52))
         h.begin_pull(52)

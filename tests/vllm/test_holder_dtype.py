@@ -138,7 +138,7 @@ def test_unpublishing_the_last_copy_preserves_it_inside_the_stall_and_says_how_m
     apply copies it to CPU (reported as preserved_bytes)."""
     model = "preserve-full"
     trainer = th.connect(hub.url, worker="trainer-full", location={**LOC, "node": "t"},
-                         config=th.ClientConfig(preserve_on_unpublish=False))
+                         config=th.ClientConfig.from_fields(preserve_on_unpublish=False))
     h, params, client = make_holder(hub, "eng-last-copy", torch.float32, model=model)
     try:
         trainer.publish(model, 1, master(1, torch.float32))
@@ -160,7 +160,7 @@ def test_no_copy_in_the_pause_while_the_trainers_shard_group_holds_the_version(h
     group is a reliable copy, so the engine copies nothing in its stall."""
     model = "preserve-shards"
     ranks = [th.connect(hub.url, worker=f"trainer-rank{r}", location={**LOC, "node": "t"},
-                        config=th.ClientConfig(preserve_on_unpublish=False)) for r in range(2)]
+                        config=th.ClientConfig.from_fields(preserve_on_unpublish=False)) for r in range(2)]
     h, params, client = make_holder(hub, "eng-shards", torch.float32, model=model)
 
     def publish_rows(v):

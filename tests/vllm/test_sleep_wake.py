@@ -21,6 +21,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import layout_name
+from tensorhub_verl.vllm.results import HolderStatus, SleepStatus
 from tests.vllm.conftest import loc
 from tests.vllm.toy_run import N_NEW, PROMPTS
 
@@ -69,8 +70,8 @@ def holders(trainer, version: int) -> list[str]:
 def test_level1_sleep_stops_holding_and_wake_holds_again(engine, run, trainer, reader, shape):
     assert WORKER in holders(trainer, 1)
     engine.request("sleep", 60, level=1)
-    status = engine.rpc("th_status")[0]
-    assert status["asleep"] == {"served": 1, "level": 1, "weights_kept": True}
+    status = HolderStatus.from_wire(engine.rpc("th_status")[0])
+    assert status.asleep == SleepStatus(served=1, level=1, weights_kept=True) and status.worker is None
     assert WORKER not in holders(trainer, 1)
     # A reader while the engine sleeps is planned onto the trainer, never onto the sleeping engine.
     bufs = reader.manifest("policy", 1).allocate("cpu")
@@ -99,7 +100,7 @@ def test_version_published_during_sleep_is_pulled_at_wake(engine, run, trainer, 
 
 def test_level2_sleep_discards_weights_and_wake_pulls_them(engine, run, trainer, reader, shape):
     engine.request("sleep", 60, level=2)
-    assert engine.rpc("th_status")[0]["asleep"]["weights_kept"] is False
+    assert HolderStatus.from_wire(engine.rpc("th_status")[0]).asleep.weights_kept is False
     engine.request("move_weights", 60, discard=True)  # level 2: the bytes are gone
     engine.request("wake_up", 300)
     assert engine.request("served_version", 30) == 2
@@ -110,7 +111,7 @@ def test_level2_sleep_discards_weights_and_wake_pulls_them(engine, run, trainer,
 def test_kv_cache_wake_alone_keeps_the_engine_asleep(engine, run, trainer, reader, shape):
     engine.request("sleep", 60, level=1)
     engine.request("wake_up", 60, tags=["kv_cache"])
-    assert engine.rpc("th_status")[0]["asleep"]["served"] == 2
+    assert HolderStatus.from_wire(engine.rpc("th_status")[0]).asleep.served == 2
     assert WORKER not in holders(trainer, 2)
     with pytest.raises(Exception, match="sleeps"):
         engine.update("latest", timeout=30)

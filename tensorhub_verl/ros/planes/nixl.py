@@ -128,9 +128,8 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
 TCP_DEFAULTS = {"UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
 """UCX settings for its TCP transport unless the environment sets them. UCX emulates a GET over TCP with
 active messages of one segment each (8 KiB by default), copied on both sides; 512 KiB segments move a chunk
-in 64x fewer messages. Measured here (256 MiB, loopback, UCX_TLS=tcp, ratio to a raw socket in the same run):
-defaults 0.37, 512k 0.68, 2m 0.60, 512k with put_zcopy rendezvous 0.68, with 4 rendezvous lanes and 8 MB
-socket buffers 0.67. They touch only UCX's TCP transport, so they are set whatever wire UCX picks."""
+in 64x fewer messages (the throughput of each segment size against a raw socket: docs/design.md, "Data plane
+without RDMA"). They touch only UCX's TCP transport, so they are set whatever wire UCX picks."""
 
 
 def ucx_environment(net_devices: str | None) -> dict[str, str]:
