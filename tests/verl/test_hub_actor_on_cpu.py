@@ -104,7 +104,7 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
     try:
         token, job_key = job_credentials(cfg)
         client = Client(url, "trainer", token=token,
-                        config=ClientConfig(allow_plain_http=True, hub_retry_s=60, job_key=job_key))
+                        config=ClientConfig.from_fields(allow_plain_http=True, hub_retry_s=60, job_key=job_key))
         client.publish("policy", 1, {"w": torch.arange(1024, dtype=torch.float32)})
         assert hub_restarts(cfg) == 0
         actor = ray.get_actor("th-restart-hub", namespace="th-test")
