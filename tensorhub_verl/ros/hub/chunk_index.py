@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_left
-from typing import AbstractSet, Callable, Iterable, Protocol, Sequence
+from typing import AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
 
 from tensorhub_verl.ros.intervals import IntervalSet, StepSets
 from tensorhub_verl.ros.topology import Distance, Location
@@ -211,6 +211,21 @@ class ChunkIndex:
         if distance == Distance.SAME_NODE:
             return _EMPTY
         return self._places.get(places(here)[Distance.WAN - distance], _EMPTY)  # WAN: its dc; rack: its node
+
+    def near_first(self, names: AbstractSet[str], here: Location) -> Iterator[AbstractSet[str]]:
+        """``names`` (partial holders) split by distance from ``here``, nearest first: those on its node, in the
+        rest of its rack, in the rest of its datacenter, then the others (other datacenters, or entered with no
+        location). Set intersections: a tier costs the smaller of the place's holders and ``names``."""
+        seen: AbstractSet[str] = _EMPTY
+        for place in reversed(places(here)):
+            there = names & self._places.get(place, _EMPTY)
+            tier = there - seen if seen else there
+            if tier:
+                yield tier
+            seen = there
+        rest = names - seen
+        if rest:
+            yield rest
 
     def start_reader(self, reader: str, need: AbstractSet[int] | None) -> None:
         """A fetch begins: ``need`` its chunks (None: every chunk of the version)."""

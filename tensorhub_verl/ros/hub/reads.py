@@ -91,13 +91,28 @@ class ReadDesk:
         def serving(names) -> list[HolderView]:
             return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
 
+        limit = self.planner.max_partial_sources
+
+        def nearest(names) -> list[HolderView]:
+            """The serving holders among ``names``, a place at a time from the reader's node outwards, until the
+            planner's ``max_partial_sources`` nearest are surely among them (it picks those): a plan's work per
+            chunk is bounded by a rack's holders, not the version's."""
+            if limit is None or len(names) <= limit:
+                return serving(names)
+            found: list[HolderView] = []
+            for names_there in record.index.near_first(names, location):
+                found += serving(names_there)
+                if len(found) >= limit:
+                    break
+            return found
+
         pulling, wan = book.pulling(key), book.wan_pulling(key)
         def stretch(chunk: int) -> tuple[list[HolderView], int]:
             names, end = record.index.stretch(chunk)
-            return serving(names), end
+            return nearest(names), end
 
         view = SwarmView(serving(record.index.complete), pulling, wan,
-                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)),
+                         partial_holders=lambda chunk: nearest(record.index.holders_of(chunk)),
                          partial_stretch=stretch,
                          nearer_holders=lambda here, distance: serving(record.index.nearer(here, distance)))
 
