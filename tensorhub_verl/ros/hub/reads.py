@@ -101,7 +101,9 @@ class ReadDesk:
                 return serving(names)
             found: list[HolderView] = []
             for names_there in record.index.near_first(names, location):
-                found += serving(names_there)
+                # counted as the planner keeps them: not the reader, only published ones for the naive baseline
+                found += [v for v in serving(names_there) if v.holder != holding.holder
+                          and (self.planner.cooperative or v.published)]
                 if len(found) >= limit:
                     break
             return found
