@@ -22,6 +22,7 @@ from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 _CHUNK = 4096
@@ -82,10 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--nodes-per-rack", type=int, default=8)
+    parser.add_argument("--max-partial-sources", type=int, default=None,
+                        help="PlannerConfig.max_partial_sources (0: None, every partial holder; default: the default)")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of the update")
     args = parser.parse_args(argv)
+    planner = PlannerConfig() if args.max_partial_sources is None else \
+        PlannerConfig(max_partial_sources=args.max_partial_sources or None)
+    config = HubConfig(lease_ttl_s=3600, worker_timeout_s=3600, planner=planner)
     point = lambda: run(args.readers, args.chunks, args.run_chunks, args.window, args.gpus_per_node,  # noqa: E731
-                        args.nodes_per_rack)
+                        args.nodes_per_rack, config)
     if args.profile:
         profile = cProfile.Profile()
         result = profile.runcall(point)

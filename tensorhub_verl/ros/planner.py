@@ -43,6 +43,7 @@ bisection, where the next reason to stop is, instead of chunk by chunk: the same
 
 from __future__ import annotations
 
+import functools
 import heapq
 import zlib
 from collections import Counter, defaultdict
@@ -67,7 +68,7 @@ class PlannerConfig:
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
     nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""
-    max_partial_sources: int | None = 16
+    max_partial_sources: int | None = 8
     """Partial holders (readers still filling, row shards) a plan considers for one chunk: the nearest ones, ties
     broken in a reader-specific order so that readers spread over equally near holders (``nearest_partial``).
     Bounds a plan's work whatever the number of readers holding the chunk; rule 3 then lets at most this many
@@ -414,13 +415,25 @@ def nearest_partial(found: Sequence[HolderView], here: Location, reader: str, li
     holders instead of all taking the same few. Deterministic: the same choice whatever the order of ``found``.
     ``ranks``: a cache of each holder's rank for this reader (a plan meets the same holders chunk after chunk)."""
     ranks = {} if ranks is None else ranks
+    salt = reader_salt(reader)
 
     def rank(h: HolderView) -> tuple[int, int, str]:
         r = ranks.get(h.holder)
         if r is None:
-            r = ranks[h.holder] = (here.distance(h.location), zlib.crc32(f"{reader}/{h.holder}".encode()), h.holder)
+            r = ranks[h.holder] = (here.distance(h.location), holder_hash(h.holder) ^ salt, h.holder)
         return r
     return heapq.nsmallest(limit, found, key=rank)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def holder_hash(holder: str) -> int:
+    """A holder's place in the reader-specific order of equally near holders (``nearest_partial``): XORed with
+    ``reader_salt(reader)``, so the hub ranks a place's holders for a reader without hashing pairs."""
+    return zlib.crc32(holder.encode())
+
+
+def reader_salt(reader: str) -> int:
+    return holder_hash("reader:" + reader)
 
 
 def unservable(needed: Sequence[int], view: SwarmView, reader: str) -> list[int]:

@@ -231,7 +231,7 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
             stretches.append(end - chunk)
             if limit is not None:  # as the hub does: whole places, nearest first, until the cap is reached
                 kept = []
-                for tier in index.near_first(names, here):
+                for _, tier in index.near_first(names, here):
                     kept += sorted(n for n in tier if n != "p0")  # the reader is no source of its own
                     if len(kept) >= limit:
                         break

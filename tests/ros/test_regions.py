@@ -92,7 +92,8 @@ def test_each_region_serves_its_readers_and_reads_stay_in_the_region(regions):
 
 
 def test_a_version_is_visible_in_no_region_until_every_region_holds_it(regions):
-    trainer = _connect(regions, "trainer", TRAINER)
+    trainer = RegionalClient(_spec(regions), "trainer", _where(TRAINER),  # gives up on a dead hub within 3 s
+                             config=ClientConfig.from_fields(chunk_bytes=CHUNK, transport="tcp", hub_retry_s=3.0))
     reader0, reader1 = _connect(regions, "a0", RACK0), _connect(regions, "b0", RACK1)
     try:
         weights = make_weights(3, 1.0)
