@@ -1,8 +1,12 @@
 """A hub of regions (``ros/regions.py``): a hub process per region, each serving its own readers; real hub
 processes, real clients, the TCP plane."""
 
+import subprocess
+import sys
 import threading
+import time
 
+import psutil
 import pytest
 
 import tensorhub_verl as th
@@ -156,3 +160,33 @@ def test_unpublish_drains_every_region(regions):
         reader.close()
         trainer.close()
         gated.close()
+
+
+def test_tensorhub_hub_regions_starts_a_hub_per_region_and_prints_the_list(tmp_path):
+    url_file = tmp_path / "hub.url"
+    launcher = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--regions", "dc0/r0,dc0/r1",
+                                 "--port", "0", "--url-file", str(url_file)], stdout=subprocess.DEVNULL)
+    children = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (url_file.exists() and url_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spec = url_file.read_text()
+        assert list(parse_regions(spec)) == ["dc0/r0", "dc0/r1"]
+        children = psutil.Process(launcher.pid).children()
+        assert len(children) == 2
+        with th.connect(spec, "trainer", location=_where(TRAINER), chunk_bytes=CHUNK, transport="tcp") as trainer, \
+                th.connect(spec, "b0", location=_where(RACK1), chunk_bytes=CHUNK, transport="tcp") as reader:
+            weights = make_weights(7, 0.5)
+            trainer.publish("policy", 1, weights)
+            assert digest(reader.fetch("policy", 1).buffers) == digest(weights)
+            assert reader.home.hub_url == parse_regions(spec)["dc0/r1"]
+        launcher.terminate()
+        assert launcher.wait(30) == 0
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive
+    finally:
+        for process in [launcher, *children]:
+            if process.is_running() if isinstance(process, psutil.Process) else process.poll() is None:
+                process.kill()
+        launcher.wait(10)
