@@ -60,6 +60,9 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shards", type=int, default=1,
                         help="run the hub as this many processes, each serving a share of every version, on "
                              "--port, --port+1, ...; clients connect to the comma-separated URLs it prints")
+    parser.add_argument("--regions", default=None, metavar="N|REGION,...",
+                        help="run a hub process per region (dc, dc/rack or dc/rack/node; N: dc0/r0..), each "
+                             "serving the readers of its region; clients connect to the REGION=URL list it prints")
     parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB",
                         help="only workers whose id matches WORKER_GLOB create versions of the models "
                              "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
@@ -85,6 +88,12 @@ def _hub_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.planner import PlannerConfig
 
     args = hub_parser().parse_args(argv)
+    if args.regions is not None:
+        from tensorhub_verl.ros.hub.shard_launcher import run_shards
+        from tensorhub_verl.ros.regions import region_names
+
+        names = region_names(args.regions)
+        return run_shards(len(names), args.port, argv, args.url_file, names=names)
     if args.shards != 1:
         from tensorhub_verl.ros.hub.shard_launcher import run_shards
         from tensorhub_verl.ros.shares import MAX_SHARDS

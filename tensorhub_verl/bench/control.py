@@ -19,8 +19,9 @@ a chunk read is then one chunk of a run, and the JSON also gives leases and chun
 ``--shards K`` runs the hub as K hub processes (``ros/shares.py``): the version is published as K shares of about
 chunks / K chunks, one per shard, and each reader fetches the K shares at once. The hub's CPU is then summed over
 the shards, and the busiest shard's CPU is the critical path (each shard on a core of its own). ``--split
-readers`` measures the other way to split: every shard serves the whole version to a share of the readers
-(contiguous blocks of nodes), each reader talking to its shard only.
+readers`` measures the other way to split, regions (``ros/regions.py``): every shard serves the whole version to
+a share of the readers (contiguous blocks of nodes), each reader talking to its shard only; its extrapolation
+keeps the readers per hub process as measured and adds processes (1,024 / that many regions).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               "chunk_mib": args.chunk_mib,
               "grants": args.grants, "points": points, "extrapolated_1024_readers_100GB": _extrapolate(points)}
     if not args.json:
-        print(f"extrapolated to {_TARGET_READERS} readers x {_TARGET_CHUNKS} chunks (from the largest point): "
+        print(f"extrapolated to {_TARGET_READERS} readers x {_TARGET_CHUNKS} chunks (from the largest point; with "
+              f"--split readers, as regions of the readers one shard served): "
               f"{report['extrapolated_1024_readers_100GB']}")
     print(json.dumps(report))
     return 0
@@ -188,7 +190,7 @@ def _summarize(chunks: int, readers: int, args, cpus: list[float], wall: float, 
         "complete": complete, "readers_done": done, "reads": reads, "leases": leases,
         "shards": len(cpus), "hub_cpu_s": round(cpu, 3), "hub_cpu_per_shard_s": [round(c, 3) for c in cpus],
         "wall_s": round(wall, 3),
-        "critical_path_per_update_s": round(max(cpus) * scale, 3),
+        "critical_path_per_update_s": round(max(cpus) * scale, 3), "split": args.split, "chunks_scale": round(scale, 4),
         "hub_cpu_per_update_s": round(cpu if complete else (per_read or 0) * readers * chunks, 3),
         "extrapolated": not complete,
         "hub_cpu_per_exchange_ms": round(1000 * cpu / exchanges, 4) if exchanges else None,
@@ -216,9 +218,19 @@ def _extrapolate(points: list[dict]) -> dict:
     per_read_s = best["hub_cpu_per_chunk_read_ms"] / 1000
     total = per_read_s * _TARGET_READERS * _TARGET_CHUNKS
     busiest = max(best["hub_cpu_per_shard_s"]) / best["hub_cpu_s"] if best["hub_cpu_s"] else 1.0
-    return {"from_readers": best["readers"], "from_chunks": best["chunks"], "extrapolated": True,
-            "shards": best["shards"], "hub_cpu_per_update_s": round(total, 1),
-            "critical_path_per_update_s": round(total * busiest, 2)}
+    out = {"from_readers": best["readers"], "from_chunks": best["chunks"], "extrapolated": True,
+           "shards": best["shards"], "hub_cpu_per_update_s": round(total, 1),
+           "critical_path_per_update_s": round(total * busiest, 2)}
+    if best.get("split") == "readers" and best["shards"] > 1:
+        # Regions: keep each hub process's readers as measured and add processes (1,024 / readers per process of
+        # them), so the critical path is the busiest process's CPU per update scaled to the target's chunks only.
+        per_region = best["readers"] / best["shards"]
+        critical = max(best["hub_cpu_per_shard_s"]) * best["chunks_scale"] * _TARGET_CHUNKS / best["chunks"]
+        out.update(readers_per_region=per_region, regions=round(_TARGET_READERS / per_region),
+                   hub_cpu_per_update_s=round(best["hub_cpu_per_update_s"] * _TARGET_READERS / best["readers"]
+                                              * _TARGET_CHUNKS / best["chunks"], 1),
+                   critical_path_per_update_s=round(critical, 3))
+    return out
 
 
 def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = True, layout: str = "hf") -> str:

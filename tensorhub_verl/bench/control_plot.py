@@ -5,6 +5,12 @@ chunk count, one line per reader count, before (dashed) and after (solid) a chan
 
 Each input is the output of a `bench control` run (its last line is the JSON). Points that did not finish in
 the run's time limit are measured on what they did (per exchange, per read) and drawn hollow.
+
+    python -m tensorhub_verl.bench.control_plot --regions OUT.png LABEL=RUN.txt,RUN.txt,... [LABEL=...]
+
+The regions plot: the hub's critical path per update (the busiest hub process's CPU) against the readers one
+hub process serves, from `bench control --split readers` runs at several reader and shard counts, one line per
+label (e.g. main and a branch), with the 0.4 s goal.
 """
 
 from __future__ import annotations
@@ -51,8 +57,38 @@ def plot(before: list[dict], after: list[dict], out: str) -> None:
     plt.close(fig)
 
 
+def plot_regions(series: dict[str, list[dict]], out: str, goal_s: float = 0.4) -> None:
+    """Critical path per update against readers per hub process, one line per label."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, points in series.items():
+        rows = sorted((p["readers"] / p["shards"], p["critical_path_per_update_s"], p["extrapolated"]) for p in points)
+        ax.plot([r[0] for r in rows], [r[1] for r in rows], "-o", label=label)
+        ax.scatter([r[0] for r in rows if r[2]], [r[1] for r in rows if r[2]], facecolors="white", zorder=3,
+                   edgecolors="black")
+    ax.axhline(goal_s, color="tab:red", linestyle=":", label=f"goal {goal_s} s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("readers one hub process serves (a region)")
+    ax.set_ylabel("critical path: busiest hub process's CPU per update (s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("bench control --split readers, 12,800 chunks (100 GB); hollow: extrapolated", fontsize=9)
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) >= 3 and args[0] == "--regions":
+        series = {}
+        for item in args[2:]:
+            label, _, files = item.partition("=")
+            series[label] = [p for f in files.split(",") for p in load(f)]
+        plot_regions(series, args[1])
+        return 0
     if len(args) != 3:
         print(__doc__, file=sys.stderr)
         return 2

@@ -593,11 +593,16 @@ def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | 
             token: str | None = None, config: ClientConfig | None = None, **config_fields):
     """Connects a worker to the hub. Extra keyword arguments are ClientConfig fields (``ClientConfig.from_fields``:
     plane settings may be given flat, e.g. ``transport='tcp'``). A comma-separated list of URLs names the shards
-    of a hub run as several processes (``tensorhub hub --shards K`` prints it): a ``ShardedClient``."""
+    of a hub run as several processes (``tensorhub hub --shards K`` prints it): a ``ShardedClient``; a list of
+    REGION=URL items names a hub process per region (``tensorhub hub --regions`` prints it): a ``RegionalClient``."""
     if config_fields:
         if config is not None:
             raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
         config = ClientConfig.from_fields(**config_fields)
+    if "=" in hub_url:  # "dc0/r0=URL,dc0/r1=URL": a hub process per region (regions.py)
+        from tensorhub_verl.ros.regional_client import RegionalClient
+
+        return RegionalClient(hub_url, worker, location, token, config)
     if "," in hub_url:
         from tensorhub_verl.ros.sharded_client import ShardedClient
 

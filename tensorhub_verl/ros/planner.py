@@ -43,6 +43,8 @@ bisection, where the next reason to stop is, instead of chunk by chunk: the same
 
 from __future__ import annotations
 
+import functools
+import heapq
 import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -66,11 +68,18 @@ class PlannerConfig:
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
     nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""
+    max_partial_sources: int | None = 8
+    """Partial holders (readers still filling, row shards) a plan considers for one chunk: the nearest ones, ties
+    broken in a reader-specific order so that readers spread over equally near holders (``nearest_partial``).
+    Bounds a plan's work whatever the number of readers holding the chunk; rule 3 then lets at most this many
+    readers at one distance pull a chunk at once. None: every partial holder."""
 
     def __post_init__(self) -> None:
         for name in ("max_inflight_per_source", "seeds_per_dc", "wan_reads_per_seed"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_partial_sources is not None and self.max_partial_sources < 1:
+            raise ConfigError(f"max_partial_sources must be >= 1 or None, got {self.max_partial_sources}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +194,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
     holders = [h for h in view.holders if h.holder != request.reader]
     complete = [h for h in holders if h.chunks is None]
     order = _rotated(request.needed, request.reader)
-    partial = _partial_holders(order, holders, view, request.reader, config)
+    partial = _partial_holders(order, holders, view, request, config)
     wan_busy = _WanBusy(view.wan_pulling.get(request.location.dc))
     wan_room = config.wan_reads_per_seed - request.own_wan_reads if request.may_cross_wan else 0
     assignments: list[Assignment] = []
@@ -364,12 +373,18 @@ class _Inflight:
         self._added[h.holder] += 1
 
 
-def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: SwarmView, reader: str,
+def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: SwarmView, request: PlanRequest,
                      config: PlannerConfig) -> dict[int, list[HolderView]]:
-    """chunk -> its partial holders other than ``reader`` (only published ones for the naive baseline)."""
+    """chunk -> its partial holders other than the reader (only published ones for the naive baseline), at most
+    ``config.max_partial_sources`` of them, the nearest (``nearest_partial``)."""
     partial: dict[int, list[HolderView]] = defaultdict(list)
-    keep = lambda found: [h for h in found if h.holder != reader  # noqa: E731
-                          and h.chunks is not None and (config.cooperative or h.published)]
+    reader, limit, ranks = request.reader, config.max_partial_sources, {}
+
+    def keep(found):
+        kept = [h for h in found if h.holder != reader and h.chunks is not None
+                and (config.cooperative or h.published)]
+        return kept if limit is None or len(kept) <= limit else nearest_partial(kept, request.location, reader,
+                                                                                limit, ranks)
     if view.partial_stretch is not None:  # from the index, once per stretch of the same holders
         start = end = 0
         kept: list[HolderView] = []
@@ -387,7 +402,38 @@ def _partial_holders(order: Sequence[int], holders: Sequence[HolderView], view: 
         if config.cooperative or h.published:  # the naive baseline reads only from published holders
             for chunk in h.chunks or ():
                 partial[chunk].append(h)
+    if limit is not None:
+        for chunk, found in partial.items():
+            partial[chunk] = keep(found)
     return partial
+
+
+def nearest_partial(found: Sequence[HolderView], here: Location, reader: str, limit: int,
+                    ranks: dict[str, tuple[int, int, str]] | None = None) -> list[HolderView]:
+    """The ``limit`` holders of ``found`` nearest to ``here``; among equally near ones, those first in an order
+    that depends on the reader (a hash of reader and holder), so that the readers of a rack spread over its
+    holders instead of all taking the same few. Deterministic: the same choice whatever the order of ``found``.
+    ``ranks``: a cache of each holder's rank for this reader (a plan meets the same holders chunk after chunk)."""
+    ranks = {} if ranks is None else ranks
+    salt = reader_salt(reader)
+
+    def rank(h: HolderView) -> tuple[int, int, str]:
+        r = ranks.get(h.holder)
+        if r is None:
+            r = ranks[h.holder] = (here.distance(h.location), holder_hash(h.holder) ^ salt, h.holder)
+        return r
+    return heapq.nsmallest(limit, found, key=rank)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def holder_hash(holder: str) -> int:
+    """A holder's place in the reader-specific order of equally near holders (``nearest_partial``): XORed with
+    ``reader_salt(reader)``, so the hub ranks a place's holders for a reader without hashing pairs."""
+    return zlib.crc32(holder.encode())
+
+
+def reader_salt(reader: str) -> int:
+    return holder_hash("reader:" + reader)
 
 
 def unservable(needed: Sequence[int], view: SwarmView, reader: str) -> list[int]:

@@ -1,5 +1,7 @@
 """The planner is a pure function: exact plans on small swarms, no processes."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from tensorhub_verl.errors import ConfigError
@@ -154,8 +156,8 @@ def test_planning_from_the_chunk_index_gives_the_plan_the_full_walk_gives():
             return by_chunk.get(chunk, []), rng.randrange(chunk + 1, end + 1)  # any end up to there is right
 
         request = PlanRequest("p0", N0, [c for c in range(40) if c not in holders[1].chunks], 8)
-        for cooperative in (True, False):
-            config = PlannerConfig(cooperative=cooperative)
+        for cooperative, limit in ((True, None), (False, None), (True, 2), (False, 2)):
+            config = PlannerConfig(cooperative=cooperative, max_partial_sources=limit)
             walked = plan_chunks(request, SwarmView(holders, pulling), config)
             indexed = plan_chunks(request, SwarmView(holders, pulling, partial_holders=lambda c: by_chunk.get(c, [])),
                                   config)
@@ -219,27 +221,57 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
 
         index = ChunkIndex(total)  # the hub's index of partial holders, looked up once per stretch
         for h in indexed_holders[1:]:
-            index.add(h.holder, h.chunks)
+            index.enter(SimpleNamespace(holder=h.holder, state="active", chunks=h.chunks, need=None,
+                                        unserved=frozenset()), h.location)
         by_name = {h.holder: h for h in indexed_holders}
+        limit = rng.choice((None, 1, 2))  # the planner's cap on partial holders per chunk, or none
 
         def stretch(chunk):
             names, end = index.stretch(chunk)
             stretches.append(end - chunk)
+            if limit is not None:  # as the hub does: whole places, nearest first, until the cap is reached
+                kept = []
+                for _, tier in index.near_first(names, here):
+                    kept += sorted(n for n in tier if n != "p0")  # the reader is no source of its own
+                    if len(kept) >= limit:
+                        break
+                names = kept
             return [by_name[n] for n in sorted(names)], end
 
         request = dict(reader="p0", location=here, needed=needed, max_assignments=rng.randrange(1, 9),
                        may_cross_wan=rng.random() < 0.5, run_chunks=rng.choice((2, 8, 64)))
+        config = PlannerConfig(max_partial_sources=limit)
         walked = plan_chunks(PlanRequest(**request, needs=needs),
-                             SwarmView(walked_holders, pulling_walk, {here.dc: frozenset(crossing)}), PlannerConfig())
+                             SwarmView(walked_holders, pulling_walk, {here.dc: frozenset(crossing)}), config)
         indexed = plan_chunks(PlanRequest(**request, needs=needs, needs_until=needs_until),
                               SwarmView(indexed_holders, pulling_index, {here.dc: wan_index},
-                                        nearer_holders=nearer), PlannerConfig())
+                                        nearer_holders=nearer), config)
         stretched = plan_chunks(PlanRequest(**request, needs=needs, needs_until=needs_until),
                                 SwarmView(indexed_holders[:1], pulling_index, {here.dc: wan_index},
-                                          partial_stretch=stretch, nearer_holders=nearer), PlannerConfig())
-        assert walked == indexed == stretched, trial
+                                          partial_stretch=stretch, nearer_holders=nearer), config)
+        assert walked == indexed == stretched, (trial, limit, walked, indexed, stretched)
         lengths += [(a.count, request["run_chunks"]) for a in walked]
     assert sum(n > 1 for n, _ in lengths) > 100  # runs were made, and cut short by the swarm
     # holders looked up once per stretch, not per chunk (these swarms' runs are short: filed chunk by chunk)
     assert sum(stretches) > 1.5 * len(stretches)
     assert sum(1 < n < cap for n, cap in lengths) > 50
+
+
+def test_a_plan_considers_only_the_nearest_partial_holders_spread_by_reader():
+    # With a cap of 2 partial holders per chunk, a reader never reaches past the 2 nearest holders of a chunk
+    # (so the plan's work is bounded whatever the number of holders), and readers of one rack spread over its
+    # equally near holders instead of all taking the same two.
+    from tensorhub_verl.ros.planner import nearest_partial
+
+    rack = [HolderView(f"h{i}", Location("dc0", "r0", f"n{i + 2}"), frozenset({0})) for i in range(8)]
+    node_peer = HolderView("peer", N0, frozenset({0}))  # on the reader's node
+    config = PlannerConfig(max_partial_sources=2)
+    request = PlanRequest("r", N0, [0], 1)
+    sources = {a.source for a in plan_chunks(request, SwarmView([node_peer, *rack]), config)}
+    assert sources == {"peer"}  # the nearest is always among those considered
+    chosen = {h.holder for reader in (f"r{i}" for i in range(16))
+              for h in nearest_partial(rack, N0, reader, 2)}
+    assert len(chosen) >= 6  # 16 readers pick 2 each: not the same 2
+    assert nearest_partial(rack, N0, "r", 2) == nearest_partial(list(reversed(rack)), N0, "r", 2)
+    with pytest.raises(ConfigError, match="max_partial_sources"):
+        PlannerConfig(max_partial_sources=0)

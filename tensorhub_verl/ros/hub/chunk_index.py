@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_left
-from typing import AbstractSet, Callable, Iterable, Protocol, Sequence
+from typing import AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
 
 from tensorhub_verl.ros.intervals import IntervalSet, StepSets
 from tensorhub_verl.ros.topology import Distance, Location
@@ -211,6 +211,22 @@ class ChunkIndex:
         if distance == Distance.SAME_NODE:
             return _EMPTY
         return self._places.get(places(here)[Distance.WAN - distance], _EMPTY)  # WAN: its dc; rack: its node
+
+    def near_first(self, names: AbstractSet[str], here: Location) -> Iterator[tuple[Distance, AbstractSet[str]]]:
+        """``names`` (partial holders) split by distance from ``here``, nearest first, as (distance, names): those
+        on its node, in the rest of its rack, in the rest of its datacenter, then the others at ``Distance.WAN``
+        (other datacenters, and any entered with no location, whose distance is not known here). Set
+        intersections: a part costs the smaller of the place's holders and ``names``; empty parts are left out."""
+        seen: AbstractSet[str] = _EMPTY
+        for distance, place in zip((Distance.SAME_NODE, Distance.SAME_RACK, Distance.SAME_DC), reversed(places(here))):
+            there = names & self._places.get(place, _EMPTY)
+            tier = there - seen if seen else there
+            if tier:
+                yield distance, tier
+            seen = there
+        rest = names - seen
+        if rest:
+            yield Distance.WAN, rest
 
     def start_reader(self, reader: str, need: AbstractSet[int] | None) -> None:
         """A fetch begins: ``need`` its chunks (None: every chunk of the version)."""

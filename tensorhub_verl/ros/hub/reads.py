@@ -21,7 +21,8 @@ from tensorhub_verl.ros.hub.registry import Registry
 from tensorhub_verl.ros.intervals import first_held, first_missing
 from tensorhub_verl.ros.hub.lease_book import Lease, ReaderRuns
 from tensorhub_verl.ros.planes import grants
-from tensorhub_verl.ros.planner import HolderView, PlannerConfig, SwarmView, plan_chunks, reader_request
+from tensorhub_verl.ros.planner import (HolderView, PlannerConfig, SwarmView, holder_hash, plan_chunks, reader_request,
+                                        reader_salt)
 from tensorhub_verl.ros.topology import Distance, Location
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
@@ -91,13 +92,37 @@ class ReadDesk:
         def serving(names) -> list[HolderView]:
             return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
 
+        limit, salt = self.planner.max_partial_sources, reader_salt(holding.holder)
+
+        def nearest(names) -> list[HolderView]:
+            """The serving holders among ``names``, a place at a time from the reader's node outwards, until the
+            planner's ``max_partial_sources`` nearest are surely among them (it picks those): a plan's work per
+            chunk is bounded by a rack's holders, not the version's."""
+            if limit is None or len(names) <= limit:
+                return serving(names)
+            found: list[HolderView] = []
+            for tier, names_there in record.index.near_first(names, location):
+                if tier < Distance.WAN and len(names_there) > limit - len(found):
+                    # one distance: the planner's order among them (``nearest_partial``), so views are built for
+                    # the first few only
+                    names_there = sorted(names_there, key=lambda n: (holder_hash(n) ^ salt, n))
+                for name in names_there:
+                    v = view_of(name)
+                    # counted as the planner keeps them: not the reader, only published ones for the naive baseline
+                    if v is not None and name not in suspects and name != holding.holder \
+                            and (self.planner.cooperative or v.published):
+                        found.append(v)
+                        if len(found) >= limit and tier < Distance.WAN:
+                            return found
+            return found
+
         pulling, wan = book.pulling(key), book.wan_pulling(key)
         def stretch(chunk: int) -> tuple[list[HolderView], int]:
             names, end = record.index.stretch(chunk)
-            return serving(names), end
+            return nearest(names), end
 
         view = SwarmView(serving(record.index.complete), pulling, wan,
-                         partial_holders=lambda chunk: serving(record.index.holders_of(chunk)),
+                         partial_holders=lambda chunk: nearest(record.index.holders_of(chunk)),
                          partial_stretch=stretch,
                          nearer_holders=lambda here, distance: serving(record.index.nearer(here, distance)))
 

@@ -1,4 +1,5 @@
-"""`tensorhub hub --shards K`: K hub processes, one per shard (``ros/shares.py``), started and stopped together.
+"""`tensorhub hub --shards K` / `--regions`: K hub processes, one per shard (``ros/shares.py``) or per region
+(``ros/regions.py``), started and stopped together.
 
 Each shard is a plain `tensorhub hub` with the same flags, on port ``--port`` + i (any free port with
 ``--port 0``). Clients connect to the comma-separated list of their URLs, in shard order (``connect``), which
@@ -33,15 +34,17 @@ def shard_argv(argv: list[str]) -> list[str]:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--shards", "--port", "--url-file"):
+        if name in ("--shards", "--regions", "--port", "--url-file"):
             skip = "=" not in arg
             continue
         out.append(arg)
     return out
 
 
-def run_shards(count: int, port: int, argv: list[str], url_file: str | None) -> int:
-    """Starts ``count`` shards, prints their URLs, and waits until one exits or a signal stops them all."""
+def run_shards(count: int, port: int, argv: list[str], url_file: str | None, names: list[str] | None = None) -> int:
+    """Starts ``count`` shards, prints their URLs, and waits until one exits or a signal stops them all.
+    ``names``: the regions the processes serve (``tensorhub hub --regions``): the URLs are printed as the
+    ``REGION=URL`` list that ``connect`` takes."""
     procs: list[subprocess.Popen] = []
     stop = {"signal": None}
 
@@ -58,8 +61,9 @@ def run_shards(count: int, port: int, argv: list[str], url_file: str | None) -> 
                     [sys.executable, "-m", "tensorhub_verl.cli", "hub", *shard_argv(argv),
                      "--port", str(port + i if port else 0), "--url-file", str(file)]))
             urls = _await_urls(procs, files)
-            joined = ",".join(urls)
-            print(f"tensorhub hub: {count} shards listening on {joined}", flush=True)
+            joined = ",".join(urls if names is None else (f"{n}={u}" for n, u in zip(names, urls)))
+            what = "shards" if names is None else "regions"
+            print(f"tensorhub hub: {count} {what} listening on {joined}", flush=True)
             if url_file:
                 Path(url_file).write_text(joined)
             while stop["signal"] is None and all(p.poll() is None for p in procs):

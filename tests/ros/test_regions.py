@@ -1,0 +1,192 @@
+"""A hub of regions (``ros/regions.py``): a hub process per region, each serving its own readers; real hub
+processes, real clients, the TCP plane."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+import tensorhub_verl as th
+from tensorhub_verl import errors
+from tensorhub_verl.bench.hub_proc import HubProcess
+from tensorhub_verl.ros.client import ClientConfig
+from tensorhub_verl.ros.planes.tcp import TcpPlane
+from tensorhub_verl.ros.regional_client import RegionalClient
+from tensorhub_verl.ros.regions import commit_layout, parse_regions, region_names, region_of
+from tensorhub_verl.ros.topology import Location
+
+from tests.ros.roles import GatedPlane, digest, make_weights
+
+CHUNK = 64 << 10
+TRAINER = "dc0/r9/t0"
+RACK0, RACK1 = "dc0/r0/n0", "dc0/r1/n0"
+
+
+def _where(path: str) -> dict:
+    dc, rack, node = path.split("/")
+    return {"dc": dc, "rack": rack, "node": node}
+
+
+@pytest.fixture
+def regions():
+    """Two hub processes, one per rack: regions dc0/r0 and dc0/r1."""
+    procs = []
+    try:
+        for _ in range(2):
+            procs.append(HubProcess(args=("--worker-timeout", "10")).start())
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _spec(procs) -> str:
+    return f"dc0/r0={procs[0].url},dc0/r1={procs[1].url}"
+
+
+def _connect(procs, worker: str, where: str, **fields) -> RegionalClient:
+    client = th.connect(_spec(procs), worker, location=_where(where), chunk_bytes=CHUNK, transport="tcp",
+                        hub_retry_s=60.0, **fields)
+    assert isinstance(client, RegionalClient)
+    return client
+
+
+def test_a_worker_belongs_to_the_most_specific_region_of_its_location():
+    regions = parse_regions("dc0=http://a:1,dc0/r1=http://b:1,dc0/r1/n7=http://c:1")
+    assert region_of(Location("dc0", "r1", "n7"), regions) == "dc0/r1/n7"
+    assert region_of(Location("dc0", "r1", "n2"), regions) == "dc0/r1"
+    assert region_of(Location("dc0", "r5", "n2"), regions) == "dc0"
+    assert region_of(Location("dc1", "r1", "n7"), regions) is None
+    assert region_names(3) == ["dc0/r0", "dc0/r1", "dc0/r2"] and region_names("dc0,dc1/r2") == ["dc0", "dc1/r2"]
+    for bad, problem in (("dc0=http://a:1,dc0=http://b:1", "given twice"), ("dc0", "not REGION=URL"),
+                         ("a/b/c/d=http://a:1", "not REGION=URL"), ("a=http://x:1,b=http://x:1", "share one hub")):
+        with pytest.raises(errors.ConfigError, match=problem):
+            parse_regions(bad)
+
+
+def test_each_region_serves_its_readers_and_reads_stay_in_the_region(regions):
+    trainer = _connect(regions, "trainer", TRAINER)
+    readers = [_connect(regions, name, where) for name, where in
+               (("a0", RACK0), ("a1", "dc0/r0/n1"), ("b0", RACK1))]
+    try:
+        weights = make_weights(4, 2.0)
+        manifest = trainer.publish("policy", 1, weights)
+        assert trainer.region is None  # the trainer's rack has no region: it publishes to all, reads from none
+        with pytest.raises(errors.ConfigError, match="in none of the regions"):
+            trainer.fetch("policy", 1)
+        first = readers[0].fetch("policy", "latest")
+        second = readers[1].fetch("policy", 1)
+        third = readers[2].fetch("policy", 1)
+        for stats in (first, second, third):
+            assert stats.version == 1 and digest(stats.buffers) == digest(weights)
+        assert manifest.layout == "hf" and third.sources == {"trainer": third.bytes}
+        # Each region's hub knows its own readers only: a reader in r0 is never a source for r1's readers.
+        assert readers[0].home.versions("policy", "hf") == {1: ["a0", "a1", "trainer"]}
+        assert readers[2].home.versions("policy", "hf") == {1: ["b0", "trainer"]}
+        assert set(second.sources) <= {"a0", "trainer"}
+        assert readers[0].home.hub_url == regions[0].url and readers[2].home.hub_url == regions[1].url
+        assert sorted(c.hub_url for c in readers[0]._clients.values()) == [regions[0].url]
+        assert readers[0].holdings() == [("policy", 1, "hf")] and trainer.holdings() == [("policy", 1, "hf")]
+    finally:
+        for client in (*readers, trainer):
+            client.close()
+
+
+def test_a_version_is_visible_in_no_region_until_every_region_holds_it(regions):
+    trainer = RegionalClient(_spec(regions), "trainer", _where(TRAINER),  # gives up on a dead hub within 3 s
+                             config=ClientConfig.from_fields(chunk_bytes=CHUNK, transport="tcp", hub_retry_s=3.0))
+    reader0, reader1 = _connect(regions, "a0", RACK0), _connect(regions, "b0", RACK1)
+    try:
+        weights = make_weights(3, 1.0)
+        # A publish caught after phase 1 in region r0 only: pending there, nothing in r1.
+        trainer._client("dc0/r0").publish("policy", 1, weights, "hf", None, "regions", 2)
+        assert reader0.versions("policy") == {} and reader0.latest("policy") is None
+        with pytest.raises(errors.VersionNotFound):
+            reader0.fetch("policy", 1)
+        with pytest.raises(TimeoutError):
+            reader0.wait_for_version("policy", timeout=0.5)
+        trainer._client("dc0/r0").unpublish("policy", 1, "hf")
+        # A region that cannot take the version: the publish fails and withdraws it from the other region.
+        regions[1].kill()
+        with pytest.raises(errors.HubUnavailable, match="visible in none"):
+            trainer.publish("policy", 1, weights)
+        assert reader0.versions("policy") == {} and trainer.holdings() == []
+        regions[1].start()
+        trainer.publish("policy", 2, weights)
+        assert reader0.wait_for_version("policy", timeout=30) == 2
+        assert reader1.wait_for_version("policy", timeout=30) == 2
+        assert digest(reader1.fetch("policy", 2).buffers) == digest(weights)
+        # The commit markers are the trainer's, one per region; a reader's holdings list only the version.
+        assert reader0.home.versions("policy", commit_layout("hf")) == {2: ["trainer"]}
+    finally:
+        for client in (reader0, reader1, trainer):
+            client.close()
+
+
+def test_unpublish_drains_every_region(regions):
+    trainer = _connect(regions, "trainer", TRAINER, preserve_on_unpublish=False)
+    gated = GatedPlane("reader-agent", hold_after=2, inner=TcpPlane("reader-agent", "127.0.0.1"))
+    reader = RegionalClient(_spec(regions), "b0", _where(RACK1), plane=gated,
+                            config=ClientConfig.from_fields(window=1, max_run_chunks=1, hub_retry_s=60.0,
+                                                            chunk_bytes=CHUNK))
+    try:
+        weights = make_weights(5, 2.0)
+        trainer.publish("policy", 1, weights)
+        result = {}
+
+        def fetch_it():
+            try:
+                result["stats"] = reader.fetch("policy", 1)
+            except errors.TransferFailed as e:  # the trainer left before every chunk was read
+                result["error"] = e
+
+        fetch = threading.Thread(target=fetch_it, daemon=True)
+        fetch.start()
+        assert gated.holding.wait(60)  # a read of region r1 held at the gate: its lease on the trainer is live
+        unpublished = threading.Event()
+        threading.Thread(target=lambda: (trainer.unpublish("policy", 1), unpublished.set()), daemon=True).start()
+        assert not unpublished.wait(1.0)  # region r1's read in flight holds the unpublish
+        gated.start_gate.set()
+        assert unpublished.wait(60), "unpublish did not return once region r1's reads drained"
+        fetch.join(60)
+        for client in trainer._clients.values():  # no region lists the trainer, nor its commit marker
+            assert "trainer" not in sum(client.versions("policy", "hf").values(), [])
+            assert client.versions("policy", commit_layout("hf")) == {}
+        assert "stats" in result or "no holder can serve" in str(result["error"])
+    finally:
+        reader.close()
+        trainer.close()
+        gated.close()
+
+
+def test_tensorhub_hub_regions_starts_a_hub_per_region_and_prints_the_list(tmp_path):
+    url_file = tmp_path / "hub.url"
+    launcher = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--regions", "dc0/r0,dc0/r1",
+                                 "--port", "0", "--url-file", str(url_file)], stdout=subprocess.DEVNULL)
+    children = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (url_file.exists() and url_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spec = url_file.read_text()
+        assert list(parse_regions(spec)) == ["dc0/r0", "dc0/r1"]
+        children = psutil.Process(launcher.pid).children()
+        assert len(children) == 2
+        with th.connect(spec, "trainer", location=_where(TRAINER), chunk_bytes=CHUNK, transport="tcp") as trainer, \
+                th.connect(spec, "b0", location=_where(RACK1), chunk_bytes=CHUNK, transport="tcp") as reader:
+            weights = make_weights(7, 0.5)
+            trainer.publish("policy", 1, weights)
+            assert digest(reader.fetch("policy", 1).buffers) == digest(weights)
+            assert reader.home.hub_url == parse_regions(spec)["dc0/r1"]
+        launcher.terminate()
+        assert launcher.wait(30) == 0
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive
+    finally:
+        for process in [launcher, *children]:
+            if process.is_running() if isinstance(process, psutil.Process) else process.poll() is None:
+                process.kill()
+        launcher.wait(10)
