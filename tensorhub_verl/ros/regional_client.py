@@ -52,7 +52,7 @@ class RegionalClient:
         self._token = token
         self._own_plane = plane is None
         self._plane = plane or registry.create(self.config.plane, worker, next(iter(self.regions.values())),
-                                               self.config.read_timeout_s)
+                                               self.config.timeouts.read_timeout_s)
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
         self._markers: dict[tuple[str, int, str], torch.Tensor] = {}
