@@ -183,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
 
         reason = hosts.unavailable_reason()
         if reason is None:
-            print(json.dumps(hosts.run(build_task(out / "task", size=size), out, mode=args.mode, hosts=args.hosts,
-                                       steps=args.steps, quiet=args.json)))
+            task = build_task(out / "task", size=size)
+            print(json.dumps(hosts.run(task, out, mode=args.mode, hosts=args.hosts, steps=args.steps,
+                                       quiet=args.json)))
             return 0
         print(f"tensorhub demo --hosts {args.hosts}: the network lab cannot run here ({reason}); running the "
               f"single-host demo instead", flush=True)
-    job = TinyJob(task=build_task(out / "task", size=size), out_dir=out, steps=args.steps, replicas=args.replicas,
-                  mode=args.mode)
+    job = TinyJob(task=build_task(out / "task", size=size), out_dir=out, steps=args.steps,
+                  replicas=args.replicas, mode=args.mode)
     elastic_at = None if args.no_elastic or args.steps < 4 else args.steps // 2
     result = run(job, quiet=args.json, elastic_at=elastic_at)
     print(json.dumps(result))

@@ -28,8 +28,8 @@ _WORDS = ("fox", "dog", "weights", "trainer", "rollout", "holder", "version", "p
 @dataclass(frozen=True, slots=True)
 class ModelSize:
     """The tiny model's sizes (``tensorhub demo --model-size HIDDEN,INTERMEDIATE,LAYERS``): the default is
-    ~1.5 MB of float32 a copy; at a larger one the copies' transfer, not the engines' pause, dominates a step's
-    stall."""
+    ~1.5 MB of float32 a copy; at a larger one the copies' transfer, not the engines' pause, dominates a
+    step's stall."""
 
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -43,8 +43,8 @@ class ModelSize:
 
         head_dim = self.hidden_size // self.HEADS
         if self.hidden_size % self.HEADS or head_dim < 32 or head_dim & (head_dim - 1):
-            raise ConfigError(f"--model-size: hidden_size / {self.HEADS} must be a power of two >= 32 (vLLM's "
-                              f"attention head sizes), got hidden_size {self.hidden_size}; "
+            raise ConfigError(f"--model-size: hidden_size / {self.HEADS} must be a power of two >= 32 "
+                              f"(vLLM's attention head sizes), got hidden_size {self.hidden_size}; "
                               f"e.g. 128, 256, 512, 1024")
         if self.intermediate_size < 1 or self.num_layers < 1:
             raise ConfigError(f"--model-size: intermediate_size and layers must be >= 1, got {self}")
@@ -71,8 +71,8 @@ class ModelSize:
     def spec(self, seed: int):
         from tensorhub_verl.testing.tiny_model import TinyModelSpec
 
-        return TinyModelSpec(arch="qwen2", hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-                             num_layers=self.num_layers, num_heads=self.HEADS, num_kv_heads=2, seed=seed,
+        return TinyModelSpec(arch="qwen2", hidden_size=self.hidden_size,
+                             intermediate_size=self.intermediate_size, num_layers=self.num_layers, num_heads=self.HEADS, num_kv_heads=2, seed=seed,
                              init_std=0.02)
 
 

@@ -103,7 +103,8 @@ def test_the_model_size_option_reaches_the_tiny_models_config(tmp_path):
     task = build_task(tmp_path / "task", size=size, train_prompts=4, val_prompts=2)
     config = json.loads((task.model_dir / "config.json").read_text())
     assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (256, 512, 3)
-    assert task.model_dir.name == "model-256x512x3" and ModelSize().dir_name == "model"  # sizes never share a dir
+    # Each size has its own directory, so a task directory never reuses a model of another size.
+    assert task.model_dir.name == "model-256x512x3" and ModelSize().dir_name == "model"
     # The CLI parses the option before it builds or starts anything, and names what it accepts.
     with pytest.raises(ConfigError, match="head sizes"):
         main(["--model-size", "100,256,2", "--hosts", "3", "--out", str(tmp_path / "refused")])
