@@ -72,8 +72,8 @@ class ModelSize:
         from tensorhub_verl.testing.tiny_model import TinyModelSpec
 
         return TinyModelSpec(arch="qwen2", hidden_size=self.hidden_size,
-                             intermediate_size=self.intermediate_size, num_layers=self.num_layers, num_heads=self.HEADS, num_kv_heads=2, seed=seed,
-                             init_std=0.02)
+                             intermediate_size=self.intermediate_size, num_layers=self.num_layers,
+                             num_heads=self.HEADS, num_kv_heads=2, seed=seed, init_std=0.02)
 
 
 @dataclass(frozen=True, slots=True)
