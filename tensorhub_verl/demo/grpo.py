@@ -168,25 +168,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="the +tensorhub=<mode> preset")
     parser.add_argument("--hosts", type=int, default=None,
                         help="run across this many network-lab hosts (needs root), against pulling from the trainer")
+    parser.add_argument("--model-size", default=None, metavar="HIDDEN,INTERMEDIATE,LAYERS",
+                        help="the tiny model's sizes (default 128,256,2: ~1.5 MB a copy; 512,1536,4: ~50 MB)")
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = 40 if args.hosts is not None and args.mode == "elastic" else 20
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the elastic node's status polls are not news
-    from tensorhub_verl.demo.task import build_task
+    from tensorhub_verl.demo.task import ModelSize, build_task
 
+    size = ModelSize.parse(args.model_size) if args.model_size else ModelSize()
     out = Path(args.out or tempfile.mkdtemp(prefix="tensorhub-demo-"))
     if args.hosts is not None:
         from tensorhub_verl.demo import hosts
 
         reason = hosts.unavailable_reason()
         if reason is None:
-            print(json.dumps(hosts.run(build_task(out / "task"), out, mode=args.mode, hosts=args.hosts,
-                                       steps=args.steps, quiet=args.json)))
+            task = build_task(out / "task", size=size)
+            print(json.dumps(hosts.run(task, out, mode=args.mode, hosts=args.hosts, steps=args.steps,
+                                       quiet=args.json)))
             return 0
         print(f"tensorhub demo --hosts {args.hosts}: the network lab cannot run here ({reason}); running the "
               f"single-host demo instead", flush=True)
-    job = TinyJob(task=build_task(out / "task"), out_dir=out, steps=args.steps, replicas=args.replicas,
-                  mode=args.mode)
+    job = TinyJob(task=build_task(out / "task", size=size), out_dir=out, steps=args.steps,
+                  replicas=args.replicas, mode=args.mode)
     elastic_at = None if args.no_elastic or args.steps < 4 else args.steps // 2
     result = run(job, quiet=args.json, elastic_at=elastic_at)
     print(json.dumps(result))

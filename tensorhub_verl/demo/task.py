@@ -26,6 +26,57 @@ _WORDS = ("fox", "dog", "weights", "trainer", "rollout", "holder", "version", "p
 
 
 @dataclass(frozen=True, slots=True)
+class ModelSize:
+    """The tiny model's sizes (``tensorhub demo --model-size HIDDEN,INTERMEDIATE,LAYERS``): the default is
+    ~1.5 MB of float32 a copy; at a larger one the copies' transfer, not the engines' pause, dominates a
+    step's stall."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+
+    HEADS = 4
+    """Attention heads (2 KV heads); head_dim = hidden_size / 4 must be one vLLM's attention supports."""
+
+    def __post_init__(self) -> None:
+        from tensorhub_verl.errors import ConfigError
+
+        head_dim = self.hidden_size // self.HEADS
+        if self.hidden_size % self.HEADS or head_dim < 32 or head_dim & (head_dim - 1):
+            raise ConfigError(f"--model-size: hidden_size / {self.HEADS} must be a power of two >= 32 "
+                              f"(vLLM's attention head sizes), got hidden_size {self.hidden_size}; "
+                              f"e.g. 128, 256, 512, 1024")
+        if self.intermediate_size < 1 or self.num_layers < 1:
+            raise ConfigError(f"--model-size: intermediate_size and layers must be >= 1, got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> "ModelSize":
+        """``"512,1536,4"``: hidden_size, intermediate_size, layers."""
+        from tensorhub_verl.errors import ConfigError
+
+        try:
+            hidden, intermediate, layers = (int(part) for part in text.split(","))
+        except ValueError:
+            raise ConfigError(f"--model-size takes HIDDEN,INTERMEDIATE,LAYERS (e.g. 512,1536,4), "
+                              f"got {text!r}") from None
+        return cls(hidden, intermediate, layers)
+
+    @property
+    def dir_name(self) -> str:
+        """The model's directory in the task: ``model`` at the default size, else one per size."""
+        if self == ModelSize():
+            return "model"
+        return f"model-{self.hidden_size}x{self.intermediate_size}x{self.num_layers}"
+
+    def spec(self, seed: int):
+        from tensorhub_verl.testing.tiny_model import TinyModelSpec
+
+        return TinyModelSpec(arch="qwen2", hidden_size=self.hidden_size,
+                             intermediate_size=self.intermediate_size, num_layers=self.num_layers,
+                             num_heads=self.HEADS, num_kv_heads=2, seed=seed, init_std=0.02)
+
+
+@dataclass(frozen=True, slots=True)
 class TaskFiles:
     model_dir: Path
     train_file: Path
@@ -48,19 +99,18 @@ def _prompts(count: int, seed: int) -> list[dict]:
     return rows
 
 
-def build_task(out_dir: str | Path, *, train_prompts: int = 512, val_prompts: int = 16, seed: int = 0) -> TaskFiles:
-    """Writes the tiny model, the datasets and nothing else into ``out_dir`` (idempotent)."""
+def build_task(out_dir: str | Path, *, train_prompts: int = 512, val_prompts: int = 16, seed: int = 0,
+               size: ModelSize = ModelSize()) -> TaskFiles:
+    """Writes the tiny model (of ``size``), the datasets and nothing else into ``out_dir`` (idempotent)."""
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from tensorhub_verl.testing.tiny_model import TinyModelSpec, build_tiny_model
+    from tensorhub_verl.testing.tiny_model import build_tiny_model
 
     out = Path(out_dir)
-    model_dir = out / "model"
+    model_dir = out / size.dir_name
     if not (model_dir / "config.json").exists():
-        build_tiny_model(model_dir, TinyModelSpec(arch="qwen2", hidden_size=128, intermediate_size=256,
-                                                  num_layers=2, num_heads=4, num_kv_heads=2, seed=seed,
-                                                  init_std=0.02))
+        build_tiny_model(model_dir, size.spec(seed))
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         tokenizer.chat_template = CHAT_TEMPLATE
         tokenizer.save_pretrained(str(model_dir))
@@ -69,9 +119,6 @@ def build_task(out_dir: str | Path, *, train_prompts: int = 512, val_prompts: in
     pd.DataFrame(_prompts(val_prompts, seed + 1)).to_parquet(val_file)
     return TaskFiles(model_dir=model_dir, train_file=train_file, val_file=val_file,
                      reward_file=Path(__file__).with_name("reward.py"))
-
-
-
 
 
 def main(argv: list[str] | None = None) -> int:

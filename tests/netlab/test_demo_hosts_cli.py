@@ -91,3 +91,23 @@ def test_the_summary_counts_the_trainers_copies_per_version_and_compares_the_var
                      replicas=2, rollout_dc="dc1")
     assert compare({"tensorhub": {"summary": th}, "pull_from_trainer": {"summary": base}}) == {
         "trainer_copies_ratio": 2.0, "stall_ratio": 2.0, "pull_ratio": 1.0}
+
+
+def test_the_model_size_option_reaches_the_tiny_models_config(tmp_path):
+    import json
+
+    from tensorhub_verl.demo.grpo import main
+    from tensorhub_verl.demo.task import ModelSize, build_task
+
+    size = ModelSize.parse("256,512,3")
+    task = build_task(tmp_path / "task", size=size, train_prompts=4, val_prompts=2)
+    config = json.loads((task.model_dir / "config.json").read_text())
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (256, 512, 3)
+    # Each size has its own directory, so a task directory never reuses a model of another size.
+    assert task.model_dir.name == "model-256x512x3" and ModelSize().dir_name == "model"
+    # The CLI parses the option before it builds or starts anything, and names what it accepts.
+    with pytest.raises(ConfigError, match="head sizes"):
+        main(["--model-size", "100,256,2", "--hosts", "3", "--out", str(tmp_path / "refused")])
+    with pytest.raises(ConfigError, match="HIDDEN,INTERMEDIATE,LAYERS"):
+        main(["--model-size", "512x1536x4", "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
