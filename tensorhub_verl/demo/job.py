@@ -20,7 +20,7 @@ from tensorhub_verl.verl.hydra_searchpath import conf_dir
 from tensorhub_verl.settings import PLATFORM_ENV, PLATFORM_NAME
 
 TRAINER_MODES = ("separate_async", "fully_async")
-_ENTRY_POINTS = {"separate_async": "verl.trainer.main_ppo",
+_ENTRY_POINTS = {"separate_async": "tensorhub_verl.verl.main_ppo",  # verl's main_ppo, as a module (patches reach it)
                  "fully_async": "verl.experimental.fully_async_policy.fully_async_main"}
 PROMPTS_PER_STEP = 8
 """data.train_batch_size of the preset: prompts per training step."""

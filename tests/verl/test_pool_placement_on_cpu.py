@@ -4,6 +4,9 @@ without a cluster: the settings, their trip through the job's runtime environmen
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -118,3 +121,14 @@ def test_the_patches_place_verls_task_runner_and_narrow_its_helper_loops_nodes(m
     assert agent_loop.ray.nodes() == NODES
     monkeypatch.setenv("TENSORHUB_HELPER_PLACEMENT", "resource:th_roll")
     assert [n["NodeID"] for n in agent_loop.ray.nodes()] == ["b"]
+
+
+def test_the_package_entry_point_runs_main_ppo_with_the_task_runner_patch_applied():
+    """``python -m verl.trainer.main_ppo`` runs verl's module as ``__main__``, out of the import hook's reach; the
+    package's entry point imports it as a module, so the task runner's placement patch is applied (a fresh
+    process; ``--cfg job`` composes the config and stops before Ray)."""
+    done = subprocess.run([sys.executable, "-m", "tensorhub_verl.verl.main_ppo", "--cfg", "job"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "applied verl patch verl_0_9_1_task_runner_placement" in done.stderr
+    assert "trainer:" in done.stdout
