@@ -26,6 +26,7 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.client_group import close_clients, link_siblings, results_of
 from tensorhub_verl.ros.fetcher import FetchStats
 from tensorhub_verl.ros.manifest import Manifest
 from tensorhub_verl.ros.planes import registry
@@ -152,13 +153,7 @@ class RegionalClient:
         self._pool.shutdown(wait=True)
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            try:
-                client.close(timeout)
-            except Exception:  # every region's client must get its close
-                logger.exception("%s: closing the client of %s failed", self.worker, client.hub_url)
-        if self._own_plane:
-            self._plane.close()
+        close_clients(self.worker, clients, self._plane if self._own_plane else None, timeout)
 
     def __enter__(self) -> "RegionalClient":
         return self
@@ -175,9 +170,7 @@ class RegionalClient:
                 client = Client(self.regions[name], self.worker, self.location, self._token, self.config,
                                 plane=self._plane)
                 self._clients[name] = client
-                every = tuple(self._clients.values())
-                for c in every:  # memory one region's client stops serving stays registered while another holds it
-                    c._siblings = tuple(o for o in every if o is not c)
+                link_siblings(tuple(self._clients.values()))
             return client
 
     def _register(self, tensors) -> None:
@@ -204,8 +197,4 @@ class RegionalClient:
     def _each(self, names: Sequence[str], call: Callable[[str, Client], Any]) -> list:
         """``call`` on each named region's client at once; the results in order. Waits for every call, then
         raises the first failure."""
-        futures = [self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names]
-        failures = [f.exception() for f in futures if f.exception() is not None]
-        if failures:
-            raise failures[0]
-        return [f.result() for f in futures]
+        return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])

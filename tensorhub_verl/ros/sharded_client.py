@@ -27,6 +27,7 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client import Client, ClientConfig, _full_specs
+from tensorhub_verl.ros.client_group import close_clients, link_siblings, results_of
 from tensorhub_verl.ros.fetcher import FetchStats
 from tensorhub_verl.ros.manifest import Manifest, check_buffers
 from tensorhub_verl.ros.planes import registry
@@ -59,8 +60,7 @@ class ShardedClient:
         except BaseException:
             self._close_shards(5.0)
             raise
-        for client in self.shards:
-            client._siblings = tuple(c for c in self.shards if c is not client)
+        link_siblings(self.shards)
         self.hub_urls = [client.hub_url for client in self.shards]
         # Calls on different versions may run at once (as on a Client); each takes one thread per shard.
         self._pool = ThreadPoolExecutor(4 * len(self.shards), thread_name_prefix=f"tensorhub-shards-{worker}")
@@ -205,13 +205,7 @@ class ShardedClient:
         self._close_shards(timeout)
 
     def _close_shards(self, timeout: float) -> None:
-        for client in self.shards:
-            try:
-                client.close(timeout)
-            except Exception:  # every shard's client must get its close
-                logger.exception("%s: closing the client of %s failed", self.worker, client.hub_url)
-        if self._own_plane:
-            self._plane.close()
+        close_clients(self.worker, self.shards, self._plane if self._own_plane else None, timeout)
 
     def __enter__(self) -> "ShardedClient":
         return self
@@ -240,11 +234,7 @@ class ShardedClient:
     def _each(self, call: Callable[[int, Client], Any]) -> list:
         """``call`` on every shard's client at once; the results in shard order. Waits for every call, then
         raises the first failure."""
-        futures = [self._pool.submit(call, i, client) for i, client in enumerate(self.shards)]
-        failures = [f.exception() for f in futures if f.exception() is not None]
-        if failures:
-            raise failures[0]
-        return [f.result() for f in futures]
+        return results_of([self._pool.submit(call, i, client) for i, client in enumerate(self.shards)])
 
     def _all_or_none(self, manifests: list[Manifest], call: Callable[[int, Client], FetchStats],
                      hold: bool) -> list[FetchStats]:

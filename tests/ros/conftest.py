@@ -1,6 +1,7 @@
 import pytest
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.bench.procs import Role
 
 
@@ -30,3 +31,16 @@ def roles():
             pass
     for role in started:
         role.stop(timeout=10)
+
+
+@pytest.fixture
+def two_hub_processes():
+    """Two ``tensorhub hub`` processes (a hub of shards or of regions); both stopped when the test ends."""
+    procs = []
+    try:
+        for _ in range(2):
+            procs.append(HubProcess(args=("--worker-timeout", "10")).start())
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()

@@ -11,7 +11,6 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.client import ClientConfig
 from tensorhub_verl.ros.planes.tcp import TcpPlane
 from tensorhub_verl.ros.regional_client import RegionalClient
@@ -31,16 +30,9 @@ def _where(path: str) -> dict:
 
 
 @pytest.fixture
-def regions():
+def regions(two_hub_processes):
     """Two hub processes, one per rack: regions dc0/r0 and dc0/r1."""
-    procs = []
-    try:
-        for _ in range(2):
-            procs.append(HubProcess(args=("--worker-timeout", "10")).start())
-        yield procs
-    finally:
-        for p in procs:
-            p.stop()
+    return two_hub_processes
 
 
 def _spec(procs) -> str:

@@ -12,7 +12,6 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.client import ClientConfig
 from tensorhub_verl.ros.planes.tcp import TcpPlane
 from tensorhub_verl.ros.shares import share_layout, split
@@ -24,16 +23,9 @@ CHUNK = 64 << 10
 
 
 @pytest.fixture
-def shards():
+def shards(two_hub_processes):
     """Two hub processes: the shards of one hub."""
-    procs = []
-    try:
-        for _ in range(2):
-            procs.append(HubProcess(args=("--worker-timeout", "10")).start())
-        yield procs
-    finally:
-        for p in procs:
-            p.stop()
+    return two_hub_processes
 
 
 def _url(procs) -> str:
