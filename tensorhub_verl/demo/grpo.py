@@ -183,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
 
         reason = hosts.unavailable_reason()
         if reason is None:
+            from tensorhub_verl.netlab.verl_modes import mode_lab
+
+            mode_lab(args.mode, args.hosts)  # refuses what it cannot build before the task is built
             task = build_task(out / "task", size=size)
             print(json.dumps(hosts.run(task, out, mode=args.mode, hosts=args.hosts, steps=args.steps,
                                        quiet=args.json)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -222,9 +223,16 @@ def _child(conn, spec_dict: dict) -> None:
             try:
                 if spec.api == "extension":
                     updater.shutdown()
+                # vLLM's own shutdown: its engine core, a TP>1 engine's workers, the process groups.
+                llm.llm_engine.engine_core.shutdown()
             finally:
                 conn.send((True, None))
-            return
+            # Nothing is left to release: skip the interpreter's teardown of torch's and vLLM's modules, which
+            # keeps a closed engine's process alive for seconds (a test waits for it to be gone).
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         try:
             conn.send((True, handlers[cmd](**kwargs)))
         except BaseException as e:  # noqa: BLE001 - reported to the parent with its type name

@@ -13,24 +13,36 @@ def hub():
     server.stop()
 
 
+class Roles:
+    """Starts a test's processes (``roles(target, *args)``); ``stop_all`` asks each to stop and kills the ones
+    still running after ``timeout``. A test whose hub goes away first stops its roles before that: a role
+    closing its client says goodbye to the hub, retrying a dead one for several seconds."""
+
+    def __init__(self):
+        self.started: list[Role] = []
+
+    def __call__(self, target, *args) -> Role:
+        role = Role(target, *args)
+        self.started.append(role)
+        return role
+
+    def stop_all(self, timeout: float = 10) -> None:
+        for role in self.started:
+            try:
+                role.send("stop")
+            except Exception:
+                pass
+        for role in self.started:
+            role.stop(timeout=timeout)
+        self.started.clear()
+
+
 @pytest.fixture
 def roles():
     """Processes started by a test; all are stopped (killed if need be) when it ends."""
-    started: list[Role] = []
-
-    def start(target, *args) -> Role:
-        role = Role(target, *args)
-        started.append(role)
-        return role
-
-    yield start
-    for role in started:
-        try:
-            role.send("stop")
-        except Exception:
-            pass
-    for role in started:
-        role.stop(timeout=10)
+    started = Roles()
+    yield started
+    started.stop_all()
 
 
 @pytest.fixture

@@ -69,6 +69,7 @@ def test_a_hub_restart_mid_fetch_loses_nothing(roles):
         assert sorted(client.versions("policy")[1]) == ["reader", "trainer"]  # both re-registered
         client.close()
     finally:
+        roles.stop_all()
         hub_process.kill()
 
 
@@ -128,4 +129,5 @@ def test_a_hub_frozen_past_the_worker_timeout_drops_nobody(roles, tmp_path):
         assert stats.bytes > 0
         reader.close()
     finally:
+        roles.stop_all()
         hub_process.stop()

@@ -84,6 +84,7 @@ def test_a_rank_killed_before_any_reader_has_its_chunks_hides_the_version(roles)
             with pytest.raises(VersionNotFound):
                 client.fetch("policy", "latest")
     finally:
+        roles.stop_all()
         hub.stop()
 
 
@@ -106,6 +107,7 @@ def test_ranks_and_readers_re_register_after_a_hub_restart(roles):
                 assert all(second.manifest("policy", 1).chunk_digests)
                 assert {"rank-0", "rank-1"} & set(stats.sources), stats.sources
     finally:
+        roles.stop_all()
         hub.stop()
 
 # ------------------------------------------------------------------------------------------- pure

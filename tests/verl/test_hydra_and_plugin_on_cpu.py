@@ -22,14 +22,15 @@ COMPOSE = textwrap.dedent("""
     import json, sys
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-    with initialize_config_module("verl.trainer.config", version_base=None):
-        cfg = compose("ppo_trainer", overrides=sys.argv[1:])
-    OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building workers
     from verl.utils.config import omega_conf_to_dataclass
-    ce = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
     from tensorhub_verl.verl.config import TensorHubVerlConfig
-    th = TensorHubVerlConfig.from_mapping(ce.engine_kwargs["tensorhub"])
-    print(json.dumps({"backend": ce.backend, "module": ce.custom_backend_module, "th": th.as_dict()}))
+    for overrides in json.loads(sys.argv[1]):  # one list of overrides per config, each composed afresh
+        with initialize_config_module("verl.trainer.config", version_base=None):
+            cfg = compose("ppo_trainer", overrides=overrides)
+        OmegaConf.resolve(cfg)  # as verl's TaskRunner.run does before building workers
+        ce = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
+        th = TensorHubVerlConfig.from_mapping(ce.engine_kwargs["tensorhub"])
+        print(json.dumps({"backend": ce.backend, "module": ce.custom_backend_module, "th": th.as_dict()}))
 """)
 
 
@@ -42,22 +43,28 @@ def _run(code, *args, env=None, timeout=150):
     return proc
 
 
-def _compose(*overrides, env=None):
-    return json.loads(_run(COMPOSE, *overrides, env=env).stdout.strip().splitlines()[-1])
+def _compose(*override_lists, env=None) -> list[dict]:
+    """Each list of overrides composed into verl's ppo_trainer, in one fresh process (verl imports once)."""
+    lines = _run(COMPOSE, json.dumps(override_lists), env=env).stdout.strip().splitlines()
+    return [json.loads(line) for line in lines[-len(override_lists):]]
 
 
 def test_standalone_and_cross_dc_compose_with_ppo_trainer():
     searchpath = f"hydra.searchpath=[file://{REPO}/conf]"  # the top-level link to tensorhub_verl/conf
-    out = _compose(searchpath, "+tensorhub=standalone", "tensorhub.keep_versions=4")
+    # TENSORHUB_DC in the shell: labels come from each Ray node (node_location), not from the shell of wherever
+    # verl's task runner lands.
+    standalone, float16, cross_dc = _compose(
+        [searchpath, "+tensorhub=standalone", "tensorhub.keep_versions=4"],
+        [searchpath, "+tensorhub=standalone", "actor_rollout_ref.rollout.dtype=float16"],
+        [searchpath, "+tensorhub=cross_dc", "tensorhub.location.rack=r7"], env={"TENSORHUB_DC": "eu1"})
+    out = standalone
     assert out["backend"] == "tensorhub" and out["module"] == "tensorhub_verl.verl.checkpoint_engine"
     assert out["th"]["keep_versions"] == 4 and out["th"]["staging"] == "cpu" and out["th"]["hub_address"] is None
     assert out["th"]["rollout_dtype"] == "bfloat16"  # verl's rollout.dtype default: the trainer casts to it
 
-    out = _compose(searchpath, "+tensorhub=standalone", "actor_rollout_ref.rollout.dtype=float16")
-    assert out["th"]["rollout_dtype"] == "float16"
+    assert float16["th"]["rollout_dtype"] == "float16"
 
-    # Labels come from each Ray node (node_location), not from the shell of wherever verl's task runner lands.
-    out = _compose(searchpath, "+tensorhub=cross_dc", "tensorhub.location.rack=r7", env={"TENSORHUB_DC": "eu1"})
+    out = cross_dc
     assert out["th"]["location"] == {"rack": "r7"}
     assert out["th"]["hub_url_file"] == "auto" and out["th"]["hub_placement"] == "head"
     assert out["th"]["link_capacities"]["wan_gbps"] == 100.0 and out["th"]["seeds_per_dc"] is None
@@ -70,14 +77,14 @@ def test_one_override_with_the_search_path_plugin():
     found = _run("import hydra_plugins.tensorhub_verl_searchpath as m; print(m.__file__)", env=env)
     assert Path(found.stdout.strip().splitlines()[-1]) == REPO / "hydra_plugins" / "tensorhub_verl_searchpath" / \
         "__init__.py"
-    out = _compose("+tensorhub=elastic", env=env)
+    [out] = _compose(["+tensorhub=elastic"], env=env)
     assert out["backend"] == "tensorhub" and out["th"]["keep_versions"] == 3
     assert out["th"]["hub_url_file"] == "/x/url" and out["th"]["min_replica_fraction"] == 0.5
 
 
 def test_without_the_group_verl_stays_on_naive():
     out = _run(COMPOSE.replace('th = TensorHubVerlConfig.from_mapping(ce.engine_kwargs["tensorhub"])', "th = None")
-               .replace('"th": th.as_dict()', '"th": None'))
+               .replace('"th": th.as_dict()', '"th": None'), "[[]]")
     assert json.loads(out.stdout.strip().splitlines()[-1])["backend"] == "naive"
 
 
@@ -125,9 +132,9 @@ def test_the_config_dump_never_shows_the_token():
     code = COMPOSE.replace("print(json.dumps(", "print(OmegaConf.to_yaml(cfg)); print(th.resolved_token() == "
                            f"{secret!r}); print(json.dumps(")
     env = dict(os.environ, TENSORHUB_TOKEN=secret)
-    proc = subprocess.run([sys.executable, "-c", code, f"hydra.searchpath=[file://{REPO}/conf]",
-                           "+tensorhub=standalone"], capture_output=True, text=True, timeout=150, env=env,
-                          cwd=str(REPO))
+    overrides = [[f"hydra.searchpath=[file://{REPO}/conf]", "+tensorhub=standalone"]]
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(overrides)], capture_output=True, text=True,
+                          timeout=150, env=env, cwd=str(REPO))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert "token_env: TENSORHUB_TOKEN" in proc.stdout and lines[-2] == "True"  # the token is used ...
