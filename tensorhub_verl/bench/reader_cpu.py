@@ -5,7 +5,8 @@ readers fetching it at once, window 4) with its own processes (`bench.modes_role
 that publishes, one process per reader), on loopback with the TCP data plane (``UCX_TLS=tcp``, as in the lab).
 Per round: each reader's CPU over its fetch (what it reports), and the hub's and the trainer's CPU from go to
 the last reader's return (psutil, every thread). ``--profile DIR`` also samples every process during the
-fetches with py-spy (``DIR/<role>.txt``, collapsed stacks: one line per stack, its sample count last).
+fetches with py-spy (``DIR/<role>.txt``, collapsed stacks: one line per stack, its sample count last) and prints
+the readers' samples grouped by part (``profile_shares``).
 
 Loopback moves the bytes far faster than the lab's 200 Mbit/s NICs, so costs that grow with a fetch's
 duration (polls, timers) weigh less here than there; costs per chunk, per read and per exchange are the same.
@@ -122,6 +123,32 @@ def _round(url: str, work: Path, readers: int, window: int, env: dict, hub: _Loc
             "hub_cpu_s": round(hub_cpu, 3), "trainer_cpu_s": round(trainer_cpu, 3)}
 
 
+_WAITS = ("Condition.wait", "Event.wait", "wait_file", "socket.accept", "_worker (", "Thread.start", "Runner.run")
+"""Leaf frames of a thread that waits: left out of the shares."""
+_PARTS = (("the digest", "lindigest"), ("TCP plane: receiving reads", "_Peer._receive"),
+          ("TCP plane: serving peers' reads", "ReadServer"), ("hub exchanges (HTTP client, JSON)", "HubClient"),
+          ("TCP plane: connecting to peers", "_Peer._connect"), ("the fetch loop's bookkeeping", "ChunkFetcher"))
+"""(part, a frame name that puts a stack in it), the first match wins."""
+
+
+def profile_shares(files: list[Path]) -> dict[str, float]:
+    """Each part's share of the samples in py-spy's collapsed stacks whose leaf is not a wait. py-spy counts a
+    runnable thread waiting for a core as busy: shares of running or runnable time, not exact CPU."""
+    counts: dict[str, int] = {}
+    for f in files:
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            stack, n = line.rsplit(" ", 1)
+            leaf = stack.split(";")[-1]
+            if not leaf or leaf.startswith(_WAITS):
+                continue
+            part = next((name for name, frame in _PARTS if frame in stack), "the rest")
+            counts[part] = counts.get(part, 0) + int(n)
+    busy = sum(counts.values()) or 1
+    return {part: round(n / busy, 3) for part, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tensorhub_verl.bench.reader_cpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, help="py-spy every process during the last round's fetches, into DIR")
     a = ap.parse_args(argv)
     res = run(a.size_mb, a.chunk_mb, a.readers, a.window, a.rounds, a.profile)
+    if a.profile is not None:
+        res["profile_shares"] = profile_shares(sorted(a.profile.glob("reader-*.txt")))
+        for part, share in res["profile_shares"].items():
+            print(f"readers' samples: {share:6.1%} {part}")
     for i, o in enumerate(res["rounds"]):
         print(f"round {i}: wall {o['wall_s']:.2f}s  reader CPU s {o['reader_cpu_s']}  hub {o['hub_cpu_s']:.3f}s  "
               f"trainer {o['trainer_cpu_s']:.3f}s  exchanges {o['exchanges']}")
