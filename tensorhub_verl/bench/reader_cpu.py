@@ -36,7 +36,7 @@ _TIMEOUT_S = 120.0
 class _Local(LabProcess):
     """A `modes_roles` role run as a plain process on this host (LabProcess reads its JSON lines)."""
 
-    def __init__(self, argv: list[str], name: str, env: dict[str, str]):  # noqa: D107 - no lab host
+    def __init__(self, argv: list[str], name: str, env: dict[str, str]):
         import selectors
 
         self.name = name
