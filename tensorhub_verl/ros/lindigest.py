@@ -15,10 +15,16 @@ Not cryptographic (like xxh3, which it replaces): it catches torn, stale, garbag
 chance of about 2**-62 per wrong chunk of missing them, not a forger who picks bytes to collide -- one would
 first need a credential to publish at all.
 
-Exact by construction on every device: the inner products over a group of ``GROUP`` words run as a float64
-matmul whose every partial sum is an integer below 2**53 (|word| <= 2**15, |B| < 2**21, GROUP = 2**10), the
+Exact by construction on every device: on a GPU the inner products over a group of ``GROUP`` words run as a
+float64 matmul whose every partial sum is an integer below 2**53 (|word| <= 2**15, |B| < 2**21, GROUP = 2**10), the
 rest in int64 with every product below 2**62. The weight tables are made on the host (numpy, fixed seeds) and
 copied to the device once; no byte of data leaves its device, only the final scalars come to the host.
+
+Host memory is digested with numpy in int64 (partial sums below 2**46), on the calling thread only: torch's CPU
+ops split each large op over its OpenMP threads, which then spin-wait for the next op, so on a host whose cores
+are busy (a rollout beside its peers) one chunk's digest cost several times the CPU of one thread doing it
+(``docs/control-plane.md``, "A reader's CPU per fetch"). Both ways give the same digest; tests pin each to
+``reference``.
 """
 
 from __future__ import annotations
@@ -69,17 +75,27 @@ class _Tables:
     def __init__(self):
         self._lock = threading.Lock()
         self._b = _word_weights()
+        self._b_int = self._b.astype(np.int64)
         self._a = _group_weights(1 << 16)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self._lock:
-            if groups > len(self._a):
-                self._a = _group_weights(1 << max(groups - 1, 1).bit_length())
-                self._on.clear()
+            self._grow(groups)
             if device not in self._on:
                 self._on[device] = (torch.from_numpy(self._a).to(device), torch.from_numpy(self._b).to(device))
             return self._on[device]
+
+    def host(self, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """A (int64, lanes as columns) and B (int64) for ``_host_words``."""
+        with self._lock:
+            self._grow(groups)
+            return self._a, self._b_int
+
+    def _grow(self, groups: int) -> None:
+        if groups > len(self._a):
+            self._a = _group_weights(1 << max(groups - 1, 1).bit_length())
+            self._on.clear()
 
 
 _TABLES = _Tables()
@@ -102,7 +118,47 @@ def zero(device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 def _words(words: torch.Tensor, row0: int, col0: int, groups: int) -> torch.Tensor:
-    """Digest lanes of int16 ``words`` [rows, n] lying at grid rows ``row0``.. and word columns ``col0``..
+    """Digest lanes of int16 ``words`` [rows, n] lying at grid rows ``row0``.. and word columns ``col0``..:
+    numpy on this thread for host memory, torch ops on the device for the rest (see the module's docstring)."""
+    if words.device.type == "cpu":
+        return torch.from_numpy(_host_words(words.detach().numpy(), row0, col0, groups))
+    return _device_words(words, row0, col0, groups)
+
+
+def _host_words(x: np.ndarray, row0: int, col0: int, groups: int) -> np.ndarray:
+    """``_device_words`` in numpy int64: the same column ranges, each word times its B exactly (no float)."""
+    rows, n = x.shape
+    acc = np.zeros(LANES, dtype=np.int64)
+    if not rows or not n:
+        return acc
+    a, b = _TABLES.host((row0 + rows) * groups)
+    step = max(1, _BATCH_WORDS // n)
+    for r in range(0, rows, step):
+        block = x[r:r + step]
+        m = block.shape[0]
+        first = np.arange(row0 + r, row0 + r + m, dtype=np.int64) * groups
+        c = 0
+        while c < n:
+            q, off = divmod(col0 + c, GROUP)
+            if off == 0 and n - c >= GROUP:  # whole groups, at most a batch of words at a time
+                k = min((n - c) // GROUP, max(1, _BATCH_WORDS // (GROUP * m)))
+                y = block[:, c:c + k * GROUP].astype(np.int64).reshape(m * k, GROUP) @ b
+                g = (first[:, None] + (q + np.arange(k, dtype=np.int64))[None]).reshape(-1)
+                width = k * GROUP
+            else:
+                width = min(GROUP - off, n - c)
+                y = block[:, c:c + width].astype(np.int64) @ b[off:off + width]
+                g = first + q
+            y %= P
+            y *= a[g]
+            y %= P
+            acc = (acc + y.sum(0)) % P
+            c += width
+    return acc
+
+
+def _device_words(words: torch.Tensor, row0: int, col0: int, groups: int) -> torch.Tensor:
+    """Digest lanes of int16 ``words`` [rows, n] on their device (torch ops).
 
     Column by column range: a run of whole weight groups goes as one [rows * k, GROUP] matmul, a part of one
     group as [rows, part] times that part of B; nothing is padded, so narrow rows cost what they hold."""

@@ -165,3 +165,18 @@ def test_a_reader_republishes_what_it_fetched_with_the_digests_it_checked(hub, m
         assert again.chunk_digests == published.chunk_digests and again.block_digests == published.block_digests
         with pytest.raises(AssertionError, match="computed again"):  # another chunk map: computed, not reused
             engine.publish("policy", 1, buffers, chunk_bytes=8192, verified=stats.manifest)
+
+
+def test_host_memory_is_digested_in_numpy_with_the_lanes_of_the_device_path():
+    """The host path (numpy int64 on the calling thread) against the device path (torch float64 matmuls) run on the
+    same CPU words: odd column offsets and widths, grid rows past the first, and rows longer than a batch."""
+    rng = torch.Generator().manual_seed(7)
+    cases = [((1, 3 * lindigest._BATCH_WORDS + 517), 0, 0, 1600), ((1, 70_000), 5, 1000, 90),
+             ((37, 2100), 3, 1000, 4), ((513, 64), 0, 5, 1), ((4, 1024), 1, 0, 2), ((1, 1), 9, 1023, 2)]
+    for shape, row0, col0, groups in cases:
+        words = torch.randint(-(1 << 15), 1 << 15, shape, generator=rng, dtype=torch.int32).to(torch.int16)
+        host = lindigest._words(words, row0, col0, groups)
+        assert host.dtype == torch.int64 and host.shape == (lindigest.LANES,)
+        assert host.tolist() == lindigest._device_words(words, row0, col0, groups).remainder(lindigest.P).tolist()
+        strided = words.t().contiguous().t()  # a column-major view: numpy reads it through its strides
+        assert lindigest._words(strided, row0, col0, groups).tolist() == host.tolist()
