@@ -9,8 +9,8 @@ on one model's changes only; a change that names no model wakes every waiter.
 A reader waiting for work parks under the state lock, in the same critical section as the plan that found none
 (``park_reader``), so no change can come between its look and its wait. A change of holdings, a failure, a
 quarantine's end or an overdue lease (``notify``) wakes every parked reader of the model. A report of landed
-reads wakes only the few that it can give work to (``wake_readers``): those the caller's test says can use what
-the report freed, oldest parked first, at most as many as the slots it freed. A reader woken so that still finds
+reads wakes only the few that it can give work to (``wake_readers``): those the caller ranks as able to use what
+the report freed, the best ranked (the nearest) first, at most as many as the slots it freed. A reader woken so that still finds
 no work hands its wake on to the next such reader (``pass_on``), so a freed slot is not left idle while a reader
 that could use it sleeps. Every parked reader also wakes at its own timeout.
 """
@@ -25,9 +25,10 @@ from typing import Callable, Hashable
 
 @dataclass(eq=False)
 class Wake:
-    """One report's wake: which parked readers of ``key`` it may serve (``can_use(holder)``), and whom it woke."""
+    """One report's wake: which parked readers of ``key`` it may serve and in what order (``rank(holder)``: None,
+    it cannot; else the lower, the sooner), and whom it woke."""
     key: Hashable
-    can_use: Callable[[str], bool]
+    rank: Callable[[str], int | None]
     tried: set[str] = field(default_factory=set)
 
 
@@ -84,8 +85,8 @@ class Changes:
             self._readers.setdefault(key, {})[holder] = park
 
     def wake_readers(self, wake: Wake, budget: int) -> None:
-        """A report for ``wake.key`` landed: wakes up to ``budget`` parked readers that ``wake.can_use``, the
-        oldest first (threads on the condition all wake). The caller holds the state lock."""
+        """A report for ``wake.key`` landed: wakes up to ``budget`` parked readers that ``wake.rank`` admits, the
+        best ranked first (threads on the condition all wake). The caller holds the state lock."""
         self.condition.notify_all()
         self._resolve(self._take(wake, budget), wake)
 
@@ -145,25 +146,25 @@ class Changes:
         return list(queue.values())
 
     def _take(self, wake: Wake, budget: int) -> list[ReaderPark]:
-        """Up to ``budget`` readers parked for ``wake.key`` that it has not woken and that it can serve, oldest
-        first. ``can_use`` runs under the state lock (the caller's), outside ``_guard``."""
+        """Up to ``budget`` readers parked for ``wake.key`` that it has not woken and that it can serve, the best
+        ranked first, then the oldest. ``rank`` runs under the state lock (the caller's), outside ``_guard``."""
         with self._guard:
             queue = list(self._readers.get(wake.key, {}).values())
+        ranked = sorted((rank, age, park) for age, park in enumerate(queue)
+                        if park.holder not in wake.tried and (rank := wake.rank(park.holder)) is not None)
         taken = []
-        for park in queue:
-            if len(taken) >= budget:
-                break
-            if park.holder in wake.tried or not wake.can_use(park.holder):
-                continue
-            with self._guard:
-                current = self._readers.get(wake.key, {})
+        with self._guard:
+            current = self._readers.get(wake.key, {})
+            for _rank, _age, park in ranked:
+                if len(taken) >= budget:
+                    break
                 if current.get(park.holder) is not park:
                     continue  # its timeout fired meanwhile
                 del current[park.holder]
-                if not current:
-                    del self._readers[wake.key]
-            wake.tried.add(park.holder)
-            taken.append(park)
+                wake.tried.add(park.holder)
+                taken.append(park)
+            if not current:
+                self._readers.pop(wake.key, None)
         return taken
 
     def _resolve(self, parks: list[ReaderPark], wake: Wake | None) -> None:

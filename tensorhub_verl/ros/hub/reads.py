@@ -230,21 +230,29 @@ class ReadDesk:
         past.clear()
         return revoked, landed
 
-    def wake_for(self, key: Key, record: VersionRecord, landed: list[Lease]) -> tuple[Wake, int]:
-        """Which parked readers of ``key`` the reads ``landed`` may give work to, and at most how many: each
-        landed lease freed a slot of its source, and the reporter now serves those chunks with a source's
-        ``max_inflight_per_source`` slots. A reader may use them when it lacks one of those chunks, or when a
-        freed source holds every chunk; a ranged reader (``need``) always looks."""
+    def wake_for(self, key: Key, record: VersionRecord, reporter: Holding,
+                 landed: list[Lease]) -> tuple[Wake, int]:
+        """Which parked readers of ``key`` the reads ``landed`` may give work to, in what order, and at most how
+        many: each landed lease freed a slot of its source, and the reporter now serves those chunks with a
+        source's ``max_inflight_per_source`` slots. A reader that lacks one of those chunks may read it from the
+        reporter, the nearer the likelier (rules 1-2: it waits for a nearer reader's pull, then reads from it);
+        one that lacks none may still use a freed slot of a source that holds every chunk; a ranged reader
+        (``need``) always looks."""
         ranges = [(lease.chunk, lease.chunk + lease.count) for lease in landed]
-        any_reader = any((source := record.holdings.get(lease.source)) is not None and source.chunks is None
-                         for lease in landed)
+        complete_freed = any((source := record.holdings.get(lease.source)) is not None and source.chunks is None
+                             for lease in landed)
+        here = self.registry.get(reporter.worker)
+        far = int(Distance.WAN) + 1
 
-        def can_use(holder: str) -> bool:
+        def rank(holder: str) -> int | None:
             h = record.holdings.get(holder)
-            if any_reader or h is None or h.chunks is None or h.need is not None:
-                return True
-            return any(first_missing(h.chunks, start, end) < end for start, end in ranges)
-        return Wake(key, can_use), len(landed) + self.planner.max_inflight_per_source
+            if h is None or h.chunks is None or h.need is not None:
+                return 0
+            if any(first_missing(h.chunks, start, end) < end for start, end in ranges):
+                worker = self.registry.get(h.worker)
+                return int(here.location.distance(worker.location)) if here and worker else 0
+            return far if complete_freed else None
+        return Wake(key, rank), len(landed) + self.planner.max_inflight_per_source
 
     def _land(self, record: VersionRecord, holding: Holding, lease: Lease, chunks) -> None:
         """Books chunks of ``lease`` as landed: the reader holds them (and serves the whole ones)."""

@@ -393,7 +393,7 @@ class HubState:
             if req.failed:
                 self.changes.notify(req.model)  # a source failed: every reader waiting for work looks again
             elif landed:
-                self.changes.wake_readers(*self.reads.wake_for(key, record, landed))
+                self.changes.wake_readers(*self.reads.wake_for(key, record, holding, landed))
             deadline = self._clock() + req.wait_s
             while True:
                 self._expire_leases()
