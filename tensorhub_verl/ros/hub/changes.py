@@ -96,20 +96,22 @@ class Changes:
         self._resolve(self._take(wake, 1), wake)
 
     async def wait_parked(self, park: ReaderPark, timeout: float) -> tuple[bool, Wake | None]:
-        """Awaits ``park``'s wake for at most ``timeout`` seconds; (woken, the report's wake or None). On a
-        timeout the reader leaves the queue."""
+        """Awaits ``park``'s wake for at most ``timeout`` seconds; (woken, the report's wake or None). A reader
+        that times out (or whose request is cancelled) leaves the queue, so no wake is spent on it."""
         try:
             return True, await asyncio.wait_for(asyncio.shield(park.future), max(0.0, timeout))
         except asyncio.TimeoutError:
+            pass
+        finally:
             with self._guard:
                 queue = self._readers.get(park.key)
                 if queue is not None and queue.get(park.holder) is park:
                     del queue[park.holder]
                     if not queue:
                         del self._readers[park.key]
-            if park.future.done():  # woken as the timeout fired: the wake is not lost
-                return True, park.future.result()
-            return False, None
+        if park.future.done():  # woken as the timeout fired: the wake is not lost
+            return True, park.future.result()
+        return False, None
 
     def parked_readers(self, key: Hashable) -> list[str]:
         """The holders parked for ``key``, oldest first."""

@@ -157,3 +157,16 @@ def test_changes_wakes_by_rank_within_the_budget_and_a_wake_it_cannot_use_is_han
         assert await changes.wait_parked(parks["p"], 0.01) == (False, None)
         assert changes.parked_readers("k") == []
     asyncio.run(scenario())
+
+
+def test_a_cancelled_parked_exchange_leaves_the_queue():
+    async def scenario():
+        hub = Hub({"a": "n0", "b": "n1"})
+        hub.begin("a")
+        assert (await hub.exchange("a", want=8)).assignments
+        hub.begin("b")
+        tasks = await hub.park("b")
+        tasks["b"].cancel()  # the client went away
+        await _settle()
+        assert hub.state.changes.parked_readers(KEY) == []
+    asyncio.run(scenario())
