@@ -12,6 +12,7 @@ cProfile of it). The hub's own work per update, apart from HTTP (docs/control-pl
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import json
 import pstats
@@ -19,6 +20,7 @@ import sys
 import time
 
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub import fetch_routes
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
@@ -26,18 +28,30 @@ from tensorhub_verl.ros.planner import PlannerConfig
 from tensorhub_verl.ros.wire_convert import manifest_to_msg
 
 _CHUNK = 4096
+_WAIT_S = 0.2
+"""A parked reader's ``wait_s`` (``--parked``), as the fetcher's."""
 
 
 def run(readers: int, chunks: int, run_chunks: int, window: int, gpus_per_node: int, nodes_per_rack: int,
-        config: HubConfig | None = None) -> dict:
+        config: HubConfig | None = None, parked: bool = False) -> dict:
     tensor = TensorSpec("w", (chunks * _CHUNK,), "uint8", chunks * _CHUNK)
     manifest = Manifest("m", 1, "hf", (tensor,), _CHUNK, "f")
     hub = HubState(config or HubConfig(lease_ttl_s=3600, worker_timeout_s=3600))
+    plans = [0]
+    plan = hub.exchange
+
+    def counted(*args):
+        plans[0] += 1
+        return plan(*args)
+    hub.exchange = counted
     key = dict(model="m", version=1, layout="hf")
 
+    credentials: dict[str, str] = {}
+
     def register(worker: str, rack: str, node: str) -> None:
-        hub.register_worker(msg.RegisterWorker(worker=worker, location=msg.LocationMsg(dc="dc0", rack=rack, node=node),
-                                               agent_name=f"{worker}-agent", agent_metadata_b64="AAAA"))
+        credentials[worker] = hub.register_worker(msg.RegisterWorker(
+            worker=worker, location=msg.LocationMsg(dc="dc0", rack=rack, node=node), agent_name=f"{worker}-agent",
+            agent_metadata_b64="AAAA")).credential
 
     register("trainer", "k0", "trainer")
     manifest_msg = manifest_to_msg(manifest).model_copy(update={"chunk_digests": ["0" * 16] * chunks})
@@ -52,6 +66,10 @@ def run(readers: int, chunks: int, run_chunks: int, window: int, gpus_per_node: 
     done: set[str] = set()
     exchanges = leases = from_trainer = 0
     started = time.process_time()
+    if parked:
+        exchanges, leases, from_trainer = asyncio.run(_parked_readers(hub, names, credentials, key, window,
+                                                                      run_chunks))
+        done.update(names)
     while len(done) < readers:
         for name in names:
             if name in done:
@@ -66,12 +84,42 @@ def run(readers: int, chunks: int, run_chunks: int, window: int, gpus_per_node: 
                 hub.end_fetch(msg.EndFetch(worker=name, holder=name, ok=True, hold=True, **key))
                 done.add(name)
     cpu = time.process_time() - started
-    return {"readers": readers, "chunks": chunks, "run_chunks": run_chunks, "hub_cpu_s": round(cpu, 3),
+    extra = {"woken": getattr(hub.changes, "woken", None), "plans": plans[0]} if parked else {}
+    return extra | {"readers": readers, "chunks": chunks, "run_chunks": run_chunks, "hub_cpu_s": round(cpu, 3),
             "exchanges": exchanges, "exchanges_per_reader": round(exchanges / readers, 1),
             "hub_cpu_per_exchange_ms": round(1000 * cpu / exchanges, 3),
             "hub_cpu_per_reader_ms": round(1000 * cpu / readers, 2),
             "leases_per_exchange": round(leases / exchanges, 2),
             "peer_read_share": round(1 - from_trainer / (readers * chunks), 4)}
+
+
+async def _parked_readers(hub: HubState, names: list[str], credentials: dict[str, str], key: dict, window: int,
+                          run_chunks: int) -> tuple[int, int, int]:
+    """Every reader a coroutine that reports its landed reads in an exchange that waits for work (``wait_s``), as
+    ``bench control``'s readers do, through the hub's own route (``fetch_routes.exchange``: parking and wakes);
+    the state calls run on the loop (no threads). Returns exchanges, leases and chunk reads from the trainer."""
+    counts = [0, 0, 0]
+
+    async def direct(fn, *args):
+        return fn(*args)
+
+    async def reader(name: str) -> None:
+        completed: list[int] = []
+        while True:
+            reply = await fetch_routes.exchange(hub, direct, msg.Exchange(
+                worker=name, holder=name, completed=completed, want=window, run_chunks=run_chunks,
+                wait_s=_WAIT_S, **key), credentials[name])
+            counts[0] += 1
+            completed = [a.lease for a in reply.assignments]
+            counts[1] += len(completed)
+            counts[2] += sum(a.count for a in reply.assignments if a.source == "trainer")
+            if reply.have == reply.total and not completed:
+                hub.end_fetch(msg.EndFetch(worker=name, holder=name, ok=True, hold=True, **key))
+                return
+            await asyncio.sleep(0)  # the reads "land": other readers run meanwhile
+
+    await asyncio.gather(*(reader(name) for name in names))
+    return counts[0], counts[1], counts[2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,12 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-partial-sources", type=int, default=None,
                         help="PlannerConfig.max_partial_sources (0: None, every partial holder; default: the default)")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of the update")
+    parser.add_argument("--parked", action="store_true",
+                        help="readers report in exchanges that wait for work, parked and woken by the hub's route")
     args = parser.parse_args(argv)
     planner = PlannerConfig() if args.max_partial_sources is None else \
         PlannerConfig(max_partial_sources=args.max_partial_sources or None)
     config = HubConfig(lease_ttl_s=3600, worker_timeout_s=3600, planner=planner)
     point = lambda: run(args.readers, args.chunks, args.run_chunks, args.window, args.gpus_per_node,  # noqa: E731
-                        args.nodes_per_rack, config)
+                        args.nodes_per_rack, config, args.parked)
     if args.profile:
         profile = cProfile.Profile()
         result = profile.runcall(point)

@@ -5,7 +5,8 @@ booked, /v1/fetch/end holding the version) but moves no bytes: each assigned rea
 ``1 / rate`` seconds per chunk when a per-reader rate is set (reads of one reader land one after another, as
 they would on one NIC). It reports as the real fetcher does: the landed leases go with the next exchange, which
 asks for a full window, each lease a run of up to ``run_chunks`` chunks (``Exchange.run_chunks``). A reader
-with nothing to do asks with a 0.2 s wait, as the fetcher does when idle.
+with nothing in flight asks with a 0.2 s wait, as the fetcher does: its landed reads go with that exchange,
+which the hub parks until it has work for the reader.
 
 With several hub shards (``bench control --shards K``) a reader registers with the shards the job lists for it
 (``reader_shards``) and fetches their shares of the version at once (one begin, exchanges and end per shard): every
@@ -57,7 +58,7 @@ class _Reader:
         self.from_peers = 0
         """Chunk reads assigned to another reader (not the trainer): the swarm spreading."""
         self.waits: list[float] = []
-        """Seconds per exchange that asked for work while the reader had reads to report (not idle long-polls)."""
+        """Seconds per exchange that got work (the begin's, and those that parked until some came)."""
         self.idle_waits = 0
         self.done = False
         self.seconds = 0.0
@@ -96,18 +97,16 @@ class _Reader:
                 await asyncio.sleep(chunks / job["rate"])
             if time.perf_counter() > self.stop_at:
                 return False
-            idle = not leases
             sent = time.perf_counter()
             reply = await http.post("/v1/fetch/exchange", headers=headers, json=who | {
-                "completed": leases, "want": window, "run_chunks": job["run_chunks"],
-                "wait_s": _IDLE_WAIT_S if idle else 0.0})
+                "completed": leases, "want": window, "run_chunks": job["run_chunks"], "wait_s": _IDLE_WAIT_S})
             reply.raise_for_status()
-            if idle:
-                self.idle_waits += 1
-            else:
-                self.waits.append(time.perf_counter() - sent)
             self.exchanges += 1
             body = reply.json()
+            if body["assignments"]:
+                self.waits.append(time.perf_counter() - sent)
+            else:
+                self.idle_waits += 1
             if body["revoked"]:
                 raise RuntimeError(f"{self.name}: leases revoked {body['revoked'][:4]}: the bench outran lease_ttl")
         reply = await http.post("/v1/fetch/end", headers=headers, json=who | {

@@ -304,7 +304,9 @@ class ChunkFetcher:
                 ask = (room * 2 >= window or not self._inflight) and now >= starved_until
                 stale = bool(self._inflight) and now - last_exchange >= self._settings.refresh_s
                 if report or ask or stale:
-                    idle = not self._inflight and not done and not failed
+                    # Nothing left in flight: the exchange that reports the last landings also waits for work
+                    # (the hub parks it when it has none), instead of a second exchange asking again.
+                    idle = not self._inflight and not self._wan_queue
                     reported, asked_for = done + [f.lease for f in failed if f.landed], max(room, 0)
                     last_exchange = sent = now
                     self.stats.exchanges += 1

@@ -83,9 +83,9 @@ def test_parked_exchanges_hold_no_threads_that_registration_and_publish_need():
     asked: set[str] = set()
     exchange = server.state.exchange
 
-    def counting_exchange(req):
+    def counting_exchange(req, *park):
         asked.add(req.worker)
-        return exchange(req)
+        return exchange(req, *park)
 
     server.state.exchange = counting_exchange
     try:

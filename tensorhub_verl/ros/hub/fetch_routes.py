@@ -17,6 +17,7 @@ as FastAPI checked it (1 to 256 characters, else 422 ``InvalidRequest``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from urllib.parse import parse_qsl
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub.changes import ReaderPark, Wake
 from tensorhub_verl.ros.hub.state_calls import StateCalls
 from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
@@ -61,9 +63,10 @@ def _begin(state: HubState, req: msg.BeginFetch, credential: str) -> msg.BeginFe
         return msg.BeginFetchReply(first=first)
 
 
-def _exchange(state: HubState, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
+def _exchange(state: HubState, req: msg.Exchange, credential: str, park: ReaderPark | None = None,
+              woken: Wake | None = None) -> msg.ExchangeReply:
     with state.acting_as(req.worker, credential):
-        return state.exchange(req)
+        return state.exchange(req, park, woken)
 
 
 async def begin(state: HubState, off_loop: StateCalls, req: msg.BeginFetch, credential: str) -> msg.BeginFetchReply:
@@ -73,24 +76,26 @@ async def begin(state: HubState, off_loop: StateCalls, req: msg.BeginFetch, cred
 
 async def exchange(state: HubState, off_loop: StateCalls, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
     """``/v1/fetch/exchange``. One that may wait for work parks on the event loop and holds no thread while it
-    waits: a thousand idle readers then hold no threads that others need. The first try books the reports; later
-    tries only ask again, each after a change of the model's state (``HubState.changes``: a lease ended, a version
-    came or went), while the hub says the fetch waits for work (as ``HubState.exchange`` decides); the leases any
-    try revoked are all returned."""
-    seen = state.changes.seq
-    reply = await off_loop(_exchange, state, req.model_copy(update={"wait_s": 0.0}) if req.wait_s else req,
-                           credential)
+    waits: a thousand idle readers then hold no threads that others need. The first try books the reports; when
+    it gets no work and the hub says the fetch waits for some, the same state call parks the reader
+    (``HubState.exchange``), which then waits until a change may give it work (``Changes``: a report it can use,
+    a version came or went, a source failed) or ``wait_s`` passes, and asks again; the leases any try revoked are
+    all returned."""
     if not req.wait_s:
-        return reply
+        return await off_loop(_exchange, state, req, credential)
     deadline = time.monotonic() + req.wait_s
-    again = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
-    revoked = set(reply.revoked)
-    while not reply.assignments and time.monotonic() < deadline \
-            and await off_loop(state.fetch_waits_for_work, req):
-        await state.changes.wait_async(seen, deadline - time.monotonic(), req.model)
-        seen = state.changes.seq
-        reply = await off_loop(_exchange, state, again, credential)
+    loop = asyncio.get_running_loop()
+    current, woken, revoked = req.model_copy(update={"wait_s": 0.0}), None, set()
+    while True:
+        park = ReaderPark(loop) if time.monotonic() < deadline else None
+        reply = await off_loop(_exchange, state, current, credential, park, woken)
         revoked.update(reply.revoked)
+        if park is None or not park.parked:
+            break
+        awake, woken = await state.changes.wait_parked(park, deadline - time.monotonic())
+        if not awake:
+            break
+        current = req.model_copy(update={"completed": [], "failed": [], "wait_s": 0.0})
     return reply.model_copy(update={"revoked": sorted(revoked)}) if revoked else reply
 
 

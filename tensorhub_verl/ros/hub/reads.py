@@ -13,6 +13,7 @@ from typing import AbstractSet, Iterator
 
 from tensorhub_verl.errors import NotOwner
 from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.hub.changes import Wake
 from tensorhub_verl.ros.hub.chunk_index import candidate_stride, candidates_for
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.quarantine import Quarantine
@@ -187,11 +188,12 @@ class ReadDesk:
              for seg in record.chunks[chunk].segments] for chunk in lease.chunks])
         return grants.sign(key, lease.id, grants.expiry_ms(self.lease_ttl_s), ranges)
 
-    def settle(self, req: msg.Exchange, record: VersionRecord, holding: Holding, now: float) -> tuple[set[int], bool]:
-        """Books the reader's finished and failed reads; returns the leases it must redo, and whether any read
-        was booked (waiters look again)."""
+    def settle(self, req: msg.Exchange, record: VersionRecord, holding: Holding,
+               now: float) -> tuple[set[int], list[Lease]]:
+        """Books the reader's finished and failed reads; returns the leases it must redo, and the leases whose
+        reads landed whole (each freed a slot of its source and made the reader a source of its chunks)."""
         book = self.leases.book
-        revoked = set()
+        revoked, landed = set(), []
         past = self.leases.take_revoked(req.holder)
         for lease_id in req.completed:
             lease = book.get(lease_id)
@@ -204,6 +206,7 @@ class ReadDesk:
             book.pop(lease_id)
             holding.settled.add(lease_id)
             self._land(record, holding, lease, lease.chunks)
+            landed.append(lease)
         for failure in req.failed:
             lease = book.get(failure.lease)
             if lease is None or lease.reader != req.holder:
@@ -225,7 +228,31 @@ class ReadDesk:
         # abandons those reads if still in flight and the chunks are planned again.
         revoked |= past
         past.clear()
-        return revoked, bool(req.completed or req.failed)
+        return revoked, landed
+
+    def wake_for(self, key: Key, record: VersionRecord, reporter: Holding,
+                 landed: list[Lease]) -> tuple[Wake, int]:
+        """Which parked readers of ``key`` the reads ``landed`` may give work to, in what order, and at most how
+        many: each landed lease freed a slot of its source, and the reporter now serves those chunks with a
+        source's ``max_inflight_per_source`` slots. A reader that lacks one of those chunks may read it from the
+        reporter, the nearer the likelier (rules 1-2: it waits for a nearer reader's pull, then reads from it);
+        one that lacks none may still use a freed slot of a source that holds every chunk; a ranged reader
+        (``need``) always looks."""
+        ranges = [(lease.chunk, lease.chunk + lease.count) for lease in landed]
+        complete_freed = any((source := record.holdings.get(lease.source)) is not None and source.chunks is None
+                             for lease in landed)
+        here = self.registry.get(reporter.worker)
+        far = int(Distance.WAN) + 1
+
+        def rank(holder: str) -> int | None:
+            h = record.holdings.get(holder)
+            if h is None or h.chunks is None or h.need is not None:
+                return 0
+            if any(first_missing(h.chunks, start, end) < end for start, end in ranges):
+                worker = self.registry.get(h.worker)
+                return int(here.location.distance(worker.location)) if here and worker else 0
+            return far if complete_freed else None
+        return Wake(key, rank), len(landed) + self.planner.max_inflight_per_source
 
     def _land(self, record: VersionRecord, holding: Holding, lease: Lease, chunks) -> None:
         """Books chunks of ``lease`` as landed: the reader holds them (and serves the whole ones)."""

@@ -60,7 +60,7 @@ from typing import Callable, TypeVar
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, VersionNotFound
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub.admission import check_copy, check_non_owner_creates_nothing, check_pending_budget
-from tensorhub_verl.ros.hub.changes import Changes
+from tensorhub_verl.ros.hub.changes import Changes, ReaderPark, Wake
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.preserve import must_preserve
@@ -371,9 +371,13 @@ class HubState:
             self.leases.forget_revoked(req.holder)
             return record.manifest
 
-    def exchange(self, req: msg.Exchange) -> msg.ExchangeReply:
+    def exchange(self, req: msg.Exchange, park: ReaderPark | None = None,
+                 woken: Wake | None = None) -> msg.ExchangeReply:
         """Books the reader's reports and plans its next reads; with ``wait_s``, waits (on the lock's condition)
-        until some work can be planned, the fetch needs none, or ``wait_s`` passes."""
+        until some work can be planned, the fetch needs none, or ``wait_s`` passes. With ``park`` (the event
+        loop's wait, ``fetch_routes.exchange``), a reader that gets no work and waits for some is parked in the
+        same critical section (``Changes.park_reader``); ``woken``: the report's wake that woke it, handed on
+        when it still gets no work."""
         key = (req.model, req.version, req.layout)
         with self._lock:
             reader = self.registry.require(req.worker)
@@ -385,9 +389,11 @@ class HubState:
                 raise NotOwner(f"holder {req.holder!r} belongs to worker {holding.worker!r}")
             if holding is None or holding.state != HoldingState.FILLING:
                 raise UnknownFetch(f"{req.holder} has no fetch of {key} in progress; begin the fetch first")
-            revoked, booked = self.reads.settle(req, record, holding, self._clock())
-            if booked:
-                self.changes.notify(req.model)
+            revoked, landed = self.reads.settle(req, record, holding, self._clock())
+            if req.failed:
+                self.changes.notify(req.model)  # a source failed: every reader waiting for work looks again
+            elif landed:
+                self.changes.wake_readers(*self.reads.wake_for(key, record, holding, landed))
             deadline = self._clock() + req.wait_s
             while True:
                 self._expire_leases()
@@ -397,19 +403,15 @@ class HubState:
                 if assignments or remaining <= 0 or not self.reads.waits_for_work(key, record, holding):
                     break
                 self.changes.wait(self._until_next_due(remaining, self.quarantine.next_end(self._clock())))
-            return self.reads.lease(req, key, record, holding, reader.location, assignments, revoked,
-                                    unservable_now=lambda: unservable(needed, everyone(), req.holder),
-                                    ids=self._ids, now=self._clock())
-
-    def fetch_waits_for_work(self, req: msg.Exchange) -> bool:
-        """Whether an exchange of ``req``'s fetch that got no work should keep waiting for some: as ``exchange``
-        itself decides when ``wait_s`` is set (the route that parks exchanges on the event loop asks this)."""
-        key = (req.model, req.version, req.layout)
-        with self._lock:
-            record = self.store.get(key)
-            holding = record.holdings.get(req.holder) if record else None
-            return holding is not None and holding.state == HoldingState.FILLING \
-                and self.reads.waits_for_work(key, record, holding)
+            reply = self.reads.lease(req, key, record, holding, reader.location, assignments, revoked,
+                                     unservable_now=lambda: unservable(needed, everyone(), req.holder),
+                                     ids=self._ids, now=self._clock())
+            if not assignments:
+                if park is not None and self.reads.waits_for_work(key, record, holding):
+                    self.changes.park_reader(park, key, req.holder, req.model)
+                if woken is not None:
+                    self.changes.pass_on(woken)  # a wake this reader could not use: the next reader looks
+            return reply
 
     def end_fetch(self, req: msg.EndFetch) -> msg.EndFetchAck:
         key = (req.model, req.version, req.layout)
