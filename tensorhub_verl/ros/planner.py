@@ -27,6 +27,8 @@ holders and readers that are still filling), and:
      rollout 2.52 s instead of 2.78 s (the floor is 2.0 s); the lab workload (8 readers of 32 chunks
      from one trainer) is unchanged (3.62 vs 3.61 s), its trainer serving 1.09x the version instead
      of 1.03x.
+     A standby holder (a publisher's copy in a region fed by another region, ``messages.STANDBY_SUFFIX``) comes
+     after every other free holder as near, whatever its reads in flight.
 
 Chunks are visited starting at a reader-specific offset so that readers started together ask for
 different chunks first and have something to trade.
@@ -52,6 +54,7 @@ from typing import AbstractSet, Callable, Mapping, Sequence
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.intervals import Coverage, first_held, first_missing
+from tensorhub_verl.ros.messages import STANDBY_SUFFIX
 from tensorhub_verl.ros.topology import Distance, Location
 
 
@@ -233,7 +236,8 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
                 and (share is None or own[h.holder] < share)]
         if not free:
             continue
-        best = min(free, key=lambda h: (inflight.of(h), h.served_bytes, h.holder))  # rule 6
+        best = min(free, key=lambda h: (h.holder.endswith(STANDBY_SUFFIX), inflight.of(h), h.served_bytes,
+                                        h.holder))  # rule 6
         inflight.add(best)
         own[best.holder] += 1
         count = runs.extend(chunk, best, nearest, wan_busy) if runs is not None else 1

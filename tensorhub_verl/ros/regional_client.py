@@ -3,8 +3,18 @@
 - **Reads stay in the region**: a worker fetches from its own region's hub only, so it is planned on, and
   becomes a source for, the holders of its region only; no other region's hub hears of it.
 - **Publishing**: a publisher (the trainer) publishes every version to every region's hub, over one data plane
-  (each hub knows the same agent and grant key, and signs TCP grants for its own readers' leases). Each region's
-  first copy comes from the publisher: K regions read K copies from it, spread by each region's planner.
+  (each hub knows the same agent and grant key, and signs TCP grants for its own readers' leases). Without
+  relays each region's first copy comes from the publisher: K regions read K copies from it.
+- **Relays** (``FetchConfig.relay_fanout`` > 0): the regions of each datacenter form a tree
+  (``regions.relay_parents``). In a region with a parent the publisher holds its copy as a *standby*
+  (``Client.publish(standby=True)``: read only where no other holder as near has a free slot), and that
+  region's readers wait (``relay_wait_s`` at most) until a reader of the parent region that completed the version
+  registers its checked copy there as ``<worker>~relay`` (``Client.relay``; at most the first two completed
+  readers of a region, in each of its children where none is registered yet, and only where the version is
+  visible: committed). So a datacenter's copy crosses the WAN once, and the publisher serves one copy per tree
+  root. A relay copy is the reader's own buffers: its ``unpublish`` (and ``close``, and retention) drains it in
+  every region; a relay that dies is dropped by that region's hub as any holder is, and its reads re-planned
+  (onto other holders, or the standby). Digests still check every chunk read from it.
 - **Visibility** (two phases): the version goes to every region first as a *pending* member of a shard group
   (``shard_groups.py``: neither visible nor read); only once every region holds it does the publisher complete
   the group in each region with a one-byte commit marker (layout ``<layout>@regions``). A version that some
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,7 +42,9 @@ from tensorhub_verl.ros.fetcher import FetchStats
 from tensorhub_verl.ros.manifest import Manifest
 from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.regions import commit_layout, parse_regions, region_of
+from tensorhub_verl.ros.messages import HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
+from tensorhub_verl.ros.regions import commit_layout, parse_regions, region_of, relay_children, relay_parents
+from tensorhub_verl.ros.retry import Backoff
 from tensorhub_verl.ros.topology import Location
 
 logger = logging.getLogger("tensorhub_verl.ros.regional_client")
@@ -50,6 +63,9 @@ class RegionalClient:
         self.worker, self.location = worker, Location.parse(location)
         self.region = region_of(self.location, self.regions)
         self.config = config or ClientConfig()
+        fanout = self.config.fetch.relay_fanout
+        self._parents = relay_parents(list(self.regions), fanout)
+        self._children = relay_children(list(self.regions), fanout)
         self._token = token
         self._own_plane = plane is None
         self._plane = plane or registry.create(self.config.plane, worker, next(iter(self.regions.values())),
@@ -75,9 +91,10 @@ class RegionalClient:
         self._register(tensors.values())
         first = self._client(names[0]).publish(model, version, tensors, layout, chunk_bytes, _GROUP, 2,
                                                verified=verified)
-        try:  # phase 1: pending everywhere, digests computed once
-            self._each(names[1:], lambda name, client: client.publish(model, version, tensors, layout, chunk_bytes,
-                                                                     _GROUP, 2, verified=first))
+        try:  # phase 1: pending everywhere, digests computed once; a standby copy where a parent region feeds
+            self._each(names[1:], lambda name, client: client.publish(
+                model, version, tensors, layout, chunk_bytes, _GROUP, 2, verified=first,
+                standby=self._parents[name] is not None))
         except BaseException as e:
             self._withdraw(names, model, version, layout)
             raise errors.HubUnavailable(f"{model} v{version} ({layout}) could not be published to every region "
@@ -116,10 +133,17 @@ class RegionalClient:
 
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
               layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
+        """From this worker's region. With relays: in a region with a parent, first waits for the parent's relay
+        copy; once held, passes the copy on to this region's children (``Client.relay``)."""
         self._register(into.values() if into else ())
-        return self.home.fetch(model, version, into, layout, hold, timeout)
+        version = self._await_relay(model, version, layout)
+        stats = self.home.fetch(model, version, into, layout, hold, timeout)
+        if hold and self._children.get(self.region) and stats.manifest is not None:
+            self._relay(stats)
+        return stats
 
     def fetch_slices(self, model: str, version: int | str = "latest", **kwargs) -> FetchStats:
+        version = self._await_relay(model, version, kwargs.get("layout", "hf"))
         return self.home.fetch_slices(model, version, **kwargs)
 
     def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:
@@ -182,6 +206,48 @@ class RegionalClient:
             for client in clients:
                 client._register_worker()
 
+    def _await_relay(self, model: str, version: int | str, layout: str) -> int | str:
+        """In a region with a parent: waits until the version has a complete holder here other than the
+        publisher's standby (a relay, or a reader of this region that completed it), at most ``relay_wait_s``;
+        then the fetch reads from the standby too. Returns the version, "latest" resolved."""
+        if self.region is None or self._parents.get(self.region) is None:
+            return version
+        if version == "latest":
+            version = self.home.latest(model, layout)
+            if version is None:
+                return "latest"  # the fetch raises VersionNotFound as it would without relays
+        backoff = Backoff(first_s=0.02, max_s=0.25, deadline=time.monotonic() + self.config.fetch.relay_wait_s)
+        while not _sources(self.home.status(), model, version, layout, lambda h: not h.endswith(STANDBY_SUFFIX)):
+            if not backoff.fits():
+                logger.warning("%s: no copy of %s v%d came from region %s within %.0f s; reading from the "
+                               "publisher's standby copy", self.worker, model, version, self._parents[self.region],
+                               self.config.fetch.relay_wait_s)
+                break
+            backoff.sleep()
+        return version
+
+    def _relay(self, stats: FetchStats) -> None:
+        """Registers this worker's checked copy in each child region that has none from this region yet, if it
+        is among the first two readers of its region to complete the version (best effort: a child without a
+        relay reads from the standby after its wait)."""
+        m = stats.manifest
+        relayed = lambda h: h.endswith(RELAY_SUFFIX)  # noqa: E731
+        own = lambda h: HOLDER_SEPARATOR not in h  # noqa: E731  (a worker's own copy: not standby, relay, archive)
+        try:
+            if len(_sources(self.home.status(), m.model, m.version, m.layout, own)) > 2:
+                return  # two readers of this region completed before: they relay
+
+            def relay_to(name: str, client: Client) -> None:
+                status = client.status()
+                if m.version in client.versions(m.model, m.layout) and \
+                        not _sources(status, m.model, m.version, m.layout, relayed):
+                    client.relay(m, stats.buffers)
+
+            self._each(self._children[self.region], relay_to)
+        except errors.TensorHubError as e:
+            logger.warning("%s: could not pass %s v%d on to regions %s: %s", self.worker, m.model, m.version,
+                           self._children[self.region], e)
+
     def _withdraw(self, names: Sequence[str], model: str, version: int, layout: str) -> None:
         """Drops a version's pending copies after a failed publish (best effort: a region may be down)."""
         for name in names:
@@ -198,3 +264,9 @@ class RegionalClient:
         """``call`` on each named region's client at once; the results in order. Waits for every call, then
         raises the first failure."""
         return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])
+
+
+def _sources(status: dict, model: str, version: int, layout: str, which: Callable[[str], bool]) -> list[str]:
+    """The active, complete holders of a version in a hub's ``status()`` whose holder name ``which`` accepts."""
+    return [h["holder"] for v in status["models"].get(model, ()) if (v["version"], v["layout"]) == (version, layout)
+            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"] and which(h["holder"])]
