@@ -9,8 +9,8 @@
   (``regions.relay_parents``). In a region with a parent the publisher holds its copy as a *standby*
   (``Client.publish(standby=True)``: read only where no other holder as near has a free slot), and that
   region's readers wait (``relay_wait_s`` at most) until a reader of the parent region that completed the version
-  registers its checked copy there as ``<worker>~relay`` (``Client.relay``; at most the first two completed
-  readers of a region, in each of its children where none is registered yet, and only where the version is
+  registers its checked copy there as ``<worker>~relay`` (``Client.relay``; the first two by name of a region's
+  completed readers, in each of its children where none is registered yet, and only where the version is
   visible: committed). So a datacenter's copy crosses the WAN once, and the publisher serves one copy per tree
   root. A relay copy is the reader's own buffers: its ``unpublish`` (and ``close``, and retention) drains it in
   every region; a relay that dies is dropped by that region's hub as any holder is, and its reads re-planned
@@ -42,8 +42,9 @@ from tensorhub_verl.ros.fetcher import FetchStats
 from tensorhub_verl.ros.manifest import Manifest
 from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.messages import HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
-from tensorhub_verl.ros.regions import commit_layout, parse_regions, region_of, relay_children, relay_parents
+from tensorhub_verl.ros.messages import RELAY_SUFFIX, STANDBY_SUFFIX
+from tensorhub_verl.ros.regions import (RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S, commit_layout, parse_regions, region_of,
+                                        relay_children, relay_parents, relays_from_here)
 from tensorhub_verl.ros.retry import Backoff
 from tensorhub_verl.ros.topology import Location
 
@@ -216,7 +217,7 @@ class RegionalClient:
             version = self.home.latest(model, layout)
             if version is None:
                 return "latest"  # the fetch raises VersionNotFound as it would without relays
-        backoff = Backoff(first_s=0.02, max_s=0.25, deadline=time.monotonic() + self.config.fetch.relay_wait_s)
+        backoff = Backoff(RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S, time.monotonic() + self.config.fetch.relay_wait_s)
         while not _sources(self.home.status(), model, version, layout, lambda h: not h.endswith(STANDBY_SUFFIX)):
             if not backoff.fits():
                 logger.warning("%s: no copy of %s v%d came from region %s within %.0f s; reading from the "
@@ -227,15 +228,15 @@ class RegionalClient:
         return version
 
     def _relay(self, stats: FetchStats) -> None:
-        """Registers this worker's checked copy in each child region that has none from this region yet, if it
-        is among the first two readers of its region to complete the version (best effort: a child without a
-        relay reads from the standby after its wait)."""
+        """Registers this worker's checked copy in each child region that has no relay yet, if it is one of its
+        region's relays (``regions.relays_from_here``; best effort: a child without a relay reads from the standby
+        after its wait)."""
         m = stats.manifest
         relayed = lambda h: h.endswith(RELAY_SUFFIX)  # noqa: E731
-        own = lambda h: HOLDER_SEPARATOR not in h  # noqa: E731  (a worker's own copy: not standby, relay, archive)
         try:
-            if len(_sources(self.home.status(), m.model, m.version, m.layout, own)) > 2:
-                return  # two readers of this region completed before: they relay
+            if not relays_from_here(self.worker, _sources(self.home.status(), m.model, m.version, m.layout,
+                                                          lambda h: True)):
+                return
 
             def relay_to(name: str, client: Client) -> None:
                 status = client.status()

@@ -15,9 +15,15 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.messages import HOLDER_SEPARATOR
 from tensorhub_verl.ros.topology import Location
 
 MAX_REGIONS = 256
+RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S = 0.02, 0.25
+"""How often a reader of a region fed by another polls its hub for the relay copy: from the first to the most,
+doubling (``RegionalClient._await_relay``)."""
+RELAYS_PER_REGION = 2
+"""The completed readers of a region that pass its copy on to its children: the first of them by holder name."""
 
 
 def parse_regions(spec: str) -> dict[str, str]:
@@ -83,3 +89,11 @@ def relay_children(names: Sequence[str], fanout: int) -> dict[str, list[str]]:
         if parent is not None:
             children[parent].append(name)
     return children
+
+
+def relays_from_here(worker: str, holders: Sequence[str]) -> bool:
+    """Whether ``worker``, one of the complete holders of a version in its region's hub, passes the version on to
+    its region's children: it is among the ``RELAYS_PER_REGION`` first by name of the region's own complete copies
+    (no standby, relay or archive holder); readers that complete at once agree on them."""
+    own = sorted(h for h in holders if HOLDER_SEPARATOR not in h)
+    return worker in own[:RELAYS_PER_REGION]

@@ -49,6 +49,15 @@ def test_prefers_the_holder_with_fewer_reads_in_flight_over_the_one_that_served_
     assert plan("r", N0, [0], holders) == {0: "served"}
 
 
+def test_a_standby_holder_serves_only_when_no_holder_as_near_has_a_free_slot():
+    # A publisher's standby copy in a region fed by another region's relay: the relay first, busier or not.
+    holders = [HolderView("trainer~standby", RACK1, None), HolderView("a0~relay", RACK1, None, inflight=2)]
+    assert set(plan("r", N0, range(4), holders, max_inflight_per_source=6).values()) == {"a0~relay"}
+    result = plan("r", N0, range(6), holders, max_inflight_per_source=4)
+    assert sorted(result.values()) == ["a0~relay"] * 2 + ["trainer~standby"] * 4  # the relay's slots are full
+    assert set(plan("r", N0, range(4), [holders[0]]).values()) == {"trainer~standby"}  # alone: it serves
+
+
 def test_a_partial_holder_serves_only_what_it_has():
     holders = [HolderView("trainer", N1, None, inflight=5), HolderView("peer", N1, frozenset({1, 2}))]
     result = plan("r", N0, [0, 1, 2], holders, max_inflight_per_source=8)
