@@ -85,9 +85,16 @@ class RegionalClient:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None, verified: Manifest | None = None) -> Manifest:
+                chunk_bytes: int | None = None, verified: Manifest | None = None, shard_group: str | None = None,
+                shard_count: int = 1) -> Manifest:
         """Publishes to every region; the version becomes visible in a region only once every region holds it.
-        Returns the manifest (the same in every region)."""
+        Returns the manifest (the same in every region).
+
+        With ``shard_group`` (an engine's TP ranks, each holding the version in its own layout): to this worker's
+        region only, as ``Client.publish``; such a copy serves the engines of its region."""
+        if shard_group is not None:
+            return self.home.publish(model, version, tensors, layout, chunk_bytes, shard_group, shard_count,
+                                     verified=verified)
         names = list(self.regions)
         self._register(tensors.values())
         first = self._client(names[0]).publish(model, version, tensors, layout, chunk_bytes, _GROUP, 2,
@@ -107,6 +114,18 @@ class RegionalClient:
         self._each(names, lambda name, client: client.publish(model, version, {"commit": marker},
                                                               commit_layout(layout), None, _GROUP, 2))
         return first
+
+    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], **kwargs) -> Manifest:
+        """Row shards are published to one hub process only (``Client.publish_shard``)."""
+        raise errors.ConfigError(f"{self.worker}: publishing row shards (an FSDP rank's rows) to a hub of regions is "
+                                 f"not supported; publish whole tensors from one rank (verl: tensorhub.staging with "
+                                 f"gathered tensors), or use one hub process")
+
+    @property
+    def preserved_bytes(self) -> int:
+        """Bytes this worker copied to CPU memory over its life (``Client.preserved_bytes``), in every region."""
+        with self._lock:
+            return sum(client.preserved_bytes for client in self._clients.values())
 
     def unpublish(self, model: str, version: int, layout: str = "hf", timeout: float | None = None) -> None:
         """Returns once no read of this worker's copy is in flight in any region."""
