@@ -5,6 +5,8 @@
 - **Publishing**: a publisher (the trainer) publishes every version to every region's hub, over one data plane
   (each hub knows the same agent and grant key, and signs TCP grants for its own readers' leases). Without
   relays each region's first copy comes from the publisher: K regions read K copies from it.
+  A worker's publish of a version it fetched (an engine holding what it pulled, in any layout) is a copy: it
+  goes to its own region only.
 - **Relays** (``FetchConfig.relay_fanout`` > 0): the regions of each datacenter form a tree
   (``regions.relay_parents``). In a region with a parent the publisher holds its copy as a *standby*
   (``Client.publish(standby=True)``: read only where no other holder as near has a free slot), and that
@@ -50,6 +52,7 @@ from tensorhub_verl.ros.topology import Location
 
 logger = logging.getLogger("tensorhub_verl.ros.regional_client")
 
+_FETCHED_KEPT = 16
 _GROUP = "regions"
 """The shard group that holds a version pending in a region until its commit marker joins it."""
 
@@ -73,6 +76,9 @@ class RegionalClient:
                                                self.config.timeouts.read_timeout_s)
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
+        self._fetched: dict[str, list[int]] = {}
+        """model -> the latest versions this worker fetched (``_FETCHED_KEPT`` of them): its publishes of them are
+        copies, held in its region only."""
         self._markers: dict[tuple[str, int, str], torch.Tensor] = {}
         """(model, version, layout) -> the commit marker this worker holds in every region for that version."""
         self._pool = ThreadPoolExecutor(min(64, 2 * len(self.regions)), thread_name_prefix=f"tensorhub-regions-{worker}")
@@ -90,9 +96,12 @@ class RegionalClient:
         """Publishes to every region; the version becomes visible in a region only once every region holds it.
         Returns the manifest (the same in every region).
 
-        With ``shard_group`` (an engine's TP ranks, each holding the version in its own layout): to this worker's
-        region only, as ``Client.publish``; such a copy serves the engines of its region."""
-        if shard_group is not None:
+        A copy of a version this worker fetched (an engine holding what it pulled, in any layout), or a shard of
+        ``shard_group`` (an engine's TP ranks): to this worker's region only, as ``Client.publish``; such a copy
+        serves the readers of its region."""
+        with self._lock:
+            fetched = version in self._fetched.get(model, ())
+        if shard_group is not None or fetched:
             return self.home.publish(model, version, tensors, layout, chunk_bytes, shard_group, shard_count,
                                      verified=verified)
         names = list(self.regions)
@@ -158,13 +167,16 @@ class RegionalClient:
         self._register(into.values() if into else ())
         version = self._await_relay(model, version, layout)
         stats = self.home.fetch(model, version, into, layout, hold, timeout)
+        self._note_fetched(model, stats.version)
         if hold and self._children.get(self.region) and stats.manifest is not None:
             self._relay(stats)
         return stats
 
     def fetch_slices(self, model: str, version: int | str = "latest", **kwargs) -> FetchStats:
         version = self._await_relay(model, version, kwargs.get("layout", "hf"))
-        return self.home.fetch_slices(model, version, **kwargs)
+        stats = self.home.fetch_slices(model, version, **kwargs)
+        self._note_fetched(model, stats.version)
+        return stats
 
     def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:
         return self.home.manifest(model, version, layout)
@@ -225,6 +237,12 @@ class RegionalClient:
                 clients = list(self._clients.values())
             for client in clients:
                 client._register_worker()
+
+    def _note_fetched(self, model: str, version: int) -> None:
+        with self._lock:
+            kept = self._fetched.setdefault(model, [])
+            kept.append(version)
+            del kept[:-_FETCHED_KEPT]
 
     def _await_relay(self, model: str, version: int | str, layout: str) -> int | str:
         """In a region with a parent: waits until the version has a complete holder here other than the

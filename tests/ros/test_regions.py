@@ -230,6 +230,9 @@ def test_a_region_reads_its_first_copy_from_its_parent_regions_reader_not_the_tr
         assert served["trainer~standby"] == 0 and served["a0~relay"] == second.bytes and "b0" in served
         assert "a0~relay" not in _status_holders(a0.home)  # r0's hub does not list a relay of r0's own reader
         assert a0.holdings() == [("policy", 1, "hf")]
+        # A copy of a version a reader fetched (an engine holding it in its own layout) stays in its region.
+        b0.publish("policy", 1, second.buffers, layout="engine")
+        assert sorted(b0._clients) == ["dc0/r1"] and b0.home.versions("policy", "engine") == {1: ["b0"]}
     finally:
         for client in (b0, a0, trainer):
             client.close()
