@@ -27,8 +27,10 @@ holders and readers that are still filling), and:
      rollout 2.52 s instead of 2.78 s (the floor is 2.0 s); the lab workload (8 readers of 32 chunks
      from one trainer) is unchanged (3.62 vs 3.61 s), its trainer serving 1.09x the version instead
      of 1.03x.
-     A standby holder (a publisher's copy in a region fed by another region, ``messages.STANDBY_SUFFIX``) comes
-     after every other free holder as near, whatever its reads in flight.
+
+A standby holder (a publisher's copy in a region fed by another region, ``messages.STANDBY_SUFFIX``) serves a chunk
+only where no other holder as near has it: rules 3-6 leave it out otherwise, so a reader waits for a slot of the
+relay or of its peers rather than reading from the publisher.
 
 Chunks are visited starting at a reader-specific offset so that readers started together ask for
 different chunks first and have something to trade.
@@ -226,6 +228,8 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         if any(pull_distances[:nearest]):
             continue  # rule 2
         nearest_holders = [h for h in having if distance_of[h.holder] == nearest]
+        if any(h.holder.endswith(STANDBY_SUFFIX) for h in nearest_holders):  # a standby only where nobody as near has it
+            nearest_holders = [h for h in nearest_holders if not h.holder.endswith(STANDBY_SUFFIX)] or nearest_holders
         if pull_distances[nearest] >= len(nearest_holders):
             continue  # rule 3
         if nearest == Distance.WAN and (wan_room < 1 or wan_busy.has(chunk)):
@@ -236,8 +240,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
                 and (share is None or own[h.holder] < share)]
         if not free:
             continue
-        best = min(free, key=lambda h: (h.holder.endswith(STANDBY_SUFFIX), inflight.of(h), h.served_bytes,
-                                        h.holder))  # rule 6
+        best = min(free, key=lambda h: (inflight.of(h), h.served_bytes, h.holder))  # rule 6
         inflight.add(best)
         own[best.holder] += 1
         count = runs.extend(chunk, best, nearest, wan_busy) if runs is not None else 1
