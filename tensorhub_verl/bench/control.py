@@ -47,7 +47,7 @@ from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.integrity import ALGORITHM
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS, STANDBY_SUFFIX
-from tensorhub_verl.ros.regions import relay_children, relay_parents
+from tensorhub_verl.ros.regions import relay_children, relay_layout, relay_parents
 from tensorhub_verl.ros.shares import share_layout
 
 _CHUNK_BYTES = 4096
@@ -143,6 +143,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
             fed = parents[f"dc0/r{index}"] is not None
             holder = "trainer" + STANDBY_SUFFIX if fed else "trainer"
             shards.append({"url": hub.url, "layout": layout, "fed": fed, "manifest": _manifest(model, share, layout),
+                           "marker_manifest": _manifest(model, 1, relay_layout(layout)),
                            "children": [int(c.split("r")[-1]) for c in relay_children(list(parents), args.relay_fanout)
                                         [f"dc0/r{index}"]],
                            "digest": _publish(hub.url, model, share, args.grants, layout=layout, holder=holder)})

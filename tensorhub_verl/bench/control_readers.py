@@ -12,9 +12,9 @@ With several hub shards (``bench control --shards K``) a reader registers with t
 shard when the version is split by chunks, as a sharded client does; one when the readers are split.
 
 With relays (``bench control --relay-fanout``), as ``RegionalClient`` does: a reader of a region the driver marks
-``fed`` first polls its hub's ``/v1/status`` until a complete holder other than the trainer's standby serves the
-version there; a reader that completed the version, among the first two of its region, registers with each child
-region's hub that has no relay yet (``regions.relays_from_here``) and publishes its copy there as ``<reader>~relay``.
+``fed`` first long-polls its hub (``/v1/wait``) until the version's relay marker is visible there; a reader that
+completed the version, among the first two of its region (``regions.relays_from_here``), registers with each child
+region's hub that has no relay marker yet and publishes its copy there as ``<reader>~relay``, then the marker.
 
 Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
 prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
@@ -34,7 +34,7 @@ import time
 import httpx
 
 from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
-from tensorhub_verl.ros.regions import RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S, relays_from_here
+from tensorhub_verl.ros.regions import relay_layout, relays_from_here
 
 _IDLE_WAIT_S = 0.2
 
@@ -91,28 +91,37 @@ class _Reader:
                 for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]
 
     async def _await_relay(self, http: httpx.AsyncClient, headers: dict, layout: str) -> bool:
-        delay = RELAY_POLL_FIRST_S
-        while not any(not h.endswith(STANDBY_SUFFIX) for h in await self._holders(http, headers, layout)):
+        """Long-polls the hub until the relay marker of the version is visible (``RegionalClient._await_relay``)."""
+        while time.perf_counter() < self.stop_at:
             self.relay_polls += 1
-            if time.perf_counter() > self.stop_at:
-                return False
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, RELAY_POLL_MAX_S)
-        return True
+            reply = await http.get("/v1/wait", headers=headers, params={
+                "model": self.job["model"], "newer_than": 0, "layout": relay_layout(layout),
+                "timeout": max(0.1, min(10.0, self.stop_at - time.perf_counter()))})
+            reply.raise_for_status()
+            if reply.json()["version"] is not None:
+                return True
+        return False
 
     async def _relay(self, home: httpx.AsyncClient, headers: dict, children: list[httpx.AsyncClient]) -> None:
+        """As ``RegionalClient._relay``: the copy as ``<reader>~relay`` and the relay marker, in each child region
+        where no marker is yet."""
         shard = self.shards[0]
         if not relays_from_here(self.name, await self._holders(home, headers, shard["layout"])):
             return
+        marker_layout = relay_layout(shard["layout"])
         for http in children:
             credential = await _register(http, self.name, self.job["location_of"][self.name], self.job["grants"])
             child = {CREDENTIAL_HEADER: credential}
-            if any(h.endswith(RELAY_SUFFIX) for h in await self._holders(http, child, shard["layout"])):
-                continue
-            reply = await http.post("/v1/publish", headers=child, json={
-                "worker": self.name, "holder": self.name + RELAY_SUFFIX, "regions": [{"addr": 1 << 20}],
-                "manifest": shard["manifest"]})
+            reply = await http.get("/v1/versions", headers=child, params={"model": self.job["model"],
+                                                                          "layout": marker_layout})
             reply.raise_for_status()
+            if reply.json()["versions"]:
+                continue
+            for holder, manifest in ((self.name + RELAY_SUFFIX, shard["manifest"]),
+                                     (self.name, shard["marker_manifest"])):
+                reply = await http.post("/v1/publish", headers=child, json={
+                    "worker": self.name, "holder": holder, "regions": [{"addr": 1 << 20}], "manifest": manifest})
+                reply.raise_for_status()
             self.relays += 1
 
     async def _share(self, http: httpx.AsyncClient, headers: dict, shard: dict) -> bool:

@@ -10,10 +10,11 @@
 - **Relays** (``FetchConfig.relay_fanout`` > 0): the regions of each datacenter form a tree
   (``regions.relay_parents``). In a region with a parent the publisher holds its copy as a *standby*
   (``Client.publish(standby=True)``: read only where no other holder as near has a free slot), and that
-  region's readers wait (``relay_wait_s`` at most) until a reader of the parent region that completed the version
-  registers its checked copy there as ``<worker>~relay`` (``Client.relay``; the first two by name of a region's
-  completed readers, in each of its children where none is registered yet, and only where the version is
-  visible: committed). So a datacenter's copy crosses the WAN once, and the publisher serves one copy per tree
+  region's readers wait (one long poll, ``relay_wait_s`` at most) until a reader of the parent region that
+  completed the version registers its checked copy there as ``<worker>~relay`` (``Client.relay``), with a
+  one-byte relay marker (layout ``<layout>@relay``) that ends the wait. The relays are the first two by name of
+  a region's completed readers, in each of its children where no marker is yet, and only where the version is
+  visible: committed. So a datacenter's copy crosses the WAN once, and the publisher serves one copy per tree
   root. A relay copy is the reader's own buffers: its ``unpublish`` (and ``close``, and retention) drains it in
   every region; a relay that dies is dropped by that region's hub as any holder is, and its reads re-planned
   (onto other holders, or the standby). Digests still check every chunk read from it.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -44,10 +44,8 @@ from tensorhub_verl.ros.fetcher import FetchStats
 from tensorhub_verl.ros.manifest import Manifest
 from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.messages import RELAY_SUFFIX, STANDBY_SUFFIX
-from tensorhub_verl.ros.regions import (RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S, commit_layout, parse_regions, region_of,
-                                        relay_children, relay_parents, relays_from_here)
-from tensorhub_verl.ros.retry import Backoff
+from tensorhub_verl.ros.regions import (commit_layout, parse_regions, region_of, relay_children, relay_layout,
+                                        relay_parents, relays_from_here)
 from tensorhub_verl.ros.topology import Location
 
 logger = logging.getLogger("tensorhub_verl.ros.regional_client")
@@ -145,7 +143,12 @@ class RegionalClient:
         if not held:
             raise errors.VersionNotFound(f"{self.worker} holds no version {version} of {model!r} in layout "
                                          f"{layout!r} in any region")
+        relayed = [name for name, c in clients.items() if (model, version, relay_layout(layout)) in c.holdings()]
+        # A relay copy and its marker go together: the copy drains (its reads end), the marker is dropped.
         self._each(held, lambda name, client: client.unpublish(model, version, layout, timeout))
+        self._each(relayed, lambda name, client: client.unpublish(model, version, relay_layout(layout), timeout))
+        with self._lock:
+            self._markers.pop((model, version, relay_layout(layout)), None)
         if marker is not None:
             self._each(list(clients), lambda name, client: client.unpublish(model, version, commit_layout(layout),
                                                                            timeout))
@@ -192,10 +195,11 @@ class RegionalClient:
         return self.home.wait_for_version(model, newer_than, layout, timeout)
 
     def holdings(self) -> list[tuple[str, int, str]]:
-        """What this worker holds in any region (the commit markers left out)."""
+        """What this worker holds in any region (the commit and relay markers left out)."""
         with self._lock:
             clients = list(self._clients.values())
-        return sorted({h for c in clients for h in c.holdings() if not h[2].endswith(commit_layout(""))})
+        return sorted({h for c in clients for h in c.holdings()
+                       if not h[2].endswith((commit_layout(""), relay_layout("")))})
 
     def status(self) -> dict[str, dict]:
         """Each region's hub status, for the regions this worker talks to."""
@@ -245,41 +249,42 @@ class RegionalClient:
             del kept[:-_FETCHED_KEPT]
 
     def _await_relay(self, model: str, version: int | str, layout: str) -> int | str:
-        """In a region with a parent: waits until the version has a complete holder here other than the
-        publisher's standby (a relay, or a reader of this region that completed it), at most ``relay_wait_s``;
-        then the fetch reads from the standby too. Returns the version, "latest" resolved."""
+        """In a region with a parent: waits (one long poll, at most ``relay_wait_s``) until a reader of the parent
+        region has passed the version on here (its relay marker, ``regions.relay_layout``, is visible); then,
+        or after the wait, the fetch. Returns the version, "latest" resolved."""
         if self.region is None or self._parents.get(self.region) is None:
             return version
         if version == "latest":
             version = self.home.latest(model, layout)
             if version is None:
                 return "latest"  # the fetch raises VersionNotFound as it would without relays
-        backoff = Backoff(RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S, time.monotonic() + self.config.fetch.relay_wait_s)
-        while not _sources(self.home.status(), model, version, layout, lambda h: not h.endswith(STANDBY_SUFFIX)):
-            if not backoff.fits():
-                logger.warning("%s: no copy of %s v%d came from region %s within %.0f s; reading from the "
-                               "publisher's standby copy", self.worker, model, version, self._parents[self.region],
-                               self.config.fetch.relay_wait_s)
-                break
-            backoff.sleep()
+        try:
+            self.home.wait_for_version(model, version - 1, relay_layout(layout), self.config.fetch.relay_wait_s)
+        except TimeoutError:
+            logger.warning("%s: no copy of %s v%d came from region %s within %.0f s; reading from the publisher's "
+                           "standby copy", self.worker, model, version, self._parents[self.region],
+                           self.config.fetch.relay_wait_s)
         return version
 
     def _relay(self, stats: FetchStats) -> None:
-        """Registers this worker's checked copy in each child region that has no relay yet, if it is one of its
-        region's relays (``regions.relays_from_here``; best effort: a child without a relay reads from the standby
-        after its wait)."""
+        """Registers this worker's checked copy, and a relay marker, in each child region that has none yet, if it
+        is one of its region's relays (``regions.relays_from_here``). Best effort: a child without a relay reads
+        from the standby after its wait."""
         m = stats.manifest
-        relayed = lambda h: h.endswith(RELAY_SUFFIX)  # noqa: E731
+        marker_layout = relay_layout(m.layout)
         try:
-            if not relays_from_here(self.worker, _sources(self.home.status(), m.model, m.version, m.layout,
-                                                          lambda h: True)):
+            if not relays_from_here(self.worker, _sources(self.home.status(), m.model, m.version, m.layout)):
                 return
 
             def relay_to(name: str, client: Client) -> None:
-                status = client.status()
+                # Only where the version is visible (committed), and not yet passed on by another reader.
                 if m.version in client.versions(m.model, m.layout) and \
-                        not _sources(status, m.model, m.version, m.layout, relayed):
+                        m.version not in client.versions(m.model, marker_layout):
                     client.relay(m, stats.buffers)
+                    with self._lock:
+                        marker = self._markers.setdefault((m.model, m.version, marker_layout),
+                                                          torch.zeros(1, dtype=torch.uint8))
+                    client.publish(m.model, m.version, {"relay": marker}, marker_layout)
 
             self._each(self._children[self.region], relay_to)
         except errors.TensorHubError as e:
@@ -304,7 +309,7 @@ class RegionalClient:
         return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])
 
 
-def _sources(status: dict, model: str, version: int, layout: str, which: Callable[[str], bool]) -> list[str]:
-    """The active, complete holders of a version in a hub's ``status()`` whose holder name ``which`` accepts."""
+def _sources(status: dict, model: str, version: int, layout: str) -> list[str]:
+    """The active, complete holders of a version in a hub's ``status()``."""
     return [h["holder"] for v in status["models"].get(model, ()) if (v["version"], v["layout"]) == (version, layout)
-            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"] and which(h["holder"])]
+            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]

@@ -19,9 +19,6 @@ from tensorhub_verl.ros.messages import HOLDER_SEPARATOR
 from tensorhub_verl.ros.topology import Location
 
 MAX_REGIONS = 256
-RELAY_POLL_FIRST_S, RELAY_POLL_MAX_S = 0.02, 0.25
-"""How often a reader of a region fed by another polls its hub for the relay copy: from the first to the most,
-doubling (``RegionalClient._await_relay``)."""
 RELAYS_PER_REGION = 2
 """The completed readers of a region that pass its copy on to its children: the first of them by holder name."""
 
@@ -66,6 +63,12 @@ def region_of(location: Location, regions: Mapping[str, str]) -> str | None:
 def commit_layout(layout: str) -> str:
     """The layout of a version's commit marker in each region (``RegionalClient.publish``)."""
     return f"{layout}@regions"
+
+
+def relay_layout(layout: str) -> str:
+    """The layout of a version's relay marker in a region fed by another: visible once a reader of the parent
+    region has passed its copy on there; the region's readers long-poll for it (``RegionalClient._await_relay``)."""
+    return f"{layout}@relay"
 
 
 def relay_parents(names: Sequence[str], fanout: int) -> dict[str, str | None]:
