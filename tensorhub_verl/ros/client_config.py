@@ -86,7 +86,7 @@ class FetchConfig:
     takes its first copy from the publisher. The publisher and every reader must use the same value."""
     relay_wait_s: float = 120.0
     """With ``relay_fanout``: how long a reader of a region with a parent waits for that region's first copy
-    from its parent before reading from the publisher's standby copy."""
+    from its parent before reading from the publisher's standby copy (0: no wait)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:

@@ -252,7 +252,7 @@ class RegionalClient:
         """In a region with a parent: waits (one long poll, at most ``relay_wait_s``) until a reader of the parent
         region has passed the version on here (its relay marker, ``regions.relay_layout``, is visible); then,
         or after the wait, the fetch. Returns the version, "latest" resolved."""
-        if self.region is None or self._parents.get(self.region) is None:
+        if self.region is None or self._parents.get(self.region) is None or not self.config.fetch.relay_wait_s:
             return version
         if version == "latest":
             version = self.home.latest(model, layout)
