@@ -9,7 +9,7 @@
   goes to its own region only.
 - **Relays** (``FetchConfig.relay_fanout`` > 0): the regions of each datacenter form a tree
   (``regions.relay_parents``). In a region with a parent the publisher holds its copy as a *standby*
-  (``Client.publish(standby=True)``: read only where no other holder as near has a free slot), and that
+  (``Client.publish(standby=True)``: read only for chunks no other holder as near has), and that
   region's readers wait (one long poll, ``relay_wait_s`` at most) until a reader of the parent region that
   completed the version registers its checked copy there as ``<worker>~relay`` (``Client.relay``), with a
   one-byte relay marker (layout ``<layout>@relay``) that ends the wait. The relays are the first two by name of
@@ -78,7 +78,8 @@ class RegionalClient:
         """model -> the latest versions this worker fetched (``_FETCHED_KEPT`` of them): its publishes of them are
         copies, held in its region only."""
         self._markers: dict[tuple[str, int, str], torch.Tensor] = {}
-        """(model, version, layout) -> the commit marker this worker holds in every region for that version."""
+        """(model, version, layout) -> a marker this worker holds: a version's commit marker in every region (its
+        publisher), or its relay marker in the child regions (a relay)."""
         self._pool = ThreadPoolExecutor(min(64, 2 * len(self.regions)), thread_name_prefix=f"tensorhub-regions-{worker}")
         try:
             if self.region is not None:
