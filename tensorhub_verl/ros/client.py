@@ -138,8 +138,8 @@ class Client:
         The shards of one engine (e.g. its TP ranks, each in its own layout) pass the same
         ``shard_group`` and ``shard_count``: none of them is visible until all have been published.
 
-        ``standby``: held as ``<worker>~standby``, which the planner reads from only where no other holder as
-        near has a free slot (a publisher's copy in a region fed by another region, ``regional_client.py``).
+        ``standby``: held as ``<worker>~standby``, which the planner reads a chunk from only where no other holder
+        as near has it (a publisher's copy in a region fed by another region, ``regional_client.py``).
         """
         self._check_open()
         _check_key(model, version, layout)

@@ -40,7 +40,7 @@ HOLDER_SEPARATOR = "~"
 worker ids may not contain it: no worker can publish under a holder name that belongs to another."""
 STANDBY_SUFFIX = "~standby"
 """The holder of a publisher's copy in a region that takes its first copy from another region (``regions.py``):
-the planner reads from it only where no other holder as near has a free slot (rule 6)."""
+the planner reads a chunk from it only where no other holder as near has that chunk (``planner.py``)."""
 RELAY_SUFFIX = "~relay"
 """The holder of a reader's checked copy, registered in another region's hub as that region's first source
 (``regional_client.py``)."""
