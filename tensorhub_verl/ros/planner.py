@@ -228,7 +228,7 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         if any(pull_distances[:nearest]):
             continue  # rule 2
         nearest_holders = [h for h in having if distance_of[h.holder] == nearest]
-        if any(h.holder.endswith(STANDBY_SUFFIX) for h in nearest_holders):  # a standby only where nobody as near has it
+        if any(h.holder.endswith(STANDBY_SUFFIX) for h in nearest_holders):  # only where nobody as near has it
             nearest_holders = [h for h in nearest_holders if not h.holder.endswith(STANDBY_SUFFIX)] or nearest_holders
         if pull_distances[nearest] >= len(nearest_holders):
             continue  # rule 3
