@@ -21,7 +21,12 @@ chunks / K chunks, one per shard, and each reader fetches the K shares at once. 
 the shards, and the busiest shard's CPU is the critical path (each shard on a core of its own). ``--split
 readers`` measures the other way to split, regions (``ros/regions.py``): every shard serves the whole version to
 a share of the readers (contiguous blocks of nodes), each reader talking to its shard only; its extrapolation
-keeps the readers per hub process as measured and adds processes (1,024 / that many regions).
+keeps the readers per hub process as measured and adds processes (1,024 / that many regions). With
+``--relay-fanout F`` the regions form a tree of F children per region (``regions.relay_parents``): the trainer's
+copy in a region with a parent is a standby, that region's readers wait until a reader of the parent region that
+completed the version registers its copy there (``<reader>~relay``), as ``RegionalClient`` does. Every point
+reports the chunk reads the trainer served (``trainer_copies``: in copies of the version) and those served by
+relays.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from tensorhub_verl.bench import positive_ints
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.integrity import ALGORITHM
 from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS, STANDBY_SUFFIX
+from tensorhub_verl.ros.regions import relay_children, relay_layout, relay_parents
 from tensorhub_verl.ros.shares import share_layout
 
 _CHUNK_BYTES = 4096
@@ -71,12 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=("chunks", "readers"), default="chunks",
                         help="with --shards: each shard serves a share of the chunks to every reader (a sharded "
                              "client), or the whole version to a share of the readers")
+    parser.add_argument("--relay-fanout", type=int, default=0,
+                        help="with --split readers: regions fed by a reader of a parent region, this many "
+                             "children per region (0: every region from the trainer)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop a point after this long")
     parser.add_argument("--connections", type=int, default=64, help="HTTP connections per load process")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if args.window < 1 or args.procs < 1 or args.rate < 0 or args.max_seconds <= 0 or args.shards < 1:
         parser.error("--window, --procs and --shards must be >= 1, --rate >= 0, --max-seconds > 0")
+    if args.relay_fanout < 0 or (args.relay_fanout and args.split != "readers"):
+        parser.error("--relay-fanout needs --split readers and must be >= 0")
     if any(chunks < args.shards for chunks in args.chunks):
         parser.error("every --chunks must be >= --shards (a shard serves at least one chunk)")
     args.run_chunks = _run_chunks(args, parser)
@@ -88,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
             if not args.json:
                 print(_row(point), flush=True)
-    report = {"bench": "control", "shards": args.shards, "split": args.split, "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
+    report = {"bench": "control", "shards": args.shards, "split": args.split, "relay_fanout": args.relay_fanout,
+              "window": args.window, "rate": args.rate, "run_chunks": args.run_chunks,
               "chunk_mib": args.chunk_mib,
               "grants": args.grants, "points": points, "extrapolated_1024_readers_100GB": _extrapolate(points)}
     if not args.json:
@@ -123,12 +135,18 @@ def run_point(chunks: int, readers: int, args) -> dict:
             hubs.append(HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600")).start())
         model = "m"
         shards = []
+        parents = relay_parents([f"dc0/r{i}" for i in range(args.shards)], args.relay_fanout)
         for index, hub in enumerate(hubs):
             by_chunks = args.split == "chunks"
             layout = share_layout("hf", index, args.shards) if by_chunks else "hf"
             share = chunks // args.shards + (index < chunks % args.shards) if by_chunks else chunks
-            shards.append({"url": hub.url, "layout": layout,
-                           "digest": _publish(hub.url, model, share, args.grants, layout=layout)})
+            fed = parents[f"dc0/r{index}"] is not None
+            holder = "trainer" + STANDBY_SUFFIX if fed else "trainer"
+            shards.append({"url": hub.url, "layout": layout, "fed": fed, "manifest": _manifest(model, share, layout),
+                           "marker_manifest": _manifest(model, 1, relay_layout(layout)),
+                           "children": [int(c.split("r")[-1]) for c in relay_children(list(parents), args.relay_fanout)
+                                        [f"dc0/r{index}"]],
+                           "digest": _publish(hub.url, model, share, args.grants, layout=layout, holder=holder)})
         names = [f"r{i}" for i in range(readers)]
         locations = [{"dc": "dc0", "rack": f"k{i // (args.gpus_per_node * args.nodes_per_rack)}",
                       "node": f"n{i // args.gpus_per_node}"} for i in range(readers)]
@@ -141,6 +159,7 @@ def run_point(chunks: int, readers: int, args) -> dict:
                    "readers": names[p::args.procs],
                    "locations": locations[p::args.procs], "window": args.window, "rate": args.rate,
                    "run_chunks": args.run_chunks,
+                   "location_of": dict(zip(names, locations)) if args.relay_fanout else {},
                    "grants": args.grants, "max_seconds": args.max_seconds, "connections": args.connections}
             proc = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.bench.control_readers"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -200,6 +219,11 @@ def _summarize(chunks: int, readers: int, args, cpus: list[float], wall: float, 
         "reads_per_exchange": round(reads / exchanges, 2) if exchanges else None,
         "leases_per_exchange": round(leases / exchanges, 2) if exchanges else None,
         "peer_read_share": round(sum(r.get("from_peers", 0) for r in results) / reads, 3) if reads else None,
+        "trainer_reads": sum(r["from_trainer"] for r in results),
+        "trainer_copies": round(sum(r["from_trainer"] for r in results) / chunks, 2),
+        "relay_reads": sum(r["from_relays"] for r in results), "relays": sum(r["relays"] for r in results),
+        "relay_polls": sum(r["relay_polls"] for r in results),
+        "slowest_reader_s": round(max((s for r in results for s in r["reader_seconds"]), default=0.0), 3),
         "idle_waits_per_reader": round(sum(r["idle_waits"] for r in results) / readers, 1),
         "max_wait_s": round(max(r["max_wait_s"] for r in results), 4),
         "p50_wait_ms": round(1000 * waits[len(waits) // 2], 3) if waits else None,
@@ -233,10 +257,20 @@ def _extrapolate(points: list[dict]) -> dict:
     return out
 
 
-def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = True, layout: str = "hf") -> str:
+def _manifest(model: str, chunks: int, layout: str, digests: bool = True) -> dict:
+    """The synthetic version's manifest as a publish carries it: one tensor of ``chunks`` chunks; ``digests``: with
+    placeholder chunk digests (the hub stores them; only readers check them), else none."""
+    tensor = TensorSpec("w", (chunks * _CHUNK_BYTES,), "uint8", chunks * _CHUNK_BYTES)
+    return {"model": model, "version": 1, "layout": layout, "chunk_bytes": _CHUNK_BYTES,
+            "tensors": [{"name": tensor.name, "shape": list(tensor.shape), "dtype": tensor.dtype,
+                         "nbytes": tensor.nbytes}],
+            "chunk_digests": ["0" * 16] * chunks if digests else [], "digest_algorithm": ALGORITHM}
+
+
+def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = True, layout: str = "hf",
+             holder: str = "trainer") -> str:
     """Publishes one version of ``chunks`` chunks as a trainer that registered no memory; ``digests``: with
-    placeholder chunk digests (the hub stores them; only readers check them), else none (a hub started with
-    ``--allow-unverified`` takes it)."""
+    placeholder chunk digests, else none (a hub started with ``--allow-unverified`` takes it)."""
     import base64
 
     tensor = TensorSpec("w", (chunks * _CHUNK_BYTES,), "uint8", chunks * _CHUNK_BYTES)
@@ -250,11 +284,8 @@ def _publish(url: str, model: str, chunks: int, grants: bool, digests: bool = Tr
         reply.raise_for_status()
         headers = {CREDENTIAL_HEADER: reply.json()["credential"]}
         reply = http.post("/v1/publish", headers=headers, json={
-            "worker": "trainer", "holder": "trainer", "regions": [{"addr": 1 << 20}], "manifest": {
-                "model": model, "version": 1, "layout": layout, "chunk_bytes": _CHUNK_BYTES,
-                "tensors": [{"name": tensor.name, "shape": list(tensor.shape), "dtype": tensor.dtype,
-                             "nbytes": tensor.nbytes}],
-                "chunk_digests": ["0" * 16] * chunks if digests else [], "digest_algorithm": ALGORITHM}})
+            "worker": "trainer", "holder": holder, "regions": [{"addr": 1 << 20}],
+            "manifest": _manifest(model, chunks, layout, digests)})
         reply.raise_for_status()
     return layout_digest(layout, [tensor], _CHUNK_BYTES)
 

@@ -12,6 +12,11 @@ With several hub shards (``bench control --shards K``) a reader registers with t
 (``reader_shards``) and fetches their shares of the version at once (one begin, exchanges and end per shard): every
 shard when the version is split by chunks, as a sharded client does; one when the readers are split.
 
+With relays (``bench control --relay-fanout``), as ``RegionalClient`` does: a reader of a region the driver marks
+``fed`` first long-polls its hub (``/v1/wait``) until the version's relay marker is visible there; a reader that
+completed the version, among the first two of its region (``regions.relays_from_here``), registers with each child
+region's hub that has no relay marker yet and publishes its copy there as ``<reader>~relay``, then the marker.
+
 Protocol with the driver (``bench.control``): stdin gets one JSON job; the process registers its readers and
 prints ``ready``; it starts the fetches when it reads ``go``; its last stdout line is its JSON result.
 """
@@ -29,7 +34,8 @@ import time
 
 import httpx
 
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
+from tensorhub_verl.ros.regions import relay_layout, relays_from_here
 
 _IDLE_WAIT_S = 0.2
 
@@ -57,18 +63,67 @@ class _Reader:
         self.leases = 0
         self.from_peers = 0
         """Chunk reads assigned to another reader (not the trainer): the swarm spreading."""
+        self.from_trainer = 0
+        self.from_relays = 0
+        """Chunk reads assigned to another region's reader's relay copy (a part of ``from_peers``)."""
+        self.relays = 0
+        self.relay_polls = 0
         self.waits: list[float] = []
         """Seconds per exchange that got work (the begin's, and those that parked until some came)."""
         self.idle_waits = 0
         self.done = False
         self.seconds = 0.0
 
-    async def run(self, https: list[httpx.AsyncClient]) -> None:
+    async def run(self, https: list[httpx.AsyncClient], every: list[httpx.AsyncClient]) -> None:
         started = time.perf_counter()
         done = await asyncio.gather(*(self._share(http, headers, shard) for http, headers, shard
                                       in zip(https, self.headers, self.shards)))
         self.seconds = time.perf_counter() - started
         self.done = all(done)
+        if self.done and len(self.shards) == 1 and self.shards[0].get("children"):
+            await self._relay(https[0], self.headers[0], [every[i] for i in self.shards[0]["children"]])
+
+    async def _holders(self, http: httpx.AsyncClient, headers: dict, layout: str) -> list[str]:
+        """The active, complete holders of the version in a hub (``RegionalClient``'s ``_sources``)."""
+        reply = await http.get("/v1/status", headers=headers)
+        reply.raise_for_status()
+        return [h["holder"] for v in reply.json()["models"].get(self.job["model"], ())
+                if (v["version"], v["layout"]) == (1, layout)
+                for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]
+
+    async def _await_relay(self, http: httpx.AsyncClient, headers: dict, layout: str) -> bool:
+        """Long-polls the hub until the relay marker of the version is visible (``RegionalClient._await_relay``)."""
+        while time.perf_counter() < self.stop_at:
+            self.relay_polls += 1
+            reply = await http.get("/v1/wait", headers=headers, params={
+                "model": self.job["model"], "newer_than": 0, "layout": relay_layout(layout),
+                "timeout": max(0.1, min(10.0, self.stop_at - time.perf_counter()))})
+            reply.raise_for_status()
+            if reply.json()["version"] is not None:
+                return True
+        return False
+
+    async def _relay(self, home: httpx.AsyncClient, headers: dict, children: list[httpx.AsyncClient]) -> None:
+        """As ``RegionalClient._relay``: the copy as ``<reader>~relay`` and the relay marker, in each child region
+        where no marker is yet."""
+        shard = self.shards[0]
+        if not relays_from_here(self.name, await self._holders(home, headers, shard["layout"])):
+            return
+        marker_layout = relay_layout(shard["layout"])
+        for http in children:
+            credential = await _register(http, self.name, self.job["location_of"][self.name], self.job["grants"])
+            child = {CREDENTIAL_HEADER: credential}
+            reply = await http.get("/v1/versions", headers=child, params={"model": self.job["model"],
+                                                                          "layout": marker_layout})
+            reply.raise_for_status()
+            if reply.json()["versions"]:
+                continue
+            for holder, manifest in ((self.name + RELAY_SUFFIX, shard["manifest"]),
+                                     (self.name, shard["marker_manifest"])):
+                reply = await http.post("/v1/publish", headers=child, json={
+                    "worker": self.name, "holder": holder, "regions": [{"addr": 1 << 20}], "manifest": manifest})
+                reply.raise_for_status()
+            self.relays += 1
 
     async def _share(self, http: httpx.AsyncClient, headers: dict, shard: dict) -> bool:
         """One shard's share of the version, begin to end; False when the point's time ran out first."""
@@ -76,6 +131,8 @@ class _Reader:
         who = {"worker": self.name, "holder": self.name, "model": job["model"], "version": 1,
                "layout": shard["layout"]}
         window = job["window"]
+        if shard.get("fed") and not await self._await_relay(http, headers, shard["layout"]):
+            return False
         started = time.perf_counter()
         sent = time.perf_counter()
         reply = await http.post("/v1/fetch/begin", headers=headers, json=who | {
@@ -90,7 +147,11 @@ class _Reader:
             chunks = sum(a["count"] for a in body["assignments"])
             self.assigned += chunks
             self.leases += len(leases)
-            self.from_peers += sum(a["count"] for a in body["assignments"] if a["source"] != "trainer")
+            for a in body["assignments"]:
+                trainer = a["source"].split(HOLDER_SEPARATOR)[0] == "trainer"
+                self.from_trainer += a["count"] if trainer else 0
+                self.from_peers += 0 if trainer else a["count"]
+                self.from_relays += a["count"] if a["source"].endswith(RELAY_SUFFIX) else 0
             if body["have"] == body["total"] and not leases:
                 break
             if leases and job["rate"]:
@@ -130,12 +191,14 @@ async def _main(job: dict) -> dict:
         stop_at = time.perf_counter() + job["max_seconds"]
         readers = [_Reader(n, [job["shards"][i] for i in own], c, job, stop_at)
                    for n, own, c in zip(names, mine, creds)]
-        await asyncio.gather(*(r.run([https[i] for i in own]) for r, own in zip(readers, mine)))
+        await asyncio.gather(*(r.run([https[i] for i in own], https) for r, own in zip(readers, mine)))
     waits = [w for r in readers for w in r.waits]
     return {"readers": len(readers), "done": sum(r.done for r in readers),
             "exchanges": sum(r.exchanges for r in readers), "idle_waits": sum(r.idle_waits for r in readers),
             "reads": sum(r.assigned for r in readers), "leases": sum(r.leases for r in readers),
             "from_peers": sum(r.from_peers for r in readers),
+            "from_trainer": sum(r.from_trainer for r in readers), "from_relays": sum(r.from_relays for r in readers),
+            "relays": sum(r.relays for r in readers), "relay_polls": sum(r.relay_polls for r in readers),
             "max_wait_s": max(waits, default=0.0),
             "waits": sorted(waits)[:: max(1, len(waits) // 2000)],
             "reader_seconds": [r.seconds for r in readers if r.done]}

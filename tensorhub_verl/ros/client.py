@@ -86,6 +86,9 @@ class Client:
             raise errors.ConfigError(f"worker ids may not contain {msg.HOLDER_SEPARATOR!r} (it names a worker's "
                                      f"holders, e.g. its CPU archive {worker.split('~')[0]}{ARCHIVE_SUFFIX})")
         self.worker = worker
+        self._own = (worker, worker + msg.STANDBY_SUFFIX, worker + msg.RELAY_SUFFIX)
+        """The holders this client publishes and unpublishes: its own, its standby and its relay copies (a hub of
+        regions, ``regional_client.py``); not its CPU archive, which retention drops."""
         self.location = Location.parse(location)
         self.config = config or ClientConfig()
         self._lock = threading.RLock()
@@ -124,7 +127,7 @@ class Client:
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
                 chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1,
-                verified: Manifest | None = None) -> Manifest:
+                verified: Manifest | None = None, standby: bool = False) -> Manifest:
         """Registers live tensors as a holder of (model, version, layout). No copy is made: the caller
         must not change these bytes until ``unpublish`` returns.
 
@@ -134,6 +137,9 @@ class Client:
 
         The shards of one engine (e.g. its TP ranks, each in its own layout) pass the same
         ``shard_group`` and ``shard_count``: none of them is visible until all have been published.
+
+        ``standby``: held as ``<worker>~standby``, which the planner reads a chunk from only where no other holder
+        as near has it (a publisher's copy in a region fed by another region, ``regional_client.py``).
         """
         self._check_open()
         _check_key(model, version, layout)
@@ -157,8 +163,17 @@ class Client:
                 manifest, chunk_digests=chunk_digests(chunks, ordered), digest_algorithm=ALGORITHM,
                 block_digests=(block_digests(chunks, manifest.tensors, ordered)
                                if self.config.publish.block_digests else ()))
-        self._publish(_Publication(self.worker, manifest, tensors, shard_group, shard_count))
+        holder = self.worker + msg.STANDBY_SUFFIX if standby else self.worker
+        self._publish(_Publication(holder, manifest, tensors, shard_group, shard_count))
         return manifest
+
+    def relay(self, manifest: Manifest, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Holds a copy this worker fetched and checked through another hub (``manifest``: its
+        ``FetchStats.manifest``, digests included) as ``<worker>~relay``: a hub of regions' first source in a
+        region other than the worker's own (``regional_client.py``). No copy is made; ``unpublish`` drops it."""
+        self._check_open()
+        self._publish(_Publication(self.worker + msg.RELAY_SUFFIX, manifest,
+                                   {spec.name: tensors[spec.name] for spec in manifest.tensors}))
 
     def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], *,
                       specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]], rank: int, ranks: int,
@@ -216,7 +231,7 @@ class Client:
         """
         self._check_open()
         with self._lock:
-            keys = [k for k in self._held if k[0] == self.worker and k[1] == model and k[2] == version
+            keys = [k for k in self._held if k[0] in self._own and k[1] == model and k[2] == version
                     and (layout is None or k[3] == layout)]
         if not keys:
             raise errors.VersionNotFound(f"{self.worker} holds no version {version} of {model!r}"
@@ -466,7 +481,7 @@ class Client:
 
     def holdings(self) -> list[tuple[str, int, str]]:
         with self._lock:
-            return [(m, v, lay) for (h, m, v, lay) in self._held if h == self.worker]
+            return list(dict.fromkeys((m, v, lay) for (h, m, v, lay) in self._held if h in self._own))
 
     # ------------------------------------------------------------------------- worker lifecycle
     def _register_worker(self) -> msg.WorkerAck:

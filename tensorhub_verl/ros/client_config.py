@@ -79,6 +79,14 @@ class FetchConfig:
     require_digests: bool = True
     """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
     bytes could not be checked. Off only for trusted tests."""
+    relay_fanout: int = 0
+    """A hub of regions (``regions.py``): the regions of a datacenter, in the order listed, form a tree with this
+    many children per region; a region's first copy comes from a reader of its parent region that completed it
+    (``regional_client.py``), the first region of each datacenter takes it from the publisher. 0: every region
+    takes its first copy from the publisher. The publisher and every reader must use the same value."""
+    relay_wait_s: float = 120.0
+    """With ``relay_fanout``: how long a reader of a region with a parent waits for that region's first copy
+    from its parent before reading from the publisher's standby copy (0: no wait)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -91,6 +99,9 @@ class FetchConfig:
                                      f"got {self.run_target_s}")
         if self.wan_reads_posted < 1:
             raise errors.ConfigError(f"wan_reads_posted must be >= 1, got {self.wan_reads_posted}")
+        if self.relay_fanout < 0 or self.relay_wait_s < 0:
+            raise errors.ConfigError(f"relay_fanout and relay_wait_s must be >= 0 (0: off), got "
+                                     f"{self.relay_fanout} and {self.relay_wait_s}")
         if self.straggler_factor < 0:
             raise errors.ConfigError(f"straggler_factor must be >= 0 (0: off), got {self.straggler_factor}")
 

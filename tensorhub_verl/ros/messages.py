@@ -38,6 +38,12 @@ REGISTER_PATH = "/v1/workers/register"
 HOLDER_SEPARATOR = "~"
 """A worker's holders are named ``<worker>`` or ``<worker>~<suffix>`` (e.g. its CPU archive ``w~cpu``), so
 worker ids may not contain it: no worker can publish under a holder name that belongs to another."""
+STANDBY_SUFFIX = "~standby"
+"""The holder of a publisher's copy in a region that takes its first copy from another region (``regions.py``):
+the planner reads a chunk from it only where no other holder as near has that chunk (``planner.py``)."""
+RELAY_SUFFIX = "~relay"
+"""The holder of a reader's checked copy, registered in another region's hub as that region's first source
+(``regional_client.py``)."""
 WorkerId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@+=-]+$")]
 
 

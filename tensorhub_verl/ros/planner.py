@@ -28,6 +28,10 @@ holders and readers that are still filling), and:
      from one trainer) is unchanged (3.62 vs 3.61 s), its trainer serving 1.09x the version instead
      of 1.03x.
 
+A standby holder (a publisher's copy in a region fed by another region, ``messages.STANDBY_SUFFIX``) serves a chunk
+only where no other holder as near has it: rules 3-6 leave it out otherwise, so a reader waits for a slot of the
+relay or of its peers rather than reading from the publisher.
+
 Chunks are visited starting at a reader-specific offset so that readers started together ask for
 different chunks first and have something to trade.
 
@@ -52,6 +56,7 @@ from typing import AbstractSet, Callable, Mapping, Sequence
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.intervals import Coverage, first_held, first_missing
+from tensorhub_verl.ros.messages import STANDBY_SUFFIX
 from tensorhub_verl.ros.topology import Distance, Location
 
 
@@ -223,6 +228,8 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
         if any(pull_distances[:nearest]):
             continue  # rule 2
         nearest_holders = [h for h in having if distance_of[h.holder] == nearest]
+        if any(h.holder.endswith(STANDBY_SUFFIX) for h in nearest_holders):  # only where nobody as near has it
+            nearest_holders = [h for h in nearest_holders if not h.holder.endswith(STANDBY_SUFFIX)] or nearest_holders
         if pull_distances[nearest] >= len(nearest_holders):
             continue  # rule 3
         if nearest == Distance.WAN and (wan_room < 1 or wan_busy.has(chunk)):

@@ -3,8 +3,21 @@
 - **Reads stay in the region**: a worker fetches from its own region's hub only, so it is planned on, and
   becomes a source for, the holders of its region only; no other region's hub hears of it.
 - **Publishing**: a publisher (the trainer) publishes every version to every region's hub, over one data plane
-  (each hub knows the same agent and grant key, and signs TCP grants for its own readers' leases). Each region's
-  first copy comes from the publisher: K regions read K copies from it, spread by each region's planner.
+  (each hub knows the same agent and grant key, and signs TCP grants for its own readers' leases). Without
+  relays each region's first copy comes from the publisher: K regions read K copies from it.
+  A worker's publish of a version it fetched (an engine holding what it pulled, in any layout) is a copy: it
+  goes to its own region only.
+- **Relays** (``FetchConfig.relay_fanout`` > 0): the regions of each datacenter form a tree
+  (``regions.relay_parents``). In a region with a parent the publisher holds its copy as a *standby*
+  (``Client.publish(standby=True)``: read only for chunks no other holder as near has), and that
+  region's readers wait (one long poll, ``relay_wait_s`` at most) until a reader of the parent region that
+  completed the version registers its checked copy there as ``<worker>~relay`` (``Client.relay``), with a
+  one-byte relay marker (layout ``<layout>@relay``) that ends the wait. The relays are the first two by name of
+  a region's completed readers, in each of its children where no marker is yet, and only where the version is
+  visible: committed. So a datacenter's copy crosses the WAN once, and the publisher serves one copy per tree
+  root. A relay copy is the reader's own buffers: its ``unpublish`` (and ``close``, and retention) drains it in
+  every region; a relay that dies is dropped by that region's hub as any holder is, and its reads re-planned
+  (onto other holders, or the standby). Digests still check every chunk read from it.
 - **Visibility** (two phases): the version goes to every region first as a *pending* member of a shard group
   (``shard_groups.py``: neither visible nor read); only once every region holds it does the publisher complete
   the group in each region with a one-byte commit marker (layout ``<layout>@regions``). A version that some
@@ -31,11 +44,13 @@ from tensorhub_verl.ros.fetcher import FetchStats
 from tensorhub_verl.ros.manifest import Manifest
 from tensorhub_verl.ros.planes import registry
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.regions import commit_layout, parse_regions, region_of
+from tensorhub_verl.ros.regions import (commit_layout, parse_regions, region_of, relay_children, relay_layout,
+                                        relay_parents, relays_from_here)
 from tensorhub_verl.ros.topology import Location
 
 logger = logging.getLogger("tensorhub_verl.ros.regional_client")
 
+_FETCHED_KEPT = 16
 _GROUP = "regions"
 """The shard group that holds a version pending in a region until its commit marker joins it."""
 
@@ -50,14 +65,21 @@ class RegionalClient:
         self.worker, self.location = worker, Location.parse(location)
         self.region = region_of(self.location, self.regions)
         self.config = config or ClientConfig()
+        fanout = self.config.fetch.relay_fanout
+        self._parents = relay_parents(list(self.regions), fanout)
+        self._children = relay_children(list(self.regions), fanout)
         self._token = token
         self._own_plane = plane is None
         self._plane = plane or registry.create(self.config.plane, worker, next(iter(self.regions.values())),
                                                self.config.timeouts.read_timeout_s)
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
+        self._fetched: dict[str, list[int]] = {}
+        """model -> the latest versions this worker fetched (``_FETCHED_KEPT`` of them): its publishes of them are
+        copies, held in its region only."""
         self._markers: dict[tuple[str, int, str], torch.Tensor] = {}
-        """(model, version, layout) -> the commit marker this worker holds in every region for that version."""
+        """(model, version, layout) -> a marker this worker holds: a version's commit marker in every region (its
+        publisher), or its relay marker in the child regions (a relay)."""
         self._pool = ThreadPoolExecutor(min(64, 2 * len(self.regions)), thread_name_prefix=f"tensorhub-regions-{worker}")
         try:
             if self.region is not None:
@@ -68,16 +90,27 @@ class RegionalClient:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None, verified: Manifest | None = None) -> Manifest:
+                chunk_bytes: int | None = None, verified: Manifest | None = None, shard_group: str | None = None,
+                shard_count: int = 1) -> Manifest:
         """Publishes to every region; the version becomes visible in a region only once every region holds it.
-        Returns the manifest (the same in every region)."""
+        Returns the manifest (the same in every region).
+
+        A copy of a version this worker fetched (an engine holding what it pulled, in any layout), or a shard of
+        ``shard_group`` (an engine's TP ranks): to this worker's region only, as ``Client.publish``; such a copy
+        serves the readers of its region."""
+        with self._lock:
+            fetched = version in self._fetched.get(model, ())
+        if shard_group is not None or fetched:
+            return self.home.publish(model, version, tensors, layout, chunk_bytes, shard_group, shard_count,
+                                     verified=verified)
         names = list(self.regions)
         self._register(tensors.values())
         first = self._client(names[0]).publish(model, version, tensors, layout, chunk_bytes, _GROUP, 2,
                                                verified=verified)
-        try:  # phase 1: pending everywhere, digests computed once
-            self._each(names[1:], lambda name, client: client.publish(model, version, tensors, layout, chunk_bytes,
-                                                                     _GROUP, 2, verified=first))
+        try:  # phase 1: pending everywhere, digests computed once; a standby copy where a parent region feeds
+            self._each(names[1:], lambda name, client: client.publish(
+                model, version, tensors, layout, chunk_bytes, _GROUP, 2, verified=first,
+                standby=self._parents[name] is not None))
         except BaseException as e:
             self._withdraw(names, model, version, layout)
             raise errors.HubUnavailable(f"{model} v{version} ({layout}) could not be published to every region "
@@ -90,6 +123,18 @@ class RegionalClient:
                                                               commit_layout(layout), None, _GROUP, 2))
         return first
 
+    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], **kwargs) -> Manifest:
+        """Row shards are published to one hub process only (``Client.publish_shard``)."""
+        raise errors.ConfigError(f"{self.worker}: publishing row shards (an FSDP rank's rows) to a hub of regions is "
+                                 f"not supported; publish whole tensors from one rank (verl: tensorhub.staging with "
+                                 f"gathered tensors), or use one hub process")
+
+    @property
+    def preserved_bytes(self) -> int:
+        """Bytes this worker copied to CPU memory over its life (``Client.preserved_bytes``), in every region."""
+        with self._lock:
+            return sum(client.preserved_bytes for client in self._clients.values())
+
     def unpublish(self, model: str, version: int, layout: str = "hf", timeout: float | None = None) -> None:
         """Returns once no read of this worker's copy is in flight in any region."""
         with self._lock:
@@ -99,7 +144,12 @@ class RegionalClient:
         if not held:
             raise errors.VersionNotFound(f"{self.worker} holds no version {version} of {model!r} in layout "
                                          f"{layout!r} in any region")
+        relayed = [name for name, c in clients.items() if (model, version, relay_layout(layout)) in c.holdings()]
+        # A relay copy and its marker go together: the copy drains (its reads end), the marker is dropped.
         self._each(held, lambda name, client: client.unpublish(model, version, layout, timeout))
+        self._each(relayed, lambda name, client: client.unpublish(model, version, relay_layout(layout), timeout))
+        with self._lock:
+            self._markers.pop((model, version, relay_layout(layout)), None)
         if marker is not None:
             self._each(list(clients), lambda name, client: client.unpublish(model, version, commit_layout(layout),
                                                                            timeout))
@@ -116,11 +166,21 @@ class RegionalClient:
 
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
               layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
+        """From this worker's region. With relays: in a region with a parent, first waits for the parent's relay
+        copy; once held, passes the copy on to this region's children (``Client.relay``)."""
         self._register(into.values() if into else ())
-        return self.home.fetch(model, version, into, layout, hold, timeout)
+        version = self._await_relay(model, version, layout)
+        stats = self.home.fetch(model, version, into, layout, hold, timeout)
+        self._note_fetched(model, stats.version)
+        if hold and self._children.get(self.region) and stats.manifest is not None:
+            self._relay(stats)
+        return stats
 
     def fetch_slices(self, model: str, version: int | str = "latest", **kwargs) -> FetchStats:
-        return self.home.fetch_slices(model, version, **kwargs)
+        version = self._await_relay(model, version, kwargs.get("layout", "hf"))
+        stats = self.home.fetch_slices(model, version, **kwargs)
+        self._note_fetched(model, stats.version)
+        return stats
 
     def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:
         return self.home.manifest(model, version, layout)
@@ -136,10 +196,11 @@ class RegionalClient:
         return self.home.wait_for_version(model, newer_than, layout, timeout)
 
     def holdings(self) -> list[tuple[str, int, str]]:
-        """What this worker holds in any region (the commit markers left out)."""
+        """What this worker holds in any region (the commit and relay markers left out)."""
         with self._lock:
             clients = list(self._clients.values())
-        return sorted({h for c in clients for h in c.holdings() if not h[2].endswith(commit_layout(""))})
+        return sorted({h for c in clients for h in c.holdings()
+                       if not h[2].endswith((commit_layout(""), relay_layout("")))})
 
     def status(self) -> dict[str, dict]:
         """Each region's hub status, for the regions this worker talks to."""
@@ -182,6 +243,55 @@ class RegionalClient:
             for client in clients:
                 client._register_worker()
 
+    def _note_fetched(self, model: str, version: int) -> None:
+        with self._lock:
+            kept = self._fetched.setdefault(model, [])
+            kept.append(version)
+            del kept[:-_FETCHED_KEPT]
+
+    def _await_relay(self, model: str, version: int | str, layout: str) -> int | str:
+        """In a region with a parent: waits (one long poll, at most ``relay_wait_s``) until a reader of the parent
+        region has passed the version on here (its relay marker, ``regions.relay_layout``, is visible); then,
+        or after the wait, the fetch. Returns the version, "latest" resolved."""
+        if self.region is None or self._parents.get(self.region) is None or not self.config.fetch.relay_wait_s:
+            return version
+        if version == "latest":
+            version = self.home.latest(model, layout)
+            if version is None:
+                return "latest"  # the fetch raises VersionNotFound as it would without relays
+        try:
+            self.home.wait_for_version(model, version - 1, relay_layout(layout), self.config.fetch.relay_wait_s)
+        except TimeoutError:
+            logger.warning("%s: no copy of %s v%d came from region %s within %.0f s; reading from the publisher's "
+                           "standby copy", self.worker, model, version, self._parents[self.region],
+                           self.config.fetch.relay_wait_s)
+        return version
+
+    def _relay(self, stats: FetchStats) -> None:
+        """Registers this worker's checked copy, and a relay marker, in each child region that has none yet, if it
+        is one of its region's relays (``regions.relays_from_here``). Best effort: a child without a relay reads
+        from the standby after its wait."""
+        m = stats.manifest
+        marker_layout = relay_layout(m.layout)
+        try:
+            if not relays_from_here(self.worker, _sources(self.home.status(), m.model, m.version, m.layout)):
+                return
+
+            def relay_to(name: str, client: Client) -> None:
+                # Only where the version is visible (committed), and not yet passed on by another reader.
+                if m.version in client.versions(m.model, m.layout) and \
+                        m.version not in client.versions(m.model, marker_layout):
+                    client.relay(m, stats.buffers)
+                    with self._lock:
+                        marker = self._markers.setdefault((m.model, m.version, marker_layout),
+                                                          torch.zeros(1, dtype=torch.uint8))
+                    client.publish(m.model, m.version, {"relay": marker}, marker_layout)
+
+            self._each(self._children[self.region], relay_to)
+        except errors.TensorHubError as e:
+            logger.warning("%s: could not pass %s v%d on to regions %s: %s", self.worker, m.model, m.version,
+                           self._children[self.region], e)
+
     def _withdraw(self, names: Sequence[str], model: str, version: int, layout: str) -> None:
         """Drops a version's pending copies after a failed publish (best effort: a region may be down)."""
         for name in names:
@@ -198,3 +308,9 @@ class RegionalClient:
         """``call`` on each named region's client at once; the results in order. Waits for every call, then
         raises the first failure."""
         return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])
+
+
+def _sources(status: dict, model: str, version: int, layout: str) -> list[str]:
+    """The active, complete holders of a version in a hub's ``status()``."""
+    return [h["holder"] for v in status["models"].get(model, ()) if (v["version"], v["layout"]) == (version, layout)
+            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]

@@ -12,12 +12,15 @@ the list ``"dc0/r0=http://hub-a:7777,dc0/r1=http://hub-b:7777"`` (``tensorhub hu
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.messages import HOLDER_SEPARATOR
 from tensorhub_verl.ros.topology import Location
 
 MAX_REGIONS = 256
+RELAYS_PER_REGION = 2
+"""The completed readers of a region that pass its copy on to its children: the first of them by holder name."""
 
 
 def parse_regions(spec: str) -> dict[str, str]:
@@ -60,3 +63,40 @@ def region_of(location: Location, regions: Mapping[str, str]) -> str | None:
 def commit_layout(layout: str) -> str:
     """The layout of a version's commit marker in each region (``RegionalClient.publish``)."""
     return f"{layout}@regions"
+
+
+def relay_layout(layout: str) -> str:
+    """The layout of a version's relay marker in a region fed by another: visible once a reader of the parent
+    region has passed its copy on there; the region's readers long-poll for it (``RegionalClient._await_relay``)."""
+    return f"{layout}@relay"
+
+
+def relay_parents(names: Sequence[str], fanout: int) -> dict[str, str | None]:
+    """Each region's parent, the region its first copy comes from (None: from the publisher). The regions of one
+    datacenter, in the order listed, form a tree of ``fanout`` children per region (the i-th region of a
+    datacenter has the ((i - 1) // fanout)-th as parent): the first region of each datacenter takes the only copy
+    that crosses into it. ``fanout`` 0: no region has a parent."""
+    parents: dict[str, str | None] = {}
+    by_dc: dict[str, list[str]] = {}
+    for name in names:
+        dc = by_dc.setdefault(name.split("/")[0], [])
+        parents[name] = dc[(len(dc) - 1) // fanout] if fanout and dc else None
+        dc.append(name)
+    return parents
+
+
+def relay_children(names: Sequence[str], fanout: int) -> dict[str, list[str]]:
+    """Each region's children in the tree of ``relay_parents``: the regions it passes its first copy on to."""
+    children: dict[str, list[str]] = {name: [] for name in names}
+    for name, parent in relay_parents(names, fanout).items():
+        if parent is not None:
+            children[parent].append(name)
+    return children
+
+
+def relays_from_here(worker: str, holders: Sequence[str]) -> bool:
+    """Whether ``worker``, one of the complete holders of a version in its region's hub, passes the version on to
+    its region's children: it is among the ``RELAYS_PER_REGION`` first by name of the region's own complete copies
+    (no standby, relay or archive holder); readers that complete at once agree on them."""
+    own = sorted(h for h in holders if HOLDER_SEPARATOR not in h)
+    return worker in own[:RELAYS_PER_REGION]

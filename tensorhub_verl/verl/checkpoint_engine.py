@@ -113,7 +113,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         if hasattr(weights, "get_per_tensor_param"):
             if lora_adapter_engine(weights):
                 return await self._send_lora(weights, version)
-            shards = local_shards(weights)
+            # A hub of regions takes whole tensors (``RegionalClient.publish_shard``): gathered, from the master.
+            shards = None if self.config.uses_regions() else local_shards(weights)
             if shards is not None:
                 return await self._send_shards(shards, version)
             weights, _ = weights.get_per_tensor_param()

@@ -24,8 +24,17 @@ class TensorHubVerlConfig:
     """How a verl job publishes and pulls weights through TensorHub."""
 
     hub_address: str | None = None
-    """URL of a running hub (``http://host:port``). None: the job starts its own hub as a named,
-    detached Ray actor on the driver's node and every worker finds it by name."""
+    """URL of a running hub (``http://host:port``), or the ``REGION=URL,...`` list of a hub of regions
+    (``tensorhub hub --regions`` prints it): every worker then connects to its location's region. None: the job
+    starts its own hub as a named, detached Ray actor on the driver's node and every worker finds it by name."""
+    hub_regions: str | None = None
+    """The job's hub actor serves a hub of regions (``ros/regions.py``): a comma-separated list of region names
+    (``dc``, ``dc/rack`` or ``dc/rack/node``), or a count N for ``dc0/r0`` .. ``dc0/r{N-1}``; each worker
+    connects to the region of its location (``RegionalClient``). The regions' hubs share the actor's process: for
+    a process per region, run ``tensorhub hub --regions`` and give its list as ``hub_address``. None: one hub."""
+    relay_fanout: int = 0
+    """With regions: a region's first copy comes from a reader of its parent region, the regions of a datacenter
+    forming a tree of this many children per region (``ClientConfig.relay_fanout``); 0: from the trainer."""
     token: str | None = None
     """Shared secret of the hub, written in the config (verl prints its config: prefer ``token_env``). None:
     ``token_env``'s value, else none (an open hub, only on a trusted network), except that a hub actor of this
@@ -146,18 +155,31 @@ class TensorHubVerlConfig:
                 raise ConfigError(f"tensorhub.{f.name} must be a number, got {value!r}")
             if f.type == "int" and not isinstance(value, int):
                 raise ConfigError(f"tensorhub.{f.name} must be an integer, got {value!r}")
-        if self.hub_address is not None and not self.hub_address.startswith(("http://", "https://")):
-            raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL or null, got {self.hub_address!r}")
-        if self.hub_address is not None and "," in self.hub_address:
+        for url in hub_urls(self.hub_address):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"tensorhub.hub_address must be an http(s):// URL, a REGION=URL list or null, got "
+                                  f"{self.hub_address!r}")
+        if self.hub_address is not None and "," in self.hub_address and "=" not in self.hub_address:
             raise ConfigError("tensorhub.hub_address names several hub shards; the verl integration connects to one "
-                              "hub process: give one URL (a sharded hub serves the tensorhub Python API only)")
+                              "hub process or to a hub of regions (a REGION=URL list, `tensorhub hub --regions`): "
+                              "give one URL or that list (a sharded hub serves the tensorhub Python API only)")
+        if self.hub_regions is not None:
+            from tensorhub_verl.ros.regions import region_names
+
+            if self.hub_address is not None:
+                raise ConfigError("tensorhub.hub_regions starts the job's own hub of regions; with hub_address set "
+                                  "the job starts no hub: set one of them (a REGION=URL list in hub_address for "
+                                  "regions started outside the job)")
+            region_names(str(self.hub_regions))  # ConfigError naming the bad item
+        if not isinstance(self.relay_fanout, int) or isinstance(self.relay_fanout, bool) or self.relay_fanout < 0:
+            raise ConfigError(f"tensorhub.relay_fanout must be an integer >= 0, got {self.relay_fanout!r}")
         if not isinstance(self.allow_plain_http, bool):
             raise ConfigError(f"tensorhub.allow_plain_http must be true or false, got {self.allow_plain_http!r}")
         if (self.hub_tls_cert is None) != (self.hub_tls_key is None):
             raise ConfigError("tensorhub.hub_tls_cert and tensorhub.hub_tls_key go together: set both or neither")
-        if (self.resolved_token() and self.hub_address and self.hub_address.startswith("http://")
-                and not self.allow_plain_http and not is_loopback_url(self.hub_address)):
-            raise ConfigError(f"tensorhub.token would cross the network in clear to {self.hub_address}: use an "
+        clear = [url for url in hub_urls(self.hub_address) if url.startswith("http://") and not is_loopback_url(url)]
+        if self.resolved_token() and clear and not self.allow_plain_http:
+            raise ConfigError(f"tensorhub.token would cross the network in clear to {clear[0]}: use an "
                               f"https:// hub (tensorhub.tls_ca_file for a private CA), or set "
                               f"tensorhub.allow_plain_http=true on a network nobody else can read")
         from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
@@ -252,13 +274,29 @@ class TensorHubVerlConfig:
     def client_settings(self) -> dict[str, Any]:
         """The ``ClientConfig`` fields every worker of the job connects with (trainer ranks and engines)."""
         return {"chunk_bytes": self.chunk_bytes, "window": self.window, "tls_ca_file": self.tls_ca_file,
-                "allow_plain_http": self.allow_plain_http, "transport": self.transport}
+                "allow_plain_http": self.allow_plain_http, "transport": self.transport,
+                "relay_fanout": self.relay_fanout}
+
+    def uses_regions(self) -> bool:
+        """Whether the job's workers connect to a hub of regions (``hub_regions``, or a REGION=URL list)."""
+        return self.hub_regions is not None or "=" in (self.hub_address or "")
 
     def wan_seeds(self) -> int:
         """seeds_per_dc, or sized from link_capacities when it is None."""
         from tensorhub_verl.ros.topology import wan_seeds
 
         return wan_seeds(self.seeds_per_dc, self.link_capacities)
+
+
+def hub_urls(address: str | None) -> list[str]:
+    """The hub URLs in ``tensorhub.hub_address``: one URL, or each URL of a ``REGION=URL`` list."""
+    if address is None:
+        return []
+    if "=" not in address:
+        return [address]
+    from tensorhub_verl.ros.regions import parse_regions
+
+    return list(parse_regions(address).values())
 
 
 HUB_PLACEMENTS = ("head", "any", "label:KEY=VALUE", "resource:NAME")

@@ -33,6 +33,7 @@ import ray
 
 from tensorhub_verl.errors import ConfigError, HubUnavailable
 from tensorhub_verl.ros.hub_client import is_loopback_url
+from tensorhub_verl.ros.regions import region_names
 from tensorhub_verl.verl.config import TensorHubVerlConfig, hub_placement
 
 logger = logging.getLogger("tensorhub_verl.verl.hub_actor")
@@ -50,7 +51,7 @@ class TensorHubHubActor:
     def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
                  seeds_per_dc: int, url_file: str | None, actor_name: str, tls_cert: str | None = None,
                  tls_key: str | None = None, cooperative: bool = True, namespace: str | None = None,
-                 own_token: str | None = None) -> None:
+                 own_token: str | None = None, regions: str | None = None) -> None:
         import tensorhub_verl as th
 
         bind = host or ray.util.get_node_ip_address()
@@ -61,16 +62,27 @@ class TensorHubHubActor:
             logger.info("hub actor %r listens on %s, off loopback, and no token is configured: it uses a token "
                         "of its own, handed to the job's workers through Ray", actor_name, bind)
         self._restarts = _restarts_so_far()
+        names = region_names(regions) if regions else [None]
+        ports = [port + i if port else 0 for i in range(len(names))]
         if self._restarts and port == 0:
             # Ray restarted this actor (its process died): serve where the job's workers know the hub to be.
-            port = _previous_port(actor_name)
-            logger.warning("hub actor %r restarted by Ray (restart %d): serving again on port %d; the job's "
-                           "workers re-register with it", actor_name, self._restarts, port)
+            ports = _previous_ports(actor_name, len(names))
+            logger.warning("hub actor %r restarted by Ray (restart %d): serving again on port(s) %s; the job's "
+                           "workers re-register with it", actor_name, self._restarts, ports)
         self._token = token
-        self._hub = th.start_hub(host=bind, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                                 config=_hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc,
-                                                    cooperative=cooperative))
-        self._url = self._hub.url
+        config = _hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc, cooperative=cooperative)
+        # A hub of regions: one hub per region, each on a port of its own, in this process.
+        self._hubs = []
+        try:
+            for each in ports:
+                self._hubs.append(th.start_hub(host=bind, port=each, token=token, tls_cert=tls_cert, tls_key=tls_key,
+                                               config=config))
+        except BaseException:
+            for hub in self._hubs:
+                hub.stop()
+            raise
+        self._url = self._hubs[0].url if regions is None else \
+            ",".join(f"{name}={hub.url}" for name, hub in zip(names, self._hubs))
         self._url_file = session_url_file(actor_name, namespace) if url_file == AUTO_URL_FILE else url_file
         if self._url_file:
             _write_atomically(self._url_file, self._url + "\n")
@@ -85,6 +97,7 @@ class TensorHubHubActor:
         logger.info("TensorHub hub actor %r serving on %s", actor_name, self._url)
 
     def url(self) -> str:
+        """The hub's URL, or a hub of regions' ``REGION=URL`` list (``connect`` takes either)."""
         return self._url
 
     def token(self) -> str | None:
@@ -103,7 +116,8 @@ class TensorHubHubActor:
         return self._restarts
 
     def stop(self) -> None:
-        self._hub.stop()
+        for hub in self._hubs:
+            hub.stop()
         _remove_if_ours(self._url_file, self._url)
 
 
@@ -115,14 +129,18 @@ def _restarts_so_far() -> int:
     return int(info.get("NumRestarts", 0)) if info else 0
 
 
-def _previous_port(actor_name: str) -> int:
-    """The port of the URL this hub actor served before its restart (Ray's KV store), 0 if none is recorded."""
+def _previous_ports(actor_name: str, count: int) -> list[int]:
+    """The ports of the URL (or of each region's URL) this hub actor served before its restart (Ray's KV store),
+    0 for each if none is recorded."""
     from urllib.parse import urlsplit
 
     from ray.experimental import internal_kv
 
+    from tensorhub_verl.verl.config import hub_urls
+
     url = internal_kv._internal_kv_get(kv_key(actor_name), namespace=KV_NAMESPACE)
-    return (urlsplit(url.decode()).port or 0) if url else 0
+    ports = [urlsplit(u).port or 0 for u in hub_urls(url.decode())] if url else []
+    return ports if len(ports) == count else [0] * count
 
 
 def _hub_config(*, keep_versions: int, seeds_per_dc: int, cooperative: bool = True):
@@ -220,7 +238,8 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
         host=host, port=cfg.hub_port, token=cfg.resolved_token(),
         keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
         actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key,
-        cooperative=cfg.cooperative, namespace=cfg.hub_namespace, own_token=secrets.token_urlsafe(32))
+        cooperative=cfg.cooperative, namespace=cfg.hub_namespace, own_token=secrets.token_urlsafe(32),
+        regions=cfg.hub_regions)
     try:
         url = ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:

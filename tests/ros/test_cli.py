@@ -123,10 +123,13 @@ def test_bench_control_readers_ask_for_runs_and_count_chunks_per_exchange():
 
 @pytest.mark.parametrize("split", ["chunks", "readers"])
 def test_bench_control_splits_the_hub_across_shard_processes(split):
+    relays = ["--relay-fanout", "1"] if split == "readers" else []  # region 1 fed by a reader of region 0
     result = run_cli("bench", "control", "--chunks", "64", "--readers", "4", "--procs", "1", "--run-chunks", "16",
-                     "--shards", "2", "--split", split, "--max-seconds", "300", "--json")
+                     "--shards", "2", "--split", split, "--max-seconds", "300", "--json", *relays)
     assert result.returncode == 0, result.stderr[-2000:]
     point = last_json(result.stdout)["points"][0]
     # Every reader booked every chunk once across the shards, and each shard process's CPU was measured.
     assert point["complete"] and point["reads"] == 4 * 64 and len(point["hub_cpu_per_shard_s"]) == 2
     assert point["critical_path_per_update_s"] == max(point["hub_cpu_per_shard_s"])
+    if relays:  # one copy from the trainer (region 0's); region 1's from region 0's relay (here on the same node)
+        assert point["trainer_copies"] == 1.0 and 64 <= point["relay_reads"] <= 2 * 64 and point["relays"] >= 1

@@ -49,6 +49,19 @@ def test_prefers_the_holder_with_fewer_reads_in_flight_over_the_one_that_served_
     assert plan("r", N0, [0], holders) == {0: "served"}
 
 
+def test_a_standby_holder_serves_only_chunks_no_holder_as_near_has():
+    # A publisher's standby copy in a region fed by another region's relay: the relay, busier or not, and when its
+    # slots are full the reader waits for them rather than reading from the standby.
+    holders = [HolderView("trainer~standby", RACK1, None), HolderView("a0~relay", RACK1, None, inflight=2)]
+    assert set(plan("r", N0, range(4), holders, max_inflight_per_source=6).values()) == {"a0~relay"}
+    assert list(plan("r", N0, range(6), holders, max_inflight_per_source=3).values()) == ["a0~relay"]
+    peer = HolderView("peer", RACK1, frozenset({0}))  # a peer as near with chunk 0: the standby serves 1-3 alone
+    assert plan("r", N0, range(4), [holders[0], peer], max_inflight_per_source=6) == {
+        0: "peer", 1: "trainer~standby", 2: "trainer~standby", 3: "trainer~standby"}
+    near = HolderView("trainer~standby", N1, None)  # nearer than the relay: topology first
+    assert set(plan("r", N0, range(4), [near, holders[1]]).values()) == {"trainer~standby"}
+
+
 def test_a_partial_holder_serves_only_what_it_has():
     holders = [HolderView("trainer", N1, None, inflight=5), HolderView("peer", N1, frozenset({1, 2}))]
     result = plan("r", N0, [0, 1, 2], holders, max_inflight_per_source=8)

@@ -14,7 +14,8 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros.client import ClientConfig
 from tensorhub_verl.ros.planes.tcp import TcpPlane
 from tensorhub_verl.ros.regional_client import RegionalClient
-from tensorhub_verl.ros.regions import commit_layout, parse_regions, region_names, region_of
+from tensorhub_verl.ros.regions import (commit_layout, parse_regions, region_names, region_of, relay_children,
+                                        relay_parents)
 from tensorhub_verl.ros.topology import Location
 
 from tests.ros.roles import GatedPlane, digest, make_weights
@@ -182,3 +183,103 @@ def test_tensorhub_hub_regions_starts_a_hub_per_region_and_prints_the_list(tmp_p
             if process.is_running() if isinstance(process, psutil.Process) else process.poll() is None:
                 process.kill()
         launcher.wait(10)
+
+
+def test_relay_tree_each_datacenter_its_own_with_the_first_region_as_root():
+    names = [f"dc0/r{i}" for i in range(5)] + ["dc1/r0", "dc1/r1"]
+    assert relay_parents(names, 2) == {"dc0/r0": None, "dc0/r1": "dc0/r0", "dc0/r2": "dc0/r0", "dc0/r3": "dc0/r1",
+                                       "dc0/r4": "dc0/r1", "dc1/r0": None, "dc1/r1": "dc1/r0"}
+    assert relay_children(names, 2)["dc0/r1"] == ["dc0/r3", "dc0/r4"]
+    assert set(relay_parents(names, 0).values()) == {None}
+    with pytest.raises(errors.ConfigError, match="relay_fanout"):
+        ClientConfig.from_fields(relay_fanout=-1)
+
+
+def _status_holders(client, version=1) -> dict[str, int]:
+    """holder -> bytes it served, for ``version`` in a region's hub."""
+    return {h["holder"]: h["served_bytes"] for v in client.status()["models"].get("policy", ())
+            if (v["version"], v["layout"]) == (version, "hf") for h in v["holders"]}
+
+
+def _relayed(procs, b0=True, **fields):
+    """A trainer and readers a0 (region r0, the root) and b0 (region r1, fed by r0), with relays on."""
+    fields = {"relay_fanout": 1, **fields}
+    return (_connect(procs, "trainer", TRAINER, **fields), _connect(procs, "a0", RACK0, **fields),
+            _connect(procs, "b0", RACK1, **fields) if b0 else None)
+
+
+def test_a_region_reads_its_first_copy_from_its_parent_regions_reader_not_the_trainer(regions):
+    trainer, a0, b0 = _relayed(regions)
+    try:
+        weights = make_weights(11, 2.0)
+        trainer.publish("policy", 1, weights)
+        # r1 is fed by r0: the trainer's copy there is a standby, and r1's reader waits for r0's relay.
+        assert _status_holders(b0.home) == {"trainer~standby": 0}
+        fetched = {}
+        waiting = threading.Thread(target=lambda: fetched.update(b0=b0.fetch("policy", "latest")), daemon=True)
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and "b0" not in fetched  # no copy from r0 yet: b0 waits, reads nothing
+        first = a0.fetch("policy", 1)  # r0 is the root: from the trainer; then a0 relays its copy to r1
+        waiting.join(60)
+        second = fetched["b0"]
+        assert digest(first.buffers) == digest(second.buffers) == digest(weights)
+        assert first.sources == {"trainer": first.bytes}
+        assert second.sources == {"a0": second.bytes}  # the relay, not the trainer's standby copy
+        served = _status_holders(b0.home)
+        assert served["trainer~standby"] == 0 and served["a0~relay"] == second.bytes and "b0" in served
+        assert "a0~relay" not in _status_holders(a0.home)  # r0's hub does not list a relay of r0's own reader
+        assert a0.holdings() == [("policy", 1, "hf")]
+        # A copy of a version a reader fetched (an engine holding it in its own layout) stays in its region.
+        b0.publish("policy", 1, second.buffers, layout="engine")
+        assert sorted(b0._clients) == ["dc0/r1"] and b0.home.versions("policy", "engine") == {1: ["b0"]}
+    finally:
+        for client in (b0, a0, trainer):
+            client.close()
+
+
+def test_unpublish_drains_the_relay_copy_in_the_child_region(regions):
+    trainer, a0, _ = _relayed(regions, b0=False)
+    gated = GatedPlane("reader-agent", hold_after=2, inner=TcpPlane("reader-agent", "127.0.0.1"))
+    b0 = RegionalClient(_spec(regions), "b0", _where(RACK1), plane=gated,
+                        config=ClientConfig.from_fields(window=1, max_run_chunks=1, hub_retry_s=60.0,
+                                                        chunk_bytes=CHUNK, relay_fanout=1))
+    try:
+        trainer.publish("policy", 1, make_weights(5, 2.0))
+        a0.fetch("policy", 1)
+        assert "a0~relay" in _status_holders(b0.home)
+        result = {}
+        fetch = threading.Thread(target=lambda: result.update(stats=b0.fetch("policy", 1)), daemon=True)
+        fetch.start()
+        assert gated.holding.wait(60)  # b0's third read held at the gate: its lease on a0's relay copy is live
+        unpublished = threading.Event()
+        threading.Thread(target=lambda: (a0.unpublish("policy", 1), unpublished.set()), daemon=True).start()
+        assert not unpublished.wait(1.0)  # r1's read of the relay copy holds a0's unpublish
+        gated.start_gate.set()
+        assert unpublished.wait(60), "a0's unpublish did not return once r1's reads of its relay copy drained"
+        fetch.join(60)
+        assert "a0~relay" not in _status_holders(b0.home) and "a0" not in _status_holders(a0.home)
+        assert a0.holdings() == [] and result["stats"].sources.get("a0", 0) > 0
+    finally:
+        for client in (b0, a0, trainer):
+            client.close()
+        gated.close()
+
+
+def test_a_dead_relay_is_planned_around(regions):
+    trainer, a0, b0 = _relayed(regions, read_timeout_s=5.0)
+    try:
+        weights = make_weights(6, 2.0)
+        trainer.publish("policy", 1, weights)
+        a0.fetch("policy", 1)
+        assert "a0~relay" in _status_holders(b0.home)
+        a0._plane.close()  # a0 stops serving; its hubs still list it until its heartbeats stop
+        stats = b0.fetch("policy", 1)
+        assert digest(stats.buffers) == digest(weights)
+        assert stats.sources.get("a0", 0) == 0 and stats.sources["trainer"] == stats.bytes
+    finally:
+        for client in (b0, a0, trainer):
+            try:
+                client.close(10.0)
+            except errors.TensorHubError:
+                pass  # a0's plane is gone

@@ -30,6 +30,11 @@ from tensorhub_verl.verl.staging import BufferRing
     ({"allow_plain_http": "yes"}, "allow_plain_http must be true or false"),
     ({"window": 0}, "window must be in"),
     ({"hub_max_restarts": -2}, "hub_max_restarts must be an integer >= -1"),
+    ({"hub_regions": "dc0/r0,dc0/r1", "hub_address": "http://h:1"}, "set one of them"),
+    ({"hub_regions": "a/b/c/d"}, "not REGION=URL"),
+    ({"hub_address": "dc0/r0=h:1,dc0/r1=http://h:2"}, "http"),
+    ({"relay_fanout": -1}, "relay_fanout must be an integer >= 0"),
+    ({"token": "s", "hub_address": "dc0/r0=http://127.0.0.1:1,dc0/r1=http://10.0.0.7:2"}, "in clear to http://10.0"),
 ])
 def test_bad_config_names_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
@@ -55,6 +60,18 @@ def test_a_token_may_go_to_loopback_tls_or_an_allowed_plain_hub(values):
 ])
 def test_wan_seeds_are_sized_from_link_capacities_unless_set(values, seeds):
     assert TensorHubVerlConfig.from_mapping(values).wan_seeds() == seeds
+
+
+def test_a_hub_of_regions_reaches_every_workers_client():
+    """``tensorhub.hub_regions`` (the job's hub actor serves regions) or a REGION=URL list in ``hub_address``:
+    workers connect with the list (``connect`` gives a ``RegionalClient``), relays as configured."""
+    from tensorhub_verl.ros.client import ClientConfig
+
+    spec = "dc0/r0=http://127.0.0.1:1,dc0/r1=http://127.0.0.1:2"
+    listed = TensorHubVerlConfig.from_mapping({"hub_address": spec, "relay_fanout": 2})
+    assert listed.uses_regions() and ClientConfig.from_fields(**listed.client_settings()).fetch.relay_fanout == 2
+    assert TensorHubVerlConfig.from_mapping({"hub_regions": 4}).uses_regions()
+    assert not TensorHubVerlConfig.from_mapping({"hub_address": "http://127.0.0.1:1"}).uses_regions()
 
 
 def test_config_from_omegaconf():

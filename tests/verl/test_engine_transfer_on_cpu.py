@@ -66,3 +66,31 @@ def test_rollout_workers_hold_no_copy_and_refuse_verls_receive_path():
     with pytest.raises(ConfigError, match="updates rollout engines in place"):
         asyncio.run(drain())
     assert engine.held_versions() == []
+
+
+def test_the_trainer_publishes_to_every_region_of_a_hub_of_regions():
+    """``tensorhub.hub_address`` as a REGION=URL list: the trainer rank connects through ``connect`` to a
+    ``RegionalClient`` and publishes every version to every region; a reader of either region reads it."""
+    import tensorhub_verl as th
+    from tensorhub_verl.ros.regional_client import RegionalClient
+    from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
+
+    hubs = [th.start_hub(), th.start_hub()]
+    spec = f"dc0/r0={hubs[0].url},dc0/r1={hubs[1].url}"
+    engine = TensorHubCheckpointEngine(bucket_size=1, is_master=True, job="regions", node="t0",
+                                       **_th(spec, relay_fanout=1, transport="tcp"))
+    reader = None
+    try:
+        asyncio.run(engine.send_weights(iter(weights_for(1).items()), global_steps=1))
+        assert isinstance(engine._client, RegionalClient) and sorted(engine._client._clients) == ["dc0/r0", "dc0/r1"]
+        reader = th.connect(spec, "rollout-0", location={"dc": "dc0", "rack": "r0", "node": "n1"}, chunk_bytes=1 << 20,
+                            transport="tcp", relay_fanout=1)
+        stats = reader.fetch("policy", "latest")
+        assert all(torch.equal(stats.buffers[name], t) for name, t in weights_for(1).items())
+        assert reader.home.hub_url == hubs[0].url and set(engine._client._clients["dc0/r1"].versions("policy")) == {1}
+    finally:
+        if reader is not None:
+            reader.close()
+        engine.close()
+        for hub in hubs:
+            hub.stop()

@@ -123,3 +123,22 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
         if client is not None:
             client.close()
         stop_hub("th-restart-hub", "th-test")
+
+
+def test_a_hub_actor_with_hub_regions_serves_a_hub_per_region_and_gives_the_list(ray_local):
+    """``tensorhub.hub_regions``: the actor serves one hub per region and its URL is the REGION=URL list that
+    ``connect`` takes (every worker then connects to its region); stopping it stops every region's hub."""
+    from tensorhub_verl.ros.regions import parse_regions
+
+    cfg = TensorHubVerlConfig(hub_actor_name="th-regions-hub", hub_namespace="th-test", hub_host="127.0.0.1",
+                              hub_regions="dc0/r0,dc0/r1")
+    try:
+        regions = parse_regions(ensure_hub(cfg))
+        assert list(regions) == ["dc0/r0", "dc0/r1"] and len(set(regions.values())) == 2
+        for url in regions.values():
+            assert httpx.get(f"{url}/v1/status", timeout=10).status_code == 200
+    finally:
+        assert stop_hub("th-regions-hub", "th-test") is True
+    for url in regions.values():
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/v1/status", timeout=5)

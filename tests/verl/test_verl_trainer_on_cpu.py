@@ -119,6 +119,19 @@ def test_the_reward_rises_over_a_longer_run(task, tmp_path):
     assert last > first + 0.05, f"reward did not rise: {rewards}"
 
 
+@pytest.mark.slow  # ~3 min; the default suite's hub-of-regions checks are test_engine_transfer / test_hub_actor's
+def test_a_job_on_a_hub_of_regions_syncs_every_replica(task, tmp_path):
+    """``tensorhub.hub_regions=2``: the job's hub actor serves regions dc0/r0 and dc0/r1 (relays on), the trainer
+    publishes to both, and every replica, connected to its region through ``connect``, pulls each step's version
+    with the trainer's digests."""
+    result, metrics = _run(task, tmp_path, steps=2,
+                           dtype_overrides=("tensorhub.hub_regions=2", "tensorhub.relay_fanout=1"))
+    assert result["demo"] == "ok" and [step for step, _ in metrics] == [1, 2]
+    for step, m in metrics:
+        assert m["tensorhub/version"] == step and m["tensorhub/replicas_updated"] == 2
+        assert m["tensorhub/digests_checked"] == 2 and m["tensorhub/digest_mismatches"] == 0
+
+
 @pytest.mark.slow  # ~3 min; the default suite's real loop is the separate_async test above
 def test_fully_async_syncs_through_tensorhub(task, tmp_path):
     """verl's fully async policy (its own entry point, rollouter and trainer as separate actors)."""
