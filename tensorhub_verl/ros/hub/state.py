@@ -23,8 +23,9 @@ needs which versions are visible) the facade passes that part in and it calls it
 Locks and the event loop: every public method takes the state lock (a ``threading.RLock``) and runs on a thread,
 never on the HTTP server's event loop (``hub.app``): a pool thread's long ``status()`` or drop of a worker then
 stalls no other request. One exception, ``heartbeat_unlocked``: it takes no lock and runs on the loop (it reads
-entries that the locked side replaces in one store, and writes one timestamp). Coroutines that wait for a change (``/v1/wait``, a parked exchange) wait on
-``changes.wait_async`` without the lock; threads wait on the lock's condition. A change of holdings or reads notifies both.
+entries that the locked side replaces in one store, and writes one timestamp). Coroutines that wait for a change wait without the lock: ``/v1/wait`` on
+``changes.wait_async``, a parked exchange on the park that ``exchange`` queued under the lock (``Changes``: a report
+wakes only the parked readers it can serve); threads wait on the lock's condition. A change of holdings notifies all.
 
 Invariants:
   - A holding in state ``active`` holds every chunk (``chunks`` None), or, as a row shard (an FSDP rank
