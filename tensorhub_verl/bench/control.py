@@ -135,17 +135,18 @@ def run_point(chunks: int, readers: int, args) -> dict:
             hubs.append(HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600")).start())
         model = "m"
         shards = []
-        parents = relay_parents([f"dc0/r{i}" for i in range(args.shards)], args.relay_fanout)
+        regions = [f"dc0/r{i}" for i in range(args.shards)]  # one per hub process, in order
+        parents = relay_parents(regions, args.relay_fanout)
+        children = relay_children(regions, args.relay_fanout)
         for index, hub in enumerate(hubs):
             by_chunks = args.split == "chunks"
             layout = share_layout("hf", index, args.shards) if by_chunks else "hf"
             share = chunks // args.shards + (index < chunks % args.shards) if by_chunks else chunks
-            fed = parents[f"dc0/r{index}"] is not None
+            fed = parents[regions[index]] is not None
             holder = "trainer" + STANDBY_SUFFIX if fed else "trainer"
             shards.append({"url": hub.url, "layout": layout, "fed": fed, "manifest": _manifest(model, share, layout),
                            "marker_manifest": _manifest(model, 1, relay_layout(layout)),
-                           "children": [int(c.split("r")[-1]) for c in relay_children(list(parents), args.relay_fanout)
-                                        [f"dc0/r{index}"]],
+                           "children": [regions.index(child) for child in children[regions[index]]],
                            "digest": _publish(hub.url, model, share, args.grants, layout=layout, holder=holder)})
         names = [f"r{i}" for i in range(readers)]
         locations = [{"dc": "dc0", "rack": f"k{i // (args.gpus_per_node * args.nodes_per_rack)}",

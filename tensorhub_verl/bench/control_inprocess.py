@@ -84,7 +84,7 @@ def run(readers: int, chunks: int, run_chunks: int, window: int, gpus_per_node: 
                 hub.end_fetch(msg.EndFetch(worker=name, holder=name, ok=True, hold=True, **key))
                 done.add(name)
     cpu = time.process_time() - started
-    extra = {"woken": getattr(hub.changes, "woken", None), "plans": plans[0]} if parked else {}
+    extra = {"woken": hub.changes.woken, "plans": plans[0]} if parked else {}
     return extra | {"readers": readers, "chunks": chunks, "run_chunks": run_chunks, "hub_cpu_s": round(cpu, 3),
             "exchanges": exchanges, "exchanges_per_reader": round(exchanges / readers, 1),
             "hub_cpu_per_exchange_ms": round(1000 * cpu / exchanges, 3),

@@ -75,8 +75,18 @@ class LabProcess:
     """One `modes_roles` role running as a process in a lab host; reads its JSON event lines with deadlines."""
 
     def __init__(self, lab: Lab, host: str, argv: list[str], name: str):
-        self.name = name
-        self.proc = lab.host(host).popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._watch(lab.host(host).popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), name)
+
+    @classmethod
+    def on_this_host(cls, argv: list[str], name: str, env: dict[str, str]) -> LabProcess:
+        """The role as a plain process of this host, outside any lab (``bench.reader_cpu``)."""
+        role = cls.__new__(cls)
+        role._watch(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **env}), name)
+        return role
+
+    def _watch(self, proc: subprocess.Popen, name: str) -> None:
+        self.name, self.proc = name, proc
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
         self._pending = b""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -33,18 +32,9 @@ _ROLES = [sys.executable, "-m", "tensorhub_verl.bench.modes_roles"]
 _TIMEOUT_S = 120.0
 
 
-class _Local(LabProcess):
-    """A `modes_roles` role run as a plain process on this host (LabProcess reads its JSON lines)."""
-
-    def __init__(self, argv: list[str], name: str, env: dict[str, str]):
-        import selectors
-
-        self.name = name
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **env})
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
-        self._pending = b""
+def _role(args: list[str], name: str, env: dict[str, str]) -> LabProcess:
+    """A `modes_roles` role as a plain process of this host (``LabProcess`` reads its JSON lines)."""
+    return LabProcess.on_this_host([*_ROLES, *args], name, env)
 
 
 def _cpu(pid: int) -> float:
@@ -62,15 +52,15 @@ def run(size_mb: float, chunk_mb: float, readers: int, window: int, rounds: int,
     env = {"UCX_TLS": "tcp"}  # the lab's plane; torch keeps its default threads, as in the lab
     work = Path(tempfile.mkdtemp(prefix="reader-cpu-"))
     stop = work / "stop"
-    procs: list[_Local] = []
+    procs: list[LabProcess] = []
     try:
-        hub = _Local([*_ROLES, "hub", "--host", "127.0.0.1", "--port", "0", "--stop", str(stop),
-                      "--timeout", str(_TIMEOUT_S * (rounds + 2))], "hub", env)
+        hub = _role(["hub", "--host", "127.0.0.1", "--port", "0", "--stop", str(stop),
+                     "--timeout", str(_TIMEOUT_S * (rounds + 2))], "hub", env)
         procs.append(hub)
         url = hub.expect("ready", 60)["url"]
-        trainer = _Local([*_ROLES, "trainer", "--hub", url, "--location", "dc=dc0,rack=r0,node=trainer",
-                          "--size-mb", str(size_mb), "--chunk-mb", str(chunk_mb), "--stop", str(stop),
-                          "--timeout", str(_TIMEOUT_S * (rounds + 2))], "trainer", env)
+        trainer = _role(["trainer", "--hub", url, "--location", "dc=dc0,rack=r0,node=trainer",
+                         "--size-mb", str(size_mb), "--chunk-mb", str(chunk_mb), "--stop", str(stop),
+                         "--timeout", str(_TIMEOUT_S * (rounds + 2))], "trainer", env)
         procs.append(trainer)
         trainer.expect("ready", 120)
         out = []
@@ -88,13 +78,13 @@ def run(size_mb: float, chunk_mb: float, readers: int, window: int, rounds: int,
             "trainer_cpu_s_median": statistics.median(o["trainer_cpu_s"] for o in out)}
 
 
-def _round(url: str, work: Path, readers: int, window: int, env: dict, hub: _Local, trainer: _Local,
+def _round(url: str, work: Path, readers: int, window: int, env: dict, hub: LabProcess, trainer: LabProcess,
            profile: Path | None) -> dict:
     work.mkdir()
     go, stop = work / "go", work / "stop"
-    roles = [_Local([*_ROLES, "reader", "--hub", url, "--worker", f"{work.name}-r{i}",
-                     "--location", f"dc=dc0,rack=r{1 + i % 2},node={work.name}-n{i}", "--window", str(window),
-                     "--go", str(go), "--stop", str(stop), "--timeout", str(_TIMEOUT_S), "--hold"], f"reader-{i}", env)
+    roles = [_role(["reader", "--hub", url, "--worker", f"{work.name}-r{i}",
+                    "--location", f"dc=dc0,rack=r{1 + i % 2},node={work.name}-n{i}", "--window", str(window),
+                    "--go", str(go), "--stop", str(stop), "--timeout", str(_TIMEOUT_S), "--hold"], f"reader-{i}", env)
              for i in range(readers)]
     spies = []
     try:
