@@ -15,7 +15,11 @@ holders and readers that are still filling), and:
      through its datacenter as early as the WAN allows;
   5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
      (readers filling at once share a holder's slots instead of the first one taking them all);
-     a seed crossing the WAN is exempt;
+     a seed crossing the WAN is exempt. A reader that holds no chunk yet gets at most ``first_complete_reads``
+     from one complete holder (``PlanRequest.complete_share``): the share counts the readers that have begun,
+     so without it the first readers of a group that begins within milliseconds take every slot of the
+     publisher (a window each) and the others wait for their peers' copies; with one each, every reader
+     has a chunk of its own to trade when the first ones land;
   6. among the nearest holders with a free slot (fewer than ``max_inflight_per_source`` reads in flight,
      and within the reader's ``fair_share``) picks the least of the key (reads in flight, bytes of this
      version it has served, holder id): the fewest reads in flight first, then the least served, then the
@@ -70,6 +74,9 @@ class PlannerConfig:
     """WAN reads one seed holds at once: the one it is reading and the next two, queued on the reader so that
     the next starts the moment one lands, and the exchange that reports it and brings a new WAN lease has two
     chunks' WAN time, not one, to come back (with one, an answer slower than a chunk idled the WAN)."""
+    first_complete_reads: int | None = 1
+    """Reads a reader that holds no chunk of the version yet may hold at once from one complete holder (rule 5;
+    None: only the fair share)."""
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
     nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""
@@ -83,6 +90,8 @@ class PlannerConfig:
         for name in ("max_inflight_per_source", "seeds_per_dc", "wan_reads_per_seed"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.first_complete_reads is not None and self.first_complete_reads < 1:
+            raise ConfigError(f"first_complete_reads must be >= 1 or None, got {self.first_complete_reads}")
         if self.max_partial_sources is not None and self.max_partial_sources < 1:
             raise ConfigError(f"max_partial_sources must be >= 1 or None, got {self.max_partial_sources}")
 
@@ -155,6 +164,9 @@ class PlanRequest:
     fair_share: int | None = None
     """Most reads this reader may have in flight from one source (None: only the source's cap). With
     several readers filling at once it keeps the first one from taking all of a holder's slots."""
+    complete_share: int | None = None
+    """Most reads this reader may have in flight from one complete holder, below ``fair_share`` (None: the fair
+    share alone); a seed crossing the WAN is exempt, as from the share."""
     run_chunks: int = 1
     """Most consecutive chunks one assignment may cover (a run, one lease)."""
     needs: Callable[[int], bool] | None = None
@@ -177,20 +189,23 @@ class Assignment:
 def reader_request(reader: str, location: Location, needed: Sequence[int], want: int, *, seeds: Sequence[str],
                    filling: int, own_inflight: Mapping[str, int], own_wan_reads: int, config: PlannerConfig,
                    fair_share: bool = True, run_chunks: int = 1, needs: Callable[[int], bool] | None = None,
-                   needs_until: Callable[[int, int], int] | None = None) -> tuple[PlanRequest, list[str]]:
+                   needs_until: Callable[[int, int], int] | None = None,
+                   held: int = 0) -> tuple[PlanRequest, list[str]]:
     """What the hub asks the planner for one reader, and its datacenter's ``seeds`` once it asked. The hub
     (``HubState._plan``) and the simulator (``sim.tensorhub``) both build their requests here.
 
     The first ``seeds_per_dc`` readers of a datacenter to ask become its seeds: the only ones that may cross
     the WAN (rule 4). ``filling``: readers of the version filling at once; with ``fair_share`` they share
-    each source's ``max_inflight_per_source`` slots (rule 5)."""
+    each source's ``max_inflight_per_source`` slots (rule 5); ``held``: chunks the reader holds (landed and
+    reported), none yet caps its reads from a complete holder at ``first_complete_reads``."""
     seeds = list(seeds)
     if reader not in seeds and len(seeds) < config.seeds_per_dc:
         seeds.append(reader)
     share = max(1, config.max_inflight_per_source // max(1, filling)) if fair_share else None
+    complete_share = config.first_complete_reads if held == 0 else None
     return PlanRequest(reader, location, needed, want, may_cross_wan=reader in seeds, own_inflight=own_inflight,
-                       own_wan_reads=own_wan_reads, fair_share=share, run_chunks=run_chunks, needs=needs,
-                       needs_until=needs_until), seeds
+                       own_wan_reads=own_wan_reads, fair_share=share, complete_share=complete_share,
+                       run_chunks=run_chunks, needs=needs, needs_until=needs_until), seeds
 
 
 def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) -> list[Assignment]:
@@ -236,8 +251,10 @@ def plan_chunks(request: PlanRequest, view: SwarmView, config: PlannerConfig) ->
             continue  # rule 4
         # Seeds are the only readers crossing the WAN, so they need no share: it would idle the WAN.
         share = None if nearest == Distance.WAN else request.fair_share
+        cap = None if nearest == Distance.WAN else request.complete_share
         free = [h for h in nearest_holders if inflight.of(h) < config.max_inflight_per_source
-                and (share is None or own[h.holder] < share)]
+                and (share is None or own[h.holder] < share)
+                and (cap is None or h.chunks is not None or own[h.holder] < cap)]
         if not free:
             continue
         best = min(free, key=lambda h: (inflight.of(h), h.served_bytes, h.holder))  # rule 6

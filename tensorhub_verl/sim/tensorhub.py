@@ -246,7 +246,8 @@ class TensorHub:
         request, self.seeds[dc] = reader_request(reader.name, reader.location, needed, room, seeds=self.seeds[dc],
                                                  filling=filling, own_inflight=Counter(reader.inflight.values()),
                                                  own_wan_reads=own_wan, config=self.config,
-                                                 fair_share=self.fair_share)
+                                                 fair_share=self.fair_share,
+                                                 held=len(reader.have - self._hidden[reader.name]))
         if not needed:
             return []
         pulling = {c: [loc for r, loc in by.items() if r != reader.name] for c, by in self.pulling.items() if by}

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, unservable
+from tensorhub_verl.ros.planner import (HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, reader_request,
+                                        unservable)
 from tensorhub_verl.ros.topology import Distance, Location
 
 N0 = Location("dc0", "r0", "n0")
@@ -131,7 +132,8 @@ def test_distance_order():
     assert N0.distance(DC1_A) == Distance.WAN
 
 
-@pytest.mark.parametrize("field", ["max_inflight_per_source", "seeds_per_dc", "wan_reads_per_seed"])
+@pytest.mark.parametrize("field", ["max_inflight_per_source", "seeds_per_dc", "wan_reads_per_seed",
+                                   "first_complete_reads"])
 def test_config_rejects_nonsense(field):
     with pytest.raises(ConfigError, match=field):
         PlannerConfig(**{field: 0})
@@ -142,6 +144,36 @@ def test_a_fair_share_keeps_one_reader_from_taking_every_slot():
     assert len(plan("r", N0, range(8), holders, max_inflight_per_source=8)) == 8
     request = PlanRequest("r", N0, list(range(8)), 8, own_inflight={"trainer": 1}, fair_share=2)
     assert len(plan_chunks(request, SwarmView(holders), PlannerConfig(max_inflight_per_source=8))) == 1
+
+
+def _first_plan(reader, location, holders, *, held, filling=1, seeds=(), config=PlannerConfig()):
+    """A window-4 reader's plan as the hub asks it (``reader_request``), for 8 chunks."""
+    request, _ = reader_request(reader, location, list(range(8)), 4, seeds=list(seeds), filling=filling,
+                                own_inflight={}, own_wan_reads=0, config=config, held=held)
+    return plan_chunks(request, SwarmView(holders), config)
+
+
+def test_a_reader_with_no_chunk_yet_takes_one_read_from_the_publisher():
+    # Readers that begin together: the first to ask sees itself alone (fair share 8) and would take a whole
+    # window of the trainer's slots; with one each, the next seven get a chunk of their own to trade.
+    trainer = [HolderView("trainer", N1, None)]
+    assert [a.source for a in _first_plan("r", N0, trainer, held=0)] == ["trainer"]
+    assert len(_first_plan("r", N0, trainer, held=0, config=PlannerConfig(first_complete_reads=2))) == 2
+    assert len(_first_plan("r", N0, trainer, held=0, config=PlannerConfig(first_complete_reads=None))) == 4
+    # once it holds a chunk, only the fair share limits it
+    assert len(_first_plan("r", N0, trainer, held=1)) == 4
+    assert len(_first_plan("r", N0, trainer, held=1, filling=4)) == 2
+
+
+def test_the_first_read_cap_leaves_peers_and_the_wan_alone():
+    # A reader holding nothing still reads a window from filling peers (partial holders) ...
+    peers = [HolderView("p1", N1, frozenset(range(8))), HolderView("p2", N1, frozenset(range(8)))]
+    plan = _first_plan("r", N0, peers, held=0)
+    assert len(plan) == 4 and {a.source for a in plan} == {"p1", "p2"}
+    # ... and a datacenter's seed crosses the WAN with all its WAN reads (rule 4 paces it, not rule 5).
+    far = [HolderView("trainer", DC1_A, None)]
+    wan = _first_plan("seed", N0, far, held=0, seeds=["seed"])
+    assert [a.distance for a in wan] == [Distance.WAN] * PlannerConfig().wan_reads_per_seed
 
 
 def test_planning_from_the_chunk_index_gives_the_plan_the_full_walk_gives():

@@ -144,7 +144,8 @@ class ReadDesk:
         request, record.seeds[location.dc] = reader_request(
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
             own_wan_reads=own_wan, config=self.planner, run_chunks=run_chunks,
-            needs=_needs(holding, len(record.chunks), mine), needs_until=_needs_until(holding, len(record.chunks), mine))
+            needs=_needs(holding, len(record.chunks), mine), needs_until=_needs_until(holding, len(record.chunks), mine),
+            held=len(holding.chunks))
         assignments = plan_chunks(request, view, self.planner)
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
