@@ -15,11 +15,11 @@ holders and readers that are still filling), and:
      through its datacenter as early as the WAN allows;
   5. a reader gets at most ``fair_share`` reads in flight from one source, when the hub sets it
      (readers filling at once share a holder's slots instead of the first one taking them all);
-     a seed crossing the WAN is exempt. A reader that holds no chunk yet gets at most ``first_complete_reads``
-     from one complete holder (``PlanRequest.complete_share``): the share counts the readers that have begun,
-     so without it the first readers of a group that begins within milliseconds take every slot of the
-     publisher (a window each) and the others wait for their peers' copies; with one each, every reader
-     has a chunk of its own to trade when the first ones land;
+     a seed crossing the WAN is exempt. With ``first_complete_reads`` set, a reader that holds no chunk yet
+     gets at most that many from one complete holder (``PlanRequest.complete_share``): the share counts the
+     readers that have begun, so without it the first readers of a group that begins within milliseconds
+     take every slot of the publisher (a window each) and the others wait for their peers' copies; with one
+     each, every reader has a chunk of its own to trade when the first ones land;
   6. among the nearest holders with a free slot (fewer than ``max_inflight_per_source`` reads in flight,
      and within the reader's ``fair_share``) picks the least of the key (reads in flight, bytes of this
      version it has served, holder id): the fewest reads in flight first, then the least served, then the
@@ -74,9 +74,11 @@ class PlannerConfig:
     """WAN reads one seed holds at once: the one it is reading and the next two, queued on the reader so that
     the next starts the moment one lands, and the exchange that reports it and brings a new WAN lease has two
     chunks' WAN time, not one, to come back (with one, an answer slower than a chunk idled the WAN)."""
-    first_complete_reads: int | None = 1
+    first_complete_reads: int | None = None
     """Reads a reader that holds no chunk of the version yet may hold at once from one complete holder (rule 5;
-    None: only the fair share)."""
+    None: only the fair share). Off by default: in the lab (8 readers of one trainer, docs/control-plane.md,
+    "Scatter at today's lag") 1 took the readers' wait for a first read from ~2 s to ~0.2 s summed, but their
+    reads then shared links more and the total did not move."""
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a
     nearer copy (rules 2-4 off). Benchmarks use it to compare on the same transport."""

@@ -30,12 +30,8 @@ def manifest(version=1, chunks=4, fingerprint="f1"):
 
 
 def make_state(**config):
-    """A hub on a fake clock. Its planner lets a lone reader take a window of the publisher's slots at its first
-    exchange (``first_complete_reads=None``) unless a test gives its own: these tests are about other rules, and
-    ``test_planner_first_reads`` tests that one."""
     clock = Clock()
-    config = {"require_digests": False, "planner": PlannerConfig(first_complete_reads=None), **config}
-    return HubState(HubConfig(**config), clock=clock), clock
+    return HubState(HubConfig(**{"require_digests": False, **config}), clock=clock), clock
 
 
 def register(state, worker, dc="dc0", node="n0", spot=False):
@@ -300,14 +296,14 @@ def test_an_engines_shards_become_visible_only_together():
 
 
 def test_readers_filling_at_once_share_a_holders_slots():
-    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8, first_complete_reads=None))
+    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8))
     m = manifest(chunks=16)
     for w in ("trainer", "a", "b", "c", "d"):
         register(state, w)
     publish(state, "trainer", m)
     begin(state, "a", m)
     assert len(exchange(state, "a", m, want=8).assignments) == 8  # alone, it may use every slot
-    state2, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8, first_complete_reads=None))
+    state2, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8))
     for w in ("trainer", "a", "b", "c", "d"):
         register(state2, w)
     publish(state2, "trainer", m)

@@ -146,7 +146,8 @@ def test_a_fair_share_keeps_one_reader_from_taking_every_slot():
     assert len(plan_chunks(request, SwarmView(holders), PlannerConfig(max_inflight_per_source=8))) == 1
 
 
-def _first_plan(reader, location, holders, *, held, filling=1, seeds=(), config=PlannerConfig()):
+def _first_plan(reader, location, holders, *, held, filling=1, seeds=(),
+                config=PlannerConfig(first_complete_reads=1)):
     """A window-4 reader's plan as the hub asks it (``reader_request``), for 8 chunks."""
     request, _ = reader_request(reader, location, list(range(8)), 4, seeds=list(seeds), filling=filling,
                                 own_inflight={}, own_wan_reads=0, config=config, held=held)
@@ -159,7 +160,7 @@ def test_a_reader_with_no_chunk_yet_takes_one_read_from_the_publisher():
     trainer = [HolderView("trainer", N1, None)]
     assert [a.source for a in _first_plan("r", N0, trainer, held=0)] == ["trainer"]
     assert len(_first_plan("r", N0, trainer, held=0, config=PlannerConfig(first_complete_reads=2))) == 2
-    assert len(_first_plan("r", N0, trainer, held=0, config=PlannerConfig(first_complete_reads=None))) == 4
+    assert len(_first_plan("r", N0, trainer, held=0, config=PlannerConfig())) == 4  # off by default
     # once it holds a chunk, only the fair share limits it
     assert len(_first_plan("r", N0, trainer, held=1)) == 4
     assert len(_first_plan("r", N0, trainer, held=1, filling=4)) == 2

@@ -7,7 +7,7 @@ from tests.ros.test_hub_state import begin, exchange, make_state, manifest, publ
 
 
 def test_readers_that_begin_together_each_get_a_read_of_the_publisher_and_a_window_once_one_landed():
-    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8))
+    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8, first_complete_reads=1))
     m = manifest(chunks=16)
     readers = [f"r{i}" for i in range(6)]
     for w in ("trainer", *readers):
@@ -28,7 +28,7 @@ def test_readers_that_begin_together_each_get_a_read_of_the_publisher_and_a_wind
 
 
 def test_a_lone_reader_takes_a_window_after_its_first_chunk():
-    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8))
+    state, _ = make_state(planner=PlannerConfig(max_inflight_per_source=8, first_complete_reads=1))
     m = manifest(chunks=16)
     for w in ("trainer", "reader"):
         register(state, w)

@@ -145,7 +145,7 @@ class ReadDesk:
             holding.holder, location, needed, want, seeds=seeds, filling=filling, own_inflight=own_inflight,
             own_wan_reads=own_wan, config=self.planner, run_chunks=run_chunks,
             needs=_needs(holding, len(record.chunks), mine), needs_until=_needs_until(holding, len(record.chunks), mine),
-            held=len(holding.chunks))
+            held=len(holding.chunks))  # rule 5's first reads
         assignments = plan_chunks(request, view, self.planner)
         if len(assignments) < want:
             cursor.move_on()  # these candidates are busy or far: the next plan looks at the next ones
