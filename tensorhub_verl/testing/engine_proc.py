@@ -11,12 +11,14 @@ connects this process to a child it spawned (never a network peer).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -334,4 +336,29 @@ class EngineProcess:
         self.close()
 
 
-__all__ = ["ENGINE_ENV", "EngineError", "EngineProcess", "EngineSpec", "engine_kwargs", "load_checkpoint", "move_weights"]
+@contextlib.contextmanager
+def running_engines(specs: list[EngineSpec], start_timeout_s: float = 300.0) -> Iterator[list[EngineProcess]]:
+    """The engines of ``specs``, started at once, in that order; all closed on exit. When one fails to start,
+    the others are closed and its error is raised. An engine's start is mostly its own process's imports and
+    model set-up, so on a machine with an idle core two starts overlap instead of adding up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, len(specs)), thread_name_prefix="tensorhub-engine-start") as pool:
+        futures = [pool.submit(EngineProcess, spec, start_timeout_s) for spec in specs]
+    started, failures = [], []
+    for future in futures:
+        try:
+            started.append(future.result())
+        except Exception as e:  # noqa: BLE001 - the first is raised once every started engine is closed
+            failures.append(e)
+    try:
+        if failures:
+            raise failures[0]
+        yield started
+    finally:
+        for engine in reversed(started):
+            engine.close()
+
+
+__all__ = ["ENGINE_ENV", "EngineError", "EngineProcess", "EngineSpec", "engine_kwargs", "load_checkpoint", "move_weights",
+           "running_engines"]

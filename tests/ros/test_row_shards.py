@@ -50,16 +50,16 @@ def _publish_shards(hub, roles, ranks, seed, workers=None):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_reader_reads_each_chunk_from_the_rank_that_has_it(hub, roles, ranks):
     shards = _publish_shards(hub, roles, ranks, seed=ranks)
-    first = roles(reader, hub.url, "reader-1")
+    # Both readers start at once (a process start each); each reads only when told to go.
+    first, second = roles(reader, hub.url, "reader-1"), roles(reader, hub.url, "reader-2")
     first.result(120)
+    second.result(120)
     first.send("go")
     got = first.result(300)
     assert got["digest"] == digest(shard_weights(ranks, 2.0))
     # Every chunk lies on exactly one rank, and nobody else held it: each rank served exactly its chunks.
     assert got["sources"] == {f"rank-{r}": shards[r]["bytes"] for r in range(ranks)}
     assert all(s["bytes"] > got["bytes"] / ranks / 2 for s in shards)
-    second = roles(reader, hub.url, "reader-2")
-    second.result(120)
     second.send("go")
     again = second.result(300)
     assert again["digest"] == got["digest"]

@@ -1,9 +1,12 @@
-"""verl's CPU platform and the verl 0.9.1 patches that make its trainer run without a GPU."""
+"""verl's CPU platform and the verl 0.9.1 patches that make its trainer run without a GPU.
+
+The checks that need a fresh process (verl's platform singletons, Hydra's entry points) run two at a time in
+the background (``tests/fresh_processes.py``); each test asserts on its own process's output.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -13,6 +16,10 @@ from omegaconf import OmegaConf
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.verl.patches.on_import import when_imported
 from tensorhub_verl.verl.trainer_modes import check_trainer_mode
+from tests.fresh_processes import Check, fresh_processes
+
+JOBS = [("grpo", "separate_async"), ("grpo", "fully_async"), ("ppo", "separate_async")]
+"""(algorithm, trainer mode) of each CPU preset the demo job composes."""
 
 
 def _config(mode: str, backend: str = "tensorhub", use_v1: bool = True):
@@ -46,39 +53,72 @@ def test_a_post_import_hook_runs_once_right_after_its_module_executes(tmp_path, 
     assert seen == [1, 2]
 
 
-def test_verl_on_the_cpu_platform_in_a_fresh_process():
+CPU_PLATFORM = textwrap.dedent("""
+    import verl  # loads tensorhub_verl through the verl.plugins entry point
+    from verl.utils import device
+    from verl.workers.engine.base import EngineRegistry
+    import verl.workers.engine.fsdp.transformer_impl  # noqa: F401
+    import verl.workers.engine_workers as engine_workers
+    from tensorhub_verl.verl.patches.replace import is_replaced
+    assert device.get_device_name() == "cpu", device.get_device_name()
+    assert device.get_nccl_backend() == "gloo"
+    assert str(device.get_device_id()) == "cpu"
+    torch_device = device.get_torch_device()
+    assert torch_device.memory_allocated() > 0 and torch_device.mem_get_info()[1] > 0
+    torch_device.empty_cache(); torch_device.synchronize()
+    state = torch_device.get_rng_state(); torch_device.set_rng_state(state)
+    engine = EngineRegistry.get_engine_cls("language_model", "fsdp2")
+    assert engine.__name__.startswith("FSDP"), engine
+    assert is_replaced(engine_workers, "initialize_global_process_group_ray")
+    print("CPU-PLATFORM-OK")
+""")
+
+
+def _job(tmp_path, algorithm: str, trainer_mode: str):
+    from tensorhub_verl.demo.job import TinyJob
+    from tensorhub_verl.demo.task import TaskFiles
+
+    task = TaskFiles(model_dir=tmp_path / "m", train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
+                     reward_file=tmp_path / "r.py")
+    return TinyJob(task=task, out_dir=tmp_path, steps=2, trainer_mode=trainer_mode, algorithm=algorithm)
+
+
+def _composition_checks(tmp_path_factory) -> dict[str, Check]:
+    """Each job's entry point with ``--cfg job``: Hydra prints the composed config without running anything."""
+    checks = {}
+    for algorithm, trainer_mode in JOBS:
+        job = _job(tmp_path_factory.mktemp(f"{algorithm}-{trainer_mode}"), algorithm, trainer_mode)
+        checks[f"{algorithm}-{trainer_mode}"] = Check(argv=[*job.command(), "--cfg", "job"], env=job.environment())
+    return checks
+
+
+@pytest.fixture(scope="module")
+def checks(request, tmp_path_factory):
+    runs = fresh_processes(request, {
+        "test_verl_on_the_cpu_platform_in_a_fresh_process": lambda: {
+            "cpu_platform": Check(argv=[sys.executable, "-c", CPU_PLATFORM],
+                                  env=dict(os.environ, VERL_PLATFORM="cpu"))},
+        "test_without_the_setting_nothing_cpu_specific_is_applied": lambda: {
+            "no_platform": Check(argv=[sys.executable, "-c",
+                                       "import verl.workers.engine.fsdp.transformer_impl\nprint('DONE')"],
+                                 env={k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"})},
+        "test_the_demo_job_composes_into_a_config_the_checks_accept": lambda: _composition_checks(tmp_path_factory),
+    })
+    yield runs
+    runs.close()
+
+
+def test_verl_on_the_cpu_platform_in_a_fresh_process(checks):
     """VERL_PLATFORM=cpu is the one setting: verl's device helpers, its FSDP engine lookup and its
     process-group set-up all take the CPU path (each is a separate process-wide singleton, hence a subprocess)."""
-    script = textwrap.dedent("""
-        import verl  # loads tensorhub_verl through the verl.plugins entry point
-        from verl.utils import device
-        from verl.workers.engine.base import EngineRegistry
-        import verl.workers.engine.fsdp.transformer_impl  # noqa: F401
-        import verl.workers.engine_workers as engine_workers
-        from tensorhub_verl.verl.patches.replace import is_replaced
-        assert device.get_device_name() == "cpu", device.get_device_name()
-        assert device.get_nccl_backend() == "gloo"
-        assert str(device.get_device_id()) == "cpu"
-        torch_device = device.get_torch_device()
-        assert torch_device.memory_allocated() > 0 and torch_device.mem_get_info()[1] > 0
-        torch_device.empty_cache(); torch_device.synchronize()
-        state = torch_device.get_rng_state(); torch_device.set_rng_state(state)
-        engine = EngineRegistry.get_engine_cls("language_model", "fsdp2")
-        assert engine.__name__.startswith("FSDP"), engine
-        assert is_replaced(engine_workers, "initialize_global_process_group_ray")
-        print("CPU-PLATFORM-OK")
-    """)
-    env = dict(os.environ, VERL_PLATFORM="cpu")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    proc = checks.result("cpu_platform")
     assert "CPU-PLATFORM-OK" in proc.stdout, proc.stderr[-3000:]
     assert "applied verl patch verl_0_9_1_cpu_engine_registry" in proc.stderr
     assert "applied verl patch verl_0_9_1_cpu_process_group" in proc.stderr
 
 
-def test_without_the_setting_nothing_cpu_specific_is_applied():
-    script = "import verl.workers.engine.fsdp.transformer_impl\nprint('DONE')"
-    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+def test_without_the_setting_nothing_cpu_specific_is_applied(checks):
+    proc = checks.result("no_platform")
     assert "DONE" in proc.stdout, proc.stderr[-3000:]
     assert "verl_0_9_1_cpu_engine_registry" not in proc.stderr
 
@@ -99,20 +139,13 @@ def test_a_cpu_job_missing_settings_is_refused_with_every_fix_named():
     check_cpu_job(preset)  # the preset passes its own check
 
 
-@pytest.mark.parametrize(("algorithm", "trainer_mode"),
-                         [("grpo", "separate_async"), ("grpo", "fully_async"), ("ppo", "separate_async")])
-def test_the_demo_job_composes_into_a_config_the_checks_accept(tmp_path, algorithm, trainer_mode):
+@pytest.mark.parametrize(("algorithm", "trainer_mode"), JOBS)
+def test_the_demo_job_composes_into_a_config_the_checks_accept(checks, algorithm, trainer_mode):
     """Hydra composes verl's config with +tensorhub=standalone and the CPU preset (``--cfg job`` prints it
     without running anything); the result selects TensorHub and passes the CPU-job and trainer-mode checks."""
-    from tensorhub_verl.demo.job import TinyJob
-    from tensorhub_verl.demo.task import TaskFiles
     from tensorhub_verl.verl.cpu_job_check import check_cpu_job, uses_critic
 
-    task = TaskFiles(model_dir=tmp_path / "m", train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
-                     reward_file=tmp_path / "r.py")
-    job = TinyJob(task=task, out_dir=tmp_path, steps=2, trainer_mode=trainer_mode, algorithm=algorithm)
-    proc = subprocess.run([*job.command(), "--cfg", "job"], capture_output=True, text=True, timeout=240,
-                          env=job.environment())
+    proc = checks.result(f"{algorithm}-{trainer_mode}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line and line[0].isalpha() and line.endswith(":"))
@@ -123,7 +156,8 @@ def test_the_demo_job_composes_into_a_config_the_checks_accept(tmp_path, algorit
     check_trainer_mode(config)
     assert uses_critic(config) is (algorithm == "ppo")
     if algorithm == "ppo":  # the critic is the actor's model, loaded with CPU attention
-        assert config.critic.model.path == str(task.model_dir)
+        assert config.critic.model.path == config.actor_rollout_ref.model.path  # the job's model directory
+        assert config.critic.model.path.endswith("/m")
         assert config.critic.model.override_config.attn_implementation == "eager"
     if trainer_mode == "fully_async":  # the preset's fully_async settings, sized by the job
         assert config.rollout.n_gpus_per_node == 2 and config.rollout.n == config.actor_rollout_ref.rollout.n

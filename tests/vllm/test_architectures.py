@@ -11,6 +11,7 @@ TP=2) is slow.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +20,7 @@ from tests.requires import require
 
 require("vllm")
 
-from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
+from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec, running_engines
 from tensorhub_verl.testing.tiny_model import ARCHITECTURES, build_tiny_model, greedy_mismatch
 from tensorhub_verl.vllm.results import HolderStatus
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
@@ -38,12 +39,26 @@ def arch_models(tmp_path_factory) -> dict[str, str]:
     return {a: str(build_tiny_model(root / a, arch=a, bpe_vocab=300, seed=3)) for a in ARCHITECTURES}
 
 
-def engine(hub, model_dir: str, worker: str, model: str, tp: int = 1, staging: str = "none") -> EngineProcess:
-    return EngineProcess(EngineSpec(model_dir=model_dir, hub_url=hub.url, worker=worker, model=model, tp_size=tp,
-                                    staging=staging, bucket_bytes=BUCKET_BYTES,
-                                    location={"dc": "dc0", "rack": "r0", "node": worker},
-                                    env=dict(TP2_ENV) if tp > 1 else {},
-                                    client_config={"read_timeout_s": 10.0}), start_timeout_s=600)
+def spec(hub, arch: str, model_dir: str, tp: int = 1, staging: str = "none") -> EngineSpec:
+    worker = f"{arch}-e{tp}"
+    return EngineSpec(model_dir=model_dir, hub_url=hub.url, worker=worker, model=f"{arch}-tp{tp}", tp_size=tp,
+                      staging=staging, bucket_bytes=BUCKET_BYTES, location={"dc": "dc0", "rack": "r0", "node": worker},
+                      env=dict(TP2_ENV) if tp > 1 else {}, client_config={"read_timeout_s": 10.0})
+
+
+DEFAULT_ENGINES = {"test_engine_follows_two_versions[qwen3]": "qwen3",
+                   "test_engine_follows_two_versions[gemma2]": "gemma2",
+                   "test_moe_engine_follows_two_versions_and_refuses_a_missing_expert": "qwen3_moe"}
+"""The default suite's TP=1 engines, by the test that uses each."""
+
+
+@pytest.fixture(scope="module")
+def default_engines(request, hub, arch_models):
+    """The engines of the collected default tests, started together (each follows its own model)."""
+    collected = {item.name for item in request.session.items if item.module.__name__ == request.module.__name__}
+    archs = [arch for test, arch in DEFAULT_ENGINES.items() if test in collected]
+    with running_engines([spec(hub, arch, arch_models[arch]) for arch in archs], start_timeout_s=600) as started:
+        yield dict(zip(archs, started))
 
 
 def assert_serves(e: EngineProcess, run: ToyRun, version: int) -> None:
@@ -54,11 +69,14 @@ def assert_serves(e: EngineProcess, run: ToyRun, version: int) -> None:
 
 
 def follow_two_versions(hub, trainer, arch: str, model_dir: str, tp: int,
-                        then: Callable[[EngineProcess, ToyRun, str], None] | None = None) -> None:
-    """Two versions published and served exactly; ``then(engine, run, model)`` runs after, engine still up."""
+                        then: Callable[[EngineProcess, ToyRun, str], None] | None = None,
+                        started: EngineProcess | None = None) -> None:
+    """Two versions published and served exactly; ``then(engine, run, model)`` runs after, engine still up.
+    The engine is ``started`` (a fresh one of ``spec``'s, not yet updated) or one started here."""
     model = f"{arch}-tp{tp}"
     run = ToyRun(model_dir, trainer)
-    with engine(hub, model_dir, f"{arch}-e{tp}", model, tp=tp) as e:
+    with (contextlib.nullcontext(started) if started is not None
+          else EngineProcess(spec(hub, arch, model_dir, tp=tp), start_timeout_s=600)) as e:
         layout = e.rpc("th_layout")
         assert all(r["in_place"] == (arch in IN_PLACE) for r in layout), layout
         for version in (1, 2):
@@ -77,8 +95,8 @@ def follow_two_versions(hub, trainer, arch: str, model_dir: str, tp: int,
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2"])
-def test_engine_follows_two_versions(hub, trainer, arch_models, arch):
-    follow_two_versions(hub, trainer, arch, arch_models[arch], tp=1)
+def test_engine_follows_two_versions(hub, trainer, arch_models, default_engines, arch):
+    follow_two_versions(hub, trainer, arch, arch_models[arch], tp=1, started=default_engines[arch])
 
 
 def refuses_a_version_missing_one_expert(e: EngineProcess, run: ToyRun, model: str) -> None:
@@ -95,12 +113,12 @@ def refuses_a_version_missing_one_expert(e: EngineProcess, run: ToyRun, model: s
     assert_serves(e, run, 2)
 
 
-def test_moe_engine_follows_two_versions_and_refuses_a_missing_expert(hub, trainer, arch_models):
+def test_moe_engine_follows_two_versions_and_refuses_a_missing_expert(hub, trainer, arch_models, default_engines):
     """Without ``compat.prepare_reload`` vLLM's CPU build serves other experts after the first reload (its
     experts kernel prepacks on the first load only), and without ``compat.unloaded_elements_nan`` a missing
     expert is served from uninitialized memory."""
     follow_two_versions(hub, trainer, "qwen3_moe", arch_models["qwen3_moe"], tp=1,
-                        then=refuses_a_version_missing_one_expert)
+                        then=refuses_a_version_missing_one_expert, started=default_engines["qwen3_moe"])
 
 
 @pytest.mark.slow

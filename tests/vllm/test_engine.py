@@ -20,7 +20,7 @@ from tests.requires import require
 require("vllm")
 
 import tensorhub_verl as th
-from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec
+from tensorhub_verl.testing.engine_proc import EngineError, EngineSpec, running_engines
 from tensorhub_verl.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.testing.tiny_model import hf_state_dict, toy_training_step
@@ -33,17 +33,24 @@ FAST_CLIENT = {"read_timeout_s": 5.0}
 
 
 @pytest.fixture(scope="module")
-def e1(hub, tiny_models, run):
-    with EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker="e1", location=loc("n1"),
-                                  client_config=FAST_CLIENT)) as e:
-        yield e
+def engines(hub, tiny_models, run):
+    """e1 and e2, started together (neither reads a version before a test asks it to)."""
+    with running_engines([
+        EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker="e1", location=loc("n1"),
+                   client_config=FAST_CLIENT),
+        EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker="e2", location=loc("n2"),
+                   api="weight_transfer", client_config=FAST_CLIENT)]) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def e2(hub, tiny_models, run, e1):
-    with EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker="e2", location=loc("n2"),
-                                  api="weight_transfer", client_config=FAST_CLIENT)) as e:
-        yield e
+def e1(engines):
+    return engines[0]
+
+
+@pytest.fixture(scope="module")
+def e2(engines):
+    return engines[1]
 
 
 def outputs(engine) -> list[list[int]]:

@@ -19,7 +19,7 @@ from tests.requires import require
 require("vllm")
 require("peft")
 
-from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
+from tensorhub_verl.testing.engine_proc import EngineSpec, running_engines
 from tensorhub_verl.testing.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
 from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.vllm.lora import ADAPTER_LAYOUT, adapter_bytes, adapter_model, pack_adapter
@@ -71,21 +71,26 @@ def run(tiny_models, trainer):
     return r
 
 
-def engine(hub, tiny_models, worker: str, node: str) -> EngineProcess:
-    return EngineProcess(EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker=worker,
-                                    location=loc(node), client_config=FAST_CLIENT, lora_rank=RANK))
+def spec(hub, tiny_models, worker: str, node: str) -> EngineSpec:
+    return EngineSpec(model_dir=tiny_models["qwen2"], hub_url=hub.url, worker=worker, location=loc(node),
+                      client_config=FAST_CLIENT, lora_rank=RANK)
 
 
 @pytest.fixture(scope="module")
-def e1(hub, tiny_models, run):
-    with engine(hub, tiny_models, "e1", "n1") as e:
-        yield e
+def engines(hub, tiny_models, run):
+    """e1 and e2, started together (neither reads a version before a test asks it to)."""
+    with running_engines([spec(hub, tiny_models, "e1", "n1"), spec(hub, tiny_models, "e2", "n2")]) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def e2(hub, tiny_models, run, e1):
-    with engine(hub, tiny_models, "e2", "n2") as e:
-        yield e
+def e1(engines):
+    return engines[0]
+
+
+@pytest.fixture(scope="module")
+def e2(engines):
+    return engines[1]
 
 
 def outputs(e, lora: bool = True) -> list[list[int]]:
