@@ -94,6 +94,15 @@ class ReadDesk:
             return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
 
         limit, salt = self.planner.max_partial_sources, reader_salt(holding.holder)
+        ranked: dict[Distance, list[str]] = {}
+
+        def in_order(tier: Distance, names_there: AbstractSet[str]) -> Iterator[str]:
+            """``names_there`` (holders at ``tier`` from the reader) in the planner's order among equally near
+            holders (``nearest_partial``), lazily: the place's holders are ranked once per plan, and each stretch
+            walks that ranking only as far as it takes, not a sort of the place's holders per stretch."""
+            if tier not in ranked:
+                ranked[tier] = sorted(record.index.at_place(location, tier), key=lambda n: (holder_hash(n) ^ salt, n))
+            return (n for n in ranked[tier] if n in names_there)
 
         def nearest(names) -> list[HolderView]:
             """The serving holders among ``names``, a place at a time from the reader's node outwards, until the
@@ -104,9 +113,8 @@ class ReadDesk:
             found: list[HolderView] = []
             for tier, names_there in record.index.near_first(names, location):
                 if tier < Distance.WAN and len(names_there) > limit - len(found):
-                    # one distance: the planner's order among them (``nearest_partial``), so views are built for
-                    # the first few only
-                    names_there = sorted(names_there, key=lambda n: (holder_hash(n) ^ salt, n))
+                    # one distance: the planner's order among them, so views are built for the first few only
+                    names_there = in_order(tier, names_there)
                 for name in names_there:
                     v = view_of(name)
                     # counted as the planner keeps them: not the reader, only published ones for the naive baseline
