@@ -162,27 +162,30 @@ class ReadDesk:
               assignments, revoked: set[int], unservable_now, ids: Iterator[int], now: float) -> msg.ExchangeReply:
         """Books a lease for each assignment and builds the reply: a holder's data-plane metadata and addresses go
         only to a reader it now has a lease to serve, and only the addresses of the tensors those leases read;
-        the metadata only once per generation."""
+        the metadata only once per generation. The reply is built from the hub's own checked state, every field
+        given with its type, so it is constructed without validation (``model_construct``): the client validates
+        it from the JSON."""
         replies, sources, tensors = [], {}, defaultdict(set)
         for a in assignments:
             end = a.chunk + a.count
             lease = Lease(next(ids), key, req.holder, location, a.source, a.chunk,
                           record.spans.nbytes(a.chunk, end), a.distance, now + self.lease_ttl_s, a.count)
             self.leases.book.add(lease)
-            replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
-                                             distance=int(a.distance), grant=self.grant(record, lease)))
+            replies.append(msg.AssignmentMsg.model_construct(
+                lease=lease.id, chunk=a.chunk, count=a.count, source=a.source, distance=int(a.distance),
+                grant=self.grant(record, lease)))
             tensors[a.source].update(record.spans.tensors(a.chunk, end))
         for holder_name, needed_tensors in tensors.items():
             source = record.holdings[holder_name]
             worker = self.registry.require(source.worker)
             fresh = req.known_sources.get(holder_name) != source.generation
-            sources[holder_name] = msg.SourceInfo(
+            sources[holder_name] = msg.SourceInfo.model_construct(
                 holder=holder_name, worker=source.worker, generation=source.generation,
                 agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
                 regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
-        return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
-                                 have=len(holding.chunks), total=len(record.chunks),
-                                 unservable=[] if assignments else unservable_now())
+        return msg.ExchangeReply.model_construct(
+            assignments=replies, sources=list(sources.values()), revoked=sorted(revoked), have=len(holding.chunks),
+            total=len(record.chunks), unservable=[] if assignments else unservable_now())
 
     def grant(self, record: VersionRecord, lease: Lease) -> str:
         """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""
