@@ -21,6 +21,7 @@ import time
 
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub import fetch_routes
+from tensorhub_verl.ros.hub.state_calls import InlineCalls
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.manifest import Manifest, TensorSpec
@@ -100,13 +101,10 @@ async def _parked_readers(hub: HubState, names: list[str], credentials: dict[str
     the state calls run on the loop (no threads). Returns exchanges, leases and chunk reads from the trainer."""
     counts = [0, 0, 0]
 
-    async def direct(fn, *args):
-        return fn(*args)
-
     async def reader(name: str) -> None:
         completed: list[int] = []
         while True:
-            reply = await fetch_routes.exchange(hub, direct, msg.Exchange(
+            reply = await fetch_routes.exchange(hub, InlineCalls(), msg.Exchange(
                 worker=name, holder=name, completed=completed, want=window, run_chunks=run_chunks,
                 wait_s=_WAIT_S, **key), credentials[name])
             counts[0] += 1

@@ -7,9 +7,10 @@ Two proofs: the shared bearer token (when set) admits a caller to the hub at all
 credential (``X-TensorHub-Credential``, returned by registration) proves that a call acting for a worker
 comes from that worker. Routes that act for a worker run inside ``HubState.acting_as``.
 
-One rule for the state's lock: the event loop never takes it. Plain (sync) routes run in Starlette's thread pool.
-The async routes are the ones that must not queue behind that pool (heartbeats, the fetch path, long-polls): they
-hand each state call to the hub's own small pool of state threads (``hub.state_calls``) and park, while they wait
+One rule for the state's lock: the event loop never waits for it. Plain (sync) routes run in Starlette's thread
+pool. The async routes are the ones that must not queue behind that pool (heartbeats, the fetch path, long-polls):
+they hand each state call to the hub's own small pool of state threads (``hub.state_calls``; the fetch path's
+short calls run on the loop when the lock is free, ``StateCalls.short``) and park, while they wait
 for a change, on ``HubState.changes`` without the lock. A heartbeat needs neither: it is answered on the loop
 without the lock (``HubState.heartbeat_unlocked``), in front of FastAPI (``fetch_routes``).
 """

@@ -67,9 +67,10 @@ class NeedCursor:
     __slots__ = ("_order", "_pos", "_walked", "_stale")
 
     def __init__(self, reader: str, wanted: Sequence[int]):
-        start = zlib.crc32(reader.encode()) % len(wanted) if wanted else 0
-        self._order = list(wanted[start:]) + list(wanted[:start])
-        self._pos = 0
+        # The order is ``wanted`` (sorted, never changed in place: readers of a whole version share one list)
+        # visited from a reader-specific start, wrapping around: the rotation is the position, not a copy.
+        self._order = wanted if isinstance(wanted, list) else list(wanted)
+        self._pos = zlib.crc32(reader.encode()) % len(wanted) if wanted else 0
         self._walked = 0
         self._stale = 0
         """Entries of ``_order`` seen landed: compacted away once they are half of it (O(1) per chunk, amortized)."""
@@ -151,6 +152,8 @@ class ChunkIndex:
         self._steps = StepSets()
         """chunk -> the partial holders (row shards, filling readers) that may serve it, stretch by stretch."""
         self._cursors: dict[str, NeedCursor] = {}
+        self._every: list[int] | None = None
+        """Every chunk in order: the visiting order all readers of the whole version share (``NeedCursor``)."""
         self.complete: set[str] = set()
         """Holders of every chunk (in any state: the hub checks whether each may serve)."""
         self._places: dict[tuple[str, ...], set[str]] = {}
@@ -212,6 +215,12 @@ class ChunkIndex:
             return _EMPTY
         return self._places.get(places(here)[Distance.WAN - distance], _EMPTY)  # WAN: its dc; rack: its node
 
+    def at_place(self, here: Location, distance: Distance) -> AbstractSet[str]:
+        """The partial holders (entered with a location) on ``here``'s node (``SAME_NODE``), in its rack
+        (``SAME_RACK``) or in its datacenter (``SAME_DC``): every name that ``near_first`` gives at that distance
+        is among them."""
+        return self._places.get(places(here)[Distance.SAME_DC - distance], _EMPTY)
+
     def near_first(self, names: AbstractSet[str], here: Location) -> Iterator[tuple[Distance, AbstractSet[str]]]:
         """``names`` (partial holders) split by distance from ``here``, nearest first, as (distance, names): those
         on its node, in the rest of its rack, in the rest of its datacenter, then the others at ``Distance.WAN``
@@ -230,7 +239,9 @@ class ChunkIndex:
 
     def start_reader(self, reader: str, need: AbstractSet[int] | None) -> None:
         """A fetch begins: ``need`` its chunks (None: every chunk of the version)."""
-        self._cursors[reader] = NeedCursor(reader, range(self.total) if need is None else sorted(need))
+        if need is None and self._every is None:
+            self._every = list(range(self.total))
+        self._cursors[reader] = NeedCursor(reader, self._every if need is None else sorted(need))
 
     def end_reader(self, reader: str) -> None:
         self._cursors.pop(reader, None)

@@ -6,7 +6,8 @@ each one paid for routing, dependency resolution, a JSON parse into dicts, valid
 validation and encoding of the reply once more (the route's response model); here the body is validated from its
 bytes in one call (``model_validate_json``, the same strict models) and the reply is encoded from the model in one
 call (``model_dump_json``). What the routes do is unchanged: the same ``HubState`` calls under the same
-credential check, each on a state thread (``hub.state_calls``: the event loop never takes the state's lock), the same answers, the same errors (a ``TensorHubError`` with the status FastAPI's handler gives
+credential check, each on the event loop when the state's lock is free and else on a state thread
+(``StateCalls.short``: the event loop never waits for the state's lock), the same answers, the same errors (a ``TensorHubError`` with the status FastAPI's handler gives
 it, a malformed body 422 ``InvalidRequest``). The bearer token is checked before this (``app._TokenGate``),
 the body's size by ``app._BodyLimit``, and the hub instance is stamped on the reply by ``_StampInstance``.
 
@@ -71,7 +72,7 @@ def _exchange(state: HubState, req: msg.Exchange, credential: str, park: ReaderP
 
 async def begin(state: HubState, off_loop: StateCalls, req: msg.BeginFetch, credential: str) -> msg.BeginFetchReply:
     """``/v1/fetch/begin``: registers the fetch and, when it wants some, answers its first exchange."""
-    return await off_loop(_begin, state, req, credential)
+    return await off_loop.short(state.lock, _begin, state, req, credential)
 
 
 async def exchange(state: HubState, off_loop: StateCalls, req: msg.Exchange, credential: str) -> msg.ExchangeReply:
@@ -82,13 +83,13 @@ async def exchange(state: HubState, off_loop: StateCalls, req: msg.Exchange, cre
     a version came or went, a source failed) or ``wait_s`` passes, and asks again; the leases any try revoked are
     all returned."""
     if not req.wait_s:
-        return await off_loop(_exchange, state, req, credential)
+        return await off_loop.short(state.lock, _exchange, state, req, credential)
     deadline = time.monotonic() + req.wait_s
     loop = asyncio.get_running_loop()
     current, woken, revoked = req.model_copy(update={"wait_s": 0.0}), None, set()
     while True:
         park = ReaderPark(loop) if time.monotonic() < deadline else None
-        reply = await off_loop(_exchange, state, current, credential, park, woken)
+        reply = await off_loop.short(state.lock, _exchange, state, current, credential, park, woken)
         revoked.update(reply.revoked)
         if park is None or not park.parked:
             break

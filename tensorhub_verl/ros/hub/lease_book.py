@@ -73,7 +73,10 @@ class PullIndex(PullCounts):
         total = self._all.count(chunk)
         if not total:
             return _NOBODY
-        dc, rack, node = (self._count(place, chunk) for place in places(here))
+        dc_place, rack_place, node_place = places(here)
+        dc = self._count(dc_place, chunk)
+        rack = self._count(rack_place, chunk) if dc else 0  # a place inside one nobody there pulls from counts 0
+        node = self._count(node_place, chunk) if rack else 0
         return node, rack - node, dc - rack, total - dc
 
     def pulled(self, chunk: int) -> bool:

@@ -94,6 +94,15 @@ class ReadDesk:
             return [v for n in names if (v := view_of(n)) is not None and n not in suspects]
 
         limit, salt = self.planner.max_partial_sources, reader_salt(holding.holder)
+        ranked: dict[Distance, list[str]] = {}
+
+        def in_order(tier: Distance, names_there: AbstractSet[str]) -> Iterator[str]:
+            """``names_there`` (holders at ``tier`` from the reader) in the planner's order among equally near
+            holders (``nearest_partial``), lazily: the place's holders are ranked once per plan, and each stretch
+            walks that ranking only as far as it takes, not a sort of the place's holders per stretch."""
+            if tier not in ranked:
+                ranked[tier] = sorted(record.index.at_place(location, tier), key=lambda n: (holder_hash(n) ^ salt, n))
+            return (n for n in ranked[tier] if n in names_there)
 
         def nearest(names) -> list[HolderView]:
             """The serving holders among ``names``, a place at a time from the reader's node outwards, until the
@@ -104,9 +113,8 @@ class ReadDesk:
             found: list[HolderView] = []
             for tier, names_there in record.index.near_first(names, location):
                 if tier < Distance.WAN and len(names_there) > limit - len(found):
-                    # one distance: the planner's order among them (``nearest_partial``), so views are built for
-                    # the first few only
-                    names_there = sorted(names_there, key=lambda n: (holder_hash(n) ^ salt, n))
+                    # one distance: the planner's order among them, so views are built for the first few only
+                    names_there = in_order(tier, names_there)
                 for name in names_there:
                     v = view_of(name)
                     # counted as the planner keeps them: not the reader, only published ones for the naive baseline
@@ -155,27 +163,30 @@ class ReadDesk:
               assignments, revoked: set[int], unservable_now, ids: Iterator[int], now: float) -> msg.ExchangeReply:
         """Books a lease for each assignment and builds the reply: a holder's data-plane metadata and addresses go
         only to a reader it now has a lease to serve, and only the addresses of the tensors those leases read;
-        the metadata only once per generation."""
+        the metadata only once per generation. The reply is built from the hub's own checked state, every field
+        given with its type, so it is constructed without validation (``model_construct``): the client validates
+        it from the JSON."""
         replies, sources, tensors = [], {}, defaultdict(set)
         for a in assignments:
             end = a.chunk + a.count
             lease = Lease(next(ids), key, req.holder, location, a.source, a.chunk,
                           record.spans.nbytes(a.chunk, end), a.distance, now + self.lease_ttl_s, a.count)
             self.leases.book.add(lease)
-            replies.append(msg.AssignmentMsg(lease=lease.id, chunk=a.chunk, count=a.count, source=a.source,
-                                             distance=int(a.distance), grant=self.grant(record, lease)))
+            replies.append(msg.AssignmentMsg.model_construct(
+                lease=lease.id, chunk=a.chunk, count=a.count, source=a.source, distance=int(a.distance),
+                grant=self.grant(record, lease)))
             tensors[a.source].update(record.spans.tensors(a.chunk, end))
         for holder_name, needed_tensors in tensors.items():
             source = record.holdings[holder_name]
             worker = self.registry.require(source.worker)
             fresh = req.known_sources.get(holder_name) != source.generation
-            sources[holder_name] = msg.SourceInfo(
+            sources[holder_name] = msg.SourceInfo.model_construct(
                 holder=holder_name, worker=source.worker, generation=source.generation,
                 agent_name=worker.agent_name, agent_metadata_b64=worker.agent_metadata_b64 if fresh else "",
                 regions={t: source.regions[t] for t in sorted(needed_tensors)}, partial=source.state == "filling")
-        return msg.ExchangeReply(assignments=replies, sources=list(sources.values()), revoked=sorted(revoked),
-                                 have=len(holding.chunks), total=len(record.chunks),
-                                 unservable=[] if assignments else unservable_now())
+        return msg.ExchangeReply.model_construct(
+            assignments=replies, sources=list(sources.values()), revoked=sorted(revoked), have=len(holding.chunks),
+            total=len(record.chunks), unservable=[] if assignments else unservable_now())
 
     def grant(self, record: VersionRecord, lease: Lease) -> str:
         """The signed grant for exactly the bytes this lease reads, when its source's data plane checks one."""

@@ -161,6 +161,12 @@ class HubState:
         return [msg.PeerMsg(worker=r.worker, agent_name=r.agent_name, agent_metadata_b64=r.agent_metadata_b64)
                 for r in candidates[:count]]
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The state's lock (re-entrant): ``StateCalls.short`` runs a fetch-path call on the event loop when it is
+        free."""
+        return self._lock
+
     @contextlib.contextmanager
     def acting_as(self, worker: str, credential: str):
         """Holds the hub lock while the caller acts for ``worker``, after checking its credential.

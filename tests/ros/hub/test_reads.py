@@ -8,7 +8,7 @@ from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.registry import Registry
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.planner import PlannerConfig, holder_hash, reader_salt
 from tensorhub_verl.ros.topology import Location
 
 from tests.ros.hub.parts import holding, manifest, record_of, worker
@@ -51,3 +51,25 @@ def test_a_suspect_source_and_another_jobs_nixl_holder_serve_no_reads():
     assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] == []
     desk, record, reader = _desk(source_job="other", nixl_within_job=False)
     assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] != []
+
+
+def test_a_plan_considers_the_places_first_holders_in_the_readers_order_only():
+    """20 partial holders in the reader's rack, none on its node: the plan considers the 8 first of the rack in the
+    reader's order (``planner.nearest_partial``: holder hash XOR the reader's salt) and, all idle, reads from the
+    first by name among those 8, not from the first of all 20."""
+    registry = Registry("hub1", worker_timeout_s=10.0)
+    record = record_of(manifest(chunks=4))
+    names = [f"p{i:02d}" for i in range(20)]
+    for i, name in enumerate(names + ["r"]):
+        where = Location(node=f"n{i}")
+        source = worker(name)
+        source.location = where
+        registry.put(source)
+        record.put(holding(name, state="filling", chunks=[] if name == "r" else range(4)), where)
+    reader = record.holdings["r"]
+    desk = ReadDesk(registry, Leases(), Quarantine(300.0, 3.0), PlannerConfig(max_partial_sources=8), 30.0, True)
+    salt = reader_salt("r")
+    considered = sorted(names, key=lambda n: (holder_hash(n) ^ salt, n))[:8]
+    assert min(considered) != min(names), "the test needs a ranking that leaves the first name out"
+    assignments, _, _ = desk.plan(KEY, record, reader, registry.get("r").location, 1, 4, now=0.0)
+    assert [a.source for a in assignments] == [min(considered)]

@@ -13,6 +13,7 @@ import threading
 
 from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.hub import fetch_routes
+from tensorhub_verl.ros.hub.state_calls import InlineCalls
 from tensorhub_verl.ros.hub.changes import Changes, ReaderPark, Wake
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
@@ -48,9 +49,7 @@ class Hub:
 
     def exchange(self, name: str, completed=(), failed=(), wait_s: float = 0.0, want: int = 1,
                  run_chunks: int = 1024):
-        async def direct(fn, *args):
-            return fn(*args)
-        return fetch_routes.exchange(self.state, direct, msg.Exchange(
+        return fetch_routes.exchange(self.state, InlineCalls(), msg.Exchange(
             worker=name, holder=name, completed=list(completed), failed=list(failed), want=want,
             run_chunks=run_chunks, wait_s=wait_s, **WHO), self.creds[name])
 
