@@ -11,12 +11,22 @@ exchanges) and prints, per mode, the ceiling of the lab's topology and where eac
   (M + 1) c, (M + 1) c, (M + 2) c x 4, (M + 3) c for 8 readers. Cross-dc: the WAN carries one copy, its last
   chunk lands at ``M w`` at the seed, and spreads in dc1 by doubling: 1 reader at M w, then 1, 2, 4 more each
   ``c`` later. The ratio ceiling is the measured pull baseline's total over that.
+- goal: whether the issue's goal (``GOALS``) is within the ceiling at this run's pull, and the pull total the goal
+  would need at the ceiling and at the byte floor (every reader done when one copy has crossed the bottleneck: the
+  trainer's NIC standalone, the WAN cross-dc; no doubling tail at all).
 - per reader: when its first read was posted (``start``), the time with no read in flight before its last
   landing (``idle``), the time it waited for exchanges that granted nothing (``starved``), the mean hub round
   trip, and the bytes it read from the trainer, from complete peers and from partial peers.
 - sources: how busy the trainer's NIC was while anyone still lacked a chunk (the share of time one of its reads
-  was in flight) and, cross-dc, the seed's WAN: the time between one WAN chunk landing and the next being posted,
-  and the WAN's achieved rate.
+  was in flight) and, cross-dc, the seed's WAN: the landings' spacing, the WAN's achieved rate, and where its
+  time went between the first post and the last landing (``lost_s``, beyond the bytes' wire time): waiting for a
+  read to be posted (nothing queued when the previous chunk landed) and, net, landings later than their bytes'
+  wire time after the previous landing or their post (request trips, a slow sender; a read that shared the link
+  with the one before it lands early after it, a negative share); ``late_s`` is the last landing after the WAN's
+  floor (``one_copy_s``), which every reader waits for.
+- cross-dc gap: the stall above the ceiling split into the WAN's part (``late_s`` once per reader), the tail's part
+  (the readers' time from the last WAN landing to their own last landing, beyond the ceiling's doubling tail) and
+  the rest (readers that went late, returns after the last landing).
 - spread: for each chunk, from its first landing in the readers' datacenter to its last.
 - hops: for each read from a peer, where the time from the chunk landing at that peer to this reader posting
   its read went: the peer's wait to report it (its next exchange), that exchange's round trip (the hub books the
@@ -43,6 +53,8 @@ IDLE_LAG_S = 0.1
 """A peer's chunk counts as readable this long after it landed there (a report and a plan's round trips)."""
 WIRE = 1514 / 1448
 """Bytes on the wire per byte of TCP payload (Ethernet + IP + TCP headers with timestamps, 1,500 MTU)."""
+GOALS = {"standalone": 6.0, "cross_dc": 7.5}
+"""Issue 21, item 5: the ratio against pulling from the trainer each mode should reach."""
 
 
 def copy_seconds(size_mb: float, mbit: float) -> float:
@@ -64,6 +76,16 @@ def ceiling(mode: str, params: dict, readers: int, chunks: int) -> dict:
         holders, hop = holders * 2, hop + 1
     return {"chunks": chunks, "chunk_nic_s": round(c, 4), "one_copy_s": round(first, 3),
             "total_s": round(sum(finish), 2), "mean_s": round(sum(finish) / readers, 3)}
+
+
+def goal(mode: str, pull: float, ceil: dict, readers: int) -> dict:
+    """Whether ``GOALS[mode]`` is within this run's ceiling at its pull, and the pull total it would need at the
+    ceiling and at the byte floor (``readers`` x one copy through the bottleneck: no tail)."""
+    floor = readers * ceil["one_copy_s"]
+    target = GOALS[mode]
+    return {"goal": target, "floor_s": round(floor, 2), "ratio_floor": round(pull / floor, 2),
+            "pull_for_goal_at_ceiling_s": round(target * ceil["total_s"], 1),
+            "pull_for_goal_at_floor_s": round(target * floor, 1), "reachable": pull / ceil["total_s"] >= target}
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -105,19 +127,49 @@ def trainer_use(readers: list[dict], base: float, trainer: str = "trainer") -> d
 
 
 def wan_pacing(readers: list[dict], base: float, params: dict, trainer: str = "trainer") -> dict:
-    """The seed's WAN reads: their landings' spacing against one chunk's WAN time."""
-    reads = sorted((p + r["t0"] - base, l + r["t0"] - base) for r in readers for p, l, _, s in r["timeline"]
+    """The seed's WAN reads: their landings' spacing against their bytes' WAN time, and where the WAN's time went
+    (see the module doc). A chunk's bytes: ``chunk_mb``, less past the end of ``size_mb`` (the few tiny tensors
+    after it count as none)."""
+    reads = sorted((l + r["t0"] - base, p + r["t0"] - base, c) for r in readers for p, l, c, s in r["timeline"]
                    if s == trainer)
     if not reads:
         return {"reads": 0}
-    landed = [l for _, l in reads]
+    size, chunk, mbit = params["size_mb"], params["chunk_mb"], params["wan_mbit"]
+    wire = [copy_seconds(min(chunk, max(0.0, size - c * chunk)), mbit) for _, _, c in reads]
+    landed = [l for l, _, _ in reads]
+    first_post = min(p for _, p, _ in reads)
     gaps = [b - a for a, b in zip(landed, landed[1:])]
-    w = copy_seconds(params["size_mb"], params["wan_mbit"]) / len({c for r in readers for _, _, c, _ in r["timeline"]})
-    span = landed[-1] - reads[0][0]
-    return {"reads": len(reads), "first_post_s": round(reads[0][0], 3), "last_landed_s": round(landed[-1], 3),
-            "chunk_wan_s": round(w, 4), "median_gap_s": round(statistics.median(gaps), 4) if gaps else None,
+    waited, slow, worst = 0.0, 0.0, []
+    free = first_post  # when the WAN had nothing left to carry of the reads before
+    for (l, p, c), w in zip(reads, wire):
+        waited += max(0.0, p - free)
+        extra = l - max(p, free) - w
+        slow += extra
+        worst.append((round(extra, 3), c, round(l, 3)))
+        free = l
+    one_copy = copy_seconds(size, mbit)
+    span = landed[-1] - first_post
+    return {"reads": len(reads), "first_post_s": round(first_post, 3), "last_landed_s": round(landed[-1], 3),
+            "chunk_wan_s": round(copy_seconds(chunk, mbit), 4),
+            "median_gap_s": round(statistics.median(gaps), 4) if gaps else None,
             "max_gap_s": round(max(gaps), 4) if gaps else None,
-            "wan_rate_share": round(len(reads) * w / span, 3) if span > 0 else None}
+            "wan_rate_share": round(sum(wire) / span, 3) if span > 0 else None,
+            "wire_s": round(sum(wire), 3), "lost_s": round(span - sum(wire), 3),
+            "waited_for_post_s": round(waited, 3), "slow_s": round(slow, 3),
+            "late_s": round(landed[-1] - one_copy, 3),
+            "worst": sorted(worst, reverse=True)[:4]}
+
+
+def cross_dc_gap(rows: list[dict], wan: dict, ceil: dict, total: float) -> dict:
+    """The cross-dc stall above the ceiling: the WAN's part, the tail's part and the rest (see the module doc)."""
+    if not wan.get("reads"):
+        return {}
+    readers, last = len(rows), wan["last_landed_s"]
+    tail = sum(max(0.0, r["done_s"] - last) for r in rows)
+    tail_ceiling = ceil["total_s"] - readers * ceil["one_copy_s"]
+    from_wan, from_tail = readers * wan["late_s"], tail - tail_ceiling
+    return {"from_wan_s": round(from_wan, 2), "tail_s": round(tail, 2), "tail_ceiling_s": round(tail_ceiling, 2),
+            "from_tail_s": round(from_tail, 2), "rest_s": round(total - ceil["total_s"] - from_wan - from_tail, 2)}
 
 
 def spread(readers: list[dict], base: float) -> dict:
@@ -206,6 +258,7 @@ def analyse(result: dict) -> dict:
         rows = [reader_gaps(r, base) for r in readers]
         entry = {"tensorhub_s": res["tensorhub_s"], "pull_s": pull, "ratio": round(res["ratio"], 2),
                  "ceiling": ceil, "ratio_ceiling": round(pull / ceil["total_s"], 2),
+                 "goal": goal(mode, pull, ceil, len(readers)),
                  "gap_s": round(res["tensorhub_s"] - ceil["total_s"], 2),
                  "start_s": round(sum(r["first_post_s"] for r in rows), 3),
                  "idle_s": round(sum(r["idle_s"] for r in rows), 3),
@@ -214,6 +267,7 @@ def analyse(result: dict) -> dict:
                  "hops": hops(readers, base), "idle_with_work": idle_with_work(readers, base), "readers": rows}
         if mode == "cross_dc":
             entry["wan"] = wan_pacing(readers, base, params)
+            entry["gap"] = cross_dc_gap(rows, entry["wan"], ceil, res["tensorhub_s"])
         out[mode] = entry
     return out
 
@@ -228,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         c = e["ceiling"]
         print(f"{mode}: tensorhub {e['tensorhub_s']:.2f} s vs ceiling {c['total_s']:.2f} s (gap {e['gap_s']:.2f} s); "
               f"ratio {e['ratio']}x of a ceiling {e['ratio_ceiling']}x (pull {e['pull_s']:.1f} s)")
+        g = e["goal"]
+        print(f"  goal {g['goal']}x: {'within' if g['reachable'] else 'beyond'} the ceiling at this pull; it needs a "
+              f"pull of {g['pull_for_goal_at_ceiling_s']:.1f} s at the ceiling, {g['pull_for_goal_at_floor_s']:.1f} s "
+              f"at the byte floor ({g['floor_s']:.2f} s summed: {g['ratio_floor']}x at this pull)")
         print(f"  summed over readers: first read posted {e['start_s']:.2f} s, idle {e['idle_s']:.2f} s, "
               f"starved {e['starved_s']:.2f} s; trainer {e['trainer']}; spread {e['spread']}")
         print(f"  idle with work (a peer had a chunk it lacked for {IDLE_LAG_S} s): "
@@ -235,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  hops (peer landed -> read posted): {e['hops']}")
         if "wan" in e:
             print(f"  WAN: {e['wan']}")
+            print(f"  gap above the ceiling: {e['gap']}")
         for r in e["readers"]:
             print(f"  {r['worker']:<22} go {r['go_s']:6.3f} first {r['first_post_s']:6.3f} done {r['done_s']:6.3f} "
                   f"idle {r['idle_s']:5.3f} starved {r['starved_s']:5.3f} ex {r['exchanges']:3d} "

@@ -13,10 +13,14 @@ from tensorhub_verl.netlab.lab import Lab
 _PROBE = [sys.executable, "-m", "tensorhub_verl.netlab.probe"]
 
 
-def measure_flows(lab: Lab, pairs: Sequence[tuple[str, str]], nbytes: int, *, port_base: int = 47000,
+def measure_flows(lab: Lab, pairs: Sequence[tuple[str, str]], nbytes: int | Sequence[int], *, port_base: int = 47000,
                   timeout: float = 120.0) -> list[dict]:
-    """Send `nbytes` from src to dst for every (src, dst) pair at once; return the receivers' reports
-    (bytes, seconds, mbit_s) in pair order, plus the WAN bytes that crossed during the run."""
+    """Send `nbytes` (one count for every pair, or one per pair) from src to dst for every (src, dst) pair at once;
+    return the receivers' reports (bytes, seconds, mbit_s) in pair order, plus the WAN bytes that crossed during
+    the run."""
+    sizes = [nbytes] * len(pairs) if isinstance(nbytes, int) else list(nbytes)
+    if len(sizes) != len(pairs):
+        raise NetlabError(f"measure_flows: {len(sizes)} byte counts for {len(pairs)} pairs")
     servers: list[subprocess.Popen] = []
     for i, (_, dst) in enumerate(pairs):
         h = lab.host(dst)
@@ -28,7 +32,7 @@ def measure_flows(lab: Lab, pairs: Sequence[tuple[str, str]], nbytes: int, *, po
         servers.append(proc)
     wan0 = lab.wan_tx_bytes()
     senders = [lab.host(src).popen([*_PROBE, "send", "--host", lab.host(dst).ip, "--port", str(port_base + i),
-                                    "--bytes", str(nbytes), "--timeout", str(timeout)],
+                                    "--bytes", str(sizes[i]), "--timeout", str(timeout)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i, (src, dst) in enumerate(pairs)]
     results = []

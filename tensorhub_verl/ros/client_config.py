@@ -72,10 +72,12 @@ class FetchConfig:
     poll_interval_s: float = 0.0005
     """How often the fetch loop checks its reads."""
     wan_reads_posted: int = 1
-    """WAN reads a seed keeps posted at once; the hub gives it two more (PlannerConfig.wan_reads_per_seed),
-    queued here to start the moment one lands. One at a time suits TCP, where reads posted together share
-    a stream and land together. On an RDMA WAN with a long round trip (reads on one queue pair complete in
-    order) raise both to cover the bandwidth-delay product."""
+    """On a plane that does not keep reads in order (``DataPlane.in_order_reads``: NIXL), the WAN reads a seed
+    keeps posted at once; the hub gives it two more (PlannerConfig.wan_reads_per_seed), queued here and posted
+    shortly before the one in flight lands: reads posted together would share the WAN and land together. On an
+    RDMA WAN with a long round trip (reads on one queue pair complete in order) raise both to cover the
+    bandwidth-delay product. The TCP plane keeps a seed's WAN reads in order on one stream: it posts every WAN
+    lease at once, and this setting does not apply."""
     require_digests: bool = True
     """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
     bytes could not be checked. Off only for trusted tests."""

@@ -35,10 +35,12 @@ for is sized from its measured throughput so that a run takes about ``run_target
 links (so chunks spread through a swarm one by one, as they land), up to ``max_run_chunks`` at RDMA speeds, where
 a lease per chunk would make thousands of hub exchanges per update.
 
-A seed posts its WAN reads ``wan_reads_posted`` at a time and queues the rest of its WAN assignments
-here, starting the next the moment one lands. Over TCP, reads posted together share one stream and land
-together at the end; one after another, each chunk lands (and starts spreading through the datacenter)
-as early as the WAN allows, and the queued next read keeps the WAN busy without a hub round trip.
+A seed's WAN reads cross one after another, so each chunk lands (and starts spreading through the datacenter)
+as early as the WAN allows: reads posted together on separate streams would share the WAN and land together at
+the end. On a plane that keeps reads in order (``DataPlane.in_order_reads``: TCP) the seed posts every WAN lease
+it holds at once, in order, on one stream: the holder sends them back to back and the WAN never waits for a post
+or a hub round trip between chunks. On another plane it posts ``wan_reads_posted`` at a time and queues the rest
+here, posting the next shortly before the one in flight is due to land (``wan_lead``).
 """
 
 from __future__ import annotations
@@ -398,6 +400,8 @@ class ChunkFetcher:
             self.stats.failed_reads += 1
             why = next(transport.failure(h) for (h, _), st in zip(run.parts, states) if st is ReadState.FAILED)
             return f"{run.source.holder}: {why or 'transfer error'}", False
+        if self._queued_behind(run):
+            return _IN_FLIGHT  # its bytes wait for the in-order reads ahead of it: timed once they landed
         took = now - self._timed_from(run)
         reason = None
         if took > self._settings.read_timeout_s:
@@ -430,6 +434,14 @@ class ChunkFetcher:
         run.last_landed = now
         if run.crosses_wan:
             self._wan_landed = now
+
+    def _queued_behind(self, run: _Run) -> bool:
+        """An in-order WAN read behind another WAN read in flight from its source (``_inflight`` keeps the order
+        of posting)."""
+        if not run.crosses_wan or not self._transport.in_order_reads:
+            return False
+        holder = run.source.holder
+        return next(r for r in self._inflight.values() if r.crosses_wan and r.source.holder == holder) is not run
 
     def _timed_from(self, run: _Run) -> float:
         """When the run's next chunk started moving: its post, its previous chunk's landing, or (WAN reads share one
@@ -544,7 +556,7 @@ class ChunkFetcher:
             self._wan_queue = deque(a for a in self._wan_queue if a.lease not in revoked)
 
     def _assign(self, a: msg.AssignmentMsg, failed: list[msg.FailedRead]) -> None:
-        if a.distance == Distance.WAN:
+        if a.distance == Distance.WAN and not self._transport.in_order_reads:
             if self._wan_posted() >= self._settings.wan_reads_posted:
                 self._wan_queue.append(a)
                 return
@@ -574,6 +586,8 @@ class ChunkFetcher:
         try:
             grant = self._grant(a, regions, whole_segments) if transport.needs_grant else None
             landing = {"wake": self._wake} if transport.lands_on_own_threads else {}
+            if run.crosses_wan and transport.in_order_reads:
+                landing["in_order"] = True
             for part in parts:
                 copies = [self._copy(span, regions) for span in part.spans]
                 run.parts.append((transport.start_read(source.agent_name, copies, grant, **landing), part.start))

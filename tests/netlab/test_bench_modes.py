@@ -95,3 +95,16 @@ def test_bench_transport_in_the_lab_compares_with_raw_flows_over_the_same_shaped
     assert one["peer_fraction"] == 0 and three["peer_fraction"] > 0
     for row in res["rows"]:
         assert row["tensorhub_mbit_s"] > 0 and row["raw_socket_mbit_s"] > 0 and row["ratio"] > 0
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+def test_raw_flows_over_the_cross_dc_wan_fill_it(no_leftovers, capsys):
+    """`bench.wan_raw`: one plain TCP flow over the lab's shaped WAN reaches its rate (headers counted; tbf's burst
+    lets the first 125 kB through at once), and flows to every reader at once carry one copy each."""
+    from tensorhub_verl.bench import wan_raw
+
+    assert wan_raw.main(["--size-mb", "8", "--rollouts", "2", "--wan-mbit", "200"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.8 < res["one_flow"]["of_floor"] <= 1.1, res
+    assert res["all_flows"]["flows"] == 2 and res["all_flows"]["total_s"] >= 2 * res["floor_one_copy_s"] * 0.9

@@ -59,3 +59,39 @@ def test_idle_with_work_counts_only_time_with_nothing_in_flight_after_a_peer_hel
     idle = modes_gap.idle_with_work(readers, 0.0)["readers"]
     assert idle["r-0"] == pytest.approx(1.0 - 0.3 - modes_gap.IDLE_LAG_S, abs=0.011)
     assert idle["r-1"] == 0.0, "r-1 always had a read in flight"
+
+
+def test_the_goal_is_judged_against_the_ceiling_and_the_byte_floor_at_the_runs_pull():
+    ceil = modes_gap.ceiling("cross_dc", P, 8, 33)
+    floor = 8 * modes_gap.copy_seconds(64.0, 100.0)
+    beyond = modes_gap.goal("cross_dc", 312.0, ceil, 8)
+    assert not beyond["reachable"] and beyond["floor_s"] == pytest.approx(floor, abs=0.01)
+    assert beyond["pull_for_goal_at_ceiling_s"] == pytest.approx(7.5 * ceil["total_s"], abs=0.1)
+    assert beyond["pull_for_goal_at_floor_s"] == pytest.approx(7.5 * floor, abs=0.1)
+    assert modes_gap.goal("cross_dc", 7.5 * ceil["total_s"] + 1, ceil, 8)["reachable"]
+
+
+def test_the_wans_lost_time_splits_into_waiting_for_a_post_and_slow_landings():
+    w = modes_gap.copy_seconds(2.0, 100.0)
+    # Chunk 0 posted at 0.1 lands after its wire time; chunk 1 is posted 0.05 after that landing and lands 0.02
+    # late; chunk 32 (past the version's 64 MiB: no bytes) was queued and lands at once after it.
+    seed = {"worker": "seed", "t0": 0.0, "timeline": [(0.1, 0.1 + w, 0, "trainer"),
+                                                      (0.15 + w, 0.17 + 2 * w, 1, "trainer"),
+                                                      (0.1, 0.171 + 2 * w, 32, "trainer")]}
+    wan = modes_gap.wan_pacing([seed], 0.0, P)
+    assert (wan["reads"], wan["first_post_s"]) == (3, 0.1)
+    assert wan["wire_s"] == pytest.approx(2 * w, abs=0.001)
+    assert wan["waited_for_post_s"] == pytest.approx(0.05, abs=0.001)
+    assert wan["slow_s"] == pytest.approx(0.021, abs=0.001)
+    assert wan["lost_s"] == pytest.approx(wan["waited_for_post_s"] + wan["slow_s"], abs=0.002)
+    assert wan["worst"][0][1] == 1
+
+
+def test_the_cross_dc_gap_is_the_wans_lateness_per_reader_plus_the_tail_beyond_the_ceilings():
+    ceil = modes_gap.ceiling("cross_dc", P, 2, 33)
+    wan = {"reads": 33, "last_landed_s": ceil["one_copy_s"] + 0.1, "late_s": 0.1}
+    rows = [{"done_s": wan["last_landed_s"]}, {"done_s": wan["last_landed_s"] + 0.3}]
+    gap = modes_gap.cross_dc_gap(rows, wan, ceil, total=ceil["total_s"] + 0.6)
+    assert gap["from_wan_s"] == pytest.approx(0.2) and gap["tail_s"] == pytest.approx(0.3)
+    assert gap["from_tail_s"] == pytest.approx(0.3 - (ceil["total_s"] - 2 * ceil["one_copy_s"]), abs=0.01)
+    assert gap["from_wan_s"] + gap["from_tail_s"] + gap["rest_s"] == pytest.approx(0.6, abs=0.02)

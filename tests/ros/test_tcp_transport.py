@@ -527,3 +527,89 @@ def _poll_read(transport: TcpPlane, peer: str, copies, grant: str, granted, time
     state = transport.poll(handle)
     transport.release(handle)
     return state.value if state is not ReadState.FAILED else f"ERR {transport.failure(handle)}"
+
+
+def test_in_order_reads_to_a_peer_take_one_connection_one_after_another(bare):
+    """In-order reads (a seed's WAN reads) posted together go on one stream of their own: each read's bytes follow
+    the previous read's on the same connection, so every read has landed whole when the one after it lands."""
+    info, reader = bare
+    assert reader.in_order_reads
+    reads = 4
+    into = torch.zeros(reads, NBYTES, dtype=torch.uint8)
+    ranges = [(info["addr"], NBYTES)]
+    grant = Grant(grants.sign(info["key"], 1, grants.expiry_ms(30), ranges))
+    wakes = [threading.Event() for _ in range(reads)]
+    handles = [reader.start_read("bare-holder", [Copy(into[k].data_ptr(), 0, "DRAM", info["addr"], 0, "DRAM",
+                                                      NBYTES)], grant, wake=wakes[k], in_order=True)
+               for k in range(reads)]
+    plain = reader.start_read("bare-holder", [Copy(into[0].data_ptr(), 0, "DRAM", info["addr"], 0, "DRAM", 4096)],
+                              Grant(grant.token, tuple(ranges)), wake=threading.Event())
+    try:
+        for k, wake in enumerate(wakes):
+            assert wake.wait(30), f"in-order read {k} did not land"
+            assert reader.poll(handles[k]) is ReadState.DONE
+            assert all(reader.poll(h) is ReadState.DONE for h in handles[:k]), "a later in-order read landed first"
+        assert len({id(h.sock) for h in handles}) == 1, "in-order reads to one peer share one connection"
+        wait_until(lambda: reader.poll(plain) is not ReadState.IN_PROGRESS, 30, "the plain read did not finish")
+        assert reader.poll(plain) is ReadState.DONE, reader.failure(plain)
+        assert plain.sock is not handles[0].sock, "plain reads stay on the shared streams"
+        expected = (torch.arange(NBYTES, dtype=torch.int64) % 256).to(torch.uint8)
+        assert all(torch.equal(into[k], expected) for k in range(1, reads))
+        assert _streams_to("bare-holder") == 3 and \
+            any(t.name == "tensorhub-tcp-bare-holder-lane" for t in threading.enumerate())
+    finally:
+        for h in [*handles, plain]:
+            reader.release(h)
+
+
+def test_a_plane_that_keeps_no_order_refuses_in_order_reads():
+    from tests.ros.roles import GatedPlane
+
+    plane = GatedPlane("no-order")
+    try:
+        assert not plane.in_order_reads
+        with pytest.raises(ValueError, match="keeps no order"):
+            plane.start_read("nobody", [Copy(0, 0, "DRAM", 0, 0, "DRAM", 1)], in_order=True)
+    finally:
+        plane.close()
+
+
+class _CountingTcp(TcpPlane):
+    """A reader's TCP plane that counts the in-order and plain reads it posts, and the most in flight at once."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.in_order, self.plain, self.in_flight, self.most_in_flight = 0, 0, 0, 0
+
+    def _start_read(self, peer, copies, grant, wake):
+        self.plain += 1
+        return super()._start_read(peer, copies, grant, wake)
+
+    def _start_in_order(self, peer, copies, grant, wake):
+        self.in_order += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return super()._start_in_order(peer, copies, grant, wake)
+
+    def release(self, handle):
+        if handle.in_order:
+            self.in_flight -= 1
+        super().release(handle)
+
+
+def test_a_seed_over_tcp_posts_every_wan_lease_at_once_in_order(hub):
+    """Over TCP a seed does not hold WAN leases back (``wan_reads_posted``): it posts all of them in order on one
+    stream, which sends them back to back, and reads nothing across the WAN on the shared streams."""
+    weights = make_weights(4, 2.0)
+    with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK, transport="tcp") as trainer:
+        trainer.publish("policy", 1, weights)
+        plane = _CountingTcp("seed-tcp", "127.0.0.1")
+        seed = Client(hub.url, "seed", "dc=dc1,rack=r0,node=s",
+                      config=ClientConfig.from_fields(window=8, max_run_chunks=1), plane=plane)
+        try:
+            stats = seed.fetch("policy", 1)
+        finally:
+            seed.close()
+        assert digest(stats.buffers) == digest(weights) and stats.sources == {"trainer": stats.bytes}
+        assert plane.plain == 0 and plane.in_order == stats.chunks > 3
+        assert plane.most_in_flight == 3, "the hub leases a seed 3 WAN reads (wan_reads_per_seed); all are posted"

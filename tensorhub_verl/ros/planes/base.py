@@ -17,6 +17,10 @@ them ignores:
   landed is unknown (NIXL: UCX completes a transfer as a whole). A fetch posts a run of chunks as one read of
   their merged ranges (``run_reads.py``) and checks each chunk's digest once its bytes are in.
 - ``max_copies``: most copies one read may carry (0: no limit); a longer run is posted as several reads.
+- ``in_order_reads``: ``start_read(..., in_order=True)`` queues the read behind the previous in-order read to
+  the same peer, on one connection: its bytes follow that read's on the wire with no gap, so reads posted
+  together neither share the link nor leave it idle between them (TCP: one stream, the next request sent ahead
+  of the reply). Without it, reads posted together may move at once and share the link (NIXL).
 
 ``start_read`` owns the checks that tie these together; each plane implements ``_start_read``.
 """
@@ -104,6 +108,7 @@ class DataPlane(ABC, Generic[H]):
     preconnect_peers: int = 0
     reports_progress: bool = False
     max_copies: int = 0
+    in_order_reads: bool = False
 
     def __init__(self, agent_name: str):
         self.agent_name = agent_name
@@ -130,10 +135,10 @@ class DataPlane(ABC, Generic[H]):
         """Learns (or refreshes) a peer's metadata. Raises ReadError when it is unusable."""
 
     def start_read(self, peer: str, copies: Sequence[Copy], grant: Grant | None = None, *,
-                   wake: threading.Event | None = None) -> H:
+                   wake: threading.Event | None = None, in_order: bool = False) -> H:
         """Posts a one-sided READ of all copies; returns a handle for ``poll``. Raises ReadError.
         ``grant``: required by a plane that ``needs_grant``, refused by one that does not. ``wake``: only
-        for a plane that ``lands_on_own_threads``."""
+        for a plane that ``lands_on_own_threads``. ``in_order``: only for a plane with ``in_order_reads``."""
         if self.needs_grant and (grant is None or not grant.token):
             raise ReadError(f"the {self.name} plane reads only with the hub's grant of a lease; the hub signed "
                             f"none for {peer} (it registered without a grant key)")
@@ -142,12 +147,21 @@ class DataPlane(ABC, Generic[H]):
         if wake is not None and not self.lands_on_own_threads:
             raise ValueError(f"the {self.name} plane lands no reads on its own threads: it takes no wake event "
                              f"(the fetch loop polls)")
+        if in_order:
+            if not self.in_order_reads:
+                raise ValueError(f"the {self.name} plane keeps no order between reads (in_order_reads is False)")
+            return self._start_in_order(peer, list(copies), grant, wake)
         return self._start_read(peer, list(copies), grant, wake)
 
     @abstractmethod
     def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None,
                     wake: threading.Event | None) -> H:
         """Posts the read; the arguments were checked against this plane's capabilities."""
+
+    def _start_in_order(self, peer: str, copies: list[Copy], grant: Grant | None,
+                        wake: threading.Event | None) -> H:
+        """Posts the read behind the previous in-order read to ``peer`` (a plane with ``in_order_reads``)."""
+        raise NotImplementedError(f"the {self.name} plane declares in_order_reads but posts no in-order read")
 
     @abstractmethod
     def poll(self, handle: H) -> ReadState: ...

@@ -15,7 +15,10 @@ of a run as soon as its bytes are in.
 Connections to a peer are opened in the background as soon as its metadata arrives (``load_peer``, with the
 first lease on it), so the first chunk does not wait for TCP's handshake. Each stream sends the next read's
 request ahead of the reply it is receiving, so the holder sends chunk after chunk with no gap; several streams
-spread a fast link's copies over cores.
+spread a fast link's copies over cores. In-order reads (``in_order_reads``: a seed's WAN reads) go to a stream of
+their own, one after another: reads posted together then land one by one, each as early as the link allows,
+where on two streams they would share the link and land together, and the link never waits for a post between
+them.
 
 GPU memory (``VRAM`` regions) crosses the socket through pinned bounce buffers, one per holder connection and
 one per reader stream (tcp_bounce.py): the holder copies each piece device -> host and sends it, the reader
@@ -61,8 +64,11 @@ class _Read(ReadHandle):
     """One read (a chunk, or a run's merged ranges) on one stream: posted, then done or failed; ``cancel`` hangs
     its stream up. ``landed``: its bytes received so far, in order (a retry on a fresh connection starts again)."""
 
-    def __init__(self, request: bytes, targets: "list[memoryview | torch.Tensor]", wake: threading.Event | None):
+    def __init__(self, request: bytes, targets: "list[memoryview | torch.Tensor]", wake: threading.Event | None,
+                 in_order: bool = False):
         self.request = request
+        self.in_order = in_order
+        """Taken by the peer's in-order stream (``_Peer.lane``), behind the in-order reads posted before it."""
         self.targets = targets
         """Where each copy lands: a byte view of CPU memory, or a uint8 tensor (GPU memory, via a bounce buffer)."""
         self.wake = wake
@@ -98,7 +104,8 @@ class _Read(ReadHandle):
 class _Peer:
     """The streams to one holder: ``streams`` threads, each with its own connection, taking reads in turn.
     They start at once (connecting before the first read needs them), end after ``idle_close_s`` without a read,
-    and start again with the next read (``submit``)."""
+    and start again with the next read (``submit``). In-order reads have a stream of their own (``lane``),
+    started with the first of them."""
 
     def __init__(self, agent: str, host: str, port: int, streams: int, io_timeout_s: float, connect_timeout_s: float,
                  idle_close_s: float = IDLE_CLOSE_S, bounces: Bounces | None = None):
@@ -106,6 +113,9 @@ class _Peer:
         self._bounces = bounces or Bounces()
         self._io_timeout_s, self._connect_timeout_s, self._idle_close_s = io_timeout_s, connect_timeout_s, idle_close_s
         self.reads: queue.Queue[_Read] = queue.Queue()
+        self.lane: queue.Queue[_Read] = queue.Queue()
+        """In-order reads, taken one after another by the in-order stream."""
+        self._lane: threading.Thread | None = None
         self._down: tuple[float, str] | None = None
         """(until, why) after a connection attempt failed: new reads fail at once for _DOWN_S."""
         self._stop = threading.Event()
@@ -121,22 +131,33 @@ class _Peer:
         """Brings the live streams back to ``streams`` (under ``_lock``)."""
         self._threads = [t for t in self._threads if t.is_alive()]
         while len(self._threads) < self._streams:
-            thread = threading.Thread(target=self._stream, name=f"tensorhub-tcp-{self.agent}-{self._started}",
-                                      daemon=True)
-            self._started += 1
-            self._threads.append(thread)
-            thread.start()
+            self._threads.append(self._start_stream(self.reads))
+
+    def _start_stream(self, reads: "queue.Queue[_Read]") -> threading.Thread:
+        thread = threading.Thread(target=self._stream, args=(reads,), daemon=True,
+                                  name=f"tensorhub-tcp-{self.agent}-{'lane' if reads is self.lane else self._started}")
+        self._started += 1
+        thread.start()
+        return thread
 
     def submit(self, read: "_Read") -> None:
         with self._lock:
+            if read.in_order:
+                self.lane.put(read)
+                if self._lane is None or not self._lane.is_alive():
+                    self._lane = self._start_stream(self.lane)
+                return
             self.reads.put(read)
             self._start_streams()  # a no-op unless streams ended idle
 
-    def _idle_exit(self) -> bool:
-        """Ends this stream's thread if no read is queued (checked under the lock ``submit`` queues under)."""
+    def _idle_exit(self, reads: "queue.Queue[_Read]") -> bool:
+        """Ends this stream's thread if no read is queued for it (checked under the lock ``submit`` queues
+        under)."""
         with self._lock:
-            if not self.reads.empty():
+            if not reads.empty():
                 return False
+            if self._lane is threading.current_thread():
+                self._lane = None
             self._threads = [t for t in self._threads if t is not threading.current_thread()]
             return True
 
@@ -152,9 +173,10 @@ class _Peer:
         wire.block_with_timeout(sock, self._io_timeout_s)
         return sock
 
-    def _stream(self) -> None:
-        """Sends each read's request one read ahead of the reply it is receiving, so that the holder goes from
-        one chunk straight to the next (no round trip, no wake-up of this thread, between them on the wire)."""
+    def _stream(self, reads: "queue.Queue[_Read]") -> None:
+        """Takes reads from ``reads``; sends each read's request one read ahead of the reply it is receiving, so
+        that the holder goes from one chunk straight to the next (no round trip, no wake-up of this thread, between
+        them on the wire)."""
         sock: socket.socket | None = None
         try:
             sock = self._connect()  # in the background, before the first read needs it
@@ -168,9 +190,9 @@ class _Peer:
         while not self._stop.is_set():
             if not sent:
                 try:
-                    read = self.reads.get(timeout=_QUEUE_POLL_S)
+                    read = reads.get(timeout=_QUEUE_POLL_S)
                 except queue.Empty:
-                    if time.monotonic() - idle_since > self._idle_close_s and self._idle_exit():
+                    if time.monotonic() - idle_since > self._idle_close_s and self._idle_exit(reads):
                         break
                     continue
                 idle_since = time.monotonic()
@@ -178,7 +200,7 @@ class _Peer:
                 continue
             if len(sent) < _AHEAD + 1:
                 try:
-                    sock = self._send(self.reads.get_nowait(), sock, sent)
+                    sock = self._send(reads.get_nowait(), sock, sent)
                 except queue.Empty:
                     pass
             if sent:
@@ -237,7 +259,7 @@ class _Peer:
             if read.cancelled:
                 continue
             if read.attempts < 2 and not self._stop.is_set():
-                self.reads.put(read)
+                (self.lane if read.in_order else self.reads).put(read)
             else:
                 read.finish(ReadState.FAILED, why)
         if sent is not None:
@@ -251,7 +273,7 @@ class _Peer:
 
     def close(self, timeout: float = 2.0) -> None:
         self._stop.set()
-        for thread in self._threads:
+        for thread in [*self._threads, *([self._lane] if self._lane is not None else [])]:
             thread.join(timeout)
 
 
@@ -300,6 +322,7 @@ class TcpPlane(DataPlane[_Read]):
     lands_on_own_threads = True
     reports_progress = True
     max_copies = wire.MAX_RANGES
+    in_order_reads = True
 
     @classmethod
     def from_config(cls, agent_name: str, config: TcpConfig, hub_url: str, io_timeout_s: float) -> "TcpPlane":
@@ -404,6 +427,14 @@ class TcpPlane(DataPlane[_Read]):
 
     def _start_read(self, peer: str, copies: list[Copy], grant: Grant | None,
                     wake: threading.Event | None) -> _Read:
+        return self._submit(peer, copies, grant, wake, in_order=False)
+
+    def _start_in_order(self, peer: str, copies: list[Copy], grant: Grant | None,
+                        wake: threading.Event | None) -> _Read:
+        return self._submit(peer, copies, grant, wake, in_order=True)
+
+    def _submit(self, peer: str, copies: list[Copy], grant: Grant | None, wake: threading.Event | None, *,
+                in_order: bool) -> _Read:
         if grant is None:  # refused by DataPlane.start_read already; kept for direct callers of the hook
             raise ReadError(f"a read from {peer} over TCP needs the hub's grant")
         with self._lock:
@@ -424,7 +455,7 @@ class TcpPlane(DataPlane[_Read]):
         parts = wanted if signed != wanted else []  # none: all of the granted ranges
         request = wire.REQUEST.pack(wire.MAGIC, len(encoded), len(signed), len(parts)) + encoded + \
             b"".join(wire.RANGE.pack(addr, n) for addr, n in signed + parts)
-        read = _Read(request, [self._target(c) for c in copies], wake)
+        read = _Read(request, [self._target(c) for c in copies], wake, in_order)
         known[1].submit(read)
         return read
 
