@@ -68,6 +68,8 @@ class LabBenchParams(LabWorkload):
     """standalone: also run the torch.distributed (gloo) broadcast baseline."""
     queue_ms: float = 50.0
     """Depth of every lab link's queue (``LabSpec.queue_ms``; every figure before had 50 ms)."""
+    first_complete_reads: int = 0
+    """The hub's ``PlannerConfig.first_complete_reads`` (0: None, the default plans)."""
     timeout_s: float = 300.0
 
 
@@ -194,7 +196,8 @@ def start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tu
     ctl = Path(tempfile.mkdtemp(prefix="control-", dir=workdir))  # fresh stop files for every lab
     hub = LabProcess(lab, hub_host, [*_ROLES, "hub", "--host", lab.host(hub_host).ip, "--port", str(HUB_PORT),
                                 "--stop", str(ctl / "hub-stop"), "--timeout", str(p.timeout_s * 4),
-                                "--max-inflight-per-source", str(p.max_inflight_per_source)], "hub")
+                                "--max-inflight-per-source", str(p.max_inflight_per_source),
+                                "--first-complete-reads", str(p.first_complete_reads)], "hub")
     url = hub.expect("ready", 120)["url"]
     loc = ",".join(f"{k}={v}" for k, v in host.location.items())
     trainer = LabProcess(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),

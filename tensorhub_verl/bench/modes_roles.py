@@ -44,7 +44,8 @@ def hub(a: argparse.Namespace) -> None:
     from tensorhub_verl.ros.planner import PlannerConfig
 
     config = HubConfig(planner=PlannerConfig(max_inflight_per_source=a.max_inflight_per_source,
-                                             seeds_per_dc=a.seeds_per_dc))
+                                             seeds_per_dc=a.seeds_per_dc,
+                                             first_complete_reads=a.first_complete_reads or None))
     server = th.start_hub(host=a.host, port=a.port, config=config)
     _say(event="ready", url=server.url)
     try:
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--max-inflight-per-source", type=int, default=8)
     ap.add_argument("--seeds-per-dc", type=int, default=1)
+    ap.add_argument("--first-complete-reads", type=int, default=0, help="PlannerConfig.first_complete_reads (0: None)")
     ap.add_argument("--master", help="bcast: host:port of rank 0's rendezvous")
     ap.add_argument("--progress", default="events", help="NixlConfig.progress of trainer and readers")
     ap.add_argument("--rank", type=int, default=0)
