@@ -108,7 +108,7 @@ class HubState:
         self.leases = Leases()
         self.quarantine = Quarantine(config.quarantine_s, config.suspect_s)
         self.reads = ReadDesk(self.registry, self.leases, self.quarantine, config.planner, config.lease_ttl_s,
-                              config.nixl_within_job)
+                              config.nixl_within_job, retained=lambda model: self.retention.retained(model, self.store))
         self.owners = Owners(config.owners)
         self.fetch_times = FetchTimes()
         self._ids = itertools.count(secrets.randbits(40) << 12 | 1)
@@ -446,6 +446,12 @@ class HubState:
             record.index.leave(holding)  # planned no more as a partial holder: it holds all, or drains
             if req.ok:
                 self.fetch_times.add(req.model, req.seconds)
+            if req.ok and req.hold and not holding.vouched:
+                # Chunks it only announced: the hub cannot tell whether it holds the version at all. Its own
+                # copy to use and unpublish, never a source and never counted as one.
+                holding.state, holding.chunks = HoldingState.HELD, None
+                self._holdings_changed(req.model)
+                return msg.EndFetchAck(drained=True, inflight=0)
             if req.ok and req.hold:
                 holding.state, holding.chunks = HoldingState.ACTIVE, None
                 record.index.enter(holding)  # a complete holder now
