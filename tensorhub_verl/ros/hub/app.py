@@ -221,6 +221,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def healthz() -> dict:
         return {"ok": True, "hub_instance": state.instance}
 
+    @app.get(msg.HUB_INFO_PATH)
+    def hub_info() -> msg.HubInfo:
+        return msg.HubInfo(hub_instance=state.instance, plane=state.plane)
+
     @app.post(msg.REGISTER_PATH)
     def register(req: msg.RegisterWorker, request: Request, credential: Credential = "",
                  job_key: JobKey = "") -> msg.WorkerAck:

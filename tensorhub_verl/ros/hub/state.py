@@ -79,6 +79,7 @@ from tensorhub_verl.ros.limits import PreparedVersion, check_regions, check_row_
 from tensorhub_verl.ros.hub.liveness import StallMeter
 from tensorhub_verl.ros.manifest import Manifest, check_same_tensors
 from tensorhub_verl.ros.hub.ownership import Owners
+from tensorhub_verl.ros.planes.one_plane import hub_plane
 from tensorhub_verl.ros.planner import unservable
 from tensorhub_verl.ros.shard_digests import merge_shard_digests
 from tensorhub_verl.ros.topology import Location
@@ -91,8 +92,12 @@ Ack = TypeVar("Ack", bound=msg.DrainAck)
 
 
 class HubState:
-    def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 hub_url: str = "http://127.0.0.1"):
+        """``hub_url``: where the hub serves (its plane's 'auto' resolves for it, ``planes/one_plane.py``)."""
         self.config = config = config or HubConfig()
+        self.plane = hub_plane(config.plane, hub_url)
+        """The data plane every worker of this hub uses."""
         self.instance = uuid.uuid4().hex[:12]
         self.sweeps = 0
         """Upkeep passes made (``sweep``), in ``status()``: tests and operators see the sweeper run."""
@@ -101,7 +106,7 @@ class HubState:
         """Ticked by the server's event-loop probe: silence while the hub itself was stalled is not the workers'."""
         self._lock = threading.RLock()
         self.changes = Changes(self._lock)
-        self.registry = Registry(self.instance, config.worker_timeout_s)
+        self.registry = Registry(self.instance, config.worker_timeout_s, self.plane)
         self.store = VersionStore()
         self.retention = Retention(config.keep_versions)
         self.shard_groups = ShardGroups()
@@ -210,7 +215,7 @@ class HubState:
         if release is None:
             release = self.retention.release_for(worker, self.store)
         return msg.WorkerAck(worker=worker, hub_instance=self.instance, heartbeat_s=self.config.heartbeat_s,
-                             release=release)
+                             release=release, plane=self.plane)
 
     def _holdings_changed(self, *models: str) -> None:
         """Called wherever a holding appears, turns active, or goes: retention and waiters look again."""
