@@ -476,7 +476,7 @@ def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
         metadata = base64.b64encode(tcp_wire.encode_metadata(f"{worker}-agent", host, 22)).decode()
         return raw.post(msg.REGISTER_PATH, msg.RegisterWorker(
             worker=worker, location=msg.LocationMsg(), agent_name=f"{worker}-agent", agent_metadata_b64=metadata,
-            grant_key_b64=base64.b64encode(grants.new_key()).decode(), preconnect=4), msg.WorkerAck)
+            grant_key_b64=base64.b64encode(grants.new_key()).decode(), preconnect=4, plane="tcp"), msg.WorkerAck)
 
     with pytest.raises(errors.InvalidRequest, match="not the address this worker registered from"):
         register("liar", "192.0.2.44")
