@@ -7,8 +7,8 @@ import base64
 
 import torch
 
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_client import HubClient
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.hub_client import HubClient
 from tensorhub_verl.ros.planes.tcp import TcpPlane
 
 

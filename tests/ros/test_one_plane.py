@@ -9,7 +9,7 @@ import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.ros.planes.one_plane import check_hub_plane, hub_plane
-from tensorhub_verl.ros.planes.registry import choose
+from tensorhub_verl.ros.planes.factory import choose
 
 from tests.ros.outsiders import Outsider
 from tests.ros.roles import holder, make_weights

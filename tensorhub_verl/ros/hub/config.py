@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.limits import HubLimits
+from tensorhub_verl.ros.hub.limits import HubLimits
 from tensorhub_verl.ros.planes.one_plane import AUTO, known_planes
 from tensorhub_verl.ros.hub.ownership import OwnerRule
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +39,7 @@ class HubConfig:
     plane: str = "auto"
     """The data plane of every worker of this hub ('nixl' or 'tcp'; ``planes/one_plane.py``): a worker that
     declares another is refused. 'auto': chosen when the hub starts, by the rule a client's 'auto' follows for
-    the hub's URL (``planes/registry.choose``); clients left on 'auto' take the hub's plane."""
+    the hub's URL (``planes/factory.choose``); clients left on 'auto' take the hub's plane."""
     require_digests: bool = True
     """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
     without digests is served unchecked."""

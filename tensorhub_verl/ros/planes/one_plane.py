@@ -2,7 +2,7 @@
 means nothing to a TCP reader, and the reverse), so every worker of a hub uses the hub's plane.
 
 The hub's configuration names it (``HubConfig.plane``); ``auto`` resolves once, when the hub starts, by the same
-rule a client's ``auto`` follows for that hub's URL (``planes/registry.choose``: NIXL for a loopback hub, RDMA
+rule a client's ``auto`` follows for that hub's URL (``planes/factory.choose``: NIXL for a loopback hub, RDMA
 devices or a UCX_TLS beyond TCP; else TCP). It never depends on which worker registers first: a worker declaring
 another plane, or one this hub does not know, is refused at registration (``PlaneMismatch``), and a client left on
 ``auto`` asks the hub for its plane (``GET /v1/hub``) before it creates one.
@@ -16,8 +16,8 @@ AUTO = "auto"
 
 
 def known_planes() -> tuple[str, ...]:
-    """The registered data planes' names (``planes/registry.py``)."""
-    from tensorhub_verl.ros.planes.registry import plane_names
+    """The registered data planes' names (``planes/factory.py``)."""
+    from tensorhub_verl.ros.planes.factory import plane_names
 
     return plane_names()
 
@@ -25,7 +25,7 @@ def known_planes() -> tuple[str, ...]:
 def hub_plane(configured: str, hub_url: str) -> str:
     """The plane of a hub configured with ``configured`` (a plane name or ``auto``) and serving ``hub_url``."""
     if configured == AUTO:
-        from tensorhub_verl.ros.planes.registry import choose
+        from tensorhub_verl.ros.planes.factory import choose
 
         return choose(AUTO, hub_url)[0]
     if configured not in known_planes():

@@ -140,7 +140,7 @@ class RegisterWorker(Strict):
     """How many likely sources the reply should name (``WorkerAck.peers``), so the worker connects to them
     before its first fetch needs them. Named only between workers whose data planes check grants."""
     plane: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_-]+$")] = "nixl"
-    """The worker's data plane (``planes/registry.py``: 'nixl' or 'tcp'). Every worker of one hub uses the hub's
+    """The worker's data plane (``planes/factory.py``: 'nixl' or 'tcp'). Every worker of one hub uses the hub's
     plane (``HubConfig.plane``): the hub refuses a worker that declares another (``PlaneMismatch``)."""
 
 
