@@ -10,6 +10,7 @@ import torch
 from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.client.hub_client import HubClient
 from tensorhub_verl.ros.planes.tcp import TcpPlane
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 
 class Outsider:
@@ -30,6 +31,13 @@ class Outsider:
             worker=worker, location=msg.LocationMsg(), agent_name=f"{worker}-agent",
             agent_metadata_b64=base64.b64encode(agent_metadata).decode(), plane=plane,
             **({"grant_key_b64": grant_key} if grant_key else {})), msg.WorkerAck)
+
+    def publish_copy(self, published) -> None:
+        """Registers a copy of a visible version (``published``: its manifest) as a holding of this worker, as a
+        reader re-registering what it fetched does: the hub takes it when its digests are the version's."""
+        self.hub.post("/v1/publish", msg.Publish(
+            worker=self.worker, holder=self.worker, manifest=manifest_to_msg(published),
+            regions=[self.region()] * len(published.tensors)), msg.OkReply)
 
     def key(self, model="policy", version=1, layout="hf") -> dict:
         return {"worker": self.worker, "holder": self.worker, "model": model, "version": version, "layout": layout}

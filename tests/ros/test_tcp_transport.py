@@ -420,10 +420,12 @@ def test_one_grant_never_yields_more_bytes_than_it_signs(bare):
     granted = [(info["addr"], 65536)]
     grant = grants.sign(info["key"], 1, grants.expiry_ms(30), granted)
     with socket.create_connection(_holder_address(info), timeout=10) as s:
+        wire.expect_hello(s, "bare-holder", "the holder")
         s.sendall(_raw_request(grant, granted, granted * 1024))
         status, length = wire.REPLY.unpack(wire.recv_exact(s, wire.REPLY.size))
         assert status == wire.REFUSED and b"overlap" in wire.recv_exact(s, length)
     with socket.create_connection(_holder_address(info), timeout=10) as s:  # the honest form still works
+        wire.expect_hello(s, "bare-holder", "the holder")
         s.sendall(_raw_request(grant, granted, []))
         status, length = wire.REPLY.unpack(wire.recv_exact(s, wire.REPLY.size))
         assert status == wire.OK and length == 65536

@@ -228,10 +228,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     @app.post(msg.REGISTER_PATH)
     def register(req: msg.RegisterWorker, request: Request, credential: Credential = "",
                  job_key: JobKey = "") -> msg.WorkerAck:
-        problem = _advertised_address_problem(req, request.client.host if request.client else None)
+        registered_from = request.client.host if request.client else None
+        problem = _advertised_address_problem(req, registered_from)
         if problem is not None:
             raise errors.InvalidRequest(problem)
-        return state.register_worker(req, credential, job_key)
+        return state.register_worker(req, credential, job_key, registered_from)
 
     @app.post(HEARTBEAT_PATH)
     async def heartbeat(credential: Credential = "",

@@ -281,6 +281,7 @@ class ReadDesk:
             worker = self.registry.get(source.worker)
             if worker is not None:
                 worker.bytes_served += nbytes
+                worker.served_at_metadata += nbytes
 
     def _report_corrupt(self, reader: str, lease: Lease, record: VersionRecord, source: Holding,
                         now: float) -> None:

@@ -60,6 +60,11 @@ class WorkerRecord:
     """The job its registration's job key admits it to (``ownership.job_of``)."""
     plane: str = "nixl"
     """Its data plane (``RegisterWorker.plane``): one per hub (``planes/one_plane.py``)."""
+    registered_from: str | None = None
+    """The address its registration came from (None: unknown, e.g. a hub driven without HTTP)."""
+    served_at_metadata: int = 0
+    """Bytes readers read from it, and found good, since it last changed its data-plane metadata: only a worker
+    that served reads at the address it advertises is named to joiners as a peer to connect to early."""
 
     def __post_init__(self) -> None:
         if self.awake_at_seen is None:
