@@ -96,8 +96,12 @@ def _connections_to(pid: int) -> int:
 @pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_joiner_connects_to_the_newest_versions_holder_at_registration_before_its_first_fetch(hub, roles):
     """The hub names likely sources in the registration's reply (the TCP plane's metadata is only an address),
-    so a joiner's first fetch does not wait for its connections (bench transport's first read)."""
+    so a joiner's first fetch does not wait for its connections (bench transport's first read). Only a holder
+    that already served good reads at its address is named (test_trust_peers.py): a first reader makes it one."""
     published = roles(tcp_holder, hub.url, "trainer", 3, 1.0).result(120)
+    with th.connect(hub.url, "first", transport="tcp") as first:
+        assert digest(first.fetch("policy", 1, hold=False).buffers) == published["digest"]
+    wait_until(lambda: _connections_to(published["pid"]) == 0, 10, "the first reader's connections end with it")
     # The cold joiner registers first; the joiner's own connections, made from its registration's reply, mark
     # the moment by which the cold one would have connected too: no sleep decides the negative.
     with th.connect(hub.url, "late-joiner", transport="tcp", preconnect_peers=0) as cold, \

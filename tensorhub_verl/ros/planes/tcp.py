@@ -178,7 +178,7 @@ class _Peer:
             wire.expect_hello(sock, self.agent, where)
         except ConnectionError as e:
             sock.close()
-            self._down = (time.monotonic() + _DOWN_S, f"peer {self.agent}: {e}")
+            self._down = (time.monotonic() + _DOWN_S, f"peer {self.agent} at {where} is unreachable: {e}")
             raise
         self._down = None
         wire.block_with_timeout(sock, self._io_timeout_s)
