@@ -507,9 +507,7 @@ class Client:
 
     def _hub_plane(self) -> str | None:
         """The hub's data plane when this client's plane is left on 'auto' (None: it names its own)."""
-        if self.config.plane.kind != "auto":
-            return None
-        return self._hub.get(msg.HUB_INFO_PATH, msg.HubInfo).plane
+        return self._hub.plane() if self.config.plane.kind == "auto" else None
 
     def _first_registration(self) -> msg.WorkerAck:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
