@@ -22,10 +22,13 @@ def free_port() -> int:
 
 class HubProcess:
     """A hub process on 127.0.0.1:``port`` (a free one by default); ``start`` again after ``kill`` brings up a
-    new instance, which knows nothing, at the same URL. ``args`` are extra `tensorhub hub` flags."""
+    new instance, which knows nothing, at the same URL. ``args`` are extra `tensorhub hub` flags; ``token``: the
+    token the hub was given (in ``args``, e.g. ``--token-file``), which the start-up probe needs."""
 
-    def __init__(self, port: int | None = None, args: tuple[str, ...] = (), stderr_path: str | None = None):
+    def __init__(self, port: int | None = None, args: tuple[str, ...] = (), stderr_path: str | None = None,
+                 token: str | None = None):
         self.port = port or free_port()
+        self._probe_headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = tuple(args)
         self.stderr_path = stderr_path
@@ -50,7 +53,7 @@ class HubProcess:
             if self.process.poll() is not None:
                 raise HubUnavailable(f"hub process exited with {self.process.returncode} while starting")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", headers=self._probe_headers, timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.1)

@@ -17,10 +17,14 @@ class Outsider:
     """A worker that speaks the hub's API directly. ``served``: bytes its real TCP plane serves as if they were a
     version it holds (garbage, for a liar); None: it registers no data plane worth the name."""
 
-    def __init__(self, hub_url: str, token: str, worker: str, job_key: str | None = None, plane: str = "tcp",
-                 served: torch.Tensor | None = None, metadata: bytes | None = None):
+    def __init__(self, hub_url: str, token: str | None, worker: str, job_key: str | None = None,
+                 plane: str | None = "tcp", served: torch.Tensor | None = None, metadata: bytes | None = None,
+                 allow_plain_http: bool = False):
+        """``plane``: the plane it declares (None: the hub's)."""
         self.worker = worker
-        self.hub = HubClient(hub_url, token, request_timeout_s=10, retry_s=2, job_key=job_key)
+        self.hub = HubClient(hub_url, token, request_timeout_s=10, retry_s=2, job_key=job_key,
+                             allow_plain_http=allow_plain_http)
+        plane = plane or self.hub.plane()
         self.plane = TcpPlane(f"{worker}-agent", "127.0.0.1") if served is not None or plane == "tcp" else None
         self.served = served
         if served is not None:
