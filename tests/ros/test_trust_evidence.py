@@ -3,6 +3,8 @@ raw hub requests (and a real TCP plane serving garbage) for the attackers. Worke
 job's copies away with corruption reports, a member of the job cannot take its last copy away, and a copy built
 from chunks a reader only announced is never a source."""
 
+import time
+
 import pytest
 import torch
 
@@ -17,13 +19,27 @@ WEIGHTS = {"w": torch.arange(4 * CHUNK // 4, dtype=torch.float32)}  # 4 chunks
 
 @pytest.fixture
 def hub():
-    server = th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5, plane="tcp"))
+    # Attackers send no heartbeats: the hub keeps them registered for the whole attack.
+    server = th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5, worker_timeout_s=120, plane="tcp"))
     yield server
     server.stop()
 
 
 def _connect(hub, worker, job_key=JOB):
     return th.connect(hub.url, worker, token=TOKEN, chunk_bytes=CHUNK, job_key=job_key, transport="tcp")
+
+
+def _accuse(attacker: Outsider, digest: str) -> set[str]:
+    """One round of the attack: begin a fetch, report every lease it is given corrupt, end it. A failed read makes
+    its source suspect until its next heartbeat, so the attacker begins again until it is given leases."""
+    deadline = time.monotonic() + 10
+    while True:
+        first = attacker.begin(digest, want=8)
+        attacker.report_corrupt([a.lease for a in first.assignments])
+        attacker.end(ok=False, hold=False)
+        if first.assignments or time.monotonic() > deadline:
+            return {a.source for a in first.assignments}
+        time.sleep(0.2)
 
 
 def _holders(client, model="policy") -> dict[str, dict]:
@@ -39,10 +55,7 @@ def test_two_workers_of_another_job_cannot_quarantine_a_jobs_copies(hub):
             accused = set()
             for _ in range(3):  # each begins, is leased reads on both copies, and reports every one corrupt
                 for attacker in attackers:
-                    first = attacker.begin(published.digest, want=8)
-                    accused |= {a.source for a in first.assignments}
-                    attacker.report_corrupt([a.lease for a in first.assignments])
-                    attacker.end(ok=False, hold=False)
+                    accused |= _accuse(attacker, published.digest)
             assert accused == {"trainer", "rollout-0"}, "the attackers were leased reads on both copies"
             assert not any(h["quarantined"] for h in _holders(trainer).values())
             with _connect(hub, "rollout-1") as honest:
@@ -53,19 +66,19 @@ def test_two_workers_of_another_job_cannot_quarantine_a_jobs_copies(hub):
                 attacker.close()
 
 
-def test_a_member_of_the_job_cannot_quarantine_its_last_copy(hub):
+def test_members_of_the_job_cannot_quarantine_its_last_copy(hub):
     with _connect(hub, "trainer") as trainer:
         published = trainer.publish("policy", 1, WEIGHTS)
-        liar = Outsider(hub.url, TOKEN, "liar", job_key=JOB)
+        liars = [Outsider(hub.url, TOKEN, f"liar-{i}", job_key=JOB) for i in range(2)]  # two ids of the job
         try:
-            first = liar.begin(published.digest, want=4)
-            liar.report_corrupt([a.lease for a in first.assignments])
-            liar.end(ok=False, hold=False)
+            for liar in liars:
+                assert _accuse(liar, published.digest) == {"trainer"}
             assert not _holders(trainer)["trainer"]["quarantined"], "the only copy of a retained version"
             with _connect(hub, "rollout-0") as honest:
                 assert torch.equal(honest.fetch("policy", 1, hold=False).buffers["w"], WEIGHTS["w"])
         finally:
-            liar.close()
+            for liar in liars:
+                liar.close()
 
 
 def test_a_copy_built_from_announced_chunks_never_serves_a_read(hub):
