@@ -15,8 +15,9 @@ of ``policy`` the adapter was trained on. The base model stays ``policy`` in ``h
 ``AdapterHolder`` is the engine side: it fetches a version into buffers it then holds for peers (they never
 change: a new version gets new buffers), hands a copy of the tensors to the engine's loader, and releases the
 version it served before. It refuses (``BaseMismatch``) an adapter whose base version is not the one the engine
-serves: an adapter applied to another base serves weights nobody trained. ``load_adapter_into_vllm`` is that loader for a vLLM worker: vLLM's own
-``LoRAModel.from_lora_tensors`` and its adapter manager, under a fixed adapter id that requests name.
+serves: an adapter applied to another base serves weights nobody trained. ``load_adapter_into_vllm`` is that
+loader for a vLLM worker: vLLM's own ``LoRAModel.from_lora_tensors`` and its adapter manager, under a fixed
+adapter id that requests name.
 
 With LoRA enabled vLLM wraps each target layer and its weight becomes ``<layer>.base_layer.weight``;
 ``base_parameters`` names them as the plain model does, so the base holder's layout (and its peers) are the
@@ -260,5 +261,5 @@ def load_adapter_into_vllm(worker: Any, tensors: dict[str, torch.Tensor], peft_c
 
 
 __all__ = ["ADAPTER_LAYOUT", "ADAPTER_SUFFIX", "BASE_VERSION_KEY", "PEFT_CONFIG_KEY", "AdapterHolder",
-           "adapter_base_version", "adapter_bytes", "adapter_model", "base_parameters", "load_adapter_into_vllm", "pack_adapter",
-           "peft_config_dict", "unpack_adapter"]
+           "adapter_base_version", "adapter_bytes", "adapter_model", "base_parameters", "load_adapter_into_vllm",
+           "pack_adapter", "peft_config_dict", "unpack_adapter"]
