@@ -75,6 +75,13 @@ class OverBudget(InvalidRequest):
     names the limit and the setting. Nothing was changed."""
 
 
+class DeltaRefused(InvalidRequest):
+    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
+    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
+    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
+    full instead (``FetchStats.delta``)."""
+
+
 class UnknownWorker(InvalidRequest):
     """The hub does not know this worker (it restarted, or the worker expired); the client re-registers."""
 
@@ -115,6 +122,7 @@ __all__ = [
     "TransferFailed",
     "HubUnavailable",
     "InvalidRequest",
+    "DeltaRefused",
     "UnknownWorker",
     "UnknownFetch",
     "PlaneMismatch",

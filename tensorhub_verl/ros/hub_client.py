@@ -44,6 +44,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "InvalidRequest": errors.InvalidRequest,
     "PlaneMismatch": errors.PlaneMismatch,
     "OverBudget": errors.OverBudget,
+    "DeltaRefused": errors.DeltaRefused,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
 }

@@ -162,6 +162,11 @@ class _HubCollector:
         for worker, n in sorted(snap["bytes_served"].items()):
             served.add_metric([worker], n)
         yield served
+        deltas = CounterMetricFamily("tensorhub_delta_bytes", "Bytes of delta forms read, per model",
+                                     labels=["model"])
+        for model, n in sorted(snap.get("delta_bytes", {}).items()):
+            deltas.add_metric([model], n)
+        yield deltas
         holders = GaugeMetricFamily("tensorhub_version_holders", "Active holders of each version",
                                     labels=["model", "version", "layout"])
         for (model, version, layout), n in sorted(snap["holders"].items()):

@@ -66,6 +66,7 @@ from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.preserve import must_preserve
 from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.delta_rules import check_delta_publish
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.records import GroupKey, Holding, HoldingState, Key, Member, VersionRecord, WorkerRecord
 from tensorhub_verl.ros.hub.registry import Registry, hash_secret, heard
@@ -260,6 +261,7 @@ class HubState:
             owner = self.owners.owns(key[0], req.worker, worker.job)
             if not owner:
                 check_copy(req, record, worker.job, self.owners)
+            check_delta_publish(req, record, self.store)
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
                 if req.shard_rank is not None or not owner:
@@ -534,7 +536,8 @@ class HubState:
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
-            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times)
+            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times,
+                                    self.reads.delta_bytes)
 
 
 def _check_holder(worker: str, holder: str) -> None:

@@ -1,0 +1,199 @@
+"""Making and applying a delta over a layout's chunk map, with torch ops on the device that holds the bytes.
+
+``encode_delta`` diffs two versions of one layout chunk by chunk (``delta_codec.encode_chunk``) and packs the
+payloads into one blob beside a ``DeltaHeader``. ``apply_delta`` applies them in place into buffers that hold the
+base: each chunk's base digest is checked before its payload is applied and its target digest after, and it
+returns the chunks that failed either check (their bytes are then re-read in full by the caller: a failed base
+check leaves the chunk's base bytes untouched, a failed target check leaves bytes that are neither version).
+
+Pure of I/O: the client (``delta_fetch.py``) reads the delta form, calls this, and re-reads what failed.
+A chunk whose segments span tensors (tiny tensors share a chunk) is gathered into one scratch buffer, and
+written back only when its payload applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from tensorhub_verl.errors import TensorHubError
+from tensorhub_verl.ros.delta_form import SAME, DeltaHeader
+from tensorhub_verl.ros.integrity import shard_chunk_digests
+from tensorhub_verl.ros.manifest import Chunk, Manifest, dtype_from_name
+
+logger = logging.getLogger("tensorhub_verl.ros.delta")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
+                                                                                  device=t.device)
+
+
+def chunk_dtype(manifest: Manifest, chunk: Chunk) -> torch.dtype:
+    """The element type the codec diffs a chunk in: its tensors' dtype when they share one and every segment
+    holds whole elements; bytes otherwise."""
+    dtypes = {manifest.tensors[s.tensor].dtype for s in chunk.segments}
+    if len(dtypes) != 1:
+        return torch.uint8
+    dtype = dtype_from_name(dtypes.pop())
+    size = dtype.itemsize
+    if any(s.offset % size or s.length % size for s in chunk.segments):
+        return torch.uint8
+    return dtype
+
+
+def _chunk_view(flats: Sequence[torch.Tensor], chunk: Chunk) -> tuple[torch.Tensor, bool]:
+    """The chunk's bytes as one flat uint8 tensor, and whether it is a view of the buffers (one segment) rather
+    than a gathered copy."""
+    if len(chunk.segments) == 1:
+        s = chunk.segments[0]
+        return flats[s.tensor][s.offset:s.offset + s.length], True
+    return torch.cat([flats[s.tensor][s.offset:s.offset + s.length] for s in chunk.segments]), False
+
+
+def _scatter(flats: Sequence[torch.Tensor], chunk: Chunk, data: torch.Tensor) -> None:
+    at = 0
+    for s in chunk.segments:
+        flats[s.tensor][s.offset:s.offset + s.length].copy_(data[at:at + s.length])
+        at += s.length
+
+
+@dataclass(slots=True)
+class EncodeStats:
+    seconds: float = 0.0
+    changed_elements: int = 0
+    elements: int = 0
+    encodings: dict[str, int] = field(default_factory=dict)
+    """encoding -> chunks encoded so."""
+    payload_bytes: int = 0
+
+
+def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: Manifest,
+                 target_tensors: Sequence[torch.Tensor], encode_chunk: Callable) -> tuple[DeltaHeader, torch.Tensor,
+                                                                                          EncodeStats]:
+    """The delta from ``base`` to ``target`` (one layout, one chunk map; tensors in manifest order): its header,
+    its blob (on the target's device; at least one byte, so that it can be registered), and what it took."""
+    started = time.monotonic()
+    stats = EncodeStats()
+    flats_b, flats_t = [_flat(t) for t in base_tensors], [_flat(t) for t in target_tensors]
+    columns: dict[str, list] = {k: [] for k in ("encodings", "offsets", "lengths", "changed", "elements")}
+    payloads: list[torch.Tensor] = []
+    end = 0
+    device = next((t.device for t in target_tensors), torch.device("cpu"))
+    for chunk in target.chunks():
+        dtype = chunk_dtype(target, chunk)
+        b, _ = _chunk_view(flats_b, chunk)
+        t, _ = _chunk_view(flats_t, chunk)
+        if base.chunk_digests[chunk.index] == target.chunk_digests[chunk.index] and torch.equal(b, t):
+            encoding, payload, changed, elements = SAME, None, 0, chunk.nbytes // dtype.itemsize
+        else:
+            enc = encode_chunk(b, t, dtype=dtype)
+            encoding, changed, elements = enc.encoding, int(enc.changed), int(enc.elements)
+            payload = _as_u8(enc.payload, device)
+        length = 0 if payload is None else payload.numel()
+        if payload is not None and length:
+            payloads.append(payload)
+        for k, v in zip(columns, (encoding, end, length, changed, elements)):
+            columns[k].append(v)
+        end += length
+        stats.encodings[encoding] = stats.encodings.get(encoding, 0) + 1
+        stats.changed_elements += changed
+        stats.elements += elements
+    blob = torch.cat(payloads) if payloads else torch.zeros(1, dtype=torch.uint8, device=device)
+    header = DeltaHeader(model=target.model, layout=target.layout, base_version=base.version,
+                         target_version=target.version, layout_digest=target.digest,
+                         digest_algorithm=target.digest_algorithm, base_digests=list(base.chunk_digests),
+                         target_digests=list(target.chunk_digests), **columns)
+    stats.payload_bytes = end
+    stats.seconds = time.monotonic() - started
+    return header, blob, stats
+
+
+def _as_u8(payload, device: torch.device) -> torch.Tensor:
+    """A codec payload (a tensor or bytes) as a flat uint8 tensor on ``device``."""
+    if isinstance(payload, torch.Tensor):
+        return _flat(payload.contiguous()).to(device)
+    data = bytes(payload)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else \
+        torch.empty(0, dtype=torch.uint8, device=device)
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    applied: list[int] = field(default_factory=list)
+    """Chunks whose payload was applied and whose bytes now match the target digest."""
+    bad_base: list[int] = field(default_factory=list)
+    """Chunks whose bytes were not the declared base: left untouched."""
+    bad_target: list[int] = field(default_factory=list)
+    """Chunks whose payload did not apply, or whose result does not match the target digest."""
+    reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[int]:
+        return sorted({*self.bad_base, *self.bad_target})
+
+
+def chunk_digests_of(manifest: Manifest, tensors: Sequence[torch.Tensor], which: set[int]) -> tuple[str, ...]:
+    """The digests of chunks ``which`` of whole-tensor buffers (manifest order), computed where they lie; ""
+    for the others."""
+    if not which:
+        return ("",) * len(manifest.chunks())
+    return shard_chunk_digests(manifest.chunks(), manifest.tensors, [_flat(t) for t in tensors],
+                               [0] * len(manifest.tensors), which)
+
+
+def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tensors: Sequence[torch.Tensor],
+                apply_chunk: Callable) -> ApplyResult:
+    """Applies a checked header's payloads (``delta_form.check_header``) in place into ``tensors`` (manifest
+    order), which should hold the base version. See the module docstring for what is checked when."""
+    started = time.monotonic()
+    result = ApplyResult()
+    chunks = target.chunks()
+    flats = [_flat(t) for t in tensors]
+    base_now = chunk_digests_of(target, tensors, set(range(len(chunks))))
+    blob = blob.to(flats[0].device) if flats else blob
+    touched: set[int] = set()
+    for chunk in chunks:
+        i = chunk.index
+        if base_now[i] != header.base_digests[i]:
+            result.bad_base.append(i)
+            continue
+        if header.encodings[i] == SAME:
+            result.applied.append(i)
+            continue
+        data, is_view = _chunk_view(flats, chunk)
+        payload = blob[header.offsets[i]:header.offsets[i] + header.lengths[i]]
+        try:
+            apply_chunk(header.encodings[i], payload, data, dtype=chunk_dtype(target, chunk))
+        except (TensorHubError, ValueError, RuntimeError) as e:
+            # The codec refuses a malformed payload before writing: the chunk still holds its base bytes.
+            result.bad_target.append(i)
+            result.reasons.append(f"chunk {i}: {header.encodings[i]} payload did not apply: {str(e)[:200]}")
+            continue
+        if not is_view:
+            _scatter(flats, chunk, data)
+        touched.add(i)
+    after = chunk_digests_of(target, tensors, touched)
+    for i in sorted(touched):
+        if after[i] == header.target_digests[i]:
+            result.applied.append(i)
+        else:
+            result.bad_target.append(i)
+    if result.bad_base:
+        result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
+                              f"(first: chunk {result.bad_base[0]})")
+    misses = [i for i in result.bad_target if i in touched]
+    if misses:
+        result.reasons.append(f"{len(misses)} chunk(s) did not match version {header.target_version}'s digest "
+                              f"after applying (first: chunk {misses[0]})")
+    result.applied.sort()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+__all__ = ["ApplyResult", "EncodeStats", "apply_delta", "chunk_digests_of", "chunk_dtype", "encode_delta"]
