@@ -56,3 +56,15 @@ def delta_trainer(results, control, hub_url, worker, count, location="dc=dc0,rac
     command = control.get(timeout=600)
     assert command == "stop", command
     client.close()
+
+
+def delta_reader(results, control, hub_url, worker, location, count=2):
+    """Reads v1 in full, then each later version as the delta from the one before; holds both forms."""
+    client = th.connect(hub_url, worker, location, hub_retry_s=60.0, max_run_chunks=1)
+    into = client.manifest("policy", 1).allocate()
+    client.fetch("policy", 1, into=into)
+    used = [client.fetch("policy", v, into=into, have=v - 1).delta.used for v in range(2, count + 1)]
+    results.put(("ok", {"pid": os.getpid(), "digest": digest(into), "used": used}))
+    command = control.get(timeout=600)
+    assert command == "stop", command
+    client.close()
