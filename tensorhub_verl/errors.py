@@ -101,6 +101,17 @@ class PlaneMismatch(InvalidRequest):
         self.hub_plane = hub_plane
 
 
+class DeltaCorrupt(TensorHubError):
+    """A chunk's delta payload is malformed (wrong header, lengths, positions out of range or out of order, a
+    stream that does not decompress): nothing was written. The fix is to read the chunk of the target version
+    in full from a verified holder. ``encoding``: the payload's declared encoding; ``reason``: what was wrong."""
+
+    def __init__(self, message: str, encoding: str = "", reason: str = ""):
+        super().__init__(message)
+        self.encoding = encoding
+        self.reason = reason
+
+
 class Cancelled(TensorHubError):
     """The caller stopped the operation before it produced anything (e.g. an attached node asked to stop
     before it served a first version)."""
@@ -126,6 +137,7 @@ __all__ = [
     "UnknownWorker",
     "UnknownFetch",
     "PlaneMismatch",
+    "DeltaCorrupt",
     "Cancelled",
     "ConfigError",
 ]
