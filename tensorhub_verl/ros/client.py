@@ -171,7 +171,7 @@ class Client:
         return manifest
 
     def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf",
-                      mode: str = "auto") -> "DeltaPublished":
+                      mode: str = "auto", chunk_bytes: int | None = None) -> "DeltaPublished":
         """Publishes the delta ``base_version`` -> ``version`` of ``layout``, computed chunk by chunk where the
         bytes live (torch ops on their device) from what this client holds of both: publish ``version`` first
         and keep ``base_version`` published, its bytes unchanged, until this returns.
@@ -180,11 +180,12 @@ class Client:
         checks it as it does every layout, and readers that fetched it serve it onward. The hub refuses it when
         ``base_version`` is not retained, or when this worker may not create versions of ``model``.
         ``mode="auto"`` publishes it only when it is smaller than the version (``DeltaPublished.published``
-        says whether it did, ``.reason`` why not); ``"on"`` whenever it can be made."""
+        says whether it did, ``.reason`` why not); ``"on"`` whenever it can be made. ``chunk_bytes``: the delta
+        form's chunk size (default: about 1/16 of the delta, at least 64 KiB, at most the version's)."""
         self._check_open()
         from tensorhub_verl.ros.delta_client import publish_delta
 
-        return publish_delta(self, model, version, base_version, layout, mode)
+        return publish_delta(self, model, version, base_version, layout, mode, chunk_bytes)
 
     def relay(self, manifest: Manifest, tensors: Mapping[str, torch.Tensor]) -> None:
         """Holds a copy this worker fetched and checked through another hub (``manifest``: its

@@ -2,11 +2,11 @@
 
 ``encode_delta`` diffs two versions of one layout chunk by chunk (``delta_codec.encode_chunk``) and packs the
 payloads into one blob beside a ``DeltaHeader``. ``apply_delta`` applies them in place into buffers that hold the
-base: each chunk's base digest is checked before its payload is applied and its target digest after, and it
-returns the chunks that failed either check (their bytes are then re-read in full by the caller: a failed base
-check leaves the chunk's base bytes untouched, a failed target check leaves bytes that are neither version).
+base, checking each chunk's base digest before and its target digest before writing (from the changes) and after
+(in full); it returns the chunks that failed a check, which the caller re-reads in full. A chunk that fails
+before writing keeps its base bytes; one that fails after writing holds neither version until re-read.
 
-Pure of I/O: the client (``delta_fetch.py``) reads the delta form, calls this, and re-reads what failed.
+Pure of I/O: the client (``delta_client.py``) reads the delta form, calls this, and re-reads what failed.
 A chunk whose segments span tensors (tiny tensors share a chunk) is gathered into one scratch buffer, and
 written back only when its payload applied.
 """
@@ -20,7 +20,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from tensorhub_verl.errors import TensorHubError
+from tensorhub_verl.errors import DeltaCorrupt
+from tensorhub_verl.ros.delta_codec import decode_chunk, write_changes
+from tensorhub_verl.ros.delta_codec import encode_chunk as codec_encode
+from tensorhub_verl.ros.delta_digest import chunk_grid, target_digest_from_base
 from tensorhub_verl.ros.delta_form import SAME, DeltaHeader
 from tensorhub_verl.ros.integrity import shard_chunk_digests
 from tensorhub_verl.ros.manifest import Chunk, Manifest, dtype_from_name
@@ -73,8 +76,8 @@ class EncodeStats:
 
 
 def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: Manifest,
-                 target_tensors: Sequence[torch.Tensor], encode_chunk: Callable) -> tuple[DeltaHeader, torch.Tensor,
-                                                                                          EncodeStats]:
+                 target_tensors: Sequence[torch.Tensor], encode_chunk: Callable = codec_encode
+                 ) -> tuple[DeltaHeader, torch.Tensor, EncodeStats]:
     """The delta from ``base`` to ``target`` (one layout, one chunk map; tensors in manifest order): its header,
     its blob (on the target's device; at least one byte, so that it can be registered), and what it took."""
     started = time.monotonic()
@@ -147,16 +150,20 @@ def chunk_digests_of(manifest: Manifest, tensors: Sequence[torch.Tensor], which:
                                [0] * len(manifest.tensors), which)
 
 
-def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tensors: Sequence[torch.Tensor],
-                apply_chunk: Callable) -> ApplyResult:
+def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tensors: Sequence[torch.Tensor]
+                ) -> ApplyResult:
     """Applies a checked header's payloads (``delta_form.check_header``) in place into ``tensors`` (manifest
-    order), which should hold the base version. See the module docstring for what is checked when."""
+    order), which should hold the base version. Per chunk: its bytes' digest must be the header's base digest
+    (else it is left untouched); its payload is decoded without writing (``delta_codec.decode_chunk``), and the
+    target digest it would produce, from the base digest plus the changed words (``delta_digest``), must be the
+    version's (else nothing is written); then it is written, and the written chunks are digested again in full,
+    which also catches a write that landed elsewhere."""
     started = time.monotonic()
     result = ApplyResult()
     chunks = target.chunks()
     flats = [_flat(t) for t in tensors]
     base_now = chunk_digests_of(target, tensors, set(range(len(chunks))))
-    blob = blob.to(flats[0].device) if flats else blob
+    host = blob.device.type == "cpu"
     touched: set[int] = set()
     for chunk in chunks:
         i = chunk.index
@@ -167,31 +174,36 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
             result.applied.append(i)
             continue
         data, is_view = _chunk_view(flats, chunk)
-        payload = blob[header.offsets[i]:header.offsets[i] + header.lengths[i]]
+        part = blob[header.offsets[i]:header.offsets[i] + header.lengths[i]]
+        payload = part.numpy() if host else part.cpu().numpy()
         try:
-            apply_chunk(header.encodings[i], payload, data, dtype=chunk_dtype(target, chunk))
-        except (TensorHubError, ValueError, RuntimeError) as e:
-            # The codec refuses a malformed payload before writing: the chunk still holds its base bytes.
+            changes = decode_chunk(header.encodings[i], payload, data, dtype=chunk_dtype(target, chunk))
+            would = target_digest_from_base(header.base_digests[i], chunk_grid(chunk, target.tensors), changes)
+        except (DeltaCorrupt, ValueError) as e:
             result.bad_target.append(i)
-            result.reasons.append(f"chunk {i}: {header.encodings[i]} payload did not apply: {str(e)[:200]}")
+            result.reasons.append(f"chunk {i}: its {header.encodings[i]} payload is refused: {str(e)[:200]}")
             continue
+        if would != header.target_digests[i]:
+            result.bad_target.append(i)
+            result.reasons.append(f"chunk {i}: its {header.encodings[i]} payload would not give version "
+                                  f"{header.target_version}'s bytes; not written")
+            continue
+        write_changes(changes, data)
         if not is_view:
             _scatter(flats, chunk, data)
         touched.add(i)
     after = chunk_digests_of(target, tensors, touched)
-    for i in sorted(touched):
-        if after[i] == header.target_digests[i]:
-            result.applied.append(i)
-        else:
-            result.bad_target.append(i)
+    misses = [i for i in sorted(touched) if after[i] != header.target_digests[i]]
+    result.applied.extend(i for i in sorted(touched) if after[i] == header.target_digests[i])
+    result.bad_target.extend(misses)
     if result.bad_base:
         result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
                               f"(first: chunk {result.bad_base[0]})")
-    misses = [i for i in result.bad_target if i in touched]
     if misses:
         result.reasons.append(f"{len(misses)} chunk(s) did not match version {header.target_version}'s digest "
-                              f"after applying (first: chunk {misses[0]})")
+                              f"after writing (first: chunk {misses[0]})")
     result.applied.sort()
+    result.bad_target.sort()
     result.seconds = time.monotonic() - started
     return result
 

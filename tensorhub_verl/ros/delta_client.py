@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import _codec_standin as codec
 from tensorhub_verl.ros.delta_chunks import apply_delta, encode_delta
 from tensorhub_verl.ros.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
 from tensorhub_verl.ros.fetcher import FetchStats
@@ -93,8 +92,19 @@ class DeltaStats:
         return self.changed_elements / self.elements if self.elements else 0.0
 
 
+MIN_DELTA_CHUNK_BYTES = 64 << 10
+DELTA_CHUNKS = 16
+"""A delta form is cut into about this many chunks (at least ``MIN_DELTA_CHUNK_BYTES``, at most the version's
+chunk size): it is far smaller than its version, and more chunks spread through a datacenter sooner."""
+
+
+def delta_chunk_bytes(delta_bytes: int, version_chunk_bytes: int) -> int:
+    size = max(MIN_DELTA_CHUNK_BYTES, -(-delta_bytes // DELTA_CHUNKS))
+    return min(version_chunk_bytes, -(-size // 4096) * 4096)
+
+
 def publish_delta(client: "Client", model: str, version: int, base_version: int, layout: str = "hf",
-                  mode: str = "auto") -> DeltaPublished:
+                  mode: str = "auto", chunk_bytes: int | None = None) -> DeltaPublished:
     """Encodes and publishes the delta ``base_version`` -> ``version`` of ``layout`` from what ``client`` holds
     of both (see ``Client.publish_delta``)."""
     from tensorhub_verl.ros.client import _check_key
@@ -120,7 +130,7 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
                                       f"checked against both versions' digests (ClientConfig.publish.chunk_digests)")
     order = [spec.name for spec in target.manifest.tensors]
     header, blob, enc = encode_delta(base.manifest, [base.tensors[n] for n in order], target.manifest,
-                                     [target.tensors[n] for n in order], codec.encode_chunk)
+                                     [target.tensors[n] for n in order])
     raw = header.to_bytes()
     head = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     out = DeltaPublished(model, version, base_version, dl, False, len(raw) + blob.numel(), target.manifest.nbytes,
@@ -129,7 +139,8 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
         out.reason = f"the delta ({out.bytes} bytes) is no smaller than the version ({out.version_bytes} bytes)"
         logger.info("%s v%d: no delta from v%d published: %s", model, version, base_version, out.reason)
         return out
-    client.publish(model, version, {HEADER: head, BLOB: blob}, layout=dl)
+    client.publish(model, version, {HEADER: head, BLOB: blob}, layout=dl,
+                   chunk_bytes=chunk_bytes or delta_chunk_bytes(out.bytes, target.manifest.chunk_bytes))
     out.published = True
     logger.info("%s publishes the delta of %s v%d from v%d: %d bytes for %d (%.2f%% of elements changed)",
                 client.worker, model, version, base_version, out.bytes, out.version_bytes,
@@ -171,7 +182,7 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
     if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
         client._drain(own, timeout)
     ordered = list(tensors.values())
-    result = apply_delta(manifest, header, blob, ordered, codec.apply_chunk)
+    result = apply_delta(manifest, header, blob, ordered)
     delta.used, delta.apply_seconds = True, result.seconds
     delta.changed_elements, delta.elements = header.changed_elements, header.total_elements
     delta.reasons.extend(result.reasons)

@@ -24,23 +24,23 @@ def base_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def stepped(weights: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+def stepped(weights: dict[str, torch.Tensor], step: int, rows: int = 8) -> dict[str, torch.Tensor]:
     """The next version: a few rows of two matrices move (as an update moves few bf16 elements), the rest not."""
     g = torch.Generator().manual_seed(1000 + step)
     out = {name: t.clone() for name, t in weights.items()}
     w = out["layers.0.mlp.weight"]
-    rows = torch.randint(0, w.shape[0] - 8, (1,), generator=g).item()
-    w[rows:rows + 8] += 0.01 * torch.randn(8, w.shape[1], generator=g).to(torch.bfloat16)
+    first = torch.randint(0, w.shape[0] - rows, (1,), generator=g).item()
+    w[first:first + rows] += 0.01 * torch.randn(rows, w.shape[1], generator=g).to(torch.bfloat16)
     out["layers.0.norm.weight"][:4] += 1.0
     out["step"] += 1
     return out
 
 
-def versions(count: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Versions 1..count (index 0 is version 1)."""
+def versions(count: int, seed: int = 0, rows: int = 8) -> list[dict[str, torch.Tensor]]:
+    """Versions 1..count (index 0 is version 1); each step moves ``rows`` rows of a 1024-row matrix."""
     out = [base_weights(seed)]
     while len(out) < count:
-        out.append(stepped(out[-1], len(out)))
+        out.append(stepped(out[-1], len(out), rows))
     return out
 
 

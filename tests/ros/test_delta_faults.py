@@ -1,6 +1,7 @@
 """Deltas under faults and bad input: each case fails closed (the reader holds exactly the version, or is told
 what it holds) and says why. Real hub, real clients, real data planes; the killed holder is a real process."""
 
+import functools
 import os
 import signal
 
@@ -9,9 +10,9 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import DeltaRefused, NotModelOwner
-from tensorhub_verl.ros import _codec_standin as codec
 from tensorhub_verl.ros.client import Client, ClientConfig
 from tensorhub_verl.ros.delta_chunks import encode_delta
+from tensorhub_verl.ros.delta_codec import encode_chunk
 from tensorhub_verl.ros.delta_form import BLOB, HEADER
 
 from tests.ros.delta_roles import CHUNK, delta_reader, digest, versions
@@ -54,22 +55,42 @@ def test_a_reader_whose_base_bytes_differ_re_reads_those_chunks_in_full_and_stop
         assert r1.versions("policy", "hf") == {1: ["trainer"], 2: ["r1", "trainer"]}
 
 
-def test_a_delta_that_does_not_produce_the_version_is_caught_re_read_in_full_and_not_served_onward(hub):
+def _wrong_base(v1, v2):
+    """The delta of a publisher whose staged v1 was not its published v1 (every 4096th element of one matrix off),
+    as XOR: it parses, but applied to the real v1 it builds other bytes than v2."""
+    wrong = {n: t.clone() for n, t in v1.items()}
+    wrong["layers.0.mlp.weight"].view(-1)[::4096] += 1
+    return wrong, functools.partial(encode_chunk, candidates=("xor",)), None
+
+
+def _garbled(v1, v2):
+    """A delta whose first payload was garbled after its digests were taken: it does not parse."""
+    return v1, encode_chunk, 64
+
+
+@pytest.mark.parametrize("make, failed, reason", [
+    (_wrong_base, 8, "would not give version 2's bytes; not written"),
+    (_garbled, 1, "payload is refused"),
+])
+def test_a_delta_that_does_not_build_the_version_is_caught_re_read_in_full_and_not_served_onward(
+        hub, make, failed, reason):
     v1, v2 = versions(2)
     with th.connect(hub.url, "trainer", chunk_bytes=CHUNK) as trainer, th.connect(hub.url, "r1") as r1:
         m1, m2 = trainer.publish("policy", 1, v1), trainer.publish("policy", 2, v2)
-        # A delta whose payload builds other bytes than v2 (a codec bug, or bytes changed before they were
-        # published): its own chunk digests hold, so only the check against v2's digests catches it.
+        base, encode, garble = make(v1, v2)
         order = [s.name for s in m2.tensors]
-        header, blob, _ = encode_delta(m1, [v1[n] for n in order], m2, [v2[n] for n in order], codec.encode_chunk)
-        blob[:64] ^= 0x5A
+        header, blob, _ = encode_delta(m1, [base[n] for n in order], m2, [v2[n] for n in order], encode)
+        if garble:
+            blob[:garble] ^= 0x5A
+        # Published as it is: its own chunk digests hold, so only the checks against v1 and v2 catch it.
         trainer.publish("policy", 2, {HEADER: torch.frombuffer(bytearray(header.to_bytes()), dtype=torch.uint8),
                                       BLOB: blob}, layout="delta/hf@1")
         into = {n: t.clone() for n, t in v1.items()}
         stats = r1.fetch("policy", 2, into=into, have=1)
         assert _same(into, v2)
-        assert stats.delta.used and stats.delta.fallback_chunks == 1
-        assert "did not match version 2's digest" in stats.delta.reasons[-1]
+        assert stats.delta.used and stats.delta.fallback_chunks == failed
+        assert reason in stats.delta.reasons[0]
+        assert stats.bytes == stats.delta.delta_bytes + stats.delta.fallback_bytes
         assert r1.versions("policy", "delta/hf@1") == {2: ["trainer"]}  # r1 dropped its copy of the bad delta
         assert "r1" in r1.versions("policy", "hf")[2]
 
@@ -116,11 +137,11 @@ def test_the_hub_refuses_a_delta_whose_base_is_not_retained_or_not_older(hub):
 
 
 def test_a_delta_holder_killed_mid_read_costs_a_re_plan_onto_another_holder_of_the_delta(hub, roles):
-    v1, v2 = versions(2)
+    v1, v2 = versions(2, rows=64)
     with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
         trainer.publish("policy", 1, v1)
         trainer.publish("policy", 2, v2)
-        published = trainer.publish_delta("policy", 2, 1)
+        published = trainer.publish_delta("policy", 2, 1, chunk_bytes=8192)
         near = roles(delta_reader, hub.url, "near", "dc=dc0,rack=r1,node=a").result(120)
         assert near["used"] == [True] and near["digest"] == digest(v2)
         kill = lambda n: n == 2 and os.kill(near["pid"], signal.SIGKILL)  # noqa: E731

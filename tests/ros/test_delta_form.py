@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaRefused
-from tensorhub_verl.ros import _codec_standin as codec
 from tensorhub_verl.ros.delta_chunks import apply_delta, chunk_dtype, encode_delta
 from tensorhub_verl.ros.delta_form import DeltaHeader, check_header, delta_layout, parse_delta_layout
 from tensorhub_verl.ros.integrity import ALGORITHM, chunk_digests
@@ -24,7 +23,7 @@ def _manifest(version, weights):
 def _pair():
     v1, v2 = versions(2)
     m1, m2 = _manifest(1, v1), _manifest(2, v2)
-    header, blob, stats = encode_delta(m1, list(v1.values()), m2, list(v2.values()), codec.encode_chunk)
+    header, blob, stats = encode_delta(m1, list(v1.values()), m2, list(v2.values()))
     return v1, v2, m1, m2, header, blob, stats
 
 
@@ -73,7 +72,7 @@ def test_a_malformed_header_is_refused_with_the_reason():
 def test_apply_turns_the_base_into_the_target_and_reports_chunks_that_fail_a_check():
     v1, v2, _, m2, header, blob, _ = _pair()
     into = [t.clone() for t in v1.values()]
-    result = apply_delta(m2, header, blob, into, codec.apply_chunk)
+    result = apply_delta(m2, header, blob, into)
     assert not result.failed and all(torch.equal(a, b) for a, b in zip(into, v2.values()))
 
     into = [t.clone() for t in v1.values()]
@@ -81,7 +80,7 @@ def test_apply_turns_the_base_into_the_target_and_reports_chunks_that_fail_a_che
     bad = blob.clone()
     changed = [i for i, e in enumerate(header.encodings) if e != "same"]
     bad[header.offsets[changed[0]]] ^= 1  # a payload that builds other bytes
-    result = apply_delta(m2, header, bad, into, codec.apply_chunk)
+    result = apply_delta(m2, header, bad, into)
     assert result.bad_base == [0] and result.bad_target == [changed[0]]
     assert torch.equal(into[0][0, 1:], v1["embed.weight"][0, 1:])
 

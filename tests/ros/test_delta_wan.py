@@ -9,12 +9,11 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl.ros.client import Client, ClientConfig
 
-from tests.ros.delta_roles import CHUNK, stepped, versions
+from tests.ros.delta_roles import CHUNK, versions
 
 
 def test_readers_in_another_datacenter_pull_one_wan_copy_of_the_delta_and_spread_it_locally(hub):
-    v1 = versions(1)[0]
-    v2 = stepped(stepped(v1, 1), 2)  # two steps' changes: a delta of several chunks
+    v1, v2 = versions(2, rows=64)  # a delta of several chunks
     names = ["a", "b", "c"]
     readers = [Client(hub.url, name, f"dc=dc1,rack=r0,node={name}",
                       config=ClientConfig.from_fields(window=4, max_run_chunks=1)) for name in names]
@@ -22,8 +21,8 @@ def test_readers_in_another_datacenter_pull_one_wan_copy_of_the_delta_and_spread
         with th.connect(hub.url, "trainer", "dc=dc0,rack=r0,node=t", chunk_bytes=CHUNK) as trainer:
             trainer.publish("policy", 1, v1)
             trainer.publish("policy", 2, v2)
-            published = trainer.publish_delta("policy", 2, 1)
-            assert published.published and published.bytes > 2 * CHUNK  # several chunks of the delta form
+            published = trainer.publish_delta("policy", 2, 1, chunk_bytes=8192)
+            assert published.published and published.bytes > 4 * 8192  # several chunks of the delta form
             buffers = [{n: t.clone() for n, t in v1.items()} for _ in names]
             results: dict[str, object] = {}
             start = threading.Barrier(len(names))
