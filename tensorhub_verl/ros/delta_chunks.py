@@ -49,13 +49,17 @@ def chunk_dtype(manifest: Manifest, chunk: Chunk) -> torch.dtype:
     return dtype
 
 
-def _chunk_view(flats: Sequence[torch.Tensor], chunk: Chunk) -> tuple[torch.Tensor, bool]:
+def _chunk_view(flats: Sequence[torch.Tensor], chunk: Chunk,
+                starts: Sequence[int] | None = None) -> tuple[torch.Tensor, bool]:
     """The chunk's bytes as one flat uint8 tensor, and whether it is a view of the buffers (one segment) rather
-    than a gathered copy."""
+    than a gathered copy. ``starts[t]``: the tensor byte that ``flats[t]`` begins at (a row shard's piece)."""
+    def part(s):
+        at = s.offset - (starts[s.tensor] if starts else 0)
+        return flats[s.tensor][at:at + s.length]
+
     if len(chunk.segments) == 1:
-        s = chunk.segments[0]
-        return flats[s.tensor][s.offset:s.offset + s.length], True
-    return torch.cat([flats[s.tensor][s.offset:s.offset + s.length] for s in chunk.segments]), False
+        return part(chunk.segments[0]), True
+    return torch.cat([part(s) for s in chunk.segments]), False
 
 
 def _scatter(flats: Sequence[torch.Tensor], chunk: Chunk, data: torch.Tensor) -> None:
@@ -76,10 +80,13 @@ class EncodeStats:
 
 
 def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: Manifest,
-                 target_tensors: Sequence[torch.Tensor], encode_chunk: Callable = codec_encode
+                 target_tensors: Sequence[torch.Tensor], encode_chunk: Callable = codec_encode,
+                 chunks: range | None = None, starts: Sequence[int] | None = None
                  ) -> tuple[DeltaHeader, torch.Tensor, EncodeStats]:
-    """The delta from ``base`` to ``target`` (one layout, one chunk map; tensors in manifest order): its header,
-    its blob (on the target's device; at least one byte, so that it can be registered), and what it took."""
+    """The delta from ``base`` to ``target`` (one layout, one chunk map; tensors in manifest order) over
+    ``chunks`` (default: all; a row shard: its own, its tensors being its pieces that begin at tensor byte
+    ``starts[t]``): its header, its blob (on the target's device; at least one byte, so that it can be
+    registered), and what it took."""
     started = time.monotonic()
     stats = EncodeStats()
     flats_b, flats_t = [_flat(t) for t in base_tensors], [_flat(t) for t in target_tensors]
@@ -87,10 +94,12 @@ def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: M
     payloads: list[torch.Tensor] = []
     end = 0
     device = next((t.device for t in target_tensors), torch.device("cpu"))
-    for chunk in target.chunks():
+    every = target.chunks()
+    chunks = range(len(every)) if chunks is None else chunks
+    for chunk in every[chunks.start:chunks.stop]:
         dtype = chunk_dtype(target, chunk)
-        b, _ = _chunk_view(flats_b, chunk)
-        t, _ = _chunk_view(flats_t, chunk)
+        b, _ = _chunk_view(flats_b, chunk, starts)
+        t, _ = _chunk_view(flats_t, chunk, starts)
         if base.chunk_digests[chunk.index] == target.chunk_digests[chunk.index] and torch.equal(b, t):
             encoding, payload, changed, elements = SAME, None, 0, chunk.nbytes // dtype.itemsize
         else:
@@ -109,8 +118,9 @@ def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: M
     blob = torch.cat(payloads) if payloads else torch.zeros(1, dtype=torch.uint8, device=device)
     header = DeltaHeader(model=target.model, layout=target.layout, base_version=base.version,
                          target_version=target.version, layout_digest=target.digest,
-                         digest_algorithm=target.digest_algorithm, base_digests=list(base.chunk_digests),
-                         target_digests=list(target.chunk_digests), **columns)
+                         digest_algorithm=target.digest_algorithm, first_chunk=chunks.start,
+                         base_digests=list(base.chunk_digests[chunks.start:chunks.stop]),
+                         target_digests=list(target.chunk_digests[chunks.start:chunks.stop]), **columns)
     stats.payload_bytes = end
     stats.seconds = time.monotonic() - started
     return header, blob, stats
@@ -160,32 +170,33 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
     which also catches a write that landed elsewhere."""
     started = time.monotonic()
     result = ApplyResult()
-    chunks = target.chunks()
+    first = header.first_chunk
+    chunks = target.chunks()[first:first + len(header.encodings)]
     flats = [_flat(t) for t in tensors]
-    base_now = chunk_digests_of(target, tensors, set(range(len(chunks))))
+    base_now = chunk_digests_of(target, tensors, {c.index for c in chunks})
     host = blob.device.type == "cpu"
     touched: set[int] = set()
     for chunk in chunks:
-        i = chunk.index
-        if base_now[i] != header.base_digests[i]:
+        i, k = chunk.index, chunk.index - first
+        if base_now[i] != header.base_digests[k]:
             result.bad_base.append(i)
             continue
-        if header.encodings[i] == SAME:
+        if header.encodings[k] == SAME:
             result.applied.append(i)
             continue
         data, is_view = _chunk_view(flats, chunk)
-        part = blob[header.offsets[i]:header.offsets[i] + header.lengths[i]]
+        part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
         payload = part.numpy() if host else part.cpu().numpy()
         try:
-            changes = decode_chunk(header.encodings[i], payload, data, dtype=chunk_dtype(target, chunk))
-            would = target_digest_from_base(header.base_digests[i], chunk_grid(chunk, target.tensors), changes)
+            changes = decode_chunk(header.encodings[k], payload, data, dtype=chunk_dtype(target, chunk))
+            would = target_digest_from_base(header.base_digests[k], chunk_grid(chunk, target.tensors), changes)
         except (DeltaCorrupt, ValueError) as e:
             result.bad_target.append(i)
-            result.reasons.append(f"chunk {i}: its {header.encodings[i]} payload is refused: {str(e)[:200]}")
+            result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
             continue
-        if would != header.target_digests[i]:
+        if would != header.target_digests[k]:
             result.bad_target.append(i)
-            result.reasons.append(f"chunk {i}: its {header.encodings[i]} payload would not give version "
+            result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload would not give version "
                                   f"{header.target_version}'s bytes; not written")
             continue
         write_changes(changes, data)
@@ -193,8 +204,8 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
             _scatter(flats, chunk, data)
         touched.add(i)
     after = chunk_digests_of(target, tensors, touched)
-    misses = [i for i in sorted(touched) if after[i] != header.target_digests[i]]
-    result.applied.extend(i for i in sorted(touched) if after[i] == header.target_digests[i])
+    misses = [i for i in sorted(touched) if after[i] != header.target_digests[i - first]]
+    result.applied.extend(i for i in sorted(touched) if after[i] == header.target_digests[i - first])
     result.bad_target.extend(misses)
     if result.bad_base:
         result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "

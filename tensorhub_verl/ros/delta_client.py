@@ -29,7 +29,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.ros.delta_chunks import apply_delta, encode_delta
 from tensorhub_verl.ros.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
 from tensorhub_verl.ros.fetcher import FetchStats
-from tensorhub_verl.ros.manifest import Manifest, check_buffers
+from tensorhub_verl.ros.manifest import Manifest, check_buffers, shard_bytes, shard_chunks
 from tensorhub_verl.ros.ranges import ReadPlan, Runs, plan_reads
 
 if TYPE_CHECKING:
@@ -114,33 +114,40 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
         raise errors.ConfigError(f"publish_delta mode must be 'auto' or 'on', got {mode!r}")
     if not isinstance(base_version, int) or isinstance(base_version, bool) or not 0 <= base_version < version:
         raise errors.DeltaRefused(f"a delta to v{version} needs an int base version below it, got {base_version!r}")
-    dl = delta_layout(layout, base_version)
-    base, target = (_held_full(client, model, v, layout) for v in (base_version, version))
+    base, target = (_held(client, model, v, layout) for v in (base_version, version))
     for held, what in ((base, f"base v{base_version}"), (target, f"v{version}")):
         if held is None:
             raise errors.DeltaRefused(
                 f"{client.worker} holds no {what} of {model!r} ({layout}) to diff: publish v{version} first, and "
                 f"keep v{base_version} published (and its bytes unchanged) until its delta is published")
-    if base.manifest.digest != target.manifest.digest:
-        raise errors.DeltaRefused(f"v{base_version} and v{version} of {model!r} ({layout}) differ in tensors or chunk "
-                                  f"size: a delta needs one chunk map; readers read v{version} in full")
-    for m in (base.manifest, target.manifest):
-        if not (m.chunk_digests and all(m.chunk_digests)):
-            raise errors.DeltaRefused(f"v{m.version} of {model!r} was published without chunk digests: a delta is "
-                                      f"checked against both versions' digests (ClientConfig.publish.chunk_digests)")
-    order = [spec.name for spec in target.manifest.tensors]
-    header, blob, enc = encode_delta(base.manifest, [base.tensors[n] for n in order], target.manifest,
-                                     [target.tensors[n] for n in order])
+    if base.manifest.digest != target.manifest.digest or base.shard_rank != target.shard_rank:
+        raise errors.DeltaRefused(f"v{base_version} and v{version} of {model!r} ({layout}) differ in tensors, chunk "
+                                  f"size or row shard: a delta needs one chunk map; readers read v{version} in full")
+    rank, m = target.shard_rank, target.manifest
+    part = None if rank is None else (rank, m.row_shards)
+    chunks = range(len(m.chunks())) if rank is None else _own_range(m, rank)
+    for held in (base, target):
+        digests = held.manifest.chunk_digests
+        if not (digests and all(digests[chunks.start:chunks.stop])):
+            raise errors.DeltaRefused(f"v{held.manifest.version} of {model!r} was published without chunk digests: "
+                                      f"a delta is checked against both versions' digests "
+                                      f"(ClientConfig.publish.chunk_digests)")
+    dl = delta_layout(layout, base_version, part)
+    order = [spec.name for spec in m.tensors]
+    starts = None if rank is None else [shard_bytes(spec, rank, m.row_shards)[0] for spec in m.tensors]
+    header, blob, enc = encode_delta(base.manifest, [base.tensors[n] for n in order], m,
+                                     [target.tensors[n] for n in order], chunks=chunks, starts=starts)
     raw = header.to_bytes()
     head = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    out = DeltaPublished(model, version, base_version, dl, False, len(raw) + blob.numel(), target.manifest.nbytes,
+    own_bytes = sum(m.chunks()[c].nbytes for c in chunks)
+    out = DeltaPublished(model, version, base_version, dl, False, len(raw) + blob.numel(), own_bytes,
                          enc.changed_elements, enc.elements, dict(enc.encodings), enc.seconds)
     if mode == "auto" and out.bytes >= out.version_bytes:
         out.reason = f"the delta ({out.bytes} bytes) is no smaller than the version ({out.version_bytes} bytes)"
         logger.info("%s v%d: no delta from v%d published: %s", model, version, base_version, out.reason)
         return out
     client.publish(model, version, {HEADER: head, BLOB: blob}, layout=dl,
-                   chunk_bytes=chunk_bytes or delta_chunk_bytes(out.bytes, target.manifest.chunk_bytes))
+                   chunk_bytes=chunk_bytes or delta_chunk_bytes(out.bytes, m.chunk_bytes))
     out.published = True
     logger.info("%s publishes the delta of %s v%d from v%d: %d bytes for %d (%.2f%% of elements changed)",
                 client.worker, model, version, base_version, out.bytes, out.version_bytes,
@@ -178,25 +185,28 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         delta.fallback_chunks, delta.fallback_bytes = len(manifest.chunks()), stats.bytes
         stats.delta = delta
         return stats
-    header, blob, dstats = read
     if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
         client._drain(own, timeout)
     ordered = list(tensors.values())
-    result = apply_delta(manifest, header, blob, ordered)
-    delta.used, delta.apply_seconds = True, result.seconds
-    delta.changed_elements, delta.elements = header.changed_elements, header.total_elements
-    delta.reasons.extend(result.reasons)
-    if result.bad_target and hold:
-        # Its base chunks checked out, so the delta itself is wrong (a publisher whose base bytes were not its
-        # published base): this reader does not serve it onward.
-        _drop(client, model, manifest.version, dstats.layout, timeout)
-    stats = FetchStats(model, manifest.version, layout, bytes=dstats.bytes, sources=dict(dstats.sources),
-                       partial_source_bytes=dstats.partial_source_bytes, failed_reads=dstats.failed_reads,
-                       corrupt_reads=dstats.corrupt_reads, chunks=len(manifest.chunks()), exchanges=dstats.exchanges)
-    failed = result.failed
+    stats = FetchStats(model, manifest.version, layout, chunks=len(manifest.chunks()))
+    failed: list[int] = []
+    delta.used = True
+    for header, blob, dstats in read:
+        result = apply_delta(manifest, header, blob, ordered)
+        delta.apply_seconds += result.seconds
+        delta.changed_elements += header.changed_elements
+        delta.elements += header.total_elements
+        delta.reasons.extend(result.reasons)
+        failed.extend(result.failed)
+        if result.bad_target and hold:
+            # Its base chunks checked out, so the delta itself is wrong (a publisher whose base bytes were not
+            # its published base, or a codec fault): this reader does not serve it onward.
+            _drop(client, model, manifest.version, dstats.layout, timeout)
+        delta.delta_bytes += dstats.bytes
+        _add(stats, dstats)
     if failed:
         logger.warning("%s: %d chunk(s) of %s v%d failed the delta's checks (%s); re-reading them in full",
-                       client.worker, len(failed), model, manifest.version, "; ".join(result.reasons))
+                       client.worker, len(failed), model, manifest.version, "; ".join(delta.reasons))
         try:
             more = client._run_fetch(manifest, tensors, _chunk_plan(manifest, failed), False, started, timeout)
         except errors.TensorHubError as e:
@@ -205,12 +215,7 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
                 f"be re-read in full ({e}); into holds v{manifest.version} except chunks {failed[:16]} (neither "
                 f"version): fetch v{manifest.version} in full before using it") from e
         delta.fallback_chunks, delta.fallback_bytes = len(failed), more.bytes
-        stats.bytes += more.bytes
-        for worker, n in more.sources.items():
-            stats.sources[worker] = stats.sources.get(worker, 0) + n
-        stats.failed_reads += more.failed_reads
-        stats.corrupt_reads += more.corrupt_reads
-    delta.delta_bytes = dstats.bytes
+        _add(stats, more)
     if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
         from tensorhub_verl.ros.client import _Publication
 
@@ -222,40 +227,71 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
 
 def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[str, torch.Tensor], hold: bool,
                 started: float, timeout: float | None,
-                delta: DeltaStats) -> tuple[DeltaHeader, torch.Tensor, FetchStats] | None:
-    """Reads and checks the delta form from ``have`` to ``manifest``'s version; None (with the reason in
-    ``delta``) when there is none or it cannot be used. Writes nothing into ``tensors``."""
-    model, version, dl = manifest.model, manifest.version, delta_layout(manifest.layout, have)
+                delta: DeltaStats) -> list[tuple[DeltaHeader, torch.Tensor, FetchStats]] | None:
+    """Reads and checks the delta form from ``have`` to ``manifest``'s version (a version in row shards: every
+    rank's part); None (with the reason in ``delta``) when there is none or it cannot be used. Writes nothing
+    into ``tensors``."""
+    model, version, layout = manifest.model, manifest.version, manifest.layout
+    ranks = manifest.row_shards
+    parts = [(delta_layout(layout, have), range(len(manifest.chunks())))] if ranks == 1 else \
+        [(delta_layout(layout, have, (r, ranks)), _own_range(manifest, r)) for r in range(ranks)]
     try:
-        dm = client.manifest(model, version, dl)
+        forms = [(client.manifest(model, version, dl), dl, chunks) for dl, chunks in parts]
     except errors.VersionNotFound:
-        delta.reasons.append(f"no delta from v{have} to v{version} is published")
+        delta.reasons.append(f"no delta from v{have} to v{version} is published"
+                             + ("" if ranks == 1 else f" by every one of its {ranks} row shards"))
         return None
+    try:
+        base = client.manifest(model, have, layout)
+    except errors.VersionNotFound:
+        base = None  # out of retention: the header's base digests are checked against into's bytes alone
     device = next(iter(tensors.values())).device
-    buffers = {spec.name: torch.empty(spec.shape, dtype=torch.uint8, device=device if spec.name == BLOB else "cpu")
-               for spec in dm.tensors}
-    if set(buffers) != {HEADER, BLOB} or any(len(s.shape) != 1 or s.dtype != "uint8" for s in dm.tensors):
-        delta.reasons.append(f"layout {dl!r} is not a delta form (uint8 {HEADER!r} and {BLOB!r})")
-        return None
-    try:
-        dstats = client._run_fetch(dm, buffers, None, hold, started, timeout)
-    except errors.TransferFailed as e:
-        delta.reasons.append(f"the delta could not be read: {e}")
-        return None
-    try:
-        header = DeltaHeader.from_bytes(buffers[HEADER].numpy().tobytes())
+    read, held = [], []
+    for dm, dl, chunks in forms:
+        if {s.name for s in dm.tensors} != {HEADER, BLOB} or any(len(s.shape) != 1 or s.dtype != "uint8"
+                                                                 for s in dm.tensors):
+            delta.reasons.append(f"layout {dl!r} is not a delta form (uint8 {HEADER!r} and {BLOB!r})")
+            return _given_up(client, model, version, held, timeout)
+        buffers = {spec.name: torch.empty(spec.shape, dtype=torch.uint8,
+                                          device=device if spec.name == BLOB else "cpu") for spec in dm.tensors}
         try:
-            base = client.manifest(model, have, manifest.layout)
-        except errors.VersionNotFound:
-            base = None  # out of retention: the header's base digests are checked against into's bytes alone
-        check_header(header, manifest, have, buffers[BLOB].numel(), base)
-    except errors.DeltaRefused as e:
-        delta.reasons.append(str(e))
-        logger.warning("%s: %s; reading v%d in full", client.worker, e, version)
+            dstats = client._run_fetch(dm, buffers, None, hold, started, timeout)
+        except errors.TransferFailed as e:
+            delta.reasons.append(f"the delta could not be read: {e}")
+            return _given_up(client, model, version, held, timeout)
         if hold:
-            _drop(client, model, version, dl, timeout)
-        return None
-    return header, buffers[BLOB], dstats
+            held.append(dl)
+        try:
+            header = DeltaHeader.from_bytes(buffers[HEADER].numpy().tobytes())
+            check_header(header, manifest, have, buffers[BLOB].numel(), base, chunks)
+        except errors.DeltaRefused as e:
+            delta.reasons.append(str(e))
+            logger.warning("%s: %s; reading v%d in full", client.worker, e, version)
+            return _given_up(client, model, version, held, timeout)
+        read.append((header, buffers[BLOB], dstats))
+    return read
+
+
+def _given_up(client: "Client", model: str, version: int, held: list[str], timeout: float | None) -> None:
+    """A delta not used: this reader serves none of its parts onward."""
+    for dl in held:
+        _drop(client, model, version, dl, timeout)
+    return None
+
+
+def _own_range(manifest: Manifest, rank: int) -> range:
+    own = sorted(shard_chunks(manifest, rank))
+    return range(own[0], own[-1] + 1) if own else range(0)
+
+
+def _add(stats: FetchStats, more: FetchStats) -> None:
+    stats.bytes += more.bytes
+    for worker, n in more.sources.items():
+        stats.sources[worker] = stats.sources.get(worker, 0) + n
+    stats.partial_source_bytes += more.partial_source_bytes
+    stats.failed_reads += more.failed_reads
+    stats.corrupt_reads += more.corrupt_reads
+    stats.exchanges += more.exchanges
 
 
 def _check_declared_base(client: "Client", model: str, have: int, layout: str,
@@ -276,13 +312,9 @@ def _check_declared_base(client: "Client", model: str, have: int, layout: str,
     return held[0] if held else None
 
 
-def _held_full(client: "Client", model: str, version: int, layout: str) -> "_Publication | None":
+def _held(client: "Client", model: str, version: int, layout: str) -> "_Publication | None":
     with client._lock:
-        held = client._held.get((client.worker, model, version, layout))
-    if held is not None and held.shard_rank is not None:
-        raise errors.DeltaRefused(f"{client.worker} holds only a row shard of v{version} of {model!r}: deltas of "
-                                  f"row-sharded versions are not made")
-    return held
+        return client._held.get((client.worker, model, version, layout))
 
 
 def _drop(client: "Client", model: str, version: int, layout: str, timeout: float | None) -> None:

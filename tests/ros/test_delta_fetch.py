@@ -83,3 +83,32 @@ def test_auto_publishes_no_delta_larger_than_the_version_and_on_does(hub):
         forced = trainer.publish_delta("policy", 2, 1, mode="on")
         assert forced.published and forced.changed_fraction > 0.9
         assert trainer.versions("policy", "delta/hf@1") == {2: ["trainer"]}
+
+
+def test_row_shards_each_publish_the_delta_of_their_rows_and_a_reader_applies_every_part(hub):
+    v1, v2 = versions(2, rows=64)
+    specs = {name: (t.shape, t.dtype) for name, t in v1.items()}
+
+    def rows(weights, rank):
+        return {n: (t if t.dim() == 0 else t[slice(*th.row_range(t.shape[0], rank, 2))]).clone()
+                for n, t in weights.items()}
+
+    ranks = [th.connect(hub.url, f"t{r}", chunk_bytes=CHUNK) for r in range(2)]
+    try:
+        pieces = [[rows(v, r) for r in range(2)] for v in (v1, v2)]
+        for version in (1, 2):
+            for r, client in enumerate(ranks):
+                client.publish_shard("policy", version, pieces[version - 1][r], specs=specs, rank=r, ranks=2)
+        parts = [client.publish_delta("policy", 2, 1) for client in ranks]
+        assert [p.layout for p in parts] == ["delta/hf@1:0of2", "delta/hf@1:1of2"]
+        assert all(p.published for p in parts)
+        with th.connect(hub.url, "r1") as r1:
+            into = {n: t.clone() for n, t in v1.items()}
+            stats = r1.fetch("policy", 2, into=into, have=1)
+            assert _same(into, v2) and stats.delta.used and stats.delta.fallback_chunks == 0
+            assert stats.bytes == sum(p.bytes for p in parts)
+            assert stats.delta.changed_elements == sum(p.changed_elements for p in parts) > 0
+            assert r1.versions("policy", "delta/hf@1:1of2") == {2: ["r1", "t1"]}
+    finally:
+        for client in ranks:
+            client.close()

@@ -7,7 +7,7 @@ import torch
 
 from tensorhub_verl.errors import DeltaRefused
 from tensorhub_verl.ros.delta_chunks import apply_delta, chunk_dtype, encode_delta
-from tensorhub_verl.ros.delta_form import DeltaHeader, check_header, delta_layout, parse_delta_layout
+from tensorhub_verl.ros.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
 from tensorhub_verl.ros.integrity import ALGORITHM, chunk_digests
 from tensorhub_verl.ros.manifest import build_manifest
 
@@ -33,7 +33,10 @@ def test_delta_layout_names_round_trip_and_do_not_chain():
     assert parse_delta_layout("hf") is None
     with pytest.raises(DeltaRefused, match="do not chain"):
         delta_layout("delta/hf@1", 2)
-    for bad in ("delta/hf", "delta/@3", "delta/hf@x", "delta/delta/hf@1@2"):
+    assert delta_layout("hf", 7, (1, 4)) == "delta/hf@7:1of4"
+    assert parse_delta_layout("delta/hf@7:1of4") == ("hf", 7) and delta_part("delta/hf@7:1of4") == (1, 4)
+    assert delta_part("delta/hf@7") is None
+    for bad in ("delta/hf", "delta/@3", "delta/hf@x", "delta/delta/hf@1@2", "delta/hf@1:4of4", "delta/hf@1:1of"):
         with pytest.raises(DeltaRefused):
             parse_delta_layout(bad)
 
@@ -52,7 +55,9 @@ def test_a_header_round_trips_and_passes_its_checks():
     (lambda h: {"target_digests": ["0" * 16] + h.target_digests[1:]}, "target digest of chunk 0"),
     (lambda h: {"base_digests": ["0" * 16] + h.base_digests[1:]}, "base digests are not"),
     (lambda h: {"lengths": h.lengths[:-1] + [h.lengths[-1] + 1 << 30]}, "inside the blob"),
-    (lambda h: {"encodings": h.encodings[:-1]}, "describes"),
+    (lambda h: {"encodings": h.encodings[:-1]}, "describes chunks"),
+    (lambda h: {"first_chunk": 1}, "describes chunks"),
+    (lambda h: {"offsets": h.offsets[:-1]}, "columns differ"),
     (lambda h: {"layout_digest": "0" * 32}, "another chunk map"),
 ])
 def test_a_header_that_does_not_describe_the_base_and_the_version_is_refused(change, match):

@@ -1,6 +1,6 @@
 """What the hub requires of a delta (``delta_form.py``) before it creates one: a delta is a layout of version N
 named after its base, and it is taken only while that base is retained and N itself is published in the base's
-layout. Copies of a delta the hub already shows (readers that fetched it) follow the rules of every copy."""
+layout (a row shard's part: by that rank at least). Copies of a delta the hub already shows (readers that fetched it) follow the rules of every copy."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from tensorhub_verl.ros.hub.versions import VersionStore
 
 def check_delta_publish(req: msg.Publish, record: VersionRecord | None, store: VersionStore) -> None:
     """Raises DeltaRefused for a publish that would create a delta whose base is gone or not older than its
-    target, or the delta of a version not published in the base's layout. Any other publish passes."""
+    target, or the delta of a version not published in the base's layout. Any other publish passes (a malformed
+    delta name raises too)."""
     m = req.manifest
     parsed = parse_delta_layout(m.layout)
     if parsed is None or (record is not None and store.visible(record)):
@@ -26,7 +27,6 @@ def check_delta_publish(req: msg.Publish, record: VersionRecord | None, store: V
         raise DeltaRefused(f"the delta of {m.model!r} v{m.version} from v{base_version} ({base_layout}) is refused: "
                            f"v{base_version} is not retained by this hub, so no reader can hold it as a base; "
                            f"readers read v{m.version} in full")
-    target = store.get((m.model, m.version, base_layout))
-    if target is None or not store.visible(target):
+    if store.get((m.model, m.version, base_layout)) is None:  # a row shard's part may come before its peers
         raise DeltaRefused(f"the delta of {m.model!r} v{m.version} ({base_layout}) is refused: publish "
                            f"v{m.version} in {base_layout!r} first, then its delta")
