@@ -82,6 +82,11 @@ class DeltaRefused(InvalidRequest):
     full instead (``FetchStats.delta``)."""
 
 
+class DeltaWithheld(VersionNotFound):
+    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
+    in full (``fetch(have=...)`` does so by itself)."""
+
+
 class UnknownWorker(InvalidRequest):
     """The hub does not know this worker (it restarted, or the worker expired); the client re-registers."""
 
@@ -134,6 +139,7 @@ __all__ = [
     "HubUnavailable",
     "InvalidRequest",
     "DeltaRefused",
+    "DeltaWithheld",
     "UnknownWorker",
     "UnknownFetch",
     "PlaneMismatch",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros import messages as msg
 from tensorhub_verl.ros.delta_chunks import apply_delta, encode_delta
 from tensorhub_verl.ros.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
 from tensorhub_verl.ros.fetcher import FetchStats
@@ -198,10 +199,12 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         delta.elements += header.total_elements
         delta.reasons.extend(result.reasons)
         failed.extend(result.failed)
-        if result.bad_target and hold:
+        if result.bad_target:
             # Its base chunks checked out, so the delta itself is wrong (a publisher whose base bytes were not
-            # its published base, or a codec fault): this reader does not serve it onward.
-            _drop(client, model, manifest.version, dstats.layout, timeout)
+            # its published base, or a codec fault): this reader does not serve it onward, and tells the hub.
+            _report(client, model, manifest.version, dstats.layout, result.reasons)
+            if hold:
+                _drop(client, model, manifest.version, dstats.layout, timeout)
         delta.delta_bytes += dstats.bytes
         _add(stats, dstats)
     if failed:
@@ -237,6 +240,9 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
         [(delta_layout(layout, have, (r, ranks)), _own_range(manifest, r)) for r in range(ranks)]
     try:
         forms = [(client.manifest(model, version, dl), dl, chunks) for dl, chunks in parts]
+    except errors.DeltaWithheld as e:
+        delta.reasons.append(str(e))
+        return None
     except errors.VersionNotFound:
         delta.reasons.append(f"no delta from v{have} to v{version} is published"
                              + ("" if ranks == 1 else f" by every one of its {ranks} row shards"))
@@ -315,6 +321,15 @@ def _check_declared_base(client: "Client", model: str, have: int, layout: str,
 def _held(client: "Client", model: str, version: int, layout: str) -> "_Publication | None":
     with client._lock:
         return client._held.get((client.worker, model, version, layout))
+
+
+def _report(client: "Client", model: str, version: int, layout: str, reasons: list[str]) -> None:
+    try:
+        client._hub.post("/v1/delta/report", msg.DeltaReport(worker=client.worker, model=model, version=version,
+                                                             layout=layout, reason="; ".join(reasons)[:2000]),
+                         msg.DeltaReportAck)
+    except errors.TensorHubError as e:
+        logger.warning("%s could not report the bad delta %s of %s v%d: %s", client.worker, layout, model, version, e)
 
 
 def _drop(client: "Client", model: str, version: int, layout: str, timeout: float | None) -> None:

@@ -45,6 +45,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "PlaneMismatch": errors.PlaneMismatch,
     "OverBudget": errors.OverBudget,
     "DeltaRefused": errors.DeltaRefused,
+    "DeltaWithheld": errors.DeltaWithheld,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
 }

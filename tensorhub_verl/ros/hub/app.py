@@ -262,6 +262,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         with state.acting_as(req.worker, credential):
             return state.unpublish(req)
 
+    @app.post("/v1/delta/report")
+    def delta_report(req: msg.DeltaReport, credential: Credential = "") -> msg.DeltaReportAck:
+        with state.acting_as(req.worker, credential):
+            return state.report_bad_delta(req)
+
     @app.post("/v1/preserve")
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)
