@@ -70,7 +70,7 @@ class StubEngineRank:
 
         class Extension(TensorHubWorkerExtension):
             def _th_build_holder(self, *, hub_url, model, worker, location, token, staging, client_config,
-                                 fetch_timeout_s):
+                                 fetch_timeout_s, delta="auto"):
                 import tensorhub_verl as th
 
                 client = th.connect(hub_url, worker=worker, location=location, token=token,
@@ -81,7 +81,7 @@ class StubEngineRank:
                         params[name].copy_(t)
 
                 return EngineHolder(client, HolderConfig(model=model, layout="stub/tp1/rank0", staging=staging,
-                                                         fetch_timeout_s=fetch_timeout_s), params, load_hf,
+                                                         fetch_timeout_s=fetch_timeout_s, delta=delta), params, load_hf,
                                     hf_views=HFViews(dict(params), (), ()))
 
             def th_apply(self, timeout: float = 300.0):
