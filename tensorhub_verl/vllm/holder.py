@@ -30,9 +30,10 @@ Invariants:
   digests); else the engine's own layout when some other worker holds that version in it (raw one-sided
   reads), else the trainer's ``hf`` layout through the engine's loader. Which holders serve a read is the
   ROS planner's choice.
-- A delta is applied only with staging ``none`` (into the parameters, inside ``apply``); a chunk that fails a
-  check is re-read in full, and if even that fails the shard restores the old version in full, as for any
-  direct pull that failed midway: it never serves a half-applied version.
+- A delta is read and applied inside ``apply``, straight into the parameters, whatever ``staging`` says (it is
+  small: staging it would cost a model-sized buffer to save a short read); a chunk that fails a check is
+  re-read in full, and if even that fails the shard restores the old version in full, as for any direct pull
+  that failed midway: it never serves a half-applied version.
 - A version that arrived in another layout (``hf``) needs one pass over the parameters to digest them in the
   engine's layout before they can be published in it. That pass runs on a thread after ``apply`` returns, so
   the engine generates meanwhile (the parameters are only read); anything that writes the parameters next
@@ -139,10 +140,9 @@ class EngineHolder:
 
     def _delta_base(self, version: int) -> int | None:
         """The served version, when ``version`` will land as the delta from it: the shard serves a whole,
-        verified version, its 'hf' tensors map in place, it pulls without staging, and that delta is published."""
+        verified version, its 'hf' tensors map in place, and that delta is published."""
         base = self.served
-        if base is None or self.broken or base >= version or not self._landing.applies_deltas \
-                or self.config.staging != "none":
+        if base is None or self.broken or base >= version or not self._landing.applies_deltas:
             return None
         try:
             return base if self._landing.delta_published(version, base) else None
@@ -216,7 +216,8 @@ class EngineHolder:
                         have=have)
             self._pull = pull
             landing = self._landing
-            if landing.lands_in_place(pull.source_layout) or landing.loads_in_buckets(pull.source_layout):
+            if pull.have is not None or landing.lands_in_place(pull.source_layout) \
+                    or landing.loads_in_buckets(pull.source_layout):
                 pull.bucketed = landing.loads_in_buckets(pull.source_layout)
                 pull.state = PullState.READY  # the pull runs inside apply, straight into the params
                 self._refuse_other_dtype(pull)
@@ -316,7 +317,7 @@ class EngineHolder:
             if pull.state is PullState.FAILED:
                 self._release_pull()
                 raise pull.error if pull.error is not None else errors.TransferFailed("pull failed")
-            if self._landing.lands_in_place(pull.source_layout) or pull.bucketed:
+            if self._landing.lands_in_place(pull.source_layout) or pull.bucketed or pull.have is not None:
                 self._apply_direct(pull)
             else:
                 self._apply_staged(pull)
