@@ -55,8 +55,10 @@ XOR = "xor"
 ULP = "ulp"
 ENCODINGS = (DENSE, OVERWRITE, XOR, ULP)
 """Every encoding ``apply_chunk`` understands."""
-DEFAULT_CANDIDATES = (ULP, OVERWRITE, XOR)
-"""What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise."""
+DEFAULT_CANDIDATES = (ULP, OVERWRITE)
+"""What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise. ``xor`` only when asked: it
+compresses every word of the chunk (a zstd pass over all of it, not only over the changed words' streams), and
+on optimizer steps ``ulp`` is the smaller (``tensorhub bench delta`` prints both)."""
 DENSE_FRACTION = 0.30
 """Above this fraction of changed words a chunk goes ``dense`` without trying the others."""
 ZSTD_LEVEL = 1
