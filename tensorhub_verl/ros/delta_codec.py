@@ -143,8 +143,8 @@ def _word_bytes(dtype: torch.dtype) -> int:
 
 
 def _check_chunk(t: torch.Tensor, name: str) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D uint8 tensor of one chunk's bytes, got "
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D uint8 tensor of one chunk's bytes, got "
                          f"{getattr(t, 'dtype', type(t))} of shape {tuple(getattr(t, 'shape', ()))}")
 
 
@@ -153,7 +153,7 @@ def _words(u8: torch.Tensor, w: int):
     where its address is not word-aligned: ``_write`` then writes bytes)."""
     if u8.device.type == "cpu":
         return u8.detach().numpy().view(_NP_INT[w])
-    if w > 1 and (u8.storage_offset() % w or not u8.is_contiguous()):
+    if w > 1 and u8.storage_offset() % w:
         return u8.contiguous().clone().view(_INT[w])
     return u8.view(_INT[w])
 
@@ -461,7 +461,7 @@ def write_changes(changes: ChunkChanges, into: torch.Tensor) -> None:
     if into.device.type == "cpu":
         words = into[:body].detach().numpy().view(_NP_INT[w])
         words[changes.positions.numpy()] = changes.new.numpy()
-    elif w == 1 or (into.storage_offset() % w == 0 and into.is_contiguous()):
+    elif w == 1 or into.storage_offset() % w == 0:
         into[:body].view(_INT[w])[changes.positions] = changes.new
     else:
         offs = (changes.positions[:, None] * w + torch.arange(w, device=into.device)[None]).reshape(-1)

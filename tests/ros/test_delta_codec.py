@@ -223,7 +223,7 @@ def test_bad_chunks_are_refused_with_the_fix():
     a = torch.zeros(10, dtype=torch.uint8)
     with pytest.raises(ValueError, match="same length|one device"):
         dc.encode_chunk(a, torch.zeros(12, dtype=torch.uint8), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="1-D uint8"):
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
         dc.encode_chunk(a.view(torch.int16), a.view(torch.int16), dtype=torch.bfloat16)
 
 
@@ -281,3 +281,9 @@ def test_on_a_cuda_device_the_diff_and_the_apply_stay_there(encoding):
     into = b.clone()
     dc.apply_chunk(encoding, e.payload, into, dtype=torch.bfloat16)
     assert torch.equal(into.cpu(), t.cpu())
+
+
+def test_a_strided_chunk_is_refused():
+    a = torch.zeros(20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="contiguous"):
+        dc.encode_chunk(a[::2], a[::2], dtype=torch.bfloat16)
