@@ -59,6 +59,10 @@ DEFAULT_CANDIDATES = (ULP, OVERWRITE)
 """What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise. ``xor`` only when asked: it
 compresses every word of the chunk (a zstd pass over all of it, not only over the changed words' streams), and
 on optimizer steps ``ulp`` is the smaller (``tensorhub bench delta`` prints both)."""
+STEP_BYTES_FOR_OVERWRITE = 0.5
+"""After ``ulp``, ``overwrite`` is tried only when ``ulp``'s steps took more than this many bytes per changed
+word per byte of the word: both share the positions, so ``overwrite`` can win only where the steps are large
+(they then hold about as much as the words themselves); small steps compress far below the words."""
 DENSE_FRACTION = 0.30
 """Above this fraction of changed words a chunk goes ``dense`` without trying the others."""
 ZSTD_LEVEL = 1
@@ -318,12 +322,21 @@ def encode_chunk(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype
     for encoding in candidates:
         if encoding == DENSE:
             continue
+        if encoding == OVERWRITE and best is not None and best.encoding == ULP \
+                and _step_bytes(best.payload, d.w) <= STEP_BYTES_FOR_OVERWRITE * d.w * best.changed:
+            continue
         e = _encode(d, encoding)
         if best is None or e.nbytes < best.nbytes:
             best = e
     if best is None or best.nbytes >= base.numel():
         return _encode(d, DENSE)
     return best
+
+
+def _step_bytes(payload: bytes, w: int) -> int:
+    """Stored bytes of a ``ulp`` frame's step streams (the ones after its position streams)."""
+    first = _HEADER.size + _GAP_BYTES * _STREAM.size
+    return sum(_STREAM.unpack_from(payload, first + i * _STREAM.size)[2] for i in range(w))
 
 
 def encode_each(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype,

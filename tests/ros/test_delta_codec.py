@@ -141,6 +141,18 @@ def test_the_chooser_goes_dense_above_the_threshold_and_sparse_below():
     assert dc.encode_chunk(_u8(base), _u8(sparse), dtype=torch.bfloat16, dense_fraction=0.001).encoding == dc.DENSE
 
 
+def test_large_steps_go_overwrite_when_it_is_smaller():
+    """Words reset to one value (large, random steps; values that compress to nothing): overwrite wins, and the
+    chooser, which tries it after ulp only when ulp's steps are large, finds it."""
+    base = torch.randn(1 << 16, generator=torch.Generator().manual_seed(23))
+    target = base.clone()
+    target[::20] = 0.0
+    chosen = dc.encode_chunk(_u8(base), _u8(target), dtype=torch.float32)
+    each = dc.encode_each(_u8(base), _u8(target), dtype=torch.float32, encodings=(dc.ULP, dc.OVERWRITE))
+    assert each[dc.OVERWRITE].nbytes < each[dc.ULP].nbytes
+    assert chosen.encoding == dc.OVERWRITE and chosen.nbytes == each[dc.OVERWRITE].nbytes
+
+
 def test_overwrite_is_idempotent():
     base = _u8(torch.randn(2048).to(torch.bfloat16))
     target = _u8(_step(base.view(torch.bfloat16), 0.05, 1e-2, seed=13))
