@@ -106,6 +106,15 @@ class PlaneMismatch(InvalidRequest):
         self.hub_plane = hub_plane
 
 
+class Cancelled(TensorHubError):
+    """The caller stopped the operation before it produced anything (e.g. an attached node asked to stop
+    before it served a first version)."""
+
+
+class ConfigError(TensorHubError, ValueError):
+    """A configuration value is invalid; the message names the field and the accepted values."""
+
+
 class DeltaCorrupt(TensorHubError):
     """A chunk's delta payload is malformed (wrong header, lengths, positions out of range or out of order, a
     stream that does not decompress): nothing was written. The fix is to read the chunk of the target version
@@ -115,15 +124,6 @@ class DeltaCorrupt(TensorHubError):
         super().__init__(message)
         self.encoding = encoding
         self.reason = reason
-
-
-class Cancelled(TensorHubError):
-    """The caller stopped the operation before it produced anything (e.g. an attached node asked to stop
-    before it served a first version)."""
-
-
-class ConfigError(TensorHubError, ValueError):
-    """A configuration value is invalid; the message names the field and the accepted values."""
 
 
 __all__ = [

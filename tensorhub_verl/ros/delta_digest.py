@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from tensorhub_verl.ros import lindigest
@@ -44,34 +45,62 @@ def chunk_grid(chunk: Chunk, specs: Sequence[TensorSpec]) -> tuple[GridPiece, ..
 
 
 def digest_change(grid: Sequence[GridPiece], offsets: torch.Tensor, old: torch.Tensor,
-                  new: torch.Tensor) -> torch.Tensor:
-    """Digest lanes (int64 [LANES] on the bytes' device) of the change from ``old`` to ``new`` bytes (uint8) at
-    chunk byte ``offsets`` (int64, distinct): what adds to the base chunk's digest to give the target's."""
-    dev = offsets.device
-    if not offsets.numel():
-        return lindigest.zero(dev)
+                  new: torch.Tensor) -> list[int]:
+    """Digest lanes of the change from ``old`` to ``new`` bytes (uint8) at chunk byte ``offsets`` (int64,
+    distinct): what adds (mod P) to the base chunk's digest to give the target's. Host bytes are summed with
+    numpy on this thread, device bytes with torch ops on their device (as ``lindigest`` does)."""
+    if offsets.device.type == "cpu":
+        return _change_lanes(grid, offsets.numpy(), old.numpy(), new.numpy(), np)
+    return _change_lanes(grid, offsets, old, new, torch)
+
+
+def _change_lanes(grid, offsets, old, new, xp) -> list[int]:
+    host = xp is np
+    differ = old != new  # bytes of a changed word that kept their value add nothing
+    offsets, old, new = offsets[differ], old[differ], new[differ]
+    if not (offsets.size if host else offsets.numel()):
+        return [0] * lindigest.LANES
     if not grid:
         raise ValueError("an empty grid has no bytes to change")
-    starts = torch.tensor([p.start for p in grid], dtype=torch.int64, device=dev)
-    ends = torch.tensor([p.start + p.length for p in grid], dtype=torch.int64, device=dev)
-    piece = torch.searchsorted(starts, offsets, right=True) - 1
+
+    def table(values):
+        t = np.asarray(values, dtype=np.int64)
+        return t if host else torch.from_numpy(t).to(offsets.device)
+
+    starts = table([p.start for p in grid])
+    ends = table([p.start + p.length for p in grid])
+    if len(grid) == 1:
+        piece = offsets * 0
+    else:
+        piece = (np.searchsorted(starts, offsets, side="right") if host
+                 else torch.searchsorted(starts, offsets, right=True)) - 1
     if bool((piece < 0).any()) or bool((offsets >= ends[piece]).any()):
         raise ValueError(f"a changed byte lies outside the chunk's {int(ends[-1])} bytes")
-    tensor_off = torch.tensor([p.offset for p in grid], dtype=torch.int64, device=dev)[piece] + offsets - starts[piece]
-    rb = torch.tensor([p.row_bytes for p in grid], dtype=torch.int64, device=dev)[piece]
-    groups = torch.tensor([lindigest._groups(p.row_bytes) for p in grid], dtype=torch.int64, device=dev)[piece]
+    tensor_off = table([p.offset for p in grid])[piece] + offsets - starts[piece]
+    rb = table([p.row_bytes for p in grid])[piece]
+    groups = table([lindigest._groups(p.row_bytes) for p in grid])[piece]
     row, col = tensor_off // rb, tensor_off % rb
     word, high = col // 2, col % 2
     g = row * groups + word // lindigest.GROUP
-    a, b = lindigest._TABLES.get(dev, int(g.max()) + 1)
-    signed = lambda x: x.to(torch.int64) - 256 * (x.to(torch.int64) >= 128).to(torch.int64)  # noqa: E731
-    delta = torch.where(high.bool(), 256 * (signed(new) - signed(old)), new.to(torch.int64) - old.to(torch.int64))
-    weighted = (delta[:, None] * b[word % lindigest.GROUP].to(torch.int64)).remainder_(lindigest.P)
-    return (weighted * a[g]).remainder_(lindigest.P).sum(0).remainder_(lindigest.P)
+    top = int(g.max()) + 1
+    if host:
+        a, b = lindigest._TABLES.host(top)
+        o, n = old.astype(np.int64), new.astype(np.int64)
+    else:
+        a, b = lindigest._TABLES.get(offsets.device, top)
+        b = b.to(torch.int64)
+        o, n = old.to(torch.int64), new.to(torch.int64)
+    # a low byte counts as its value, a high byte as 256 times its signed value
+    delta = n - o
+    delta = delta + high * (255 * delta - 65536 * ((n >= 128).astype(np.int64) if host else (n >= 128).to(torch.int64))
+                            + 65536 * ((o >= 128).astype(np.int64) if host else (o >= 128).to(torch.int64)))
+    weighted = (delta[:, None] * b[word % lindigest.GROUP]) % lindigest.P
+    lanes = ((weighted * a[g]) % lindigest.P).sum(0) % lindigest.P
+    return [int(x) for x in lanes.tolist()]
 
 
 def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes: ChunkChanges) -> str:
     """The target chunk's digest (hex) from the base chunk's and the changes a delta makes
     (``delta_codec.decode_chunk``), reading only the changed words."""
-    lanes = digest_change(grid, *changes.byte_changes()).tolist()
+    lanes = digest_change(grid, *changes.byte_changes())
     return lindigest.to_hex([(x + y) % lindigest.P for x, y in zip(lindigest.from_hex(base_digest), lanes)])

@@ -141,6 +141,18 @@ def test_the_chooser_goes_dense_above_the_threshold_and_sparse_below():
     assert dc.encode_chunk(_u8(base), _u8(sparse), dtype=torch.bfloat16, dense_fraction=0.001).encoding == dc.DENSE
 
 
+def test_large_steps_go_overwrite_when_it_is_smaller():
+    """Words reset to one value (large, random steps; values that compress to nothing): overwrite wins, and the
+    chooser, which tries it after ulp only when ulp's steps are large, finds it."""
+    base = torch.randn(1 << 16, generator=torch.Generator().manual_seed(23))
+    target = base.clone()
+    target[::20] = 0.0
+    chosen = dc.encode_chunk(_u8(base), _u8(target), dtype=torch.float32)
+    each = dc.encode_each(_u8(base), _u8(target), dtype=torch.float32, encodings=(dc.ULP, dc.OVERWRITE))
+    assert each[dc.OVERWRITE].nbytes < each[dc.ULP].nbytes
+    assert chosen.encoding == dc.OVERWRITE and chosen.nbytes == each[dc.OVERWRITE].nbytes
+
+
 def test_overwrite_is_idempotent():
     base = _u8(torch.randn(2048).to(torch.bfloat16))
     target = _u8(_step(base.view(torch.bfloat16), 0.05, 1e-2, seed=13))
@@ -223,7 +235,7 @@ def test_bad_chunks_are_refused_with_the_fix():
     a = torch.zeros(10, dtype=torch.uint8)
     with pytest.raises(ValueError, match="same length|one device"):
         dc.encode_chunk(a, torch.zeros(12, dtype=torch.uint8), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="1-D uint8"):
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
         dc.encode_chunk(a.view(torch.int16), a.view(torch.int16), dtype=torch.bfloat16)
 
 
@@ -281,3 +293,9 @@ def test_on_a_cuda_device_the_diff_and_the_apply_stay_there(encoding):
     into = b.clone()
     dc.apply_chunk(encoding, e.payload, into, dtype=torch.bfloat16)
     assert torch.equal(into.cpu(), t.cpu())
+
+
+def test_a_strided_chunk_is_refused():
+    a = torch.zeros(20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="contiguous"):
+        dc.encode_chunk(a[::2], a[::2], dtype=torch.bfloat16)
