@@ -75,18 +75,6 @@ class OverBudget(InvalidRequest):
     names the limit and the setting. Nothing was changed."""
 
 
-class DeltaRefused(InvalidRequest):
-    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
-    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
-    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
-    full instead (``FetchStats.delta``)."""
-
-
-class DeltaWithheld(VersionNotFound):
-    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
-    in full (``fetch(have=...)`` does so by itself)."""
-
-
 class UnknownWorker(InvalidRequest):
     """The hub does not know this worker (it restarted, or the worker expired); the client re-registers."""
 
@@ -124,6 +112,18 @@ class DeltaCorrupt(TensorHubError):
         super().__init__(message)
         self.encoding = encoding
         self.reason = reason
+
+
+class DeltaRefused(InvalidRequest):
+    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
+    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
+    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
+    full instead (``FetchStats.delta``)."""
+
+
+class DeltaWithheld(VersionNotFound):
+    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
+    in full (``fetch(have=...)`` does so by itself)."""
 
 
 __all__ = [
