@@ -562,6 +562,7 @@ class Client:
         with self._lock:
             held = list(self._held.values())
             fetches = list(self._fetches.values())
+        held.sort(key=lambda h: h.manifest.layout.startswith("delta/"))  # a delta after the versions it joins
         for h in held:
             try:
                 self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)

@@ -193,7 +193,12 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
     failed: list[int] = []
     delta.used = True
     for header, blob, dstats in read:
-        result = apply_delta(manifest, header, blob, ordered)
+        try:
+            result = apply_delta(manifest, header, blob, ordered)
+        except Exception as e:  # a fault of the apply itself (device, memory): the buffers' state is unknown
+            raise errors.TransferFailed(
+                f"applying the delta of {model!r} v{manifest.version} from v{have} failed ({type(e).__name__}: {e}); "
+                f"into holds neither version now: fetch v{manifest.version} in full before using it") from e
         delta.apply_seconds += result.seconds
         delta.changed_elements += header.changed_elements
         delta.elements += header.total_elements
