@@ -10,10 +10,11 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import DeltaRefused, NotModelOwner
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.delta_chunks import encode_delta
-from tensorhub_verl.ros.delta_codec import encode_chunk
-from tensorhub_verl.ros.delta_form import BLOB, HEADER
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.delta_chunks import encode_delta
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk
+from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER
 
 from tests.ros.delta_roles import CHUNK, delta_reader, digest, versions
 from tests.ros.roles import GatedPlane

@@ -5,7 +5,7 @@ served onward by the readers that fetched it, and counted in the hub's metrics."
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.delta_form import delta_layout
+from tensorhub_verl.ros.wire.delta_form import delta_layout
 
 from tests.ros.delta_roles import CHUNK, digest, versions
 

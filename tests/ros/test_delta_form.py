@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaRefused
-from tensorhub_verl.ros.delta_chunks import apply_delta, chunk_dtype, encode_delta
-from tensorhub_verl.ros.delta_codec import encode_chunk
-from tensorhub_verl.ros.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
-from tensorhub_verl.ros.integrity import ALGORITHM, chunk_digests
-from tensorhub_verl.ros.manifest import build_manifest
+from tensorhub_verl.ros.client.delta_chunks import apply_delta, chunk_dtype, encode_delta
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk
+from tensorhub_verl.ros.wire.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
+from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
+from tensorhub_verl.ros.wire.manifest import build_manifest
 
 from tests.ros.delta_roles import CHUNK, versions
 

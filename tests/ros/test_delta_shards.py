@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.sharded_client import ShardedClient
+from tensorhub_verl.ros.client.sharded_client import ShardedClient
 
 from tests.ros.delta_roles import versions
 

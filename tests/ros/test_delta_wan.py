@@ -7,7 +7,8 @@ import threading
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
 
 from tests.ros.delta_roles import CHUNK, versions
 

@@ -28,8 +28,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tensorhub_verl.errors import DeltaRefused
-from tensorhub_verl.ros.manifest import Manifest
-from tensorhub_verl.ros.messages import MAX_CHUNKS, Name, Version
+from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.wire.messages import MAX_CHUNKS, Name, Version
 
 PREFIX = "delta/"
 HEADER = "header"

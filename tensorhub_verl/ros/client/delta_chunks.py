@@ -5,7 +5,7 @@ payloads into one blob beside a ``DeltaHeader``. ``apply_delta`` applies them in
 base, checking each chunk's base digest before and its target digest after, restoring the base bytes of a chunk
 that fails; it returns the chunks that failed a check, which the caller re-reads in full.
 
-Pure of I/O: the client (``delta_client.py``) reads the delta form, calls this, and re-reads what failed.
+Pure of I/O: the client (``delta.py``) reads the delta form, calls this, and re-reads what failed.
 A chunk whose segments span tensors (tiny tensors share a chunk) is applied in a gathered copy and scattered
 back.
 """
@@ -21,11 +21,11 @@ from typing import Callable, Sequence
 import torch
 
 from tensorhub_verl.errors import DeltaCorrupt
-from tensorhub_verl.ros.delta_codec import ChunkChanges, decode_chunk, write_changes
-from tensorhub_verl.ros.delta_codec import encode_chunk as codec_encode
-from tensorhub_verl.ros.delta_form import SAME, DeltaHeader
-from tensorhub_verl.ros.integrity import shard_chunk_digests
-from tensorhub_verl.ros.manifest import Chunk, Manifest, dtype_from_name
+from tensorhub_verl.ros.wire.delta_codec import ChunkChanges, decode_chunk, write_changes
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk as codec_encode
+from tensorhub_verl.ros.wire.delta_form import SAME, DeltaHeader
+from tensorhub_verl.ros.wire.integrity import shard_chunk_digests
+from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
 
 logger = logging.getLogger("tensorhub_verl.ros.delta")
 

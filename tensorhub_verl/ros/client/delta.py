@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.delta_chunks import apply_delta, encode_delta
-from tensorhub_verl.ros.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
-from tensorhub_verl.ros.fetcher import FetchStats
-from tensorhub_verl.ros.manifest import Manifest, check_buffers, shard_bytes, shard_chunks
-from tensorhub_verl.ros.ranges import ReadPlan, Runs, plan_reads
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.delta_chunks import apply_delta, encode_delta
+from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
+from tensorhub_verl.ros.client.fetcher import FetchStats
+from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers, shard_bytes, shard_chunks
+from tensorhub_verl.ros.wire.ranges import ReadPlan, Runs, plan_reads
 
 if TYPE_CHECKING:
-    from tensorhub_verl.ros.client import Client, _Publication
+    from tensorhub_verl.ros.client.client import Client, _Publication
 
 logger = logging.getLogger("tensorhub_verl.ros.delta")
 
@@ -108,9 +108,6 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
                   mode: str = "auto", chunk_bytes: int | None = None) -> DeltaPublished:
     """Encodes and publishes the delta ``base_version`` -> ``version`` of ``layout`` from what ``client`` holds
     of both (see ``Client.publish_delta``)."""
-    from tensorhub_verl.ros.client import _check_key
-
-    _check_key(model, version, layout)
     if mode not in ("auto", "on"):
         raise errors.ConfigError(f"publish_delta mode must be 'auto' or 'on', got {mode!r}")
     if not isinstance(base_version, int) or isinstance(base_version, bool) or not 0 <= base_version < version:
@@ -225,9 +222,7 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         delta.fallback_chunks, delta.fallback_bytes = len(failed), more.bytes
         _add(stats, more)
     if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
-        from tensorhub_verl.ros.client import _Publication
-
-        client._publish(_Publication(client.worker, manifest, tensors))
+        client._hold(manifest, tensors)
     stats.seconds = time.monotonic() - started
     stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
     return stats
