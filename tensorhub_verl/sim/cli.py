@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             apply = f"{d['apply_s']:.2f} s" if d["apply_s"] else "not modeled"
             print(f"with deltas: {100 * p['delta_changed_fraction']:g}% changed x {p['delta_bytes_per_changed']:g} "
                   f"B/changed element = {d['delta_gb']:.3g} GB of {p['weights_gb']:g} GB per version "
-                  f"(apply {apply})", file=sys.stderr)
+                  f"(apply {apply}; {'packed into wire chunks' if d['packed'] else 'one object per chunk'})",
+                  file=sys.stderr)
         for row in result["delta_summary"]:
             extra = (f"  baseline with delta {row['baseline_delta_s']:>8.2f}s  ratio {row['ratio_vs_delta']:>6.2f}x"
                      if "ratio_vs_delta" in row else "")

@@ -33,10 +33,12 @@ Deltas (``delta_changed_fraction`` > 0): standalone and cross_dc also run on the
 second form, beside the full version: every rollout holds N-1, so each moves the delta's encoded bytes,
 ``weights_gb x changed fraction x bytes per changed element / element bytes`` (the figures ``tensorhub bench delta``
 measures), as a version of that size with the same number of chunks (each chunk's delta is one object, so the
-hub grants as many leases as for the full version: ``real_chunk_mib`` shrinks with the bytes). TensorHub with the
+hub grants as many leases as for the full version: ``real_chunk_mib`` shrinks with the bytes), unless
+``delta_packed``. TensorHub with the
 delta (holders of the delta serve it, one WAN copy per datacenter) is compared with the full baselines and with
 the same baselines moving the delta (every rollout pulling the delta from the trainer: verl's ``delta_sharded``
-shape). With ``delta_apply_gbps`` a rollout also applies the delta as chunks land, at that rate in GB/s of
+shape). With ``delta_packed`` the delta's per-chunk payloads travel packed into wire chunks of ``real_chunk_mib``,
+so the hub grants leases for its bytes, not for the version's chunks. With ``delta_apply_gbps`` a rollout also applies the delta as chunks land, at that rate in GB/s of
 version bytes: its stall is ``max(transfer, apply) + the last chunk's apply``. Elastic joiners hold no base
 version: they read in full, so the elastic mode has no delta run.
 """
@@ -131,6 +133,9 @@ class ModeParams:
     """Bytes per element of the published version (bf16)."""
     delta_apply_gbps: float = 0.0
     """A rollout's apply rate, GB/s of version bytes; 0: the apply is not modeled (free)."""
+    delta_packed: int = 0
+    """0: the delta is one object per chunk of the version (as many leases as the full version, each small);
+    1: its per-chunk payloads travel packed into wire chunks of ``real_chunk_mib`` (leases scale with its bytes)."""
 
     def __post_init__(self) -> None:
         if self.weights_gb <= 0 or self.chunks < 1 or self.window < 1:
@@ -160,7 +165,7 @@ class ModeParams:
 
     def delta(self) -> "ModeParams":
         """The same cluster moving the delta instead of the version (module docstring)."""
-        ratio = self.delta_gb / self.weights_gb
+        ratio = 1.0 if self.delta_packed else self.delta_gb / self.weights_gb
         return replace(self, weights_gb=self.delta_gb, real_chunk_mib=self.real_chunk_mib * ratio,
                        delta_changed_fraction=0.0)
 
@@ -359,6 +364,7 @@ def with_delta(p: ModeParams, full: dict, mode: str) -> dict:
     version = p.weights_gb * 1e9
     return {"delta_gb": p.delta_gb, "delta_over_version": p.delta_gb / p.weights_gb,
             "changed_fraction": p.delta_changed_fraction, "bytes_per_changed": p.delta_bytes_per_changed,
+            "packed": bool(p.delta_packed),
             "apply_s": apply_s, "runs": d["runs"],
             "stall_ratio_vs_full": {s: r["max_s"] / th for s, r in full["runs"].items() if s != FREE_HUB},
             "stall_ratio_vs_delta": {s: r["max_s"] / th for s, r in _baselines(d["runs"]).items()},
