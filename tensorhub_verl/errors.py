@@ -75,18 +75,6 @@ class OverBudget(InvalidRequest):
     names the limit and the setting. Nothing was changed."""
 
 
-class DeltaRefused(InvalidRequest):
-    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
-    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
-    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
-    full instead (``FetchStats.delta``)."""
-
-
-class DeltaWithheld(VersionNotFound):
-    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
-    in full (``fetch(have=...)`` does so by itself)."""
-
-
 class UnknownWorker(InvalidRequest):
     """The hub does not know this worker (it restarted, or the worker expired); the client re-registers."""
 
@@ -106,6 +94,15 @@ class PlaneMismatch(InvalidRequest):
         self.hub_plane = hub_plane
 
 
+class Cancelled(TensorHubError):
+    """The caller stopped the operation before it produced anything (e.g. an attached node asked to stop
+    before it served a first version)."""
+
+
+class ConfigError(TensorHubError, ValueError):
+    """A configuration value is invalid; the message names the field and the accepted values."""
+
+
 class DeltaCorrupt(TensorHubError):
     """A chunk's delta payload is malformed (wrong header, lengths, positions out of range or out of order, a
     stream that does not decompress): nothing was written. The fix is to read the chunk of the target version
@@ -117,13 +114,16 @@ class DeltaCorrupt(TensorHubError):
         self.reason = reason
 
 
-class Cancelled(TensorHubError):
-    """The caller stopped the operation before it produced anything (e.g. an attached node asked to stop
-    before it served a first version)."""
+class DeltaRefused(InvalidRequest):
+    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
+    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
+    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
+    full instead (``FetchStats.delta``)."""
 
 
-class ConfigError(TensorHubError, ValueError):
-    """A configuration value is invalid; the message names the field and the accepted values."""
+class DeltaWithheld(VersionNotFound):
+    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
+    in full (``fetch(have=...)`` does so by itself)."""
 
 
 __all__ = [

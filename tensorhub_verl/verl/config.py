@@ -15,7 +15,7 @@ from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.client.hub_client import is_loopback_url
 from tensorhub_verl.ros.wire.topology import LABEL_KEYS, LINK_KEYS
 from tensorhub_verl.settings import STAGING_CHOICES
-from tensorhub_verl.ros.delta_client import DELTA_MODES
+from tensorhub_verl.ros.client.delta import DELTA_MODES
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
 

@@ -55,7 +55,7 @@ class HolderConfig:
             raise errors.ConfigError(f"bucket_bytes must be > 0, got {self.bucket_bytes}")
         if self.fetch_timeout_s <= 0 or self.unpublish_timeout_s <= 0:
             raise errors.ConfigError("fetch_timeout_s and unpublish_timeout_s must be > 0")
-        from tensorhub_verl.ros.delta_client import DELTA_MODES
+        from tensorhub_verl.ros.client.delta import DELTA_MODES
 
         if self.delta not in DELTA_MODES:
             raise errors.ConfigError(f"delta must be one of {DELTA_MODES}, got {self.delta!r}")

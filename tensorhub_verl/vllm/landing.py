@@ -82,7 +82,7 @@ class Landing:
     def delta_published(self, version: int, base: int) -> bool:
         """Whether the delta ``base`` -> ``version`` of 'hf' is published (by every row shard: rank 0's part
         stands for them; a missing part only makes the read fall back to the full version)."""
-        from tensorhub_verl.ros.delta_form import delta_layout
+        from tensorhub_verl.ros.wire.delta_form import delta_layout
 
         manifest = self._client.manifest(self._config.model, version, layout=HF_LAYOUT)
         part = None if manifest.row_shards == 1 else (0, manifest.row_shards)

@@ -58,7 +58,7 @@ class PullStart(_Wire):
 
 @dataclass(slots=True, kw_only=True)
 class DeltaOutcome(_Wire):
-    """What one rank's read of a version as a delta did (``ros.delta_client.DeltaStats`` as plain data)."""
+    """What one rank's read of a version as a delta did (``ros.client.delta.DeltaStats`` as plain data)."""
 
     base_version: int
     used: bool

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaCorrupt, TensorHubError
-from tensorhub_verl.ros import delta_codec as dc
+from tensorhub_verl.ros.wire import delta_codec as dc
 from tensorhub_verl.ros.wire import lindigest
-from tensorhub_verl.ros.delta_digest import chunk_grid, target_digest_from_base
+from tensorhub_verl.ros.wire.delta_digest import _word_aligned, chunk_grid, target_digest_from_base
 from tensorhub_verl.ros.wire.integrity import chunk_digests
 from tensorhub_verl.ros.wire.manifest import TensorSpec, split_into_chunks
 
@@ -141,6 +141,18 @@ def test_the_chooser_goes_dense_above_the_threshold_and_sparse_below():
     assert dc.encode_chunk(_u8(base), _u8(sparse), dtype=torch.bfloat16, dense_fraction=0.001).encoding == dc.DENSE
 
 
+def test_large_steps_go_overwrite_when_it_is_smaller():
+    """Words reset to one value (large, random steps; values that compress to nothing): overwrite wins, and the
+    chooser, which tries it after ulp only when ulp's steps are large, finds it."""
+    base = torch.randn(1 << 16, generator=torch.Generator().manual_seed(23))
+    target = base.clone()
+    target[::20] = 0.0
+    chosen = dc.encode_chunk(_u8(base), _u8(target), dtype=torch.float32)
+    each = dc.encode_each(_u8(base), _u8(target), dtype=torch.float32, encodings=(dc.ULP, dc.OVERWRITE))
+    assert each[dc.OVERWRITE].nbytes < each[dc.ULP].nbytes
+    assert chosen.encoding == dc.OVERWRITE and chosen.nbytes == each[dc.OVERWRITE].nbytes
+
+
 def test_overwrite_is_idempotent():
     base = _u8(torch.randn(2048).to(torch.bfloat16))
     target = _u8(_step(base.view(torch.bfloat16), 0.05, 1e-2, seed=13))
@@ -223,11 +235,13 @@ def test_bad_chunks_are_refused_with_the_fix():
     a = torch.zeros(10, dtype=torch.uint8)
     with pytest.raises(ValueError, match="same length|one device"):
         dc.encode_chunk(a, torch.zeros(12, dtype=torch.uint8), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="1-D uint8"):
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
         dc.encode_chunk(a.view(torch.int16), a.view(torch.int16), dtype=torch.bfloat16)
 
 
-def test_the_target_digest_follows_from_the_base_digest_and_the_changed_words():
+@pytest.mark.parametrize("chunk_bytes", [1001, 1024])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_target_digest_follows_from_the_base_digest_and_the_changed_words(chunk_bytes, dtype):
     """Pinned to the full digest of the target, over chunks that mix tensors of several dtypes and grids (2-D
     rows, a 1-D tensor of odd length, a segment that starts at an odd offset of its tensor)."""
     g = torch.Generator().manual_seed(18)
@@ -244,23 +258,25 @@ def test_the_target_digest_follows_from_the_base_digest_and_the_changed_words():
     target["f"][5] += 1.0
     target["h"] = _step(base["h"], 0.3, 1e-2, seed=20)
     specs = tuple(TensorSpec.of(k, v) for k, v in base.items())
-    chunks = split_into_chunks(specs, 1001)
+    chunks = split_into_chunks(specs, chunk_bytes)
     base_digests = chunk_digests(chunks, base.values())
     target_digests = chunk_digests(chunks, target.values())
     flat_base = torch.cat([v.reshape(-1).view(torch.uint8) for v in base.values()])
     flat_target = torch.cat([v.reshape(-1).view(torch.uint8) for v in target.values()])
     start = 0
-    changed_chunks = 0
+    changed_chunks = aligned = 0
     for chunk in chunks:
+        aligned += _word_aligned(chunk_grid(chunk, specs))
         b, t = flat_base[start:start + chunk.nbytes], flat_target[start:start + chunk.nbytes]
         start += chunk.nbytes
         changed_chunks += base_digests[chunk.index] != target_digests[chunk.index]
         for encoding in dc.ENCODINGS:
-            e = dc.encode_each(b, t, dtype=torch.bfloat16, encodings=[encoding])[encoding]
-            changes = dc.decode_chunk(encoding, e.payload, b, dtype=torch.bfloat16)
+            e = dc.encode_each(b, t, dtype=dtype, encodings=[encoding])[encoding]
+            changes = dc.decode_chunk(encoding, e.payload, b, dtype=dtype)
             got = target_digest_from_base(base_digests[chunk.index], chunk_grid(chunk, specs), changes)
             assert got == target_digests[chunk.index], (chunk.index, encoding)
     assert changed_chunks > 5
+    assert (aligned >= 3) == (chunk_bytes == 1024)  # both ways of summing the change ran
     # and a wrong base digest gives a wrong target digest: the check catches a base that was not N-1
     assert target_digest_from_base(lindigest.to_hex([1, 2]), chunk_grid(chunks[0], specs),
                                    dc.decode_chunk(dc.DENSE, flat_target[:chunks[0].nbytes].numpy().tobytes(),
@@ -281,3 +297,9 @@ def test_on_a_cuda_device_the_diff_and_the_apply_stay_there(encoding):
     into = b.clone()
     dc.apply_chunk(encoding, e.payload, into, dtype=torch.bfloat16)
     assert torch.equal(into.cpu(), t.cpu())
+
+
+def test_a_strided_chunk_is_refused():
+    a = torch.zeros(20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="contiguous"):
+        dc.encode_chunk(a[::2], a[::2], dtype=torch.bfloat16)

@@ -9,15 +9,16 @@ import pytest
 import torch
 
 import tensorhub_verl as th
+from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import DeltaRefused, NotModelOwner
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
-from tensorhub_verl.ros.delta_chunks import encode_delta
-from tensorhub_verl.ros.delta_codec import encode_chunk
-from tensorhub_verl.ros.delta_form import BLOB, HEADER
+from tensorhub_verl.ros.client.delta_chunks import encode_delta
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk
+from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER
 
 from tests.ros.delta_roles import CHUNK, delta_reader, digest, versions
-from tests.ros.roles import GatedPlane
+from tests.ros.roles import GatedPlane, wait_until
 
 
 def _same(a, b) -> bool:
@@ -70,7 +71,7 @@ def _garbled(v1, v2):
 
 
 @pytest.mark.parametrize("make, failed, reason", [
-    (_wrong_base, 8, "would not give version 2's bytes; not written"),
+    (_wrong_base, 8, "does not give version 2's bytes; restored"),
     (_garbled, 1, "payload is refused"),
 ])
 def test_a_delta_that_does_not_build_the_version_is_caught_re_read_in_full_and_not_served_onward(
@@ -168,3 +169,39 @@ def test_a_delta_holder_killed_mid_read_costs_a_re_plan_onto_another_holder_of_t
         finally:
             r2.close()
 
+
+
+def test_after_a_hub_restart_every_holder_of_the_delta_registers_it_again(roles):
+    """A hub restart costs no delta: the publisher and a reader that applied it re-register both versions and
+    the delta form (each delta after the versions it joins), and a later reader still reads only the delta."""
+    hub_process = HubProcess(args=("--worker-timeout", "10")).start()
+    url = hub_process.url
+    try:
+        v1, v2 = versions(2)
+        trainer = th.connect(url, "trainer", chunk_bytes=CHUNK, hub_retry_s=60.0)
+        r1 = th.connect(url, "r1", hub_retry_s=60.0)
+        try:
+            trainer.publish("policy", 1, v1)
+            trainer.publish("policy", 2, v2)
+            published = trainer.publish_delta("policy", 2, 1)
+            r1.fetch("policy", 2, into={n: t.clone() for n, t in v1.items()}, have=1)
+            hub_process.kill()
+            hub_process.start()  # a new instance at the same URL: it knows nothing until holders re-register
+            wait_until(lambda: _listed(trainer, "delta/hf@1") == ["r1", "trainer"], 60,
+                       "the delta's holders did not re-register")
+            with th.connect(url, "r2", hub_retry_s=60.0) as r2:
+                into = {n: t.clone() for n, t in v1.items()}
+                stats = r2.fetch("policy", 2, into=into, have=1)
+                assert _same(into, v2) and stats.delta.used and stats.bytes == published.bytes
+        finally:
+            r1.close()
+            trainer.close()
+    finally:
+        hub_process.kill()
+
+
+def _listed(client, layout):
+    try:
+        return client.versions("policy", layout).get(2, [])
+    except Exception:  # the new hub instance is still starting
+        return []

@@ -5,7 +5,7 @@ served onward by the readers that fetched it, and counted in the hub's metrics."
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.delta_form import delta_layout
+from tensorhub_verl.ros.wire.delta_form import delta_layout
 
 from tests.ros.delta_roles import CHUNK, digest, versions
 
@@ -112,3 +112,20 @@ def test_row_shards_each_publish_the_delta_of_their_rows_and_a_reader_applies_ev
     finally:
         for client in ranks:
             client.close()
+
+
+def test_delta_off_reads_in_full_and_hold_false_serves_neither_form(hub):
+    v1, v2 = versions(2)
+    with th.connect(hub.url, "trainer", chunk_bytes=CHUNK) as trainer, th.connect(hub.url, "r1") as r1, \
+            th.connect(hub.url, "r2") as r2:
+        trainer.publish("policy", 1, v1)
+        trainer.publish("policy", 2, v2)
+        trainer.publish_delta("policy", 2, 1)
+        into = {n: t.clone() for n, t in v1.items()}
+        off = r1.fetch("policy", 2, into=into, have=1, delta="off")
+        assert _same(into, v2) and not off.delta.used and off.bytes == sum(t.nbytes for t in v2.values())
+        into = {n: t.clone() for n, t in v1.items()}
+        quiet = r2.fetch("policy", 2, into=into, have=1, hold=False)
+        assert _same(into, v2) and quiet.delta.used
+        assert r2.versions("policy", "delta/hf@1") == {2: ["trainer"]}
+        assert r2.versions("policy", "hf")[2] == ["r1", "trainer"]

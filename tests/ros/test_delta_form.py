@@ -1,13 +1,15 @@
 """The delta form without processes: names, the header's checks, and encode/apply over a chunk map."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaRefused
-from tensorhub_verl.ros.delta_chunks import apply_delta, chunk_dtype, encode_delta
-from tensorhub_verl.ros.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
+from tensorhub_verl.ros.client.delta_chunks import apply_delta, chunk_dtype, encode_delta
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk
+from tensorhub_verl.ros.wire.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
 from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
 from tensorhub_verl.ros.wire.manifest import build_manifest
 
@@ -94,3 +96,19 @@ def test_chunks_of_one_dtype_are_diffed_in_it_and_mixed_chunks_as_bytes():
     _, _, _, m2, *_ = _pair()
     kinds = {str(chunk_dtype(m2, c)) for c in m2.chunks()}
     assert "torch.bfloat16" in kinds and "torch.uint8" in kinds
+
+
+def test_a_chunk_whose_result_is_not_the_version_is_restored_to_its_base_bytes():
+    v1, v2 = versions(2)
+    m1, m2 = _manifest(1, v1), _manifest(2, v2)
+    wrong = {n: t.clone() for n, t in v1.items()}
+    wrong["layers.0.mlp.weight"].view(-1)[::4096] += 1  # a publisher whose staged v1 was not v1
+    header, blob, _ = encode_delta(m1, list(wrong.values()), m2, list(v2.values()),
+                                   functools.partial(encode_chunk, candidates=("xor",)))
+    into = [t.clone() for t in v1.values()]
+    result = apply_delta(m2, header, blob, into)
+    mlp = list(v1).index("layers.0.mlp.weight")
+    assert len(result.bad_target) == 8 and not result.bad_base
+    assert torch.equal(into[mlp], v1["layers.0.mlp.weight"])  # every failed chunk holds its base bytes again
+    others = [i for i in range(len(into)) if i != mlp]
+    assert all(torch.equal(into[i], list(v2.values())[i]) for i in others)

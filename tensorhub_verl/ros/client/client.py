@@ -40,7 +40,7 @@ from tensorhub_verl.ros.wire.topology import Location
 from tensorhub_verl.ros.wire.convert import manifest_from_msg, manifest_to_msg
 
 if TYPE_CHECKING:
-    from tensorhub_verl.ros.delta_client import DeltaPublished
+    from tensorhub_verl.ros.client.delta import DeltaPublished
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -183,9 +183,15 @@ class Client:
         says whether it did, ``.reason`` why not); ``"on"`` whenever it can be made. ``chunk_bytes``: the delta
         form's chunk size (default: about 1/16 of the delta, at least 64 KiB, at most the version's)."""
         self._check_open()
-        from tensorhub_verl.ros.delta_client import publish_delta
+        _check_key(model, version, layout)
+        from tensorhub_verl.ros.client.delta import publish_delta
 
         return publish_delta(self, model, version, base_version, layout, mode, chunk_bytes)
+
+    def _hold(self, manifest: Manifest, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Holds ``tensors``, checked chunk by chunk against ``manifest``'s digests, as this worker's copy of that
+        version (a version built in place from a delta: ``delta.py``)."""
+        self._publish(_Publication(self.worker, manifest, dict(tensors)))
 
     def relay(self, manifest: Manifest, tensors: Mapping[str, torch.Tensor]) -> None:
         """Holds a copy this worker fetched and checked through another hub (``manifest``: its
@@ -334,7 +340,7 @@ class Client:
         the version and the delta form, and serves both.
         """
         if have is not None:
-            from tensorhub_verl.ros.delta_client import fetch_with_delta
+            from tensorhub_verl.ros.client.delta import fetch_with_delta
 
             return fetch_with_delta(self, model, version, into, layout, hold, timeout, have, delta)
         self._check_open()
@@ -562,6 +568,7 @@ class Client:
         with self._lock:
             held = list(self._held.values())
             fetches = list(self._fetches.values())
+        held.sort(key=lambda h: h.manifest.layout.startswith("delta/"))  # a delta after the versions it joins
         for h in held:
             try:
                 self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)

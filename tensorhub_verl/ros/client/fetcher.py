@@ -114,7 +114,7 @@ class FetchStats:
     these bytes in this layout reuses them: ``Client.publish(verified=...)``)."""
     delta: "DeltaStats | None" = field(default=None, repr=False)
     """Of a ``fetch(have=...)``: whether the version came as a delta, its bytes, and what was re-read in full and
-    why (``delta_client.DeltaStats``); None for any other fetch."""
+    why (``delta.DeltaStats``); None for any other fetch."""
 
     @property
     def gbps(self) -> float:

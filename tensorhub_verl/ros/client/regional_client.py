@@ -181,7 +181,7 @@ class RegionalClient:
         version = self._await_relay(model, version, layout)
         stats = self.home.fetch(model, version, into, layout, hold, timeout)
         if have is not None:
-            from tensorhub_verl.ros.delta_client import DeltaStats
+            from tensorhub_verl.ros.client.delta import DeltaStats
 
             stats.delta = DeltaStats(have, fallback_chunks=stats.chunks, fallback_bytes=stats.bytes,
                                      reasons=["a hub of regions serves no deltas: read in full"])

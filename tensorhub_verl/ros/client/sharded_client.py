@@ -279,7 +279,7 @@ def _left(started: float, timeout: float | None, config: ClientConfig) -> float:
 
 def merged_delta(parts: list):
     """One ``DeltaStats`` for the shares' fetches: used when every share used its delta."""
-    from tensorhub_verl.ros.delta_client import DeltaStats
+    from tensorhub_verl.ros.client.delta import DeltaStats
 
     out = DeltaStats(parts[0].base_version, used=all(p.used for p in parts))
     for p in parts:

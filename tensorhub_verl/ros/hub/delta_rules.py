@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tensorhub_verl.errors import DeltaRefused, DeltaWithheld
 from tensorhub_verl.ros.wire import messages as msg
-from tensorhub_verl.ros.delta_form import is_delta_layout, parse_delta_layout
+from tensorhub_verl.ros.wire.delta_form import is_delta_layout, parse_delta_layout
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.records import Key, VersionRecord
 from tensorhub_verl.ros.hub.versions import VersionStore

@@ -13,7 +13,7 @@ from typing import AbstractSet, Iterator
 
 from tensorhub_verl.errors import NotOwner
 from tensorhub_verl.ros.wire import messages as msg
-from tensorhub_verl.ros.delta_form import is_delta_layout
+from tensorhub_verl.ros.wire.delta_form import is_delta_layout
 from tensorhub_verl.ros.hub.changes import Wake
 from tensorhub_verl.ros.hub.chunk_index import candidate_stride, candidates_for
 from tensorhub_verl.ros.hub.leases import Leases

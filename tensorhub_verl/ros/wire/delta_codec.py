@@ -55,8 +55,14 @@ XOR = "xor"
 ULP = "ulp"
 ENCODINGS = (DENSE, OVERWRITE, XOR, ULP)
 """Every encoding ``apply_chunk`` understands."""
-DEFAULT_CANDIDATES = (ULP, OVERWRITE, XOR)
-"""What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise."""
+DEFAULT_CANDIDATES = (ULP, OVERWRITE)
+"""What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise. ``xor`` only when asked: it
+compresses every word of the chunk (a zstd pass over all of it, not only over the changed words' streams), and
+on optimizer steps ``ulp`` is the smaller (``tensorhub bench delta`` prints both)."""
+STEP_BYTES_FOR_OVERWRITE = 0.5
+"""After ``ulp``, ``overwrite`` is tried only when ``ulp``'s steps took more than this many bytes per changed
+word per byte of the word: both share the positions, so ``overwrite`` can win only where the steps are large
+(they then hold about as much as the words themselves); small steps compress far below the words."""
 DENSE_FRACTION = 0.30
 """Above this fraction of changed words a chunk goes ``dense`` without trying the others."""
 ZSTD_LEVEL = 1
@@ -141,8 +147,8 @@ def _word_bytes(dtype: torch.dtype) -> int:
 
 
 def _check_chunk(t: torch.Tensor, name: str) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D uint8 tensor of one chunk's bytes, got "
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D uint8 tensor of one chunk's bytes, got "
                          f"{getattr(t, 'dtype', type(t))} of shape {tuple(getattr(t, 'shape', ()))}")
 
 
@@ -151,7 +157,7 @@ def _words(u8: torch.Tensor, w: int):
     where its address is not word-aligned: ``_write`` then writes bytes)."""
     if u8.device.type == "cpu":
         return u8.detach().numpy().view(_NP_INT[w])
-    if w > 1 and (u8.storage_offset() % w or not u8.is_contiguous()):
+    if w > 1 and u8.storage_offset() % w:
         return u8.contiguous().clone().view(_INT[w])
     return u8.view(_INT[w])
 
@@ -316,12 +322,21 @@ def encode_chunk(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype
     for encoding in candidates:
         if encoding == DENSE:
             continue
+        if encoding == OVERWRITE and best is not None and best.encoding == ULP \
+                and _step_bytes(best.payload, d.w) <= STEP_BYTES_FOR_OVERWRITE * d.w * best.changed:
+            continue
         e = _encode(d, encoding)
         if best is None or e.nbytes < best.nbytes:
             best = e
     if best is None or best.nbytes >= base.numel():
         return _encode(d, DENSE)
     return best
+
+
+def _step_bytes(payload: bytes, w: int) -> int:
+    """Stored bytes of a ``ulp`` frame's step streams (the ones after its position streams)."""
+    first = _HEADER.size + _GAP_BYTES * _STREAM.size
+    return sum(_STREAM.unpack_from(payload, first + i * _STREAM.size)[2] for i in range(w))
 
 
 def encode_each(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype,
@@ -459,7 +474,7 @@ def write_changes(changes: ChunkChanges, into: torch.Tensor) -> None:
     if into.device.type == "cpu":
         words = into[:body].detach().numpy().view(_NP_INT[w])
         words[changes.positions.numpy()] = changes.new.numpy()
-    elif w == 1 or (into.storage_offset() % w == 0 and into.is_contiguous()):
+    elif w == 1 or into.storage_offset() % w == 0:
         into[:body].view(_INT[w])[changes.positions] = changes.new
     else:
         offs = (changes.positions[:, None] * w + torch.arange(w, device=into.device)[None]).reshape(-1)

@@ -2,17 +2,17 @@
 
 ``encode_delta`` diffs two versions of one layout chunk by chunk (``delta_codec.encode_chunk``) and packs the
 payloads into one blob beside a ``DeltaHeader``. ``apply_delta`` applies them in place into buffers that hold the
-base, checking each chunk's base digest before and its target digest before writing (from the changes) and after
-(in full); it returns the chunks that failed a check, which the caller re-reads in full. A chunk that fails
-before writing keeps its base bytes; one that fails after writing holds neither version until re-read.
+base, checking each chunk's base digest before and its target digest after, restoring the base bytes of a chunk
+that fails; it returns the chunks that failed a check, which the caller re-reads in full.
 
-Pure of I/O: the client (``delta_client.py``) reads the delta form, calls this, and re-reads what failed.
-A chunk whose segments span tensors (tiny tensors share a chunk) is gathered into one scratch buffer, and
-written back only when its payload applied.
+Pure of I/O: the client (``delta.py``) reads the delta form, calls this, and re-reads what failed.
+A chunk whose segments span tensors (tiny tensors share a chunk) is applied in a gathered copy and scattered
+back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,10 +21,9 @@ from typing import Callable, Sequence
 import torch
 
 from tensorhub_verl.errors import DeltaCorrupt
-from tensorhub_verl.ros.delta_codec import decode_chunk, write_changes
-from tensorhub_verl.ros.delta_codec import encode_chunk as codec_encode
-from tensorhub_verl.ros.delta_digest import chunk_grid, target_digest_from_base
-from tensorhub_verl.ros.delta_form import SAME, DeltaHeader
+from tensorhub_verl.ros.wire.delta_codec import ChunkChanges, decode_chunk, write_changes
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk as codec_encode
+from tensorhub_verl.ros.wire.delta_form import SAME, DeltaHeader
 from tensorhub_verl.ros.wire.integrity import shard_chunk_digests
 from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
 
@@ -164,10 +163,10 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
                 ) -> ApplyResult:
     """Applies a checked header's payloads (``delta_form.check_header``) in place into ``tensors`` (manifest
     order), which should hold the base version. Per chunk: its bytes' digest must be the header's base digest
-    (else it is left untouched); its payload is decoded without writing (``delta_codec.decode_chunk``), and the
-    target digest it would produce, from the base digest plus the changed words (``delta_digest``), must be the
-    version's (else nothing is written); then it is written, and the written chunks are digested again in full,
-    which also catches a write that landed elsewhere."""
+    (else it is left untouched); its payload is decoded (``delta_codec.decode_chunk``: a malformed one is refused
+    before anything is written) and written; then the written chunks are digested, and any that does not have
+    the version's digest is restored to its base bytes (the decoded changes name every word written). So a chunk
+    that fails a check holds its base bytes when this returns."""
     started = time.monotonic()
     result = ApplyResult()
     first = header.first_chunk
@@ -175,7 +174,7 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
     flats = [_flat(t) for t in tensors]
     base_now = chunk_digests_of(target, tensors, {c.index for c in chunks})
     host = blob.device.type == "cpu"
-    touched: set[int] = set()
+    written: dict[int, tuple[Chunk, ChunkChanges]] = {}
     for chunk in chunks:
         i, k = chunk.index, chunk.index - first
         if base_now[i] != header.base_digests[k]:
@@ -189,34 +188,39 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
         payload = part.numpy() if host else part.cpu().numpy()
         try:
             changes = decode_chunk(header.encodings[k], payload, data, dtype=chunk_dtype(target, chunk))
-            would = target_digest_from_base(header.base_digests[k], chunk_grid(chunk, target.tensors), changes)
         except (DeltaCorrupt, ValueError) as e:
             result.bad_target.append(i)
             result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
             continue
-        if would != header.target_digests[k]:
-            result.bad_target.append(i)
-            result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload would not give version "
-                                  f"{header.target_version}'s bytes; not written")
-            continue
         write_changes(changes, data)
         if not is_view:
             _scatter(flats, chunk, data)
-        touched.add(i)
-    after = chunk_digests_of(target, tensors, touched)
-    misses = [i for i in sorted(touched) if after[i] != header.target_digests[i - first]]
-    result.applied.extend(i for i in sorted(touched) if after[i] == header.target_digests[i - first])
-    result.bad_target.extend(misses)
+        written[i] = (chunk, changes)
+    after = chunk_digests_of(target, tensors, set(written))
+    for i, (chunk, changes) in sorted(written.items()):
+        if after[i] == header.target_digests[i - first]:
+            result.applied.append(i)
+            continue
+        _restore(flats, chunk, changes)
+        result.bad_target.append(i)
+        result.reasons.append(f"chunk {i}: its {header.encodings[i - first]} payload does not give version "
+                              f"{header.target_version}'s bytes; restored")
     if result.bad_base:
         result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
                               f"(first: chunk {result.bad_base[0]})")
-    if misses:
-        result.reasons.append(f"{len(misses)} chunk(s) did not match version {header.target_version}'s digest "
-                              f"after writing (first: chunk {misses[0]})")
     result.applied.sort()
     result.bad_target.sort()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _restore(flats: Sequence[torch.Tensor], chunk: Chunk, changes: ChunkChanges) -> None:
+    """Writes back the base's words that ``changes`` overwrote."""
+    data, is_view = _chunk_view(flats, chunk)
+    write_changes(dataclasses.replace(changes, old=changes.new, new=changes.old, old_tail=changes.new_tail,
+                                      new_tail=changes.old_tail), data)
+    if not is_view:
+        _scatter(flats, chunk, data)
 
 
 __all__ = ["ApplyResult", "EncodeStats", "apply_delta", "chunk_digests_of", "chunk_dtype", "encode_delta"]

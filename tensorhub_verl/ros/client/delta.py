@@ -27,8 +27,8 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.wire import messages as msg
-from tensorhub_verl.ros.delta_chunks import apply_delta, encode_delta
-from tensorhub_verl.ros.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
+from tensorhub_verl.ros.client.delta_chunks import apply_delta, encode_delta
+from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers, shard_bytes, shard_chunks
 from tensorhub_verl.ros.wire.ranges import ReadPlan, Runs, plan_reads
@@ -108,9 +108,6 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
                   mode: str = "auto", chunk_bytes: int | None = None) -> DeltaPublished:
     """Encodes and publishes the delta ``base_version`` -> ``version`` of ``layout`` from what ``client`` holds
     of both (see ``Client.publish_delta``)."""
-    from tensorhub_verl.ros.client.client import _check_key
-
-    _check_key(model, version, layout)
     if mode not in ("auto", "on"):
         raise errors.ConfigError(f"publish_delta mode must be 'auto' or 'on', got {mode!r}")
     if not isinstance(base_version, int) or isinstance(base_version, bool) or not 0 <= base_version < version:
@@ -193,7 +190,12 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
     failed: list[int] = []
     delta.used = True
     for header, blob, dstats in read:
-        result = apply_delta(manifest, header, blob, ordered)
+        try:
+            result = apply_delta(manifest, header, blob, ordered)
+        except Exception as e:  # a fault of the apply itself (device, memory): the buffers' state is unknown
+            raise errors.TransferFailed(
+                f"applying the delta of {model!r} v{manifest.version} from v{have} failed ({type(e).__name__}: {e}); "
+                f"into holds neither version now: fetch v{manifest.version} in full before using it") from e
         delta.apply_seconds += result.seconds
         delta.changed_elements += header.changed_elements
         delta.elements += header.total_elements
@@ -220,9 +222,7 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         delta.fallback_chunks, delta.fallback_bytes = len(failed), more.bytes
         _add(stats, more)
     if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
-        from tensorhub_verl.ros.client.client import _Publication
-
-        client._publish(_Publication(client.worker, manifest, tensors))
+        client._hold(manifest, tensors)
     stats.seconds = time.monotonic() - started
     stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
     return stats
