@@ -41,8 +41,8 @@ def rig(hub):
                          chunk_bytes=CHUNK)
     made = []
 
-    def engine(worker: str, delta: str = "auto", client_wrapper=None):
-        client = th.connect(hub.url, worker=worker, location={"dc": "dc0", "rack": "r0", "node": worker})
+    def engine(worker: str, delta: str = "auto", client_wrapper=None, dc: str = "dc0"):
+        client = th.connect(hub.url, worker=worker, location={"dc": dc, "rack": "r0", "node": worker})
         wrapped = client_wrapper(client) if client_wrapper else client
         params = new_params()
         h = EngineHolder(wrapped, HolderConfig(model="dpolicy", layout=LAYOUT, staging="none", fetch_timeout_s=30,
@@ -144,3 +144,15 @@ def test_a_delta_that_fails_midway_leaves_the_engine_serving_its_old_version_exa
         h.update(32)
     # Restored in full: never a half-applied version.
     assert h.served == 31 and not h.broken and same(params, v1)
+
+
+def test_bytes_read_from_another_datacenter_are_counted_as_wan_bytes(rig):
+    trainer, engine = rig
+    trainer.publish("dpolicy", 41, hf_version(71))
+    first, _ = engine("eng-wan-a", dc="dc1")
+    second, _ = engine("eng-wan-b", dc="dc1")
+    crossed = first.update(41)
+    assert crossed.dc == "dc1" and crossed.wan_bytes == crossed.bytes > 0  # from the trainer in dc0
+    assert first.wait_published(30)
+    local = second.update(41)
+    assert set(local.sources) == {"eng-wan-a"} and local.wan_bytes == 0  # from its own datacenter
