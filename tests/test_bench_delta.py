@@ -11,7 +11,7 @@ import torch
 
 from tensorhub_verl.bench import delta as bench
 from tensorhub_verl.bench.delta_profile import DeltaProfile, default_profile, delta_sequence
-from tensorhub_verl.ros import delta_codec as dc
+from tensorhub_verl.ros.wire import delta_codec as dc
 
 
 def test_bench_delta_runs_real_steps_and_prints_exact_figures_and_json_last(capsys, tmp_path):

@@ -6,9 +6,10 @@ version published as bf16, as a trainer publishes to bf16 rollouts. For each del
 version (the product's chunking, ``--chunk-mib``):
 
 - the changed fraction (bf16 words whose bits differ);
-- the encoded bytes per changed word of every encoding (``ros.delta_codec``), and of the chooser's pick (the mix);
+- the encoded bytes per changed word of every encoding (``ros.wire.delta_codec``), and of the chooser's pick
+  (the mix);
 - encode (the chooser, as a publisher runs it), apply (decode + write into a copy of N-1) and verify (N's chunk
-  digests from N-1's and the changed words, ``ros.delta_digest``) throughput, in GB/s of version bytes, on the
+  digests from N-1's and the changed words, ``ros.wire.delta_digest``) throughput, in GB/s of version bytes, on the
   CPU (``--threads``) and, when a GPU is present, on it;
 - against the time the version takes in full, and the delta, on links of ``--link-gbit`` (default 25 and 1).
 
@@ -31,10 +32,10 @@ import numpy as np
 import torch
 
 from tensorhub_verl.bench.delta_profile import BLOCK_BYTES, DeltaProfile
-from tensorhub_verl.ros import delta_codec as dc
-from tensorhub_verl.ros.delta_digest import chunk_grid, target_digest_from_base
-from tensorhub_verl.ros.integrity import chunk_digests
-from tensorhub_verl.ros.manifest import TensorSpec, split_into_chunks
+from tensorhub_verl.ros.wire import delta_codec as dc
+from tensorhub_verl.ros.wire.delta_digest import chunk_grid, target_digest_from_base
+from tensorhub_verl.ros.wire.integrity import chunk_digests
+from tensorhub_verl.ros.wire.manifest import TensorSpec, split_into_chunks
 
 VOCAB = 8192
 GOAL_BYTES_PER_CHANGED = 2.0

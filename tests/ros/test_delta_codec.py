@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaCorrupt, TensorHubError
-from tensorhub_verl.ros import delta_codec as dc
-from tensorhub_verl.ros import lindigest
-from tensorhub_verl.ros.delta_digest import _word_aligned, chunk_grid, target_digest_from_base
-from tensorhub_verl.ros.integrity import chunk_digests
-from tensorhub_verl.ros.manifest import TensorSpec, split_into_chunks
+from tensorhub_verl.ros.wire import delta_codec as dc
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.delta_digest import _word_aligned, chunk_grid, target_digest_from_base
+from tensorhub_verl.ros.wire.integrity import chunk_digests
+from tensorhub_verl.ros.wire.manifest import TensorSpec, split_into_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 SPARSE = [dc.OVERWRITE, dc.XOR, dc.ULP]

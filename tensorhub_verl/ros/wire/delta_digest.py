@@ -18,9 +18,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tensorhub_verl.ros import lindigest
-from tensorhub_verl.ros.delta_codec import ChunkChanges
-from tensorhub_verl.ros.manifest import Chunk, TensorSpec
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.delta_codec import ChunkChanges
+from tensorhub_verl.ros.wire.manifest import Chunk, TensorSpec
 
 
 @dataclass(frozen=True, slots=True)
