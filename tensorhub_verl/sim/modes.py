@@ -133,9 +133,10 @@ class ModeParams:
     """Bytes per element of the published version (bf16)."""
     delta_apply_gbps: float = 0.0
     """A rollout's apply rate, GB/s of version bytes; 0: the apply is not modeled (free)."""
-    delta_packed: int = 0
-    """0: the delta is one object per chunk of the version (as many leases as the full version, each small);
-    1: its per-chunk payloads travel packed into wire chunks of ``real_chunk_mib`` (leases scale with its bytes)."""
+    delta_packed: int = 1
+    """1: the delta's per-chunk payloads travel packed into wire chunks of ``real_chunk_mib`` (leases scale with
+    its bytes: the product's delta form, a blob chunked like any layout); 0: one object per chunk of the version
+    (as many leases as the full version, each small)."""
 
     def __post_init__(self) -> None:
         if self.weights_gb <= 0 or self.chunks < 1 or self.window < 1:
