@@ -88,3 +88,23 @@ def test_ledger_forgets_oldest_beyond_its_bound():
     for rid in "xyz":
         ledger.admit(rid)
     assert ledger.finish("x", 1) is None and ledger.finish("z", 1) == [S(None, 0, 1)]
+
+
+def test_an_apply_rpc_records_the_positions_of_the_requests_in_flight():
+    from tensorhub_verl.vllm.results import ApplyResult, HolderStatus
+    from tensorhub_verl.vllm.version_truth import record_from_rpc
+
+    ledger = VersionLedger()
+    record_from_rpc(ledger, "generate", [], dict)  # not ours: the ledger stays off
+    assert not ledger.active
+    status = HolderStatus(worker="e", layout="l", served=4).as_dict()
+    record_from_rpc(ledger, "th_status", [status], dict)  # the engine already serves v4
+    assert ledger.active and ledger.version == 4 and ledger.applies == 1
+    ledger.admit("r")
+    apply = ApplyResult(worker="e", version=5, applied=True, source_layout="hf").as_dict()
+    record_from_rpc(ledger, "th_apply", [apply, apply], lambda: {"r": 3})  # two ranks, one version
+    record_from_rpc(ledger, "th_status", [HolderStatus(worker="e", layout="l", served=5)], dict)
+    assert ledger.finish("r", 8) == [S(4, 0, 3), S(5, 3, 8)]
+    other = ApplyResult(worker="e", version=6, applied=True, source_layout="hf")
+    record_from_rpc(ledger, "th_apply", [apply, other], dict)  # ranks disagree: nothing recorded
+    assert ledger.version == 5
