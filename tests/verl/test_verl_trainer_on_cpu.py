@@ -160,11 +160,13 @@ def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp
     audit = tmp_path / "audit"
     result, metrics = _run(task, tmp_path, steps=4, trainer_mode="fully_async", dtype_overrides=(
         f"tensorhub.version_audit_dir={audit}", "async_training.partial_rollout=true",
-        "async_training.staleness_threshold=1", "data.max_response_length=48"))
+        "async_training.staleness_threshold=1", "data.max_response_length=48",
+        "actor_rollout_ref.rollout.ignore_eos=true"))  # long generations: a sync finds requests in flight
     assert result["demo"] == "ok"
     servers, clients = _audit(audit, "server-replica"), _audit(audit, "client")
     assert servers and clients
-    applied = {int(m["tensorhub/version"]) for _, m in metrics if "tensorhub/version" in m}
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    applied = {int(r["data"]["tensorhub/version"]) for r in rows if "tensorhub/version" in r.get("data", {})}
     for rec in servers:
         spans = from_wire(rec["spans"])
         # the engine's spans cover the response's tokens, in order, each from a version the updater applied
