@@ -4,7 +4,10 @@ point (``plugin.py``); each hook acts only in the process that has what it wraps
 
 Where the truth is recorded: the engine core process, where the weights change. vLLM runs a
 ``collective_rpc`` between two engine steps, so when ``th_apply`` returns there, every request the scheduler
-holds has exactly the output tokens the old weights sampled; its count is the request's boundary.
+holds has exactly the output tokens the old weights sampled; its count is the request's boundary. That holds
+when no batch is in flight during the call: an engine that runs one step at a time, or one paused for the
+apply (verl's updater pauses each replica). With vLLM's async scheduling and no pause, a batch scheduled
+before the call may still run; its tokens would count for the new version.
 
     front-end (AsyncLLM)                     engine core (one per process)
     generate(rid) ─────── add_request ─────► ledger.admit(rid)            (the version served now)
@@ -35,8 +38,8 @@ RECORD_KEY = "tensorhub_weight_versions"
 APPLY_METHODS = ("th_apply",)
 """Extension methods after which the engine serves the version their ``ApplyResult`` names."""
 STATUS_METHODS = ("th_setup", "th_status")
-"""Extension methods answering ``HolderStatus``: an engine that serves a version the ledger does not know yet
-(a rejoin after sleep, a setup that kept its holder) is recorded as serving it from now on."""
+"""Extension methods answering ``HolderStatus``: an engine that serves a version the ledger does not know (its
+first, or one applied by a rejoin after sleep) is recorded as serving it from then on."""
 
 ENGINE_LEDGER = VersionLedger()
 """The ledger of the engine core in this process (vLLM runs one engine core per process)."""
@@ -92,8 +95,8 @@ def record_from_rpc(ledger: VersionLedger, method, results, positions) -> None:
             logger.error("engine ranks report different versions %s after %s; not recorded", versions, method)
         return
     (version,) = versions
-    if method in STATUS_METHODS and ledger.version is not None:
-        return  # applies are recorded from th_apply; a status only introduces the first version
+    # A status naming another version than the ledger's means the engine changed version where no th_apply
+    # was seen (a rejoin after sleep): recorded at this status, the first moment this process can know it.
     if version != ledger.version:
         ledger.apply(version, positions())
         logger.info("engine serves v%d from now on (%d requests in flight)", version, ledger.in_flight)
