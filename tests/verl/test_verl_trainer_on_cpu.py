@@ -160,7 +160,7 @@ def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp
     audit = tmp_path / "audit"
     result, metrics = _run(task, tmp_path, steps=4, trainer_mode="fully_async", dtype_overrides=(
         f"tensorhub.version_audit_dir={audit}", "async_training.partial_rollout=true",
-        "async_training.staleness_threshold=1", "data.max_response_length=48",
+        "async_training.staleness_threshold=3", "data.max_response_length=128",
         "actor_rollout_ref.rollout.ignore_eos=true"))  # long generations: a sync finds requests in flight
     assert result["demo"] == "ok"
     servers, clients = _audit(audit, "server-replica"), _audit(audit, "client")
