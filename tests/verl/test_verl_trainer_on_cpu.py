@@ -154,7 +154,9 @@ def _audit(directory, kind: str) -> list[dict]:
 def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp_path):
     """Partial rollouts on: a sync aborts the requests in flight and verl resumes them on the new version, so a
     response straddles two versions. Every rollout server writes what its engine recorded per request, every
-    agent-loop client what its sample carries (``tensorhub.version_audit_dir``)."""
+    agent-loop client what its sample carries (``tensorhub.version_audit_dir``). The default suite's shorter
+    versions: tests/vllm/test_version_spans_engine.py (a real engine, an apply mid-generation) and
+    tests/verl/test_version_labels_on_cpu.py (verl's resume loop and gate, patched)."""
     from tensorhub_verl.vllm.version_spans import concat, from_wire, label
 
     audit = tmp_path / "audit"
