@@ -6,7 +6,8 @@ version published as bf16, as a trainer publishes to bf16 rollouts. For each del
 version (the product's chunking, ``--chunk-mib``):
 
 - the changed fraction (bf16 words whose bits differ);
-- the encoded bytes per changed word of every encoding (``ros.wire.delta_codec``), and of the chooser's pick (the mix);
+- the encoded bytes per changed word of every encoding (``ros.wire.delta_codec``), and of the chooser's pick
+  (the mix);
 - encode (the chooser, as a publisher runs it), apply (decode + write into a copy of N-1) and verify (N's chunk
   digests from N-1's and the changed words, ``ros.wire.delta_digest``) throughput, in GB/s of version bytes, on the
   CPU (``--threads``) and, when a GPU is present, on it;

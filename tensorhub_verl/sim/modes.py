@@ -31,16 +31,16 @@ add a store-and-forward delay of 8/64 of the whole transfer per hop.
 
 Deltas (``delta_changed_fraction`` > 0): standalone and cross_dc also run on the delta N-1 -> N, the version's
 second form, beside the full version: every rollout holds N-1, so each moves the delta's encoded bytes,
-``weights_gb x changed fraction x bytes per changed element / element bytes`` (the figures ``tensorhub bench delta``
-measures), as a version of that size with the same number of chunks (each chunk's delta is one object, so the
-hub grants as many leases as for the full version: ``real_chunk_mib`` shrinks with the bytes), unless
-``delta_packed``. TensorHub with the
-delta (holders of the delta serve it, one WAN copy per datacenter) is compared with the full baselines and with
-the same baselines moving the delta (every rollout pulling the delta from the trainer: verl's ``delta_sharded``
-shape). With ``delta_packed`` the delta's per-chunk payloads travel packed into wire chunks of ``real_chunk_mib``,
-so the hub grants leases for its bytes, not for the version's chunks. With ``delta_apply_gbps`` a rollout also applies the delta as chunks land, at that rate in GB/s of
-version bytes: its stall is ``max(transfer, apply) + the last chunk's apply``. Elastic joiners hold no base
-version: they read in full, so the elastic mode has no delta run.
+``weights_gb x changed fraction x bytes per changed element / element bytes`` (the figures that
+``tensorhub bench delta`` measures), as a version of that size with the same number of chunks. Each chunk's
+delta is one object, so the hub grants as many leases as for the full version (``real_chunk_mib`` shrinks with
+the bytes), unless ``delta_packed``: the per-chunk payloads then travel packed into wire chunks of
+``real_chunk_mib``, and the hub grants leases for the delta's bytes. TensorHub with the delta (holders of the
+delta serve it, one WAN copy per datacenter) is compared with the full baselines and with the same baselines
+moving the delta (every rollout pulling the delta from the trainer: verl's ``delta_sharded`` shape). With
+``delta_apply_gbps`` a rollout also applies the delta as chunks land, at that rate in GB/s of version bytes:
+its stall is ``max(transfer, apply) + the last chunk's apply``. Elastic joiners hold no base version: they read
+in full, so the elastic mode has no delta run.
 """
 
 from __future__ import annotations
@@ -133,9 +133,10 @@ class ModeParams:
     """Bytes per element of the published version (bf16)."""
     delta_apply_gbps: float = 0.0
     """A rollout's apply rate, GB/s of version bytes; 0: the apply is not modeled (free)."""
-    delta_packed: int = 0
-    """0: the delta is one object per chunk of the version (as many leases as the full version, each small);
-    1: its per-chunk payloads travel packed into wire chunks of ``real_chunk_mib`` (leases scale with its bytes)."""
+    delta_packed: int = 1
+    """1: the delta's per-chunk payloads travel packed into wire chunks of ``real_chunk_mib`` (leases scale with
+    its bytes: the product's delta form, a blob chunked like any layout); 0: one object per chunk of the version
+    (as many leases as the full version, each small)."""
 
     def __post_init__(self) -> None:
         if self.weights_gb <= 0 or self.chunks < 1 or self.window < 1:

@@ -57,6 +57,7 @@ class DeltaPublished:
     bytes: int
     """The delta form's bytes (header and encoded chunks): what a reader of the delta moves."""
     version_bytes: int
+    """The bytes of the version the delta covers (a row shard's part: that rank's chunks)."""
     changed_elements: int
     elements: int
     encodings: dict[str, int] = field(default_factory=dict)
