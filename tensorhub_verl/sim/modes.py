@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, replace
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.hub_costs import HubCosts
+from tensorhub_verl.sim.hub_costs import MIB, HubCosts
 from tensorhub_verl.sim.swarm import (
     PullFromSource,
     Relay,
@@ -166,9 +166,17 @@ class ModeParams:
 
     def delta(self) -> "ModeParams":
         """The same cluster moving the delta instead of the version (module docstring)."""
-        ratio = 1.0 if self.delta_packed else self.delta_gb / self.weights_gb
-        return replace(self, weights_gb=self.delta_gb, real_chunk_mib=self.real_chunk_mib * ratio,
-                       delta_changed_fraction=0.0)
+        if not self.delta_packed:
+            return replace(self, weights_gb=self.delta_gb, delta_changed_fraction=0.0,
+                           real_chunk_mib=self.real_chunk_mib * self.delta_gb / self.weights_gb)
+        chunks = self.chunks
+        if self.hub() is not None:
+            # The model makes at least one hub exchange per simulated chunk: a packed delta of few real chunks
+            # gets no more simulated chunks than it has lease runs, or the hub would pay for exchanges that the
+            # real fetcher does not make.
+            runs = math.ceil(self.delta_gb * 1e9 / (self.real_chunk_mib * MIB * self.run_chunks) - 1e-9)
+            chunks = min(self.chunks, max(runs, self.trainer_nodes, 1))
+        return replace(self, weights_gb=self.delta_gb, chunks=chunks, delta_changed_fraction=0.0)
 
     def hub(self) -> HubCosts | None:
         """The modeled hub, or None when every hub cost is 0 (the hub answers at once)."""
