@@ -114,6 +114,18 @@ class DeltaCorrupt(TensorHubError):
         self.reason = reason
 
 
+class DeltaRefused(InvalidRequest):
+    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
+    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
+    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
+    full instead (``FetchStats.delta``)."""
+
+
+class DeltaWithheld(VersionNotFound):
+    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
+    in full (``fetch(have=...)`` does so by itself)."""
+
+
 __all__ = [
     "TensorHubError",
     "VersionNotFound",
@@ -126,6 +138,8 @@ __all__ = [
     "TransferFailed",
     "HubUnavailable",
     "InvalidRequest",
+    "DeltaRefused",
+    "DeltaWithheld",
     "UnknownWorker",
     "UnknownFetch",
     "PlaneMismatch",
