@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import uvicorn
 
-from tensorhub_verl.errors import ConfigError, HubUnavailable
+from tensorhub_verl.errors import ConfigError, HubAddressInUse, HubUnavailable
 from tensorhub_verl.ros.hub.app import DEFAULT_MAX_BODY_BYTES, create_app
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
@@ -64,7 +65,7 @@ class HubServer:
         self.tls = tls_cert is not None
         self.state = HubState(config)
         raise_open_files_limit()
-        self._socket = socket.create_server((host, port), reuse_port=False)
+        self._socket = _listen(host, port)
         # Accepted connections inherit this. uvicorn sets it only on sockets it creates itself; without
         # it every response waits for a delayed ACK (~40 ms per request).
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -127,6 +128,22 @@ class HubServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The hub's listening socket; a clear error naming the address when it cannot be had."""
+    try:
+        return socket.create_server((host, port), reuse_port=False)
+    except OSError as e:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            raise HubAddressInUse(
+                f"cannot listen on {where}: the address is in use by another process (a hub still running, or "
+                f"another program on that port). Stop that process (its clients wait for this hub for their retry "
+                f"budget and send nothing secret to a process that cannot prove it holds the token), or start "
+                f"the hub on another port (--port, start_hub(port=...))") from e
+        raise ConfigError(f"cannot listen on {where}: {e.strerror or e}; choose an address of this host "
+                          f"(--host) and a port you may bind (--port)") from e
 
 
 class _ProbedServer(uvicorn.Server):
