@@ -70,9 +70,10 @@ class HubServer:
         # it every response waits for a delayed ACK (~40 ms per request).
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._socket.getsockname()[:2]
-        app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
+        token = resolve_token(token)
+        app = create_app(self.state, token=token, max_body_bytes=max_body_bytes)
         self._server = _ProbedServer(self.state.stall, uvicorn.Config(
-            app, http=guarded_protocol(connection_limits or ConnectionLimits()), log_level="warning",
+            app, http=guarded_protocol(connection_limits or ConnectionLimits(), token), log_level="warning",
             access_log=False, timeout_keep_alive=30, lifespan="off",
             ssl_certfile=str(tls_cert) if tls_cert else None, ssl_keyfile=str(tls_key) if tls_key else None))
         self._stop = threading.Event()
