@@ -41,15 +41,16 @@ class HubLimits:
     (about 130 bytes of hub memory per piece; two versions at ``max_shard_pieces``)."""
     max_pending_pieces_per_job: int | None = None
     """The same over all pending versions of one job's workers, each version counted once (worker ids are free to
-    make: a budget per id alone bounds nothing). None: twice ``max_pending_pieces_per_worker``."""
+    make: a budget per id alone bounds nothing). None: twice ``max_pending_pieces_per_worker`` (about 1 GiB of
+    hub memory at the defaults)."""
     max_pending_pieces: int | None = None
-    """The same over the whole hub (job keys are free to make too). None: eight times the job's budget."""
+    """The same over the whole hub (job keys are free to make too). None: four times the job's budget."""
 
     def __post_init__(self) -> None:
         if self.max_pending_pieces_per_job is None:
             object.__setattr__(self, "max_pending_pieces_per_job", 2 * self.max_pending_pieces_per_worker)
         if self.max_pending_pieces is None:
-            object.__setattr__(self, "max_pending_pieces", 8 * self.max_pending_pieces_per_job)
+            object.__setattr__(self, "max_pending_pieces", 4 * self.max_pending_pieces_per_job)
         for name in ("max_tensors", "max_tensor_bytes", "max_version_bytes", "max_chunks", "max_shard_pieces",
                      "max_pending_shards_per_worker", "max_pending_pieces_per_worker", "max_pending_pieces_per_job",
                      "max_pending_pieces"):

@@ -59,20 +59,28 @@ _RESERVED_FILES = 64
 """Descriptors the hub keeps for itself (its listening socket, logs, threads' pipes) out of the open-files limit."""
 
 
+def listen_backlog(open_files: int) -> int:
+    """The listening socket's backlog for a hub with ``open_files`` descriptors: connections the kernel queues
+    for the hub's accept loop (``acceptor.py``), kept well inside the limit."""
+    return max(16, min(2048, open_files // 8))
+
+
 def untrusted_cap(open_files: int) -> int:
     """Untrusted connections a hub with ``open_files`` descriptors keeps at most: half of what is left after its
-    own, so token holders always have the other half."""
-    return max(16, (open_files - _RESERVED_FILES) // 2)
+    own descriptors and the listening queue (``listen_backlog``), so token holders always have the other half."""
+    return max(16, (open_files - _RESERVED_FILES - listen_backlog(open_files)) // 2)
 
 
-def guarded_protocol(limits: ConnectionLimits, token: str | None = None) -> type[HttpToolsProtocol]:
+def guarded_protocol(limits: ConnectionLimits, token: str | None = None,
+                     open_files: int | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with ``limits`` (pass it as ``uvicorn.Config(http=...)``); ``token``: the
     hub's bearer token, which makes a connection trusted. The per-peer counts and the untrusted connections
     live in this class, so each server gets its own."""
     open_per_peer: Counter[str] = Counter()
     untrusted: OrderedDict[int, "HttpToolsProtocol"] = OrderedDict()  # oldest first
-    cap = limits.max_untrusted or untrusted_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    cap = limits.max_untrusted or untrusted_cap(open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     expected = None if token is None else b"bearer " + token.encode()
+    evicted = [0]
 
     def presents_token(headers: list[tuple[bytes, bytes]]) -> bool:
         if expected is None:
@@ -97,8 +105,11 @@ def guarded_protocol(limits: ConnectionLimits, token: str | None = None) -> type
                 return
             if len(untrusted) >= cap:
                 _, oldest = untrusted.popitem(last=False)
-                logger.info("closing an idle connection from %s that never presented the hub's token: %d "
-                            "untrusted connections are open, the hub's cap", oldest._peer, cap)
+                evicted[0] += 1
+                if evicted[0] == 1 or evicted[0] % 1000 == 0:  # a flood must not flood the log too
+                    logger.warning("%d untrusted connections (no request head with the hub's token) are open, the "
+                                   "hub's cap: closing the oldest (%d closed so far; the latest from %s)", cap,
+                                   evicted[0], oldest._peer)
                 oldest.transport.close()
             untrusted[id(self)] = self
             self._arm_head_timer()
