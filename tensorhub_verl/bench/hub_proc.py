@@ -13,7 +13,7 @@ import time
 import httpx
 
 from tensorhub_verl.errors import HubUnavailable
-from tensorhub_verl.ros.hub_proof import HELLO_PATH, new_nonce
+from tensorhub_verl.ros.wire.hub_proof import HELLO_PATH, new_nonce
 
 
 def free_port() -> int:

@@ -25,10 +25,10 @@ import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.bench.hub_proc import free_port
 from tensorhub_verl.bench.publish_cost import piece_limit_publish, register
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.limits import HubLimits
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.hub_client import HubClient
+from tensorhub_verl.ros.hub.limits import HubLimits
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 TOKEN = "trust-edge-token"
 JOB = "the-trainers-own-job-key"

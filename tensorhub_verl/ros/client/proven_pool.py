@@ -25,7 +25,7 @@ import ssl
 import urllib3
 
 from tensorhub_verl.errors import PlainHttpToTls
-from tensorhub_verl.ros import hub_proof
+from tensorhub_verl.ros.wire import hub_proof
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
