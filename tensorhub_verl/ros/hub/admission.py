@@ -1,5 +1,6 @@
-"""What a publish must pass before the hub records it: the model owner's rule for other jobs' copies, and the budget
-of pending shards per worker, job and hub (``HubLimits``). Pure checks over the parts' public reads: they change nothing.
+"""What a publish must pass before the hub records it: the model owner's rule for other jobs' copies, and the
+budget of pending shards per worker, job and hub (``HubLimits``). Pure checks over the parts' public reads: they
+change nothing.
 """
 
 from __future__ import annotations
