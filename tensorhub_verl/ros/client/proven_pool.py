@@ -61,7 +61,8 @@ def _challenge(sock, host: str, port: int, token: str | None, url: str) -> str |
     """Sends the hello on ``sock`` and checks the answer; returns the hub's instance id (None: unproven, which
     only a client without a token accepts)."""
     nonce = hub_proof.new_nonce()
-    sock.sendall(f"GET {hub_proof.HELLO_PATH}?nonce={nonce} HTTP/1.1\r\nHost: {host}\r\n"
+    authority = f"[{host}]" if ":" in host else host
+    sock.sendall(f"GET {hub_proof.HELLO_PATH}?nonce={nonce} HTTP/1.1\r\nHost: {authority}\r\n"
                  f"Accept: application/json\r\n\r\n".encode("ascii"))
     stream = sock.makefile("rb")
     try:
