@@ -97,7 +97,10 @@ class _BodyLimit:
 class _TokenGate:
     """Answers 401 to a request without the hub's bearer token before anything else runs: no body is read, no
     route, validation or middleware below it sees the request, so a caller without the token costs the hub one
-    header check. (The FastAPI dependency ``authorize`` stays as a second line and documents the scheme.)"""
+    header check. (The FastAPI dependency ``authorize`` stays as a second line and documents the scheme.)
+
+    One request passes without the token: the hello (``wire.hub_proof``), answered here with the hub's proof,
+    which clients check before they send the token, a job key or a credential on a connection."""
 
     def __init__(self, app, token: str | None, instance: str):
         self.app = app
