@@ -227,7 +227,7 @@ def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> li
     me = [python, str(Path(__file__).resolve())]
     tests = ["tests/gpu"]
     if device == "cpu":  # the CPU suite's counterparts of the GPU tier's transfers
-        tests += ["tests/ros/test_tcp_bounce.py", "tests/ros/test_ucx_cuda.py"]
+        tests += ["tests/ros/test_ucx_cuda.py", "tests/test_gpu_tier_collects.py"]
     bench = [python, "-m", "tensorhub_verl.cli", "bench", "transport", "--device", device, "--readers", "1,4",
              "--size-mb", str(size_mb), "--repeats", "3", "--first-mb", "0", "--chunk-mb", "8"]
     return [
@@ -239,8 +239,8 @@ def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> li
                        "-o", "addopts=", "--timeout", "100", "-ra"], 120, {"TENSORHUB_CORE_ONLY": "1"}),
         Step("digest", [python, "-m", "tensorhub_verl.bench.digest", "--size-mb", str(size_mb), "--repeats", "3",
                         "--devices", device], 45),
-        Step("transport_nixl", [*bench, "--wire", "ucx"], 110),
-        Step("transport_tcp", [*bench, "--wire", "tcp"], 110),
+        Step("transport_nixl", [*bench, "--wire", "ucx"], 170),
+        Step("transport_tcp", [*bench, "--wire", "tcp"], 170),
     ]
 
 
