@@ -14,10 +14,10 @@ import asyncio
 import sys
 import time
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.app import create_app
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 
 async def _beats(count: int) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 import time
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 _CHUNK = 4096
 

@@ -12,7 +12,7 @@ begin) at each lag, then the rows as JSON.
 
 import json
 
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 from tensorhub_verl.sim import calibrate as C
 from tensorhub_verl.sim.engine import FlowSim
 from tensorhub_verl.sim.swarm import Swarm

@@ -17,34 +17,36 @@ from tensorhub_verl import errors
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Client": "tensorhub_verl.ros.client",
-    "ClientConfig": "tensorhub_verl.ros.client",
-    "connect": "tensorhub_verl.ros.client",
-    "FetchStats": "tensorhub_verl.ros.fetcher",
+    "Client": "tensorhub_verl.ros.client.client",
+    "ClientConfig": "tensorhub_verl.ros.client.config",
+    "connect": "tensorhub_verl.ros.client.connect",
+    "FetchStats": "tensorhub_verl.ros.client.fetcher",
     "HubServer": "tensorhub_verl.ros.hub.server",
     "start_hub": "tensorhub_verl.ros.hub.server",
     "HubConfig": "tensorhub_verl.ros.hub.config",
-    "Manifest": "tensorhub_verl.ros.manifest",
+    "Manifest": "tensorhub_verl.ros.wire.manifest",
     "OwnerRule": "tensorhub_verl.ros.hub.ownership",
-    "TensorSpec": "tensorhub_verl.ros.manifest",
-    "row_range": "tensorhub_verl.ros.manifest",
-    "shard_chunks": "tensorhub_verl.ros.manifest",
-    "PlannerConfig": "tensorhub_verl.ros.planner",
-    "LinkCapacities": "tensorhub_verl.ros.topology",
-    "Location": "tensorhub_verl.ros.topology",
+    "TensorSpec": "tensorhub_verl.ros.wire.manifest",
+    "row_range": "tensorhub_verl.ros.wire.manifest",
+    "shard_chunks": "tensorhub_verl.ros.wire.manifest",
+    "PlannerConfig": "tensorhub_verl.ros.hub.planner",
+    "LinkCapacities": "tensorhub_verl.ros.wire.topology",
+    "Location": "tensorhub_verl.ros.wire.topology",
 }
 
 __all__ = ["errors", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from tensorhub_verl.ros.client import Client, ClientConfig, connect
-    from tensorhub_verl.ros.fetcher import FetchStats
+    from tensorhub_verl.ros.client.client import Client
+    from tensorhub_verl.ros.client.config import ClientConfig
+    from tensorhub_verl.ros.client.connect import connect
+    from tensorhub_verl.ros.client.fetcher import FetchStats
     from tensorhub_verl.ros.hub.server import HubServer, start_hub
     from tensorhub_verl.ros.hub.config import HubConfig
-    from tensorhub_verl.ros.manifest import Manifest, TensorSpec, row_range, shard_chunks
+    from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec, row_range, shard_chunks
     from tensorhub_verl.ros.hub.ownership import OwnerRule
-    from tensorhub_verl.ros.planner import PlannerConfig
-    from tensorhub_verl.ros.topology import LinkCapacities, Location
+    from tensorhub_verl.ros.hub.planner import PlannerConfig
+    from tensorhub_verl.ros.wire.topology import LinkCapacities, Location
 
 
 def __getattr__(name: str):

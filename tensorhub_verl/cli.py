@@ -75,7 +75,7 @@ def hub_parser() -> argparse.ArgumentParser:
 
 def hub_seeds_per_dc(args: argparse.Namespace) -> int:
     """--seeds-per-dc, else sized from --nic-gbps / --wan-gbps, else 1."""
-    from tensorhub_verl.ros.topology import wan_seeds
+    from tensorhub_verl.ros.wire.topology import wan_seeds
 
     links = {k: v for k, v in (("nic_gbps", args.nic_gbps), ("wan_gbps", args.wan_gbps)) if v is not None}
     return wan_seeds(args.seeds_per_dc, links)
@@ -85,18 +85,18 @@ def _hub_command(argv: list[str]) -> int:
     from tensorhub_verl.ros.hub.server import HubServer, resolve_token
     from tensorhub_verl.ros.hub.config import HubConfig
     from tensorhub_verl.ros.hub.ownership import OwnerRule
-    from tensorhub_verl.ros.planner import PlannerConfig
+    from tensorhub_verl.ros.hub.planner import PlannerConfig
 
     args = hub_parser().parse_args(argv)
     if args.regions is not None:
         from tensorhub_verl.ros.hub.shard_launcher import run_shards
-        from tensorhub_verl.ros.regions import region_names
+        from tensorhub_verl.ros.wire.regions import region_names
 
         names = region_names(args.regions)
         return run_shards(len(names), args.port, argv, args.url_file, names=names)
     if args.shards != 1:
         from tensorhub_verl.ros.hub.shard_launcher import run_shards
-        from tensorhub_verl.ros.shares import MAX_SHARDS
+        from tensorhub_verl.ros.client.shares import MAX_SHARDS
 
         if not 1 <= args.shards <= MAX_SHARDS:
             hub_parser().error(f"--shards must be in [1, {MAX_SHARDS}]")
@@ -122,8 +122,8 @@ def _hub_command(argv: list[str]) -> int:
 
 
 def _status_command(argv: list[str]) -> int:
-    from tensorhub_verl.ros.hub_client import HubClient
-    from tensorhub_verl.ros.messages import StatusReply
+    from tensorhub_verl.ros.client.hub_client import HubClient
+    from tensorhub_verl.ros.wire.messages import StatusReply
 
     parser = argparse.ArgumentParser(prog="tensorhub status", description="Show models, versions, holders.")
     parser.add_argument("--hub", default=os.environ.get("TENSORHUB_HUB"), help="hub URL ($TENSORHUB_HUB)")

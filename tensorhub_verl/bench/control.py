@@ -16,10 +16,10 @@ CPU per chunk read (``extrapolated: true``). The last line is JSON.
 from ``--rate`` as the fetcher sizes them from its measured throughput, ``--run-target-s`` of reads per run);
 a chunk read is then one chunk of a run, and the JSON also gives leases and chunks per exchange.
 
-``--shards K`` runs the hub as K hub processes (``ros/shares.py``): the version is published as K shares of about
+``--shards K`` runs the hub as K hub processes (``ros/client/shares.py``): the version is published as K shares of about
 chunks / K chunks, one per shard, and each reader fetches the K shares at once. The hub's CPU is then summed over
 the shards, and the busiest shard's CPU is the critical path (each shard on a core of its own). ``--split
-readers`` measures the other way to split, regions (``ros/regions.py``): every shard serves the whole version to
+readers`` measures the other way to split, regions (``ros/wire/regions.py``): every shard serves the whole version to
 a share of the readers (contiguous blocks of nodes), each reader talking to its shard only; its extrapolation
 keeps the readers per hub process as measured and adds processes (1,024 / that many regions). With
 ``--relay-fanout F`` the regions form a tree of F children per region (``regions.relay_parents``): the trainer's
@@ -44,11 +44,11 @@ import psutil
 
 from tensorhub_verl.bench import positive_ints
 from tensorhub_verl.bench.hub_proc import HubProcess
-from tensorhub_verl.ros.integrity import ALGORITHM
-from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS, STANDBY_SUFFIX
-from tensorhub_verl.ros.regions import relay_children, relay_layout, relay_parents
-from tensorhub_verl.ros.shares import share_layout
+from tensorhub_verl.ros.wire.integrity import ALGORITHM
+from tensorhub_verl.ros.wire.manifest import TensorSpec, layout_digest
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, MAX_RUN_CHUNKS, STANDBY_SUFFIX
+from tensorhub_verl.ros.wire.regions import relay_children, relay_layout, relay_parents
+from tensorhub_verl.ros.client.shares import share_layout
 
 _CHUNK_BYTES = 4096
 """The chunk size the hub sees: the hub's work per chunk does not depend on it, and a small one keeps the

@@ -34,8 +34,8 @@ import time
 
 import httpx
 
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
-from tensorhub_verl.ros.regions import relay_layout, relays_from_here
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
+from tensorhub_verl.ros.wire.regions import relay_layout, relays_from_here
 
 _IDLE_WAIT_S = 0.2
 

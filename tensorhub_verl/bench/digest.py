@@ -17,8 +17,8 @@ import time
 import torch
 import xxhash
 
-from tensorhub_verl.ros.integrity import block_digests, chunk_digests
-from tensorhub_verl.ros.manifest import DEFAULT_CHUNK_BYTES, Manifest, build_manifest, row_range, shard_chunks
+from tensorhub_verl.ros.wire.integrity import block_digests, chunk_digests
+from tensorhub_verl.ros.wire.manifest import DEFAULT_CHUNK_BYTES, Manifest, build_manifest, row_range, shard_chunks
 
 
 def _best(fn, repeats: int) -> float:

@@ -12,7 +12,7 @@ import json
 import time
 
 from tensorhub_verl.bench.procs import Role, checksum, random_weights
-from tensorhub_verl.ros.planes.nixl import PROGRESS_MODES
+from tensorhub_verl.ros.planes.config import PROGRESS_MODES
 
 
 def _publisher(results, control, hub_url: str, size_mb: float, chunk_mb: float, progress: str) -> None:

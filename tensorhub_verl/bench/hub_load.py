@@ -26,8 +26,8 @@ import psutil
 
 from tensorhub_verl.bench.control import cpu_seconds
 from tensorhub_verl.bench.hub_proc import HubProcess
-from tensorhub_verl.ros.manifest import TensorSpec, layout_digest
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.manifest import TensorSpec, layout_digest
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 _CHUNK = 4096
 _PUBLISHERS = 4

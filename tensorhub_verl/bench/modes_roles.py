@@ -41,7 +41,7 @@ def hub(a: argparse.Namespace) -> None:
     import tensorhub_verl as th
 
     from tensorhub_verl.ros.hub.config import HubConfig
-    from tensorhub_verl.ros.planner import PlannerConfig
+    from tensorhub_verl.ros.hub.planner import PlannerConfig
 
     config = HubConfig(planner=PlannerConfig(max_inflight_per_source=a.max_inflight_per_source,
                                              seeds_per_dc=a.seeds_per_dc,

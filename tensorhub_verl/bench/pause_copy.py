@@ -42,7 +42,7 @@ def _run(hub_url: str, tag: str, *, shape, steps: int, ranks: int, replicas: int
     import torch
 
     import tensorhub_verl as th
-    from tensorhub_verl.ros.manifest import row_range
+    from tensorhub_verl.ros.wire.manifest import row_range
     from tensorhub_verl.testing.layout_oracle import hf_to_vllm
     from tensorhub_verl.testing.tiny_model import random_hf_weights
     from tensorhub_verl.verl.dtypes import published_dtype

@@ -19,9 +19,9 @@ import psutil
 
 from tensorhub_verl import errors
 from tensorhub_verl.bench.hub_proc import HubProcess
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.limits import HubLimits
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.hub_client import HubClient
+from tensorhub_verl.ros.hub.limits import HubLimits
 
 TENSORS = 32
 

@@ -30,9 +30,10 @@ import torch
 from tensorhub_verl.bench import positive_ints
 from tensorhub_verl.bench.control import _CHUNK_BYTES, _publish
 from tensorhub_verl.bench.hub_proc import HubProcess
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.integrity import chunk_digests
-from tensorhub_verl.ros.manifest import split_into_chunks, TensorSpec
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.wire.integrity import chunk_digests
+from tensorhub_verl.ros.wire.manifest import split_into_chunks, TensorSpec
 from tensorhub_verl.ros.planes.base import DataPlane, ReadState
 
 

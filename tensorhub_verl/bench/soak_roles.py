@@ -16,7 +16,7 @@ import torch
 
 from tensorhub_verl.bench.procs import content_digest, random_weights
 from tensorhub_verl.errors import InvalidRequest, TensorHubError
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 MODEL = "policy"
 _COMMAND_TIMEOUT_S = 3600.0

@@ -28,7 +28,7 @@ import torch
 
 from tensorhub_verl.bench import positive_ints, raw_socket
 from tensorhub_verl.bench.procs import Role, random_weights
-from tensorhub_verl.ros.planes.nixl import PROGRESS_MODES
+from tensorhub_verl.ros.planes.config import PROGRESS_MODES
 
 WIRES = {
     "auto": ("auto", {}),

@@ -11,8 +11,8 @@ import json
 import time
 
 from tensorhub_verl.bench.procs import Role, random_weights
-from tensorhub_verl.ros.integrity import tensor_digests
-from tensorhub_verl.ros.planes.registry import TRANSPORTS
+from tensorhub_verl.ros.wire.integrity import tensor_digests
+from tensorhub_verl.ros.planes.factory import TRANSPORTS
 
 
 def _trainer(results, control, hub_url: str, size_mb: float, versions: int, transport: str) -> None:

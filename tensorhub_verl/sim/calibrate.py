@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.netlab.spec import DatacenterSpec, LabSpec, RackSpec
-from tensorhub_verl.ros.planner import PlannerConfig
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.hub.planner import PlannerConfig
+from tensorhub_verl.ros.wire.topology import Location
 from tensorhub_verl.sim.engine import FlowSim
 from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, tree_parents
 from tensorhub_verl.sim.tensorhub import TensorHub

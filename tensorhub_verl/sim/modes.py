@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
 from tensorhub_verl.sim.hub_costs import HubCosts
 from tensorhub_verl.sim.swarm import (

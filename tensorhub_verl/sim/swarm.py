@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 from tensorhub_verl.sim.engine import Flow, FlowSim
 
 log = logging.getLogger("tensorhub_verl.sim")

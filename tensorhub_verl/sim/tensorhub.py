@@ -1,4 +1,4 @@
-"""TensorHub in the simulator: the REAL planner (`tensorhub_verl.ros.planner.plan_chunks`) picks sources.
+"""TensorHub in the simulator: the REAL planner (`tensorhub_verl.ros.hub.planner.plan_chunks`) picks sources.
 
 This mirrors `HubState._plan`, and builds its requests with the hub's own `planner.reader_request`: holders are the complete members plus the members holding part of the
 version (readers still filling, and a sharded trainer's ranks, each with its shard's chunks), `inflight`
@@ -33,7 +33,7 @@ import logging
 from collections import Counter, defaultdict
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.planner import (
+from tensorhub_verl.ros.hub.planner import (
     Assignment,
     HolderView,
     PlannerConfig,
@@ -41,7 +41,7 @@ from tensorhub_verl.ros.planner import (
     plan_chunks,
     reader_request,
 )
-from tensorhub_verl.ros.topology import Distance
+from tensorhub_verl.ros.wire.topology import Distance
 from tensorhub_verl.sim.hub import HubQueue, HubRequest
 from tensorhub_verl.sim.hub_costs import HubCosts
 from tensorhub_verl.sim.swarm import Member, Swarm

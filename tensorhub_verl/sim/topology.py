@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 

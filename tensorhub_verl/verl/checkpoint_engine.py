@@ -263,7 +263,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
 def _full_tensor_digests(shards: LocalShards, dtype: torch.dtype | None) -> dict[str, str] | None:
     """``verify_digests`` with shards: every rank joins each tensor's gather; rank 0 digests the full tensors,
     cast to the published ``dtype`` as the rollouts serve them."""
-    from tensorhub_verl.ros.integrity import tensor_digests
+    from tensorhub_verl.ros.wire.integrity import tensor_digests
 
     digests = {}
     for name, value in shards.full.items():

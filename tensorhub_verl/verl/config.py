@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.hub_client import is_loopback_url
-from tensorhub_verl.ros.topology import LABEL_KEYS, LINK_KEYS
+from tensorhub_verl.ros.client.hub_client import is_loopback_url
+from tensorhub_verl.ros.wire.topology import LABEL_KEYS, LINK_KEYS
 from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
@@ -28,7 +28,7 @@ class TensorHubVerlConfig:
     (``tensorhub hub --regions`` prints it): every worker then connects to its location's region. None: the job
     starts its own hub as a named, detached Ray actor on the driver's node and every worker finds it by name."""
     hub_regions: str | None = None
-    """The job's hub actor serves a hub of regions (``ros/regions.py``): a comma-separated list of region names
+    """The job's hub actor serves a hub of regions (``ros/wire/regions.py``): a comma-separated list of region names
     (``dc``, ``dc/rack`` or ``dc/rack/node``), or a count N for ``dc0/r0`` .. ``dc0/r{N-1}``; each worker
     connects to the region of its location (``RegionalClient``). The regions' hubs share the actor's process: for
     a process per region, run ``tensorhub hub --regions`` and give its list as ``hub_address``. None: one hub."""
@@ -164,7 +164,7 @@ class TensorHubVerlConfig:
                               "hub process or to a hub of regions (a REGION=URL list, `tensorhub hub --regions`): "
                               "give one URL or that list (a sharded hub serves the tensorhub Python API only)")
         if self.hub_regions is not None:
-            from tensorhub_verl.ros.regions import region_names
+            from tensorhub_verl.ros.wire.regions import region_names
 
             if self.hub_address is not None:
                 raise ConfigError("tensorhub.hub_regions starts the job's own hub of regions; with hub_address set "
@@ -182,7 +182,7 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.token would cross the network in clear to {clear[0]}: use an "
                               f"https:// hub (tensorhub.tls_ca_file for a private CA), or set "
                               f"tensorhub.allow_plain_http=true on a network nobody else can read")
-        from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
+        from tensorhub_verl.ros.planes.factory import TRANSPORTS# on use: it imports the planes
 
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"tensorhub.transport must be one of {TRANSPORTS}, got {self.transport!r}")
@@ -283,7 +283,7 @@ class TensorHubVerlConfig:
 
     def wan_seeds(self) -> int:
         """seeds_per_dc, or sized from link_capacities when it is None."""
-        from tensorhub_verl.ros.topology import wan_seeds
+        from tensorhub_verl.ros.wire.topology import wan_seeds
 
         return wan_seeds(self.seeds_per_dc, self.link_capacities)
 
@@ -294,7 +294,7 @@ def hub_urls(address: str | None) -> list[str]:
         return []
     if "=" not in address:
         return [address]
-    from tensorhub_verl.ros.regions import parse_regions
+    from tensorhub_verl.ros.wire.regions import parse_regions
 
     return list(parse_regions(address).values())
 

@@ -32,8 +32,8 @@ import time
 import ray
 
 from tensorhub_verl.errors import ConfigError, HubUnavailable
-from tensorhub_verl.ros.hub_client import is_loopback_url
-from tensorhub_verl.ros.regions import region_names
+from tensorhub_verl.ros.client.hub_client import is_loopback_url
+from tensorhub_verl.ros.wire.regions import region_names
 from tensorhub_verl.verl.config import TensorHubVerlConfig, hub_placement
 
 logger = logging.getLogger("tensorhub_verl.verl.hub_actor")

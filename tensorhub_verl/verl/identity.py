@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.client import ARCHIVE_SUFFIX
+from tensorhub_verl.ros.client.client import ARCHIVE_SUFFIX
 
 ACTOR_ROLE = "actor"
 ROLLOUT_ROLE = "rollout"

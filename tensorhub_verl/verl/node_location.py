@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tensorhub_verl.ros.topology import LABEL_KEYS, Location, env_labels
+from tensorhub_verl.ros.wire.topology import LABEL_KEYS, Location, env_labels
 from tensorhub_verl.verl.identity import with_default_node
 
 RAY_LABEL_PREFIX = "tensorhub/"

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest
-from tensorhub_verl.ros.integrity import tensor_digests
-from tensorhub_verl.ros.manifest import HF_LAYOUT
+from tensorhub_verl.ros.wire.integrity import tensor_digests
+from tensorhub_verl.ros.wire.manifest import HF_LAYOUT
 from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.dtypes import published_dtype

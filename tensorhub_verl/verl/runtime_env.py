@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 
 from tensorhub_verl.process_group import EXIT_WITH_PARENT_ENV
-from tensorhub_verl.ros.topology import LABEL_KEYS
+from tensorhub_verl.ros.wire.topology import LABEL_KEYS
 from tensorhub_verl.settings import PLATFORM_ENV
 
 PREFIX = "TENSORHUB_"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tensorhub_verl.ros.manifest import row_range
+from tensorhub_verl.ros.wire.manifest import row_range
 
 logger = logging.getLogger("tensorhub_verl.verl.shards")
 

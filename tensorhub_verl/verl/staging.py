@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 import torch
 
 from tensorhub_verl.errors import ConfigError, VersionNotFound
-from tensorhub_verl.ros.manifest import dtype_name
+from tensorhub_verl.ros.wire.manifest import dtype_name
 
 logger = logging.getLogger("tensorhub_verl.verl.staging")
 

@@ -34,7 +34,7 @@ import socket
 import threading
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.vllm.follow import Cancelled, Follower, FollowerState, HubWatch
 
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send the token to an http:// hub on another host in clear (a network you trust)")
     p.add_argument("--worker", default=None, help="worker id (default: vllm-<hostname>-<port>)")
     p.add_argument("--staging", default="cpu", choices=STAGING_CHOICES)
-    from tensorhub_verl.ros.planes.registry import TRANSPORTS  # on use: it imports the planes
+    from tensorhub_verl.ros.planes.factory import TRANSPORTS# on use: it imports the planes
 
     p.add_argument("--transport", default="auto", choices=TRANSPORTS,
                    help="data plane (default auto: NIXL with RDMA or a loopback hub, else TCP); it must match "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.manifest import HF_LAYOUT, Manifest, dtype_from_name
+from tensorhub_verl.ros.wire.manifest import HF_LAYOUT, Manifest, dtype_from_name
 from tensorhub_verl.vllm.verify import VersionRefused, layer_key
 
 logger = logging.getLogger("tensorhub_verl.vllm.buckets")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tensorhub_verl import errors
 from tensorhub_verl.errors import Cancelled
-from tensorhub_verl.ros.manifest import HF_LAYOUT
+from tensorhub_verl.ros.wire.manifest import HF_LAYOUT
 from tensorhub_verl.vllm.results import UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.vllm.follow")
@@ -57,7 +57,7 @@ class HubWatch:
 
     def __init__(self, hub_url: str, model: str, token: str | None = None, poll_s: float = 2.0,
                  retry_s: float = 10.0, ca_file: str | None = None, allow_plain_http: bool = False):
-        from tensorhub_verl.ros.hub_client import HubClient
+        from tensorhub_verl.ros.client.hub_client import HubClient
 
         if poll_s <= 0 or retry_s <= 0:
             raise errors.ConfigError(f"poll_s and retry_s must be > 0, got {poll_s}, {retry_s}")

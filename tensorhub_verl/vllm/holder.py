@@ -50,7 +50,7 @@ from collections.abc import Mapping
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.manifest import HF_LAYOUT
+from tensorhub_verl.ros.wire.manifest import HF_LAYOUT
 from tensorhub_verl.settings import SOURCE_LAYOUT_ENV
 from tensorhub_verl.vllm.holder_config import EngineStateLost, HolderConfig, LoadHF
 from tensorhub_verl.vllm.landing import Landing

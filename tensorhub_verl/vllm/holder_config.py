@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.manifest import HF_LAYOUT
+from tensorhub_verl.ros.wire.manifest import HF_LAYOUT
 from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.vllm.buckets import DEFAULT_BUCKET_BYTES
 

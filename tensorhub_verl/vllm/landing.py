@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.integrity import tensor_digests
-from tensorhub_verl.ros.manifest import HF_LAYOUT, check_dtype, dtype_name
+from tensorhub_verl.ros.wire.integrity import tensor_digests
+from tensorhub_verl.ros.wire.manifest import HF_LAYOUT, check_dtype, dtype_name
 from tensorhub_verl.vllm.buckets import load_in_buckets
 from tensorhub_verl.vllm.compat import sync_device
 from tensorhub_verl.vllm.holder_config import HolderConfig, LoadHF

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.manifest import Manifest
+from tensorhub_verl.ros.wire.manifest import Manifest
 from tensorhub_verl.vllm.holder_config import HolderConfig
 
 logger = logging.getLogger("tensorhub_verl.vllm.registration")

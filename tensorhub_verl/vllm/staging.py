@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec, dtype_from_name, dtype_name
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec, dtype_from_name, dtype_name
 
 
 class Staging:

@@ -10,7 +10,8 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.bench.procs import content_digest as digest
-from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes.base import DataPlane, ReadState
 from tensorhub_verl.ros.planes.nixl import NixlPlane
 from tests.waits import wait_until  # noqa: F401 - the roles' tests import it from here

@@ -5,7 +5,7 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import ConfigError, NotOwner
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 from tests.ros.roles import digest, make_weights
 

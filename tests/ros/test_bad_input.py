@@ -6,9 +6,9 @@ import httpx
 import pytest
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.limits import HubLimits
-from tensorhub_verl.ros.manifest import Manifest
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.hub.limits import HubLimits
+from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 LIMITS = HubLimits(max_tensors=16, max_tensor_bytes=1 << 20, max_version_bytes=2 << 20, max_chunks=64)
 

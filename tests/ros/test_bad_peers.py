@@ -7,8 +7,9 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl.bench.soak_roles import impostor
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import ReadState
 from tensorhub_verl.ros.planes.nixl import NixlPlane
 
@@ -57,7 +58,7 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
 
     # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
     transport = GatedPlane("reader-agent", on_read=freeze_h1,
-                               inner=registry.create(ClientConfig().plane, "reader", hub.url, 30.0))
+                               inner=factory.create(ClientConfig().plane, "reader", hub.url, 30.0))
     # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
     # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", plane=transport,

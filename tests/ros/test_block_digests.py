@@ -14,11 +14,12 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import TransferFailed
-from tensorhub_verl.ros import lindigest
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.integrity import ChunkChecker, block_digests, chunk_digests, local_views
-from tensorhub_verl.ros.manifest import build_manifest
-from tensorhub_verl.ros.ranges import Runs, TensorSlice, plan_reads
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.wire.integrity import ChunkChecker, block_digests, chunk_digests, local_views
+from tensorhub_verl.ros.wire.manifest import build_manifest
+from tensorhub_verl.ros.wire.ranges import Runs, TensorSlice, plan_reads
 
 from tests.ros.roles import sliced_holder, tp_weights
 
@@ -160,7 +161,7 @@ def test_a_reader_republishes_what_it_fetched_with_the_digests_it_checked(hub, m
         def no_second_pass(*args, **kwargs):
             raise AssertionError("digests of verified bytes are computed again")
 
-        monkeypatch.setattr("tensorhub_verl.ros.client.chunk_digests", no_second_pass)
+        monkeypatch.setattr("tensorhub_verl.ros.client.client.chunk_digests", no_second_pass)
         again = engine.publish("policy", 1, buffers, verified=stats.manifest)
         assert again.chunk_digests == published.chunk_digests and again.block_digests == published.block_digests
         with pytest.raises(AssertionError, match="computed again"):  # another chunk map: computed, not reused

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client_config import FLAT_NAMES, ClientConfig, FetchConfig, Timeouts
+from tensorhub_verl.ros.client.config import FLAT_NAMES, ClientConfig, FetchConfig, Timeouts
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 
 

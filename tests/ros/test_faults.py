@@ -9,7 +9,8 @@ import pytest
 
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import TransferFailed
-from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
 
 from tests.ros.roles import GatedPlane, digest, holder, make_weights, stalling_reader, wait_until
 

@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from tensorhub_verl.ros.hub.server import HubServer
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
 
 WHO = {"worker": "r", "holder": "r", "model": "m", "version": 1, "layout": "hf"}
 
@@ -68,12 +68,12 @@ def test_a_parked_exchange_plans_again_when_a_lease_ends_not_on_every_poll():
     # gets work as soon as a's lease ends.
     import asyncio
 
-    from tensorhub_verl.ros import messages as msg
+    from tensorhub_verl.ros.wire import messages as msg
     from tensorhub_verl.ros.hub.app import create_app
     from tensorhub_verl.ros.hub.config import HubConfig
     from tensorhub_verl.ros.hub.state import HubState
-    from tensorhub_verl.ros.manifest import Manifest, TensorSpec
-    from tensorhub_verl.ros.wire_convert import manifest_to_msg
+    from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec
+    from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
     chunk, chunks = 4096, 64
     manifest = Manifest("m", 1, "hf", (TensorSpec("w", (chunks * chunk,), "uint8", chunks * chunk),), chunk, "f")

@@ -11,11 +11,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.app import create_app
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.limits import HubLimits
+from tensorhub_verl.ros.hub.limits import HubLimits
 
 EXAMPLES = 40
 """Per route; each route's examples run in well under a second here."""

@@ -9,7 +9,7 @@ import pytest
 import tensorhub_verl as th
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.http_guard import ConnectionLimits
-from tensorhub_verl.ros.hub_client import HubClient
+from tensorhub_verl.ros.client.hub_client import HubClient
 
 TOKEN = "the-token"
 

@@ -6,7 +6,7 @@ import threading
 import httpx
 
 import tensorhub_verl as th
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.retention import Retention
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState

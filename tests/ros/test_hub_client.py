@@ -8,8 +8,8 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import ConfigError, NotOwner, UnknownWorker
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_client import HubClient
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.hub_client import HubClient
 
 
 def test_a_call_that_meets_unknown_worker_during_a_recovery_waits_for_it_and_retries(hub):

@@ -3,10 +3,10 @@
 import threading
 
 import tensorhub_verl as th
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.hub_client import HubClient
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 from tests.waits import wait_until
 
 CHUNK = 4096

@@ -5,13 +5,13 @@ import base64
 import pytest
 
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, UnknownFetch, UnknownWorker, VersionNotFound
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
-from tensorhub_verl.ros.planner import PlannerConfig
-from tensorhub_verl.ros.topology import Distance
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.hub.planner import PlannerConfig
+from tensorhub_verl.ros.wire.topology import Distance
 
 CHUNK = 4096
 

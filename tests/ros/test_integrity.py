@@ -9,9 +9,10 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import ManifestMismatch, UnverifiedVersion
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.integrity import chunk_digests
-from tensorhub_verl.ros.manifest import build_manifest
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.wire.integrity import chunk_digests
+from tensorhub_verl.ros.wire.manifest import build_manifest
 
 from tests.ros.roles import digest, holder, make_weights, tampering_holder
 

@@ -4,7 +4,7 @@ adds and removes (pure classes, no processes)."""
 import random
 from collections import Counter
 
-from tensorhub_verl.ros.intervals import Coverage, IntervalSet, first_held, first_missing
+from tensorhub_verl.ros.hub.intervals import Coverage, IntervalSet, first_held, first_missing
 
 
 def test_an_interval_set_holds_what_a_set_holds():

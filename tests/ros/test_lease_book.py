@@ -6,7 +6,7 @@ from collections import Counter
 
 from tensorhub_verl.ros.hub.chunk_index import ChunkIndex, NeedCursor
 from tensorhub_verl.ros.hub.lease_book import Lease, LeaseBook
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 KEYS = [("m", 1, "hf"), ("m", 2, "hf")]
 PLACES = [Location("dc0", "r0", "n0"), Location("dc0", "r1", "n1"), Location("dc1", "r0", "n2")]
@@ -151,7 +151,7 @@ def test_a_cursor_hands_out_each_missing_chunk_and_never_a_landed_or_busy_one():
 
 def test_a_cursor_over_landed_runs_offers_what_it_offers_over_a_plain_set():
     # The hub's holdings are interval sets: the cursor skips (and compacts away) a landed run in one step.
-    from tensorhub_verl.ros.intervals import IntervalSet
+    from tensorhub_verl.ros.hub.intervals import IntervalSet
 
     rng = random.Random(2)
     for wanted in (range(500), sorted(rng.sample(range(500), 300))):
@@ -193,7 +193,7 @@ def test_compacting_a_rotated_cursor_steps_once_per_stretch_not_per_chunk():
     # A reader's order is its chunks rotated to its own offset (then compacted): the landed runs and the kept
     # stretches each cost one step, also across the rotation, and the result is the plain filter's.
     from tensorhub_verl.ros.hub.chunk_index import _consecutive, _without
-    from tensorhub_verl.ros.intervals import IntervalSet
+    from tensorhub_verl.ros.hub.intervals import IntervalSet
 
     class Counted(IntervalSet):
         __slots__ = ("asked",)

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import ConfigError, ManifestMismatch
-from tensorhub_verl.ros.manifest import (
+from tensorhub_verl.ros.wire.manifest import (
     TensorSpec, build_manifest, check_buffers, check_same_tensors, content_fingerprint, split_into_chunks,
 )
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 
 
 def specs(*sizes):

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.planner import (HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks, reader_request,
-                                        unservable)
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.hub.planner import (HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks,
+                                            reader_request, unservable)
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 N0 = Location("dc0", "r0", "n0")
 N1 = Location("dc0", "r0", "n1")
@@ -220,7 +220,7 @@ def test_runs_from_interval_lookups_are_the_runs_a_chunk_by_chunk_walk_gives():
 
     from tensorhub_verl.ros.hub.chunk_index import ChunkIndex
     from tensorhub_verl.ros.hub.lease_book import PullIndex
-    from tensorhub_verl.ros.intervals import Coverage, IntervalSet, first_held
+    from tensorhub_verl.ros.hub.intervals import Coverage, IntervalSet, first_held
 
     rng = random.Random(11)
     locations = [N0, N1, RACK1, DC1_A, DC1_B]
@@ -307,7 +307,7 @@ def test_a_plan_considers_only_the_nearest_partial_holders_spread_by_reader():
     # With a cap of 2 partial holders per chunk, a reader never reaches past the 2 nearest holders of a chunk
     # (so the plan's work is bounded whatever the number of holders), and readers of one rack spread over its
     # equally near holders instead of all taking the same two.
-    from tensorhub_verl.ros.planner import nearest_partial
+    from tensorhub_verl.ros.hub.planner import nearest_partial
 
     rack = [HolderView(f"h{i}", Location("dc0", "r0", f"n{i + 2}"), frozenset({0})) for i in range(8)]
     node_peer = HolderView("peer", N0, frozenset({0}))  # on the reader's node

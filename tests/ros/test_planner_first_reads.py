@@ -1,7 +1,7 @@
 """Rule 5's first reads through the hub's own state (no processes): a reader that holds no chunk of the version yet
 takes at most ``PlannerConfig.first_complete_reads`` reads from the publisher, whatever its fair share."""
 
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 
 from tests.ros.test_hub_state import begin, exchange, make_state, manifest, publish, register
 

@@ -4,11 +4,11 @@ nothing; anything less is no copy."""
 
 from __future__ import annotations
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec, shard_bytes
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec, shard_bytes
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 RANKS = 2
 TIMEOUT_S = 5.0

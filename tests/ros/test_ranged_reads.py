@@ -10,9 +10,9 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import TensorSpec, build_manifest
-from tensorhub_verl.ros.ranges import Runs, TensorSlice, plan_reads
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.manifest import TensorSpec, build_manifest
+from tensorhub_verl.ros.wire.ranges import Runs, TensorSlice, plan_reads
 
 from tests.ros.test_hub_state import exchange, make_state, manifest, publish, register
 

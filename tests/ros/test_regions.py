@@ -1,4 +1,4 @@
-"""A hub of regions (``ros/regions.py``): a hub process per region, each serving its own readers; real hub
+"""A hub of regions (``ros/wire/regions.py``): a hub process per region, each serving its own readers; real hub
 processes, real clients, the TCP plane."""
 
 import subprocess
@@ -11,12 +11,12 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import ClientConfig
+from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes.tcp import TcpPlane
-from tensorhub_verl.ros.regional_client import RegionalClient
-from tensorhub_verl.ros.regions import (commit_layout, parse_regions, region_names, region_of, relay_children,
-                                        relay_parents)
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.client.regional_client import RegionalClient
+from tensorhub_verl.ros.wire.regions import (commit_layout, parse_regions, region_names, region_of, relay_children,
+                                             relay_parents)
+from tensorhub_verl.ros.wire.topology import Location
 
 from tests.ros.roles import GatedPlane, digest, make_weights
 

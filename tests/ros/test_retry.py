@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tensorhub_verl.ros.retry import Backoff
+from tensorhub_verl.ros.client.retry import Backoff
 
 
 def test_the_delay_doubles_up_to_its_cap(monkeypatch):

@@ -15,13 +15,13 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, TransferFailed, VersionNotFound
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.fetcher import remote_address
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.fetcher import remote_address
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
-from tensorhub_verl.ros.manifest import Manifest, Segment, TensorSpec, shard_bytes, shard_chunks, split_into_chunks
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
+from tensorhub_verl.ros.wire.manifest import Manifest, Segment, TensorSpec, shard_bytes, shard_chunks, split_into_chunks
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 from tensorhub_verl.ros.planes.base import ReadError
 
 from tests.ros.roles import digest, reader, shard_holder, shard_weights

@@ -2,8 +2,9 @@
 
 import pytest
 
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.fetcher import ChunkFetcher, FetchSettings
 from tensorhub_verl.ros.planes.base import ReadState
 from tensorhub_verl.ros.planes import tcp_wire as wire
 from tensorhub_verl.ros.planes.nixl import NixlPlane
@@ -190,7 +191,7 @@ def test_a_run_that_fails_midway_books_exactly_the_chunks_that_landed_intact(hub
 
 def test_runs_are_sized_to_the_measured_throughput():
     """A run takes about run_target_s of the link: 1 at 200 Mbit/s with 1 MiB chunks, the cap at 25 GB/s."""
-    from tensorhub_verl.ros.manifest import Chunk, Segment
+    from tensorhub_verl.ros.wire.manifest import Chunk, Segment
 
     chunks = tuple(Chunk(i, (Segment(0, i << 20, 1 << 20),)) for i in range(1024))
     sized = {}

@@ -4,9 +4,9 @@ booking, settling, draining and granting them (no processes)."""
 import base64
 
 from tensorhub_verl.ros.planes import grants
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks
-from tensorhub_verl.ros.topology import Distance
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.hub.planner import HolderView, PlannerConfig, PlanRequest, SwarmView, plan_chunks
+from tensorhub_verl.ros.wire.topology import Distance
 
 from tests.ros.test_hub_state import CHUNK, make_state, manifest, publish, register
 from tests.ros.test_planner import DC1_A, DC1_B, N0, N1, RACK1
@@ -233,7 +233,7 @@ def test_one_plan_hands_out_a_window_of_runs_not_one_run_over_its_candidates():
 def test_a_cursor_passes_over_the_chunks_between_spaced_candidates_and_over_its_own_runs():
     from tensorhub_verl.ros.hub.chunk_index import NeedCursor
     from tensorhub_verl.ros.hub.lease_book import ReaderRuns
-    from tensorhub_verl.ros.intervals import IntervalSet
+    from tensorhub_verl.ros.hub.intervals import IntervalSet
 
     cursor = NeedCursor("r", range(1000))
     start = cursor.candidates(IntervalSet(), frozenset(), 1)[0]

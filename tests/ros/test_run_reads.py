@@ -1,9 +1,9 @@
 """A run of chunks as one read: its spans merged where both sides continue, split only between chunks."""
 
-from tensorhub_verl.ros.manifest import TensorSpec, split_into_chunks
-from tensorhub_verl.ros.ranges import Piece, ReadPlan, Runs, plan_reads
-from tensorhub_verl.ros.run_reads import SCRATCH, ChunkSpans
-from tensorhub_verl.ros.manifest import Manifest
+from tensorhub_verl.ros.wire.manifest import TensorSpec, split_into_chunks
+from tensorhub_verl.ros.wire.ranges import Piece, ReadPlan, Runs, plan_reads
+from tensorhub_verl.ros.client.run_reads import SCRATCH, ChunkSpans
+from tensorhub_verl.ros.wire.manifest import Manifest
 
 CHUNK = 1 << 12
 

@@ -1,4 +1,5 @@
-"""A hub run as several processes (shards, ``ros/shares.py``): real hub processes, real clients, the TCP plane."""
+"""A hub run as several processes (shards, ``ros/client/shares.py``): real hub processes, real clients, the TCP
+plane."""
 
 import os
 import subprocess
@@ -12,10 +13,10 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import ClientConfig
+from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes.tcp import TcpPlane
-from tensorhub_verl.ros.shares import share_layout, split
-from tensorhub_verl.ros.sharded_client import ShardedClient
+from tensorhub_verl.ros.client.shares import share_layout, split
+from tensorhub_verl.ros.client.sharded_client import ShardedClient
 
 from tests.ros.roles import GatedPlane, digest, holder, make_weights
 

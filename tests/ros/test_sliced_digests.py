@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import InvalidRequest, TransferFailed
-from tensorhub_verl.ros import lindigest
-from tensorhub_verl.ros.block_edges import widen
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.integrity import ChunkChecker, block_digests, chunk_digests, local_views, shard_chunk_digests
-from tensorhub_verl.ros.limits import HubLimits, prepare_version
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec, row_range, shard_bytes, shard_chunks
-from tensorhub_verl.ros.ranges import Runs, TensorSlice, plan_reads
-from tensorhub_verl.ros.shard_digests import merge_shard_digests
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.block_edges import widen
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.wire.integrity import (ChunkChecker, block_digests, chunk_digests, local_views,
+                                               shard_chunk_digests)
+from tensorhub_verl.ros.hub.limits import HubLimits, prepare_version
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec, row_range, shard_bytes, shard_chunks
+from tensorhub_verl.ros.wire.ranges import Runs, TensorSlice, plan_reads
+from tensorhub_verl.ros.hub.shard_digests import merge_shard_digests
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 from tests.ros.roles import edge_holder, sliced_holder, tp3_weights, tp_shard_holder, tp_weights
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import ClientConfig
+from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.planes.base import Copy, Grant, ReadError, ReadState
 from tensorhub_verl.ros.planes.tcp import TcpPlane

@@ -15,10 +15,11 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.ros.planes import grants
-from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes.tcp import TcpPlane
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadState
-from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.planes import factory, host
 
 from tests.ros.roles import digest, make_weights
 from tests.waits import wait_until
@@ -341,31 +342,31 @@ def test_the_tcp_plane_registers_cpu_and_cuda_memory_without_new_metadata():
 
 def test_auto_picks_tcp_only_where_the_wire_can_only_be_tcp(monkeypatch, tmp_path):
     monkeypatch.delenv("UCX_TLS", raising=False)
-    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: shared memory
-    assert registry.choose("tcp", "http://127.0.0.1:7777")[0] == "tcp"  # configured wins
-    assert registry.choose("nixl", "http://10.1.2.3:7777")[0] == "nixl"
+    assert factory.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: shared memory
+    assert factory.choose("tcp", "http://127.0.0.1:7777")[0] == "tcp"  # configured wins
+    assert factory.choose("nixl", "http://10.1.2.3:7777")[0] == "nixl"
     monkeypatch.setenv("UCX_TLS", "tcp")
-    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
+    assert factory.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
     monkeypatch.setenv("UCX_TLS", "tcp,self")
-    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
+    assert factory.choose("auto", "http://127.0.0.1:7777")[0] == "tcp"
     monkeypatch.setenv("UCX_TLS", "tcp,sm,self")
-    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
+    assert factory.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
     monkeypatch.setenv("UCX_TLS", "^sm")
-    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
+    assert factory.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"
     monkeypatch.delenv("UCX_TLS")
     rdma = tmp_path / "infiniband"
     rdma.mkdir()
-    monkeypatch.setattr(registry, "_RDMA_SYSFS", rdma)
+    monkeypatch.setattr(host, "_RDMA_SYSFS", rdma)
     remote = "http://10.1.2.3:7777"
-    monkeypatch.setattr(registry, "cuda_present", lambda: False)
-    assert registry.choose("auto", remote)[0] == "tcp"
-    monkeypatch.setattr(registry, "cuda_present", lambda: True)  # simulated: no GPU here
-    assert registry.choose("auto", remote)[0] == "tcp"  # CUDA memory goes through the TCP plane's bounce buffers
-    assert registry.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: CUDA IPC
+    monkeypatch.setattr(host, "cuda_present", lambda: False)
+    assert factory.choose("auto", remote)[0] == "tcp"
+    monkeypatch.setattr(host, "cuda_present", lambda: True)  # simulated: no GPU here
+    assert factory.choose("auto", remote)[0] == "tcp"  # CUDA memory goes through the TCP plane's bounce buffers
+    assert factory.choose("auto", "http://127.0.0.1:7777")[0] == "nixl"  # one host: CUDA IPC
     (rdma / "mlx5_0").mkdir()
-    assert registry.choose("auto", remote) == ("nixl", "RDMA devices present")
+    assert factory.choose("auto", remote) == ("nixl", "RDMA devices present")
     with pytest.raises(errors.ConfigError):
-        registry.choose("rdma", remote)
+        factory.choose("rdma", remote)
     with pytest.raises(errors.ConfigError):
         ClientConfig.from_fields(transport="udp")
 
@@ -376,19 +377,19 @@ def test_a_loopback_hub_confines_ucx_to_lo_only_where_there_is_no_cuda_and_no_rd
     monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
     rdma = tmp_path / "infiniband"
     rdma.mkdir()
-    monkeypatch.setattr(registry, "_RDMA_SYSFS", rdma)
-    monkeypatch.setattr(registry, "cuda_present", lambda: False)
+    monkeypatch.setattr(host, "_RDMA_SYSFS", rdma)
+    monkeypatch.setattr(host, "cuda_present", lambda: False)
     local, remote = "http://127.0.0.1:7777", "http://10.1.2.3:7777"
-    assert registry.net_devices(None, local) == "lo"
-    assert registry.net_devices(None, remote) is None
-    assert registry.net_devices("eth1", local) == "eth1"  # configured wins
-    monkeypatch.setattr(registry, "cuda_present", lambda: True)
-    assert registry.net_devices(None, local) is None
-    monkeypatch.setattr(registry, "cuda_present", lambda: False)
+    assert host.net_devices(None, local) == "lo"
+    assert host.net_devices(None, remote) is None
+    assert host.net_devices("eth1", local) == "eth1"  # configured wins
+    monkeypatch.setattr(host, "cuda_present", lambda: True)
+    assert host.net_devices(None, local) is None
+    monkeypatch.setattr(host, "cuda_present", lambda: False)
     (rdma / "mlx5_0").mkdir()
-    assert registry.net_devices(None, local) is None
+    assert host.net_devices(None, local) is None
     monkeypatch.setenv("UCX_NET_DEVICES", "mlx5_0:1")
-    assert registry.net_devices(None, local) is None  # UCX reads the environment itself
+    assert host.net_devices(None, local) is None  # UCX reads the environment itself
 
 
 def _raw_request(grant: str, granted, wanted) -> bytes:
@@ -460,9 +461,9 @@ def test_idle_strangers_cannot_fill_a_holders_connection_slots(bare):
 def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
     """A token holder registers with TCP-plane metadata naming some other host's port (here an SSH port
     elsewhere): the hub refuses it, so no joiner is ever told to connect there. Its own address passes."""
-    from tensorhub_verl.ros import messages as msg
+    from tensorhub_verl.ros.wire import messages as msg
     from tensorhub_verl.ros.planes import tcp_wire
-    from tensorhub_verl.ros.hub_client import HubClient
+    from tensorhub_verl.ros.client.hub_client import HubClient
 
     raw = HubClient(hub.url, retry_s=1.0)
 

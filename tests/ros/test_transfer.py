@@ -8,7 +8,8 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import TransferFailed
-from tensorhub_verl.ros.client import Client, ClientConfig
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
 
 from tests.ros.roles import GatedPlane, digest, holder, make_weights, reader, wait_until
 

@@ -9,10 +9,10 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, NotModelOwner
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.manifest import Manifest
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.hub_client import HubClient
+from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 TOKEN = "trust-attacks-token"
 JOB = "the-trainers-own-job-key"

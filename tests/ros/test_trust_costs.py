@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.limits import HubLimits
+from tensorhub_verl.ros.hub.limits import HubLimits
 from tensorhub_verl.bench.publish_cost import piece_limit_publish, register
 from tensorhub_verl.errors import NotModelOwner, NotOwner, OverBudget
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 
 TOKEN = "trust-costs-token"
 JOB = "the-trainers-own-job-key"

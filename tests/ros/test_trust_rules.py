@@ -3,7 +3,7 @@
 import pytest
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest, NotModelOwner, NotOwner
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.corruption import CorruptionEvidence
 from tensorhub_verl.ros.hub.ownership import DEFAULT_JOB, OwnerRule, Owners, job_of
 

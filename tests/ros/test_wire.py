@@ -8,12 +8,12 @@ import httpx
 import pytest
 
 import tensorhub_verl as th
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.app import _send_error
-from tensorhub_verl.ros.hub_client import HubClient, _error_of
-from tensorhub_verl.ros.manifest import Manifest, TensorBlocks, TensorSpec
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
-from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
+from tensorhub_verl.ros.client.hub_client import HubClient, _error_of
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorBlocks, TensorSpec
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.convert import manifest_from_msg, manifest_to_msg
 from tensorhub_verl import errors
 
 GOOD = {"model": "m", "version": 1, "layout": "hf", "chunk_bytes": 4096,
@@ -129,7 +129,7 @@ def test_the_client_does_not_import_the_hub():
     import subprocess
     import sys
 
-    code = ("import sys, tensorhub_verl.ros.client, tensorhub_verl.vllm.follow; "
+    code = ("import sys, tensorhub_verl.ros.client.client, tensorhub_verl.vllm.follow; "
             "print('tensorhub_verl.ros.hub.state' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 from tensorhub_verl.sim import cli
 from tensorhub_verl.sim.engine import FlowSim
 from tensorhub_verl.sim.hub import HubQueue, HubRequest

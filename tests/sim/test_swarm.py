@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
 from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, chain_parents, shard_chunks, tree_parents
 from tensorhub_verl.sim.tensorhub import TensorHub

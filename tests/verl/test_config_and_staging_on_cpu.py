@@ -65,7 +65,7 @@ def test_wan_seeds_are_sized_from_link_capacities_unless_set(values, seeds):
 def test_a_hub_of_regions_reaches_every_workers_client():
     """``tensorhub.hub_regions`` (the job's hub actor serves regions) or a REGION=URL list in ``hub_address``:
     workers connect with the list (``connect`` gives a ``RegionalClient``), relays as configured."""
-    from tensorhub_verl.ros.client import ClientConfig
+    from tensorhub_verl.ros.client.config import ClientConfig
 
     spec = "dc0/r0=http://127.0.0.1:1,dc0/r1=http://127.0.0.1:2"
     listed = TensorHubVerlConfig.from_mapping({"hub_address": spec, "relay_fanout": 2})
@@ -84,7 +84,7 @@ def test_config_from_omegaconf():
 def test_chunk_and_window_reach_every_workers_client():
     """``tensorhub.chunk_mb`` and ``tensorhub.window`` from verl's config are what trainer ranks and engines connect
     with (``client_settings`` feeds both), and the client accepts them."""
-    from tensorhub_verl.ros.client import ClientConfig
+    from tensorhub_verl.ros.client.config import ClientConfig
 
     settings = TensorHubVerlConfig.from_mapping({"chunk_mb": 32, "window": 16}).client_settings()
     cfg = ClientConfig.from_fields(**settings)

@@ -72,7 +72,7 @@ def test_the_trainer_publishes_to_every_region_of_a_hub_of_regions():
     """``tensorhub.hub_address`` as a REGION=URL list: the trainer rank connects through ``connect`` to a
     ``RegionalClient`` and publishes every version to every region; a reader of either region reads it."""
     import tensorhub_verl as th
-    from tensorhub_verl.ros.regional_client import RegionalClient
+    from tensorhub_verl.ros.client.regional_client import RegionalClient
     from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
 
     hubs = [th.start_hub(), th.start_hub()]

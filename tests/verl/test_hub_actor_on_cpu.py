@@ -92,7 +92,8 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
     import torch
 
     from tensorhub_verl.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
-    from tensorhub_verl.ros.client import Client, ClientConfig
+    from tensorhub_verl.ros.client.client import Client
+    from tensorhub_verl.ros.client.config import ClientConfig
     from tensorhub_verl.verl.hub_actor import hub_restarts, job_credentials
     from tests.waits import wait_until
 
@@ -128,7 +129,7 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
 def test_a_hub_actor_with_hub_regions_serves_a_hub_per_region_and_gives_the_list(ray_local):
     """``tensorhub.hub_regions``: the actor serves one hub per region and its URL is the REGION=URL list that
     ``connect`` takes (every worker then connects to its region); stopping it stops every region's hub."""
-    from tensorhub_verl.ros.regions import parse_regions
+    from tensorhub_verl.ros.wire.regions import parse_regions
 
     cfg = TensorHubVerlConfig(hub_actor_name="th-regions-hub", hub_namespace="th-test", hub_host="127.0.0.1",
                               hub_regions="dc0/r0,dc0/r1")

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import ConfigError, DtypeMismatch
-from tensorhub_verl.ros.integrity import tensor_digests
+from tensorhub_verl.ros.wire.integrity import tensor_digests
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.dtypes import published_dtype, rollout_dtype

@@ -37,7 +37,7 @@ def _rank_main(rank: int, world: int, port: int, out: dict) -> None:
     try:
         from torch.distributed.fsdp import fully_shard
 
-        from tensorhub_verl.ros.manifest import row_range
+        from tensorhub_verl.ros.wire.manifest import row_range
         from tensorhub_verl.verl.shards import local_shards
 
         model = _tiny_model()

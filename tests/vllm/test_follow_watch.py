@@ -5,7 +5,7 @@ import time
 import httpx
 
 import tensorhub_verl as th
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 from tensorhub_verl.vllm.follow import HubWatch
 
 

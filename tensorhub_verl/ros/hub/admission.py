@@ -5,10 +5,10 @@ worker's budget of pending shards (``HubLimits``). Pure checks over the parts' p
 from __future__ import annotations
 
 from tensorhub_verl.errors import ManifestMismatch, OverBudget
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord
 from tensorhub_verl.ros.hub.versions import VersionStore
-from tensorhub_verl.ros.limits import HubLimits
+from tensorhub_verl.ros.hub.limits import HubLimits
 from tensorhub_verl.ros.hub.ownership import Owners
 
 

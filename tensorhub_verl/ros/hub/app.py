@@ -31,15 +31,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub.state_calls import StateCalls
 from tensorhub_verl.ros.hub.fetch_routes import HEARTBEAT_PATH, FetchRoutes, error_body, invalid_detail, status_of
 from tensorhub_verl.ros.hub.fetch_routes import heartbeat as hot_heartbeat
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 from tensorhub_verl.ros.planes.tcp_wire import advertised_host_problem
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 

@@ -29,8 +29,8 @@ import zlib
 from bisect import bisect_left
 from typing import AbstractSet, Callable, Iterable, Iterator, Protocol, Sequence
 
-from tensorhub_verl.ros.intervals import IntervalSet, StepSets
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.hub.intervals import IntervalSet, StepSets
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 _EMPTY: frozenset[str] = frozenset()
 _MIN_CANDIDATES = 64

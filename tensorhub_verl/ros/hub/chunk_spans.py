@@ -12,7 +12,7 @@ from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Sequence
 
-from tensorhub_verl.ros.manifest import Chunk
+from tensorhub_verl.ros.wire.manifest import Chunk
 
 
 class ChunkSpans:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tensorhub_verl.ros.limits import HubLimits
+from tensorhub_verl.ros.hub.limits import HubLimits
 from tensorhub_verl.ros.hub.ownership import OwnerRule
-from tensorhub_verl.ros.planner import PlannerConfig
+from tensorhub_verl.ros.hub.planner import PlannerConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,11 +27,11 @@ from typing import Awaitable, Callable
 from pydantic import BaseModel, ValidationError
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.changes import ReaderPark, Wake
 from tensorhub_verl.ros.hub.state_calls import StateCalls
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _CREDENTIAL_MAX = 256

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import AbstractSet, Iterator, Mapping
 
 from tensorhub_verl.ros.hub.chunk_index import places
-from tensorhub_verl.ros.intervals import Coverage
-from tensorhub_verl.ros.planner import PullCounts
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.hub.intervals import Coverage
+from tensorhub_verl.ros.hub.planner import PullCounts
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 Key = tuple[str, int, str]  # (model, version, layout)
 _NO_RUNS: dict[int, tuple[int, int]] = {}

@@ -8,7 +8,7 @@ spot, are a reliable copy: while they are, no other holder needs to copy the ver
 
 from __future__ import annotations
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.records import Holding, HoldingState, Key, VersionRecord
 from tensorhub_verl.ros.hub.registry import Registry

@@ -12,19 +12,19 @@ from collections import Counter, defaultdict
 from typing import AbstractSet, Iterator
 
 from tensorhub_verl.errors import NotOwner
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.changes import Wake
 from tensorhub_verl.ros.hub.chunk_index import candidate_stride, candidates_for
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord, WorkerRecord
 from tensorhub_verl.ros.hub.registry import Registry
-from tensorhub_verl.ros.intervals import first_held, first_missing
+from tensorhub_verl.ros.hub.intervals import first_held, first_missing
 from tensorhub_verl.ros.hub.lease_book import Lease, ReaderRuns
 from tensorhub_verl.ros.planes import grants
-from tensorhub_verl.ros.planner import (HolderView, PlannerConfig, SwarmView, holder_hash, plan_chunks, reader_request,
-                                        reader_salt)
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.hub.planner import (HolderView, PlannerConfig, SwarmView, holder_hash, plan_chunks,
+                                            reader_request, reader_salt)
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
 

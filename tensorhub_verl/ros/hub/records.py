@@ -6,13 +6,13 @@ import enum
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.chunk_index import ChunkIndex
 from tensorhub_verl.ros.hub.chunk_spans import ChunkSpans
-from tensorhub_verl.ros.intervals import IntervalSet
-from tensorhub_verl.ros.manifest import Chunk, Manifest
+from tensorhub_verl.ros.hub.intervals import IntervalSet
+from tensorhub_verl.ros.wire.manifest import Chunk, Manifest
 from tensorhub_verl.ros.hub.ownership import DEFAULT_JOB
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 
 Key = tuple[str, int, str]  # (model, version, layout)
 GroupKey = tuple[str, int, str]  # (model, version, shard group)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from tensorhub_verl.errors import NotOwner, UnknownWorker
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.records import WorkerRecord
 from tensorhub_verl.ros.hub.ownership import job_of
 from tensorhub_verl.ros.planes.one_plane import check_one_plane

@@ -12,7 +12,7 @@ before any change of the lists, so a read that saw no change from start to end r
 
 from __future__ import annotations
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.records import HoldingState, Key
 from tensorhub_verl.ros.hub.versions import VersionStore
 

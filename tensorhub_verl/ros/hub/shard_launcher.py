@@ -1,5 +1,5 @@
-"""`tensorhub hub --shards K` / `--regions`: K hub processes, one per shard (``ros/shares.py``) or per region
-(``ros/regions.py``), started and stopped together.
+"""`tensorhub hub --shards K` / `--regions`: K hub processes, one per shard (``ros/client/shares.py``) or per region
+(``ros/wire/regions.py``), started and stopped together.
 
 Each shard is a plain `tensorhub hub` with the same flags, on port ``--port`` + i (any free port with
 ``--port 0``). Clients connect to the comma-separated list of their URLs, in shard order (``connect``), which

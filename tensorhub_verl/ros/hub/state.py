@@ -59,7 +59,7 @@ from collections import defaultdict
 from typing import Callable, TypeVar
 
 from tensorhub_verl.errors import InvalidRequest, ManifestMismatch, NotOwner, UnknownFetch, VersionNotFound
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.admission import check_copy, check_non_owner_creates_nothing, check_pending_budget
 from tensorhub_verl.ros.hub.changes import Changes, ReaderPark, Wake
 from tensorhub_verl.ros.hub.config import HubConfig
@@ -73,15 +73,15 @@ from tensorhub_verl.ros.hub.retention import Retention
 from tensorhub_verl.ros.hub.shard_groups import ShardGroups
 from tensorhub_verl.ros.hub.status import FetchTimes, metrics_snapshot, status_reply
 from tensorhub_verl.ros.hub.versions import VersionStore
-from tensorhub_verl.ros.intervals import IntervalSet
-from tensorhub_verl.ros.limits import PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, \
+from tensorhub_verl.ros.hub.intervals import IntervalSet
+from tensorhub_verl.ros.hub.limits import PreparedVersion, check_regions, check_row_shard, check_same_chunk_map, \
     prepare_version
 from tensorhub_verl.ros.hub.liveness import StallMeter
-from tensorhub_verl.ros.manifest import Manifest, check_same_tensors
+from tensorhub_verl.ros.wire.manifest import Manifest, check_same_tensors
 from tensorhub_verl.ros.hub.ownership import Owners
-from tensorhub_verl.ros.planner import unservable
-from tensorhub_verl.ros.shard_digests import merge_shard_digests
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.hub.planner import unservable
+from tensorhub_verl.ros.hub.shard_digests import merge_shard_digests
+from tensorhub_verl.ros.wire.topology import Location
 
 __all__ = ["HubConfig", "HubState", "Holding", "VersionRecord", "WorkerRecord", "Key", "GroupKey", "Member"]
 

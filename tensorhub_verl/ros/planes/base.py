@@ -1,5 +1,5 @@
 """The data-plane seam: register memory once, read remote memory one-sided. NIXL (nixl.py) and
-plain TCP streams (tcp.py) implement it; registry.py creates one by name.
+plain TCP streams (tcp.py) implement it; factory.py creates one by name.
 
 Planes differ in what they can do, and say so in capabilities the caller reads, never by arguments one of
 them ignores:
@@ -102,7 +102,7 @@ class DataPlane(ABC, Generic[H]):
     """One process's endpoint of a data plane: serves its registered memory, reads peers' memory."""
 
     name: str = ""
-    """The registry name (``registry.PLANES``): what the worker declares to the hub at registration."""
+    """Its name in the factory (``factory.plane_names()``): what the worker declares to the hub at registration."""
     needs_grant: bool = False
     lands_on_own_threads: bool = False
     preconnect_peers: int = 0

@@ -31,6 +31,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.planes.config import PROGRESS_MODES, NixlConfig
+from tensorhub_verl.ros.planes.host import net_devices
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.nixl")
@@ -53,27 +55,6 @@ def _stop_pumps() -> None:
     for transport in list(_PUMPED):
         transport.stop_pump()
 
-
-PROGRESS_MODES = ("events", "pump", "thread")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NixlConfig:
-    """Settings of the NIXL plane (``ClientConfig.plane.nixl``)."""
-
-    progress: str = "events"
-    """Who drives UCX to serve peers' reads: 'events' (NIXL's thread, asleep until UCX has work), 'pump'
-    (a Python thread polling every 0.5 ms) or 'thread' (NIXL's thread as its binding sets it: spinning).
-    See NixlPlane."""
-    net_devices: str | None = None
-    """Network devices UCX uses and listens on (UCX_NET_DEVICES syntax: 'eth0', 'mlx5_0:1', ...).
-    None: $UCX_NET_DEVICES if set, else 'lo' when the hub is on loopback (every peer is on this host) and the
-    host has neither CUDA nor RDMA (``registry.net_devices``), else UCX's default, which is every device: name
-    the cluster interface in production."""
-
-    def __post_init__(self) -> None:
-        if self.progress not in PROGRESS_MODES:
-            raise errors.ConfigError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
 
 _EVENTS_WAKEUP_US = 100_000
 """NIXL's progress thread waits this long in poll() when no UCX event comes (events mode)."""
@@ -179,8 +160,6 @@ class NixlPlane(DataPlane[_NixlRead]):
 
     @classmethod
     def from_config(cls, agent_name: str, config: NixlConfig, hub_url: str, io_timeout_s: float) -> "NixlPlane":
-        from tensorhub_verl.ros.planes.registry import net_devices
-
         return cls(agent_name, progress=config.progress, net_devices=net_devices(config.net_devices, hub_url))
 
     def __init__(self, agent_name: str, backends: tuple[str, ...] = ("UCX",), progress: str = "events",

@@ -45,6 +45,8 @@ from tensorhub_verl.ros.planes import tcp_bounce
 from tensorhub_verl.ros.planes import tcp_wire as wire
 from tensorhub_verl.ros.planes.tcp_bounce import Bounce, Bounces
 from tensorhub_verl.ros.planes.tcp_server import ReadServer
+from tensorhub_verl.ros.planes.config import DEFAULT_BOUNCE_BYTES, TcpConfig
+from tensorhub_verl.ros.planes.host import advertised_host
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.tcp")
@@ -285,33 +287,6 @@ class _Registration:
     """Its bytes cross the socket through a bounce buffer (``TcpPlane._bounced``: GPU memory)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TcpConfig:
-    """Settings of the TCP plane (``ClientConfig.plane.tcp``)."""
-
-    host: str | None = None
-    """Address the plane's server listens on and peers connect to. None: 127.0.0.1 for a loopback hub,
-    else this host's address on the route to the hub."""
-    streams: int = 2
-    """TCP connections a reader keeps to each peer it reads from. Each has the next read's request sent ahead
-    of the reply it receives, so one stream keeps the wire busy; more spread a fast link's copies over cores."""
-    preconnect_peers: int = 4
-    """At registration, connect to this many likely sources (the nearest holders of the newest versions), so a
-    joiner's first fetch reads over open connections (the plane's metadata is just an address); 0: off."""
-
-    bounce_bytes: int = tcp_bounce.DEFAULT_BYTES
-    """Size of each pinned bounce buffer CUDA memory crosses the socket through: one per holder connection and
-    one per reader stream, made at its first CUDA read."""
-
-    def __post_init__(self) -> None:
-        if not 4096 <= self.bounce_bytes <= 1 << 30:
-            raise errors.ConfigError(f"TcpConfig.bounce_bytes must be in [4096, 2**30], got {self.bounce_bytes}")
-        if self.streams < 1:
-            raise errors.ConfigError(f"TcpConfig.streams must be >= 1, got {self.streams}")
-        if not 0 <= self.preconnect_peers <= 16:
-            raise errors.ConfigError(f"preconnect_peers must be in [0, 16], got {self.preconnect_peers}")
-
-
 class TcpPlane(DataPlane[_Read]):
     """The TCP data plane (see the module docstring). ``host`` is the address peers reach this process on (the
     server listens there only). Its server checks every read against a grant the hub signed with
@@ -326,15 +301,13 @@ class TcpPlane(DataPlane[_Read]):
 
     @classmethod
     def from_config(cls, agent_name: str, config: TcpConfig, hub_url: str, io_timeout_s: float) -> "TcpPlane":
-        from tensorhub_verl.ros.planes.registry import advertised_host
-
         return cls(agent_name, config.host or advertised_host(hub_url), streams=config.streams,
                    io_timeout_s=io_timeout_s, preconnect_peers=config.preconnect_peers,
                    bounce_bytes=config.bounce_bytes)
 
     def __init__(self, agent_name: str, host: str, *, streams: int = 2, io_timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, idle_close_s: float = IDLE_CLOSE_S, preconnect_peers: int = 4,
-                 bounce_bytes: int = tcp_bounce.DEFAULT_BYTES):
+                 bounce_bytes: int = DEFAULT_BOUNCE_BYTES):
         """``bounce_bytes``: size of each bounce buffer GPU memory crosses the socket through (one per server
         connection, one per reader stream)."""
         if streams < 1:

@@ -23,9 +23,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tensorhub_verl.ros.planes import tcp_wire as wire
+from tensorhub_verl.ros.planes.config import DEFAULT_BOUNCE_BYTES
 
-DEFAULT_BYTES = 4 << 20
-"""Bytes of one bounce buffer: a few D2H/H2D copies' worth, small against a chunk, bounded per connection."""
 
 
 def view(storage: StorageWeakRef, base: int, addr: int, nbytes: int) -> torch.Tensor | None:
@@ -40,7 +39,7 @@ def view(storage: StorageWeakRef, base: int, addr: int, nbytes: int) -> torch.Te
 class Bounces:
     """Makes the bounce buffers of one plane, and counts them (``made``) and the pieces they carried (``pieces``)."""
 
-    def __init__(self, nbytes: int = DEFAULT_BYTES):
+    def __init__(self, nbytes: int = DEFAULT_BOUNCE_BYTES):
         if nbytes < 1:
             raise ValueError(f"a bounce buffer needs at least one byte, got {nbytes}")
         self.nbytes = nbytes

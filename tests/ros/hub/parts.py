@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.records import Holding, VersionRecord, WorkerRecord
-from tensorhub_verl.ros.intervals import IntervalSet
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.hub.intervals import IntervalSet
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.wire.topology import Location
 
 CHUNK = 4096
 

@@ -9,10 +9,10 @@ import pytest
 
 import tensorhub_verl as th
 from tensorhub_verl.errors import NotOwner, UnknownWorker
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 
 def _register(state: HubState, worker: str) -> str:

@@ -2,7 +2,7 @@
 
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.lease_book import Lease
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 KEY = ("m", 1, "hf")
 

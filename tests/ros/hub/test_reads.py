@@ -3,13 +3,13 @@ off another job's NIXL holder, and issues a lease for each read."""
 
 import itertools
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.registry import Registry
-from tensorhub_verl.ros.planner import PlannerConfig, holder_hash, reader_salt
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.hub.planner import PlannerConfig, holder_hash, reader_salt
+from tensorhub_verl.ros.wire.topology import Location
 
 from tests.ros.hub.parts import holding, manifest, record_of, worker
 

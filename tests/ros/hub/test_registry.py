@@ -3,7 +3,7 @@
 import pytest
 
 from tensorhub_verl.errors import NotOwner, PlaneMismatch, UnknownWorker
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.registry import Registry, hash_secret
 from tensorhub_verl.ros.hub.ownership import job_of
 

@@ -2,7 +2,7 @@
 
 from tensorhub_verl.ros.hub.retention import Retention
 from tensorhub_verl.ros.hub.versions import VersionStore
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 
 from tests.ros.hub.parts import holding, manifest, record_of
 

@@ -1,7 +1,7 @@
 """The version store alone: visibility, per-model lookups, forgetting empty versions, change counts."""
 
 from tensorhub_verl.ros.hub.versions import VersionStore
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.topology import Location
 
 from tests.ros.hub.parts import holding, manifest, record_of
 

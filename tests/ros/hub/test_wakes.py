@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from tensorhub_verl.ros import messages as msg
+from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub import fetch_routes
 from tensorhub_verl.ros.hub.state_calls import InlineCalls
 from tensorhub_verl.ros.hub.changes import Changes, ReaderPark, Wake
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.planner import PlannerConfig
-from tensorhub_verl.ros.wire_convert import manifest_to_msg
+from tensorhub_verl.ros.hub.planner import PlannerConfig
+from tensorhub_verl.ros.wire.convert import manifest_to_msg
 from tests.ros.hub.parts import manifest
 
 CHUNKS = 64

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from tensorhub_verl.ros.manifest import Manifest, TensorBlocks, TensorSpec
-from tensorhub_verl.ros.ranges import Piece, ReadPlan, Runs, TensorSlice
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorBlocks, TensorSpec
+from tensorhub_verl.ros.wire.ranges import Piece, ReadPlan, Runs, TensorSlice
 
 
 def block_span(spec: TensorSpec, tb: TensorBlocks, start: int, length: int) -> tuple[int, int, int]:

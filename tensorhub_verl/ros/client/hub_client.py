@@ -27,9 +27,9 @@ from pydantic import BaseModel, ValidationError
 
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER, REGISTER_PATH
-from tensorhub_verl.ros.retry import Backoff
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER, REGISTER_PATH
+from tensorhub_verl.ros.client.retry import Backoff
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 

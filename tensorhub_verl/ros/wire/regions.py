@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.messages import HOLDER_SEPARATOR
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.messages import HOLDER_SEPARATOR
+from tensorhub_verl.ros.wire.topology import Location
 
 MAX_REGIONS = 256
 RELAYS_PER_REGION = 2

@@ -139,7 +139,7 @@ class RegisterWorker(Strict):
     """How many likely sources the reply should name (``WorkerAck.peers``), so the worker connects to them
     before its first fetch needs them. Named only between workers whose data planes check grants."""
     plane: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_-]+$")] = "nixl"
-    """The worker's data plane (``planes/registry.py``: 'nixl' or 'tcp'). Every worker of one hub uses the same
+    """The worker's data plane (``planes/factory.py``: 'nixl' or 'tcp'). Every worker of one hub uses the same
     one: the hub refuses a worker whose plane differs from its other live workers' (``PlaneMismatch``)."""
 
 

@@ -3,8 +3,8 @@ and its clients alike (a client never imports the hub's state to speak to it).""
 
 from __future__ import annotations
 
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import Manifest, TensorBlocks, TensorSpec
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorBlocks, TensorSpec
 
 
 def manifest_to_msg(m: Manifest) -> msg.ManifestMsg:

@@ -7,10 +7,10 @@ import logging
 from concurrent.futures import Future
 from typing import Sequence
 
-from tensorhub_verl.ros.client import Client
+from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.planes.base import DataPlane
 
-logger = logging.getLogger("tensorhub_verl.ros.client_group")
+logger = logging.getLogger("tensorhub_verl.ros.client.client_group")
 
 
 def link_siblings(clients: Sequence[Client]) -> None:

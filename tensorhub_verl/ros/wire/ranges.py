@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from tensorhub_verl.errors import ManifestMismatch
-from tensorhub_verl.ros.manifest import Manifest, TensorSpec
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tensorhub_verl.ros.manifest import Chunk
-from tensorhub_verl.ros.ranges import ReadPlan
+from tensorhub_verl.ros.wire.manifest import Chunk
+from tensorhub_verl.ros.wire.ranges import ReadPlan
 
 SCRATCH = -1
 """The ``local`` of a span that lands in the fetch's scratch buffer (a ranged read's block edges)."""

@@ -22,22 +22,22 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane, ReadError, Region
-from tensorhub_verl.ros.fetcher import ChunkFetcher, FetchSettings, FetchStats
-from tensorhub_verl.ros.hub_client import HubClient
-from tensorhub_verl.ros.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
-from tensorhub_verl.ros.manifest import (
+from tensorhub_verl.ros.client.fetcher import ChunkFetcher, FetchSettings, FetchStats
+from tensorhub_verl.ros.client.hub_client import HubClient
+from tensorhub_verl.ros.wire.integrity import ALGORITHM, ChunkChecker, block_digests, chunk_digests, shard_chunk_digests
+from tensorhub_verl.ros.wire.manifest import (
     Manifest, TensorSpec, build_manifest, check_buffers, check_dtype, dtype_from_name,
     dtype_name, layout_digest, row_range, shard_bytes, shard_chunks, _DTYPES,
 )
-from tensorhub_verl.ros.block_edges import widen
-from tensorhub_verl.ros.client_config import ClientConfig
-from tensorhub_verl.ros.ranges import ReadPlan, Runs, TensorSlice, plan_reads
-from tensorhub_verl.ros.retry import Backoff
-from tensorhub_verl.ros.topology import Location
-from tensorhub_verl.ros.wire_convert import manifest_from_msg, manifest_to_msg
+from tensorhub_verl.ros.wire.block_edges import widen
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.wire.ranges import ReadPlan, Runs, TensorSlice, plan_reads
+from tensorhub_verl.ros.client.retry import Backoff
+from tensorhub_verl.ros.wire.topology import Location
+from tensorhub_verl.ros.wire.convert import manifest_from_msg, manifest_to_msg
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -102,7 +102,7 @@ class Client:
         stays registered when this one unpublishes."""
         self._closed = False
         timeouts, access = self.config.timeouts, self.config.hub
-        self._plane = plane or registry.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s)
+        self._plane = plane or factory.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s)
         try:
             self._hub = HubClient(hub_url, token, timeouts.request_timeout_s, timeouts.hub_retry_s,
                                   on_new_instance=self._reregister, ca_file=access.tls_ca_file,
@@ -602,27 +602,6 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def connect(hub_url: str, worker: str, location: Location | Mapping[str, str] | str | None = None,
-            token: str | None = None, config: ClientConfig | None = None, **config_fields):
-    """Connects a worker to the hub. Extra keyword arguments are ClientConfig fields (``ClientConfig.from_fields``:
-    plane settings may be given flat, e.g. ``transport='tcp'``). A comma-separated list of URLs names the shards
-    of a hub run as several processes (``tensorhub hub --shards K`` prints it): a ``ShardedClient``; a list of
-    REGION=URL items names a hub process per region (``tensorhub hub --regions`` prints it): a ``RegionalClient``."""
-    if config_fields:
-        if config is not None:
-            raise errors.ConfigError("pass either config= or ClientConfig fields, not both")
-        config = ClientConfig.from_fields(**config_fields)
-    if "=" in hub_url:  # "dc0/r0=URL,dc0/r1=URL": a hub process per region (regions.py)
-        from tensorhub_verl.ros.regional_client import RegionalClient
-
-        return RegionalClient(hub_url, worker, location, token, config)
-    if "," in hub_url:
-        from tensorhub_verl.ros.sharded_client import ShardedClient
-
-        return ShardedClient([url.strip() for url in hub_url.split(",")], worker, location, token, config)
-    return Client(hub_url, worker, location, token, config)
 
 
 def _check_name(what: str, value: object) -> None:

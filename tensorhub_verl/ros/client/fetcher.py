@@ -60,12 +60,12 @@ import torch
 
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.planes import grants
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.integrity import ChunkChecker, local_views
-from tensorhub_verl.ros.manifest import Chunk, Manifest, Segment
-from tensorhub_verl.ros.ranges import Piece, ReadPlan
-from tensorhub_verl.ros.run_reads import SCRATCH, ChunkSpans
-from tensorhub_verl.ros.topology import Distance
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.integrity import ChunkChecker, local_views
+from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, Segment
+from tensorhub_verl.ros.wire.ranges import Piece, ReadPlan
+from tensorhub_verl.ros.client.run_reads import SCRATCH, ChunkSpans
+from tensorhub_verl.ros.wire.topology import Distance
 from tensorhub_verl.ros.planes.base import Copy, DataPlane, Grant, ReadError, ReadHandle, ReadState, Region
 
 logger = logging.getLogger("tensorhub_verl.ros.fetch")

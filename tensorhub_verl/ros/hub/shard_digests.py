@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from tensorhub_verl.ros.manifest import Manifest, TensorBlocks
+from tensorhub_verl.ros.wire.manifest import Manifest, TensorBlocks
 
-logger = logging.getLogger("tensorhub_verl.ros.shard_digests")
+logger = logging.getLogger("tensorhub_verl.ros.hub.shard_digests")
 
 
 def merge_shard_digests(existing: Manifest, incoming: Manifest) -> Manifest:

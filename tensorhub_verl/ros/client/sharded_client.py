@@ -26,16 +26,17 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import Client, ClientConfig, _full_specs
-from tensorhub_verl.ros.client_group import close_clients, link_siblings, results_of
-from tensorhub_verl.ros.fetcher import FetchStats
-from tensorhub_verl.ros.manifest import Manifest, check_buffers
-from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.client.client import Client, _full_specs
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, results_of
+from tensorhub_verl.ros.client.fetcher import FetchStats
+from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers
+from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.shares import MAX_SHARDS, share_layout, split
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.client.shares import MAX_SHARDS, share_layout, split
+from tensorhub_verl.ros.wire.topology import Location
 
-logger = logging.getLogger("tensorhub_verl.ros.sharded_client")
+logger = logging.getLogger("tensorhub_verl.ros.client.sharded_client")
 
 _WAIT_POLL_S = 0.05
 """How often ``wait_for_version`` looks again while a version is on some shards only."""
@@ -51,7 +52,7 @@ class ShardedClient:
         self.worker = worker
         self.config = config or ClientConfig()
         self._own_plane = plane is None
-        self._plane = plane or registry.create(self.config.plane, worker, hub_urls[0],
+        self._plane = plane or factory.create(self.config.plane, worker, hub_urls[0],
                                                self.config.timeouts.read_timeout_s)
         self.shards: list[Client] = []
         try:

@@ -5,7 +5,7 @@
       fetch:    FetchConfig     how one fetch reads (window, runs, stragglers, WAN reads, digests required)
       timeouts: Timeouts        every limit of a blocking call (a read, a fetch, an unpublish, a hub call)
       hub:      HubAccess       how this worker reaches the hub and who it is there (TLS, job key, spot)
-      plane:    PlaneConfig     the data plane and each plane's own settings (planes/registry.py)
+      plane:    PlaneConfig     the data plane and each plane's own settings (planes/config.py)
 
 ``ClientConfig.from_fields`` takes the flat names (``window=4, transport='tcp'``) that ``connect``, verl's
 ``tensorhub.*`` settings and the engines' ``client_config`` dicts use, and puts each in its group.
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import DEFAULT_CHUNK_BYTES
-from tensorhub_verl.ros.planes.registry import FLAT_FIELDS, PlaneConfig, from_flat
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.manifest import DEFAULT_CHUNK_BYTES
+from tensorhub_verl.ros.planes.config import FLAT_FIELDS, PlaneConfig, from_flat
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,7 +149,7 @@ class HubAccess:
 
 _GROUPS: dict[str, type] = {"publish": PublishConfig, "fetch": FetchConfig, "timeouts": Timeouts, "hub": HubAccess}
 FLAT_NAMES: dict[str, str] = {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
-"""Each flat name ``from_fields`` accepts (besides the plane's, ``registry.FLAT_FIELDS``) -> its group."""
+"""Each flat name ``from_fields`` accepts (besides the plane's, ``planes.config.FLAT_FIELDS``) -> its group."""
 
 
 def _group_of(name: str) -> str:
@@ -169,7 +169,7 @@ class ClientConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     hub: HubAccess = field(default_factory=HubAccess)
     plane: PlaneConfig = field(default_factory=PlaneConfig)
-    """The data plane (NIXL or TCP streams) and each plane's own settings; see planes/registry.py."""
+    """The data plane (NIXL or TCP streams) and each plane's own settings (planes/config.py)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "ClientConfig":
         # A flat name (``ClientConfig(window=4)``) fails naming its group, not with a bare TypeError.
@@ -183,7 +183,7 @@ class ClientConfig:
     @classmethod
     def from_fields(cls, **fields: Any) -> "ClientConfig":
         """A ClientConfig from flat names (``window=4``, ``fetch_timeout_s=60``, ``job_key='k'``), each put in its
-        group, where each plane setting may also be flat as ``registry.FLAT_FIELDS`` names them
+        group, where each plane setting may also be flat as ``planes.config.FLAT_FIELDS`` names them
         (``transport='tcp', tcp_streams=4``), and a whole group given as its dataclass or as plain data
         (``plane={'kind': 'tcp'}``, ``fetch={'window': 4}``). An unknown name fails naming the accepted ones."""
         groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}

@@ -38,17 +38,18 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import Client, ClientConfig
-from tensorhub_verl.ros.client_group import close_clients, link_siblings, results_of
-from tensorhub_verl.ros.fetcher import FetchStats
-from tensorhub_verl.ros.manifest import Manifest
-from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.client.client import Client
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, results_of
+from tensorhub_verl.ros.client.fetcher import FetchStats
+from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.regions import (commit_layout, parse_regions, region_of, relay_children, relay_layout,
-                                        relay_parents, relays_from_here)
-from tensorhub_verl.ros.topology import Location
+from tensorhub_verl.ros.wire.regions import (commit_layout, parse_regions, region_of, relay_children, relay_layout,
+                                             relay_parents, relays_from_here)
+from tensorhub_verl.ros.wire.topology import Location
 
-logger = logging.getLogger("tensorhub_verl.ros.regional_client")
+logger = logging.getLogger("tensorhub_verl.ros.client.regional_client")
 
 _FETCHED_KEPT = 16
 _GROUP = "regions"
@@ -70,7 +71,7 @@ class RegionalClient:
         self._children = relay_children(list(self.regions), fanout)
         self._token = token
         self._own_plane = plane is None
-        self._plane = plane or registry.create(self.config.plane, worker, next(iter(self.regions.values())),
+        self._plane = plane or factory.create(self.config.plane, worker, next(iter(self.regions.values())),
                                                self.config.timeouts.read_timeout_s)
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}

@@ -1,19 +1,20 @@
-"""The registry of data planes and their nested configs (planes/registry.py): names, flat settings, checks."""
+"""The data plane factory (planes/factory.py) and the planes' nested configs (planes/config.py): names, flat
+settings, checks."""
 
 import pytest
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client import ClientConfig
-from tensorhub_verl.ros.planes import registry
+from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.planes.registry import PlaneConfig
+from tensorhub_verl.ros.planes.config import PlaneConfig
 
 
 def test_a_duplicate_or_unknown_plane_name_raises():
     with pytest.raises(errors.ConfigError, match="already registered"):
-        registry.register_plane("tcp", "somewhere.else", "Plane")
+        factory.register_plane("tcp", "somewhere.else", "Plane")
     with pytest.raises(errors.ConfigError, match="already registered"):
-        registry.register_plane("auto", "somewhere.else", "Plane")
+        factory.register_plane("auto", "somewhere.else", "Plane")
     with pytest.raises(errors.ConfigError, match=r"one of \('auto', 'nixl', 'tcp'\)"):
         PlaneConfig(kind="rdma")
 
@@ -35,7 +36,7 @@ def test_flat_settings_land_in_their_planes_config():
 
 
 def test_the_registry_creates_the_plane_it_names():
-    plane = registry.create(PlaneConfig(kind="tcp"), "reg-worker", "http://127.0.0.1:1", io_timeout_s=5.0)
+    plane = factory.create(PlaneConfig(kind="tcp"), "reg-worker", "http://127.0.0.1:1", io_timeout_s=5.0)
     try:
         assert isinstance(plane, DataPlane) and plane.name == "tcp" and plane.agent_name.startswith("reg-worker-")
         assert plane.preconnect_peers == PlaneConfig().tcp.preconnect_peers

@@ -13,9 +13,9 @@ from functools import lru_cache
 import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest, ManifestMismatch
-from tensorhub_verl.ros import messages as msg
-from tensorhub_verl.ros.manifest import Chunk, Manifest, dtype_from_name, rank_chunk_counts, shard_bytes
-from tensorhub_verl.ros.wire_convert import manifest_from_msg
+from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name, rank_chunk_counts, shard_bytes
+from tensorhub_verl.ros.wire.convert import manifest_from_msg
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,9 +59,9 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, Mapping, Sequence
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.ros.intervals import Coverage, first_held, first_missing
-from tensorhub_verl.ros.messages import STANDBY_SUFFIX
-from tensorhub_verl.ros.topology import Distance, Location
+from tensorhub_verl.ros.hub.intervals import Coverage, first_held, first_missing
+from tensorhub_verl.ros.wire.messages import STANDBY_SUFFIX
+from tensorhub_verl.ros.wire.topology import Distance, Location
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

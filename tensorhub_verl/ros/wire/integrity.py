@@ -23,13 +23,13 @@ from typing import Iterable, Mapping, Sequence
 import torch
 import xxhash
 
-from tensorhub_verl.ros import lindigest
-from tensorhub_verl.ros.block_edges import block_span
-from tensorhub_verl.ros.lindigest import ALGORITHM, row_bytes
-from tensorhub_verl.ros.manifest import Chunk, Manifest, TensorBlocks, TensorSpec
-from tensorhub_verl.ros.ranges import Piece, ReadPlan, TensorSlice
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.block_edges import block_span
+from tensorhub_verl.ros.wire.lindigest import ALGORITHM, row_bytes
+from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, TensorBlocks, TensorSpec
+from tensorhub_verl.ros.wire.ranges import Piece, ReadPlan, TensorSlice
 
-logger = logging.getLogger("tensorhub_verl.ros.integrity")
+logger = logging.getLogger("tensorhub_verl.ros.wire.integrity")
 
 DIGEST_CHARS = 16
 MAX_BLOCKS = 16
