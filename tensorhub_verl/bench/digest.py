@@ -77,7 +77,7 @@ def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2, devices: 
         out["linear_cpu_s_per_gb"] = 1 / out["linear_cpu_gbps"]
         out["shard_blocks_cpu_s_per_gb"] = 1 / out["shard_blocks_cpu_gbps"]
     if "cuda" in devices:
-        from tensorhub_verl.ros import lindigest
+        from tensorhub_verl.ros.wire import lindigest
 
         out["cuda_float64_matmul_exact"] = lindigest._TABLES.exact_matmul.get(torch.device("cuda", 0))
     return out

@@ -197,6 +197,6 @@ def test_device_digest_without_an_exact_float64_matmul_uses_int64_products(monke
     monkeypatch.setattr(lindigest, "_check_matmul", lambda device: False)
     monkeypatch.setitem(lindigest._TABLES.exact_matmul, cpu, None)
     words = torch.randint(-(1 << 15), 1 << 15, (3, 3000), generator=rng, dtype=torch.int32).to(torch.int16)
-    with caplog.at_level("WARNING", logger="tensorhub_verl.ros.lindigest"):
+    with caplog.at_level("WARNING", logger="tensorhub_verl.ros.wire.lindigest"):
         assert lindigest._device_words(words, 1, 0, 3).tolist() == lindigest._words(words, 1, 0, 3).tolist()
     assert lindigest._TABLES.exact_matmul[cpu] is False and "not exact" in caplog.text

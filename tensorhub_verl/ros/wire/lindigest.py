@@ -48,7 +48,7 @@ _B_BOUND = (1 << 21) - 1
 _BATCH_WORDS = 1 << 19
 """Words converted to float64 at once (4 MiB of temporaries): bounds device memory and stays in CPU caches."""
 _SEEDS = (0x7E45_0A11_D16E_5701, 0x1B3C_9D2F_6A88_E4C3)
-logger = logging.getLogger("tensorhub_verl.ros.lindigest")
+logger = logging.getLogger("tensorhub_verl.ros.wire.lindigest")
 
 
 def _splitmix(index: np.ndarray, seed: int) -> np.ndarray:
