@@ -84,6 +84,18 @@ def _last_json(text: str) -> object:
     return None
 
 
+def _rows(text: str) -> list:
+    """The ``row: {...}`` lines a benchmark prints as it goes."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("row: {"):
+            try:
+                rows.append(json.loads(line[5:]))
+            except ValueError:
+                continue
+    return rows
+
+
 def _capped(text: str) -> str:
     if len(text) <= LOG_CAP:
         return text
@@ -118,6 +130,8 @@ def run_step(step: Step, out: Path, deadline: float, base_env: dict[str, str]) -
     step.seconds = round(time.monotonic() - start, 2)
     text = output.decode(errors="replace")
     step.result = _last_json(text)
+    if step.result is None and (rows := _rows(text)):  # a benchmark cut short: the rows it finished
+        step.result = {"partial": True, "rows": rows}
     if "UCX_PROTO_INFO" in step.env:
         step.notes["ucx_transports"] = ucx_transports(text)
     header = f"$ {' '.join(step.argv)}\n# status {step.status}, rc {step.rc}, {step.seconds} s of {step.given_s} s\n"

@@ -37,7 +37,7 @@ def test_steps_run_under_their_limits_and_the_budget_and_the_summary_is_always_w
                                    "time.sleep(60)"), 2),
         gpu_check.Step("ok", py("import json; print('x'); print(json.dumps({'gbps': 1.5}))"), 20,
                        {"UCX_PROTO_INFO": "y"}),
-        gpu_check.Step("cut", py("import time; time.sleep(60)"), 60),
+        gpu_check.Step("cut", py("import time; print('row: {\"readers\": 1}', flush=True); time.sleep(60)"), 60),
         gpu_check.Step("late", py("print('never')"), 20),
     ]
     budget = gpu_check.RESERVE_S + 10
@@ -49,6 +49,7 @@ def test_steps_run_under_their_limits_and_the_budget_and_the_summary_is_always_w
     assert status == {"fails": "failed", "hangs": "timeout", "ok": "ok", "cut": "timeout", "late": "skipped"}
     assert steps[0].rc == 3 and steps[2].result == {"gbps": 1.5} and steps[2].notes == {"ucx_transports": []}
     assert steps[3].given_s < 60  # the budget left, not its own limit
+    assert steps[3].result == {"partial": True, "rows": [{"readers": 1}]}  # what it finished before the cut
     child = int((out / "hangs.log").read_text().split("child ")[1].split()[0])
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     summary = json.loads((out / "summary.json").read_text())
@@ -99,7 +100,7 @@ def test_the_whole_check_runs_every_step_on_the_cpu(tmp_path):
     built = subprocess.run(["bash", "scripts/gpu_wheels.sh", "--python", version, "--dest", str(wheels)], cwd=REPO,
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--out", str(out), "--device", "cpu", "--size-mb", "16",
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--out", str(out), "--device", "cpu", "--size-mb", "8",
                            "--wheels", str(wheels)], cwd=REPO, env={**os.environ, "PYTHON": sys.executable},
                           capture_output=True, text=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())

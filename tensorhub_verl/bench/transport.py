@@ -236,9 +236,15 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
 
 def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, repeats: int, chunk_mb: float,
         window: int, progress: str = "events", digests: bool = True, preconnect: int = 4,
-        first_readers: int = 3, device: str = "cpu") -> dict:
-    rows = [run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window, progress, digests,
-                    preconnect, first_readers, device) for wire in wires for n in readers]
+        first_readers: int = 3, device: str = "cpu", on_row=None) -> dict:
+    """``on_row``: called with each row as it is measured (a run cut short still leaves its finished rows)."""
+    rows = []
+    for wire in wires:
+        for n in readers:
+            rows.append(run_one(wire, n, size_mb, first_mb if n == readers[0] else 0, repeats, chunk_mb, window,
+                                progress, digests, preconnect, first_readers, device))
+            if on_row is not None:
+                on_row(rows[-1])
     head = rows[0]
     return {"bench": "transport", "device": device, "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
             "window": window, "progress": progress, "chunk_digests": digests,
@@ -293,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main_lab(args)
     result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
                  args.chunk_mb, args.window, args.progress, args.chunk_digests == "on", args.preconnect,
-                 args.first_readers, args.device)
+                 args.first_readers, args.device, on_row=_print_row)
     if not args.json:
         print(f"{'wire':8} {'readers':>7} {'TensorHub GB/s':>14} {'raw GB/s':>9} {'ratio':>6} {'range':>11} {'CPU s/GB':>9} "
               f"{'raw CPU s/GB':>12} {'peer %':>6} {'copy GB/s':>9} {'of copy':>7}  first read")
@@ -307,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['ratio_to_device_copy']:>7.3f}  {note}")
     print(json.dumps(result))
     return 0
+
+
+def _print_row(row: dict) -> None:
+    """Each row on its own line as it is measured, ``row: {...}`` (the JSON object of the whole run stays last)."""
+    print("row: " + json.dumps(row), flush=True)
 
 
 def _main_lab(args: argparse.Namespace) -> int:
