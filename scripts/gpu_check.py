@@ -22,8 +22,8 @@ transport_tcp       the same with ``--wire tcp`` (pinned bounce buffers on a GPU
 Written to ``--out`` (8 files at most): ``summary.json`` (rewritten after every step, so it is there whatever
 happens: each step's status, return code, seconds, limit and the JSON object its output ended with) and one
 ``<step>.log`` per step (its output, cut to its first and last MiB past 4 MiB). ``--device cpu`` runs every step
-on the CPU (the GPU tests then skip, and the CPU suite's counterparts of two of them run), to check the
-check itself where there is no GPU.
+on the CPU, to check the check itself where there is no GPU (the GPU tests then skip; the CUDA guards' tests and
+the GPU tier's collection test run beside them).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> li
     """The steps for ``device`` (cuda: the GPU host; cpu: the same steps in host memory)."""
     me = [python, str(Path(__file__).resolve())]
     tests = ["tests/gpu"]
-    if device == "cpu":  # the CPU suite's counterparts of the GPU tier's transfers
+    if device == "cpu":  # the GPU tests skip here: the CUDA guards' tests and the tier's collection test run too
         tests += ["tests/ros/test_ucx_cuda.py", "tests/test_gpu_tier_collects.py"]
     bench = [python, "-m", "tensorhub_verl.cli", "bench", "transport", "--device", device, "--readers", "1,4",
              "--size-mb", str(size_mb), "--repeats", "3", "--first-mb", "0", "--chunk-mb", "8"]
