@@ -52,8 +52,8 @@ WHEELHOUSE_MODULES = ("fastapi", "starlette", "pydantic", "pydantic_core", "uvic
                       "zstandard", "nixl_cu13", "nixl_cu12")
 """Modules the wheelhouse brings (the ones a GPU host lacks)."""
 CORE_IMPORTS = ("tensorhub_verl", "tensorhub_verl.ros.hub.app", "tensorhub_verl.ros.planes.nixl",
-                "tensorhub_verl.ros.planes.tcp", "tensorhub_verl.bench.transport", "uvicorn.protocols.http.httptools_impl",
-                "zstandard")
+                "tensorhub_verl.ros.planes.tcp", "tensorhub_verl.bench.transport",
+                "uvicorn.protocols.http.httptools_impl", "zstandard")
 
 
 @dataclass(slots=True)

@@ -246,7 +246,8 @@ def run(wires: list[str], readers: list[int], size_mb: float, first_mb: float, r
             if on_row is not None:
                 on_row(rows[-1])
     head = rows[0]
-    return {"bench": "transport", "device": device, "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats, "chunk_mb": chunk_mb,
+    return {"bench": "transport", "device": device, "size_mb": size_mb, "first_mb": first_mb, "repeats": repeats,
+            "chunk_mb": chunk_mb,
             "window": window, "progress": progress, "chunk_digests": digests,
             "preconnect": preconnect, "first_readers": first_readers, "tensorhub_gbps": head["tensorhub_gbps"],
             "raw_socket_gbps": head["raw_socket_gbps"], "ratio": head["ratio"], "rows": rows,
