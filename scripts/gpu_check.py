@@ -278,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     site = args.site or Path(tempfile.mkdtemp(prefix="tensorhub-gpu-site-"))
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    # The test suite marks the processes of a run in their environment and, at its end, kills those still alive:
+    # the tests step is a run of its own, which must not count this check (started by an outer run) as its own.
+    env.pop("TENSORHUB_TEST_SESSION", None)
     steps = plan(args.device, args.size_mb, args.python, args.wheels.resolve(), site)
     info = {"check": "gpu", "device": args.device, "size_mb": args.size_mb, "python": args.python,
             "wheels": str(args.wheels), "repo_commit": _commit()}
