@@ -127,6 +127,10 @@ def run_step(step: Step, out: Path, deadline: float, base_env: dict[str, str]) -
         os.killpg(proc.pid, signal.SIGKILL)  # the step's whole process group: its children too
         output, _ = proc.communicate(timeout=30)
         step.rc, step.status = proc.returncode, "timeout"
+    except BaseException:  # the check itself is stopped (SIGTERM, Ctrl-C): no step outlives it
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        raise
     step.seconds = round(time.monotonic() - start, 2)
     text = output.decode(errors="replace")
     step.result = _last_json(text)
@@ -275,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result["core_imports"] == "ok" else 1
     if args.out is None:
         parser.error("--out is required: the folder the summary and the logs go to")
+    # SIGTERM unwinds like Ctrl-C, so the running step's process group is killed and the summary written.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     site = args.site or Path(tempfile.mkdtemp(prefix="tensorhub-gpu-site-"))
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}

@@ -58,6 +58,42 @@ def test_steps_run_under_their_limits_and_the_budget_and_the_summary_is_always_w
     assert len(list(out.iterdir())) <= gpu_check.MAX_FILES
 
 
+_STOPPED = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, "scripts")
+import gpu_check
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+step = gpu_check.Step("sleeps", [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"], 60)
+gpu_check.run_all([step], Path(sys.argv[1]), 120, dict(os.environ), {"check": "stopped"})
+"""
+
+
+def test_a_check_that_is_stopped_leaves_no_step_running_and_its_summary_written(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPED, str(tmp_path)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "summary.json").exists() or not _step_pids(proc.pid):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        step_pid = _step_pids(proc.pid)[0]
+        proc.terminate()
+        assert proc.wait(30) == 128 + 15
+        assert not psutil.pid_exists(step_pid) or psutil.Process(step_pid).status() == psutil.STATUS_ZOMBIE
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["steps"][0]["status"] == "not run" and summary["ok"] is False
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _step_pids(parent: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(parent).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def test_the_plan_fits_the_files_that_come_back_and_the_budget_holds_every_step():
     for device in ("cuda", "cpu"):
         steps = gpu_check.plan(device, 1024, sys.executable, Path("/w"), Path("/s"))
@@ -93,7 +129,8 @@ def test_a_wheelhouse_that_differs_from_its_checksums_is_refused(tmp_path):
         gpu_check.verify_wheelhouse(tmp_path)
 
 
-@pytest.mark.slow  # builds a wheelhouse for this Python (~66 MB from the index), then the whole check (~4 min)
+@pytest.mark.slow  # builds a wheelhouse for this Python (~66 MB from the index), then the whole check (4-7 min)
+@pytest.mark.timeout(900)
 def test_the_whole_check_runs_every_step_on_the_cpu(tmp_path):
     wheels, out = tmp_path / "wheels", tmp_path / "out"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -102,7 +139,7 @@ def test_the_whole_check_runs_every_step_on_the_cpu(tmp_path):
     assert built.returncode == 0, built.stderr[-3000:]
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--out", str(out), "--device", "cpu", "--size-mb", "8",
                            "--wheels", str(wheels)], cwd=REPO, env={**os.environ, "PYTHON": sys.executable},
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=700)  # the check's own budget is 510 s
     summary = json.loads((out / "summary.json").read_text())
     assert summary["elapsed_s"] <= 540 and len(list(out.iterdir())) <= gpu_check.MAX_FILES
     steps = {s["name"]: s for s in summary["steps"]}
