@@ -53,7 +53,7 @@ WHEELHOUSE_MODULES = ("fastapi", "starlette", "pydantic", "pydantic_core", "uvic
 """Modules the wheelhouse brings (the ones a GPU host lacks)."""
 CORE_IMPORTS = ("tensorhub_verl", "tensorhub_verl.ros.hub.app", "tensorhub_verl.ros.planes.nixl",
                 "tensorhub_verl.ros.planes.tcp", "tensorhub_verl.bench.transport",
-                "uvicorn.protocols.http.httptools_impl", "zstandard")
+                "uvicorn.protocols.http.httptools_impl", "tensorhub_verl.ros.wire.delta_codec")
 
 
 @dataclass(slots=True)

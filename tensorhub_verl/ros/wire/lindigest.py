@@ -87,8 +87,15 @@ class _Tables:
         self.exact_matmul: dict[torch.device, bool] = {}
         """Per device: whether its float64 matmul passed the self-check (``_check_matmul``)."""
 
-    def get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A (int64) and B (float64) on ``device``."""
+        return self._get(device, groups)[:2]
+
+    def get_exact(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A (int64), B (float64) and B (int64) on ``device``."""
+        return self._get(device, groups)
+
+    def _get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with self._lock:
             self._grow(groups)
             if device not in self._on:
@@ -203,7 +210,7 @@ def _device_words(words: torch.Tensor, row0: int, col0: int, groups: int,
         return acc
     if exact_matmul is None:
         exact_matmul = _matmul_is_exact(words.device)
-    a, b, b_int = _TABLES.get(words.device, (row0 + rows) * groups)
+    a, b, b_int = _TABLES.get_exact(words.device, (row0 + rows) * groups)
     step = max(1, _BATCH_WORDS // n)
     for r in range(0, rows, step):
         if not exact_matmul:
