@@ -36,6 +36,7 @@ _BENCHES = {
     "soak": "tensorhub_verl.bench.soak",
     "control": "tensorhub_verl.bench.control",
     "publish-cost": "tensorhub_verl.bench.publish_cost",
+    "delta": "tensorhub_verl.bench.delta",
 }
 
 
@@ -71,6 +72,10 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plane", default="auto", metavar="auto|nixl|tcp",
                         help="the data plane of every worker of this hub (default auto: NIXL for a loopback hub, "
                              "RDMA devices or a UCX_TLS beyond TCP, else TCP); workers on another are refused")
+    parser.add_argument("--allow-keyless", action="store_true",
+                        help="with a token, admit workers without a job key: they share one default job (each "
+                             "may read the others' NIXL memory and publish their models); by default a hub with "
+                             "a token admits only workers with a job key ($TENSORHUB_JOB_KEY)")
     parser.add_argument("--allow-unverified", action="store_true",
                         help="accept versions without chunk digests (trusted tests only: their bytes go "
                              "unchecked)")
@@ -111,7 +116,8 @@ def _hub_command(argv: list[str]) -> int:
     token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl, owners=tuple(OwnerRule.parse(o) for o in args.owner),
-                       require_digests=not args.allow_unverified, plane=args.plane,
+                       require_digests=not args.allow_unverified, allow_keyless=args.allow_keyless,
+                       plane=args.plane,
                        planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config,

@@ -63,6 +63,15 @@ class NotModelOwner(NotOwner):
         self.model = model
 
 
+class JobKeyRequired(Unauthorized):
+    """A hub with a token admits only workers that register with a job key (``ClientConfig.job_key``), unless it
+    was started with ``allow_keyless``; the message says how to give one."""
+
+
+class HubAddressInUse(TensorHubError):
+    """The hub cannot listen on its address: another process holds the port. The message names the address."""
+
+
 class UnverifiedVersion(TensorHubError):
     """A version's manifest lacks chunk digests, so its bytes cannot be checked as they land; a reader refuses
     it unless configured not to (``ClientConfig.require_digests``, for trusted tests only)."""
@@ -74,6 +83,16 @@ class TransferFailed(TensorHubError):
 
 class HubUnavailable(TensorHubError):
     """The hub did not answer within the client's retry budget."""
+
+
+class HubNotProven(HubUnavailable):
+    """The process at the hub's address could not prove that it holds the hub's token (``hub_proof``): an
+    impostor on the hub's port, a hub with another token, or no hub at all. Nothing secret was sent to it."""
+
+
+class PlainHttpToTls(HubUnavailable):
+    """An ``http://`` hub URL names a server that answers in TLS: use its ``https://`` URL. Nothing secret was
+    sent."""
 
 
 class InvalidRequest(TensorHubError):
@@ -113,6 +132,29 @@ class ConfigError(TensorHubError, ValueError):
     """A configuration value is invalid; the message names the field and the accepted values."""
 
 
+class DeltaCorrupt(TensorHubError):
+    """A chunk's delta payload is malformed (wrong header, lengths, positions out of range or out of order, a
+    stream that does not decompress): nothing was written. The fix is to read the chunk of the target version
+    in full from a verified holder. ``encoding``: the payload's declared encoding; ``reason``: what was wrong."""
+
+    def __init__(self, message: str, encoding: str = "", reason: str = ""):
+        super().__init__(message)
+        self.encoding = encoding
+        self.reason = reason
+
+
+class DeltaRefused(InvalidRequest):
+    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
+    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
+    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
+    full instead (``FetchStats.delta``)."""
+
+
+class DeltaWithheld(VersionNotFound):
+    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
+    in full (``fetch(have=...)`` does so by itself)."""
+
+
 __all__ = [
     "TensorHubError",
     "VersionNotFound",
@@ -122,13 +164,20 @@ __all__ = [
     "Unauthorized",
     "NotOwner",
     "NotModelOwner",
+    "JobKeyRequired",
     "UnverifiedVersion",
     "TransferFailed",
     "HubUnavailable",
+    "HubNotProven",
+    "PlainHttpToTls",
+    "HubAddressInUse",
     "InvalidRequest",
+    "DeltaRefused",
+    "DeltaWithheld",
     "UnknownWorker",
     "UnknownFetch",
     "PlaneMismatch",
+    "DeltaCorrupt",
     "Cancelled",
     "ConfigError",
 ]

@@ -69,8 +69,17 @@ class ReplicaEngines:
                 kwargs={"hub_url": hub_url, "model": config.model, "worker": identity.worker,
                         "location": identity.location, "token": token, "staging": config.rollout_staging,
                         "client_config": {**config.client_settings(), "job_key": job_key},
-                        "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
+                        "fetch_timeout_s": config.fetch_timeout_s,
+                        # A hub of regions serves no deltas: its engines read full versions.
+                        "delta": "off" if config.uses_regions() else config.delta}), config.apply_timeout_s)
         return results
+
+    async def hold_admission(self, hold: bool, timeout: float) -> int:
+        """Holds (or releases) new requests at every server's gate (``th_hold_admission``); requests in flight
+        go on. Returns the requests that met a held gate since the previous call."""
+        answers = await asyncio.wait_for(asyncio.gather(
+            *(s.th_hold_admission.remote(hold) for s in self.servers)), timeout)
+        return sum(int(a.get("held_back", 0)) for a in answers)
 
     async def after_apply(self, version: int, timeout: float) -> None:
         """What verl's server adapter does after a weight update: drop KV computed with the old weights and

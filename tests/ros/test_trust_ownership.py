@@ -28,7 +28,7 @@ def _hub(tmp_path, *owners: str) -> HubProcess:
     args = ["--token-file", str(token_file), "--worker-timeout", "5", "--plane", "tcp"]
     for rule in owners:
         args += ["--owner", rule]
-    return HubProcess(args=tuple(args), token=TOKEN).start()
+    return HubProcess(args=tuple(args)).start()
 
 
 def _connect(hub, worker, job_key=JOB):

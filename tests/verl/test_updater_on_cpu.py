@@ -148,6 +148,27 @@ def test_a_failing_replica_keeps_its_version_and_is_reported_as_lag(rig):
     assert good.calls[-2:] == ["abort", "resume"]
 
 
+def test_a_replica_beyond_max_version_lag_is_held_until_it_catches_up(rig):
+    th_cfg = dict(rig["th"], min_replica_fraction=0.5, max_version_lag=0)
+    good = FakeReplica(0, rig["servers"][0], rig["recorder"])
+    lagging = FakeReplica(1, rig["servers"][1], rig["recorder"])
+    manager = _manager(th_cfg, StubActorGroup([rig["trainer"]]), [good, lagging])
+    holds = lambda r: [h for s in rig["servers"][r] for h in ray.get(s.hold_calls.remote())]  # noqa: E731
+    m1 = manager.update_weights(global_steps=31)
+    assert m1["tensorhub/replicas_held"] == 0.0 and holds(1) == [] and holds(0) == []
+
+    lagging.fail_abort = True  # delayed on purpose: it misses v32 and keeps serving v31
+    m2 = manager.update_weights(global_steps=32)
+    assert m2["tensorhub/version_lag/replica_1"] == 1.0 and m2["tensorhub/version_lag/replica_0"] == 0.0
+    assert m2["tensorhub/replicas_held"] == 1.0 and holds(1) == [True] and holds(0) == []
+
+    lagging.fail_abort = False  # it applies v33: released, and the requests that met its gate are counted
+    m3 = manager.update_weights(global_steps=33)
+    assert m3["tensorhub/version_lag/replica_1"] == 0.0 and m3["tensorhub/replicas_held"] == 0.0
+    assert holds(1) == [True, False] and m3["tensorhub/requests_held_back"] == 0.0
+    assert m2["tensorhub/requests_held_back"] == 2.0  # the stub reports 2 held back when asked to hold
+
+
 def test_other_backends_keep_verls_sequence(monkeypatch):
     """The patch routes only backend == 'tensorhub'; verl's own path still runs for the others."""
     from verl.checkpoint_engine import base
@@ -169,3 +190,28 @@ def test_other_backends_keep_verls_sequence(monkeypatch):
     manager.backend = "nccl"
     assert manager.update_weights(global_steps=5) == {"verl": 1.0}
     assert called == [("nccl", 5)]
+
+
+def test_after_the_first_version_every_replica_applies_the_delta_the_trainer_published_beside_it(rig):
+    """tensorhub.delta=auto (the default): versions that move few elements travel as deltas, checked against the
+    trainer's digests; the first one a replica sees (no delta from what it serves) travels in full."""
+    from tests.verl.fakes import STEPPED_FROM, stepped_weights
+
+    replicas = [FakeReplica(r, rig["servers"][r], rig["recorder"]) for r in (0, 1)]
+    manager = _manager(rig["th"], StubActorGroup([rig["trainer"]]), replicas)
+    first, *later = (STEPPED_FROM + 1, STEPPED_FROM + 2, STEPPED_FROM + 3)
+    nbytes = sum(t.numel() * t.element_size() for t in stepped_weights(first).values())
+
+    m = manager.update_weights(global_steps=first)
+    assert m["tensorhub/delta_bytes"] == 0 and m["tensorhub/bytes"] == 3 * nbytes  # no delta from what they serve
+    for version in later:
+        m = manager.update_weights(global_steps=version)
+        assert 0 < m["tensorhub/publish_delta_bytes"] < nbytes / 10
+        # Every rank of both replicas read only the delta, applied it and matched the trainer's digests.
+        assert m["tensorhub/delta_replicas"] == 2 and m["tensorhub/delta_fallbacks"] == 0
+        assert m["tensorhub/bytes"] == m["tensorhub/delta_bytes"] == 3 * m["tensorhub/publish_delta_bytes"]
+        assert 0 < m["tensorhub/changed_fraction"] < 0.05
+        assert m["tensorhub/digests_checked"] == 3 and m["tensorhub/digest_mismatches"] == 0
+    applied = [d for _, who, what, d in ray.get(rig["recorder"].get.remote())
+               if what == "apply_end" and d[0] == later[-1]]
+    assert len(applied) == 3 and all(got == digest(stepped_weights(later[-1]).items()) for _, got in applied)

@@ -40,6 +40,11 @@ class HubConfig:
     """The data plane of every worker of this hub ('nixl' or 'tcp'; ``planes/one_plane.py``): a worker that
     declares another is refused. 'auto': chosen when the hub starts, by the rule a client's 'auto' follows for
     the hub's URL (``planes/factory.choose``); clients left on 'auto' take the hub's plane."""
+    allow_keyless: bool = False
+    """With a token: admit workers that register without a job key (``ClientConfig.job_key``); they all share
+    one default job, so each may read the others' NIXL memory, take their shard ranks and publish their models.
+    Off (the default): a hub with a token refuses a registration without a job key (``JobKeyRequired``). A hub
+    without a token is open to everyone on its network and admits everyone."""
     require_digests: bool = True
     """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
     without digests is served unchecked."""

@@ -66,6 +66,7 @@ from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.preserve import must_preserve
 from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.delta_rules import check_delta_listed, check_delta_publish, report_bad_delta
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.records import GroupKey, Holding, HoldingState, Key, Member, VersionRecord, WorkerRecord
 from tensorhub_verl.ros.hub.registry import Registry, hash_secret, heard
@@ -245,7 +246,7 @@ class HubState:
             if not self.owners.owns(m.model, req.worker, job):
                 check_non_owner_creates_nothing(req, record, job, self.owners)
             if req.shard_count > 1:
-                check_pending_budget(req, self.config.limits, self.store)
+                check_pending_budget(req, self.config.limits, self.store, self._job_of, job)
 
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
@@ -274,6 +275,7 @@ class HubState:
             owner = self.owners.owns(key[0], req.worker, worker.job)
             if not owner:
                 check_copy(req, record, worker.job, self.owners)
+            check_delta_publish(req, record, self.store)
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
                 if req.shard_rank is not None or not owner:
@@ -288,7 +290,7 @@ class HubState:
             member = (key, req.holder)
             if req.shard_count > 1:
                 self.shard_groups.check(group, req.shard_count, member, req.shard_rank, self._member_alive)
-                check_pending_budget(req, self.config.limits, self.store)
+                check_pending_budget(req, self.config.limits, self.store, self._job_of, worker.job)
             if record is None:
                 record = VersionRecord(manifest, prepared.chunks)
                 self.store.add(key, record)
@@ -307,6 +309,10 @@ class HubState:
                     if holding.state == HoldingState.PENDING:  # not one that is draining meanwhile
                         holding.state = HoldingState.ACTIVE
             self._holdings_changed(key[0])
+
+    def _job_of(self, worker: str) -> str | None:
+        record = self.registry.get(worker)
+        return None if record is None else record.job
 
     def _member_alive(self, member: Member) -> bool:
         """Whether a shard group member's holding still exists: a shard that died leaves room for its stand-in."""
@@ -514,10 +520,24 @@ class HubState:
         if self.store.forget_if_empty(key):
             self.shard_groups.forget_version(key[0], key[1])
 
+    def report_bad_delta(self, req: msg.DeltaReport) -> msg.DeltaReportAck:
+        """Books a reader's report that a delta does not build its version (``delta_rules.py``)."""
+        with self._lock:
+            self.registry.require(req.worker)
+            key = (req.model, req.version, req.layout)
+            if self.store.get(key) is None:
+                raise VersionNotFound(f"no delta {req.layout!r} of {req.model!r} v{req.version} to report")
+            quarantined = report_bad_delta(self.quarantine, key, req.worker, self._clock())
+            logger.error("reader %s found the delta %s of %s v%d does not build the version (%s)%s", req.worker,
+                         req.layout, req.model, req.version, req.reason[:200],
+                         "; withholding it from every reader" if quarantined else "")
+            return msg.DeltaReportAck(quarantined=quarantined)
+
     # ------------------------------------------------------------------------------------ queries
     def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
         with self._lock:
             resolved = self.resolve(model, version, layout)
+            check_delta_listed(self.quarantine, (model, resolved, layout), self._clock())
             return self.store.get((model, resolved, layout)).manifest
 
     def resolve(self, model: str, version: int | str, layout: str) -> int:
@@ -554,7 +574,8 @@ class HubState:
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
-            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times)
+            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times,
+                                    self.reads.delta_bytes)
 
 
 def _check_holder(worker: str, holder: str) -> None:
