@@ -127,15 +127,19 @@ def test_delta_versions_draw_v2_from_v1_as_the_measured_profile_says():
 
 
 def test_delta_extra_states_each_goal_against_the_encoded_delta():
-    runs = {"tensorhub": {"total_s": 1.0, "wan_bytes": 120, "wan_bytes_into": {"dc0": 20, "dc1": 104}},
+    runs = {"tensorhub": {"total_s": 1.0, "wan_bytes": 120, "wan_bytes_into": {"dc0": 20, "dc1": 104},
+                          "delta": {"transfer_total_s": 0.5}},
             "tensorhub_full": {"total_s": 8.0, "wan_bytes": 900, "wan_bytes_into": {"dc1": 880}},
             "pull_from_trainer": {"total_s": 30.0, "wan_bytes": 8000, "wan_bytes_into": {"dc1": 7900}},
-            "delta_from_trainer": {"total_s": 3.0, "wan_bytes": 900, "wan_bytes_into": {"dc1": 800}}}
+            "delta_from_trainer": {"total_s": 3.0, "wan_bytes": 900, "wan_bytes_into": {"dc1": 800},
+                                   "delta": {"transfer_total_s": 2.5}}}
     trainer = {"delta_bytes": 100, "bytes": 4000, "lr": 1e-6, "changed_fraction": 0.02, "encodings": {"ulp": 2},
                "encode_s": 0.1}
     x = modes._delta_extra("cross_dc", runs, trainer, "dc1")
-    assert x["goals"]["vs_pull_from_trainer"] == {"goal": 19.0, "ratio": 30.0, "met": True}
-    assert x["goals"]["vs_delta_from_trainer"] == {"goal": 4.0, "ratio": 3.0, "met": False}
+    assert x["goals"]["vs_pull_from_trainer"] == {"goal": 19.0, "ratio": 30.0, "met": True, "ratio_without_apply": 60.0}
+    assert x["goals"]["vs_delta_from_trainer"] == {"goal": 4.0, "ratio": 3.0, "met": False, "ratio_without_apply": 5.0}
+    assert x["transfer_s"] == {"tensorhub": 0.5, "tensorhub_full": 8.0, "pull_from_trainer": 30.0,
+                               "delta_from_trainer": 2.5}
     assert x["goals"]["wan_over_delta"]["ratio"] == 1.04 and x["goals"]["wan_over_delta"]["met"]
     assert x["wan_over_delta"]["pull_from_trainer"] == 79.0
     sa = modes._delta_extra("standalone", runs, trainer, None)
