@@ -5,7 +5,9 @@ Each replica reports what it serves, the version it holds staged and checked (ev
 landed), and a version whose check failed. The rule keeps two committed versions per model, ``committed`` and the
 one before it (``previous``), and a replica flips only to one of those two. A newer version is committed when
 
-- no replica reported a failed check of it (a failure anywhere blocks the version everywhere, for good);
+- no replica reported a failed check of it (a failure anywhere blocks the version everywhere, for good; a commit
+  that a later report finds failed is withdrawn, so a driver flips its replicas only on the answers it gets once
+  every replica has reported);
 - a quorum holds it: at least ``min_fraction`` of the reporting replicas (elastic: whoever reports now) hold it
   staged or serve it;
 - the fleet serves at most ``MAX_SERVED`` versions at every instant: the versions served once the replicas that
@@ -81,6 +83,12 @@ def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction:
     """The new commits and each replica's flip, given every live replica's latest report."""
     failed = state.failed | {r.failed for r in reports.values() if r.failed is not None}
     committed, previous = state.committed, state.previous
+    # A commit whose check failed on a replica after the quorum formed is withdrawn: replicas flip only on the
+    # decision made once every replica reported, so no replica has flipped to it through this rule.
+    if previous in failed:
+        previous = None
+    if committed in failed:
+        committed, previous = previous, None
     # What the fleet serves once every replica that holds ``committed`` staged has flipped to it.
     after_catch_up = set()
     for report in reports.values():

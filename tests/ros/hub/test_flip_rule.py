@@ -98,3 +98,12 @@ def test_no_sequence_of_reports_makes_the_fleet_serve_three_versions():
         assert not (set(d.flips.values()) & d.state.failed), (reports, d)
         checked += 1
     assert checked > 100
+
+
+def test_a_commit_that_a_later_report_finds_failed_is_withdrawn():
+    reports = {"a": R(serving=1, staged=2), "b": R(serving=1, staged=2), "c": R(serving=1)}
+    d = decide(reports, FlipState(committed=1), min_fraction=0.5)
+    assert d.state.committed == 2
+    reports["c"] = R(serving=1, failed=2)
+    d = decide(reports, d.state, min_fraction=0.5)
+    assert d.state.committed == 1 and d.flips == {}
