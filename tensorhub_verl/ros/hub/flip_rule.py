@@ -17,7 +17,14 @@ Flips happen in two waves: first every replica that catches up to ``previous`` (
 flips to ``committed``. A replica behind stages the fleet's commit, not the newest version, so one straggler
 costs one more pull, never a third version served.
 
-    serving    {P, P, C}  staged {C, D, D}    ->  commit D (previous C):  wave 1 -> {C, P->C ...}
+    replica    serving  staged         decision (committed C -> D, previous C)
+    r0         C        D              wave 2: C -> D
+    r1         C        D              wave 2: C -> D
+    r2         P        C (catch-up)   wave 1: P -> C
+    served at each instant: {C, P} -> {C} -> {C, D} -> {D, C}: never three
+
+The hub's state is soft: after a restart the rule starts with no commit and no failed list, and rebuilds both from
+the next round of reports (an older staged version the fleet already serves may then be committed first).
 """
 
 from __future__ import annotations
@@ -100,19 +107,19 @@ def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction:
                          and (committed is None or r.staged > committed)}, reverse=True)
     need = quorum(min_fraction, len(reports))
     blocked = ""
-    for cand in candidates:
+    for cand in candidates:  # the newest that passes is committed; an older one may pass where a newer waits
         holders = sorted(w for w, r in reports.items() if cand in (r.staged, r.serving))
-        if len(holders) < need:
-            blocked = blocked or (f"v{cand} is held by {len(holders)} of {len(reports)} replicas; "
-                                  f"{need} needed (min_replica_fraction={min_fraction})")
-            continue
         served = after_catch_up | {cand}
-        if len(served) > MAX_SERVED:
-            blocked = (f"v{cand} would make the fleet serve {sorted(served)}: more than {MAX_SERVED} versions; it "
-                       f"waits until the replicas behind v{committed} catch up")
+        if len(holders) < need:
+            reason = (f"v{cand} is held by {len(holders)} of {len(reports)} replicas; "
+                      f"{need} needed (min_replica_fraction={min_fraction})")
+        elif len(served) > MAX_SERVED:
+            reason = (f"v{cand} would make the fleet serve {sorted(served)}: more than {MAX_SERVED} versions; it "
+                      f"waits until the replicas behind catch up")
+        else:
+            committed, previous = cand, committed
             break
-        committed, previous, blocked = cand, committed, ""
-        break
+        blocked = blocked or reason
     if not blocked:
         newer_failed = sorted(v for v in failed if committed is None or v > committed)
         if newer_failed and not candidates:

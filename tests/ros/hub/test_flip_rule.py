@@ -107,3 +107,14 @@ def test_a_commit_that_a_later_report_finds_failed_is_withdrawn():
     reports["c"] = R(serving=1, failed=2)
     d = decide(reports, d.state, min_fraction=0.5)
     assert d.state.committed == 1 and d.flips == {}
+
+
+def test_a_restarted_hub_knows_no_commit_and_still_lets_the_straggler_catch_up_first():
+    # Soft state: after a hub restart the rule starts from no commit. The straggler stages the version the fleet
+    # serves; that older version is committed now, the newest waits a round.
+    reports = {"a": R(serving=2, staged=3), "b": R(serving=2, staged=3), "c": R(serving=1, staged=2)}
+    d = decide(reports, FlipState(), min_fraction=0.5)
+    assert d.state.committed == 2 and d.flips == {"c": 2} and "v3" in d.blocked
+    reports["c"] = R(serving=2, staged=3)
+    d = decide(reports, d.state, min_fraction=0.5)
+    assert d.state.committed == 3 and d.flips == {"a": 3, "b": 3, "c": 3}
