@@ -75,11 +75,14 @@ class ReplicaEngines:
     async def flip_report(self, serving: int | None, staged: int | None, failed: int | None,
                           min_replica_fraction: float, timeout: float) -> dict:
         """Reports the replica for the fleet flip from its first node (the replica's name at the hub is that node's
-        worker id); every rank there sends the same report, and the first answer is returned."""
+        worker id); its engine rank 0 sends it (``th_flip_report``) and its answer is returned."""
         answers = await asyncio.wait_for(self.servers[0].collective_rpc.remote(
             "th_flip_report", timeout=timeout, kwargs={"serving": serving, "staged": staged, "failed": failed,
                                                        "min_replica_fraction": min_replica_fraction}), timeout)
-        return answers[0]
+        answer = next((a for a in answers if a), None)
+        if answer is None:
+            raise TransferFailed(f"replica {self.replica_rank}: no engine rank answered the flip report")
+        return answer
 
     async def hold_admission(self, hold: bool, timeout: float) -> int:
         """Holds (or releases) new requests at every server's gate (``th_hold_admission``); requests in flight
