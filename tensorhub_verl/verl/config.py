@@ -15,6 +15,7 @@ from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.client.hub_client import is_loopback_url
 from tensorhub_verl.ros.wire.topology import LABEL_KEYS, LINK_KEYS
 from tensorhub_verl.settings import STAGING_CHOICES
+from tensorhub_verl.ros.client.delta import DELTA_MODES
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
 
@@ -144,6 +145,12 @@ class TensorHubVerlConfig:
     """Digest every version on the trainer and on each rollout after its pull, and fail a replica whose
     bytes differ (``tensorhub/digest_mismatches``). Reads every byte once more on each side: for tests
     and debugging."""
+    delta: str = "auto"
+    """Deltas between consecutive versions (docs/deltas.md). 'auto': when the trainer publishes version N while
+    it still holds N-1 (``keep_versions`` >= 2), it also publishes the delta N-1 -> N (each FSDP rank diffs its own
+    rows where they live) if it is smaller than N, and an engine serving N-1 reads the delta, applies it in place
+    during its pause and checks the result against N's digests, re-reading in full any chunk that fails. 'on': the
+    same, publishing the delta even when it is not smaller. 'off': every update moves the whole version."""
     min_replica_fraction: float = 1.0
     """Fraction of replicas that must apply a version for update_weights to succeed. Below 1.0, a replica
     whose pull fails keeps serving its previous version (reported as tensorhub/version_lag)."""
@@ -151,6 +158,11 @@ class TensorHubVerlConfig:
     """Staleness bound: a replica serving a version more than this many behind the newest published stops
     admitting new requests (those in flight finish; new ones wait at its gate) until it has applied a newer one
     (``tensorhub/version_lag/replica_<r>``, ``tensorhub/requests_held_back``). None: off."""
+    flip_together: bool = False
+    """Fleet flip (needs ``rollout_staging`` 'cpu' or 'gpu'): every replica stages the next version and reports it to
+    the hub as staged and checked; replicas flip to it together once ``min_replica_fraction`` of them hold it, so the
+    fleet never serves more than two versions at once, and never a version whose check failed on any replica. A
+    replica behind the fleet stages the fleet's version first. False: each replica applies as soon as it pulled."""
     version_audit_dir: str | None = None
     """Directory where each rollout server appends one JSON line per generate call (request id, replica, the
     version spans its engine recorded, the label it gave) and each agent-loop client one per response (the spans
@@ -204,6 +216,9 @@ class TensorHubVerlConfig:
         if self.rollout_staging not in STAGING_CHOICES:
             raise ConfigError(f"tensorhub.rollout_staging must be one of {STAGING_CHOICES}, "
                               f"got {self.rollout_staging!r}")
+        if self.flip_together and self.rollout_staging == "none":
+            raise ConfigError("tensorhub.flip_together needs a staged pull: set tensorhub.rollout_staging to 'cpu' "
+                              "or 'gpu' (with 'none' the pull lands in the live parameters, which is the flip)")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
         if not 1 <= self.window <= 1024:
@@ -241,6 +256,9 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.cooperative must be true or false, got {self.cooperative!r}")
         if not isinstance(self.verify_digests, bool):
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
+        if self.delta not in DELTA_MODES:
+            raise ConfigError(f"tensorhub.delta must be one of {DELTA_MODES} (auto: a delta when it is smaller than "
+                              f"the version; off: full versions only), got {self.delta!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
             raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
         if self.max_version_lag is not None and (isinstance(self.max_version_lag, bool) or not isinstance(
