@@ -193,3 +193,24 @@ def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
     for variant in ("tensorhub_full", "pull_from_trainer"):
         assert not got[variant]["delta"]["used"] and got[variant]["bytes"] >= ready["bytes"]
     assert set(got["delta_from_trainer"]["sources"]) == {"trainer"} == set(got["pull_from_trainer"]["sources"])
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+def test_cross_dc_tiny_delta_run(no_leftovers, capsys):
+    """`bench modes --delta` in the lab: every variant's readers update from v1; TensorHub's delta crosses the WAN
+    once (the readers read one copy of it from the trainer), every baseline reader pulls its own from the trainer."""
+    pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
+    rc = modes.main(["--delta", "--modes", "cross_dc", "--size-mb", "8", "--rollouts", "2", "--nic-mbit", "400",
+                     "--wan-mbit", "200", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0, res
+    xdc = res["modes"]["cross_dc"]
+    runs, delta = xdc["runs"], xdc["delta"]["bytes"]
+    assert set(runs) == set(modes.DELTA_VARIANTS) and "sim_vs_lab" not in res
+    assert runs["tensorhub"]["delta"]["used"] == runs["delta_from_trainer"]["delta"]["used"] == 2
+    assert runs["tensorhub"]["bytes_from"]["trainer"] == delta
+    assert runs["delta_from_trainer"]["bytes_from"] == {"trainer": 2 * delta}
+    assert runs["pull_from_trainer"]["bytes_from"] == {"trainer": 2 * xdc["delta"]["version_bytes"]}
+    assert xdc["wan_bytes_into_readers_dc"]["tensorhub"] < xdc["wan_bytes_into_readers_dc"]["delta_from_trainer"]
+    assert set(xdc["goals"]) == {"vs_pull_from_trainer", "vs_delta_from_trainer", "wan_over_delta"}
