@@ -51,11 +51,13 @@ fi
 if [ "$CORE_ONLY" = 1 ]; then
   log "tensorhub_verl (core, $CORE_EXTRAS)"
   "${PIP[@]}" install -c "$CONSTRAINTS" -e ".[$CORE_EXTRAS]"
+  "${PIP[@]}" install --no-deps -e dev/   # the developer tools (tensorhub_dev): lab, simulator, demo, test helpers
   exit 0
 fi
 
 log "tensorhub_verl with verl, vLLM ($BUILD build) and test tools"
 "${PIP[@]}" install -c "$CONSTRAINTS" -e ".[$EXTRAS]"
+"${PIP[@]}" install --no-deps -e dev/   # the developer tools (tensorhub_dev): lab, simulator, demo, test helpers
 # verl's trainer (main_ppo) imports transfer_queue, from verl's `verl-core` extra; its own pins would
 # replace torch and friends, so it goes in alone.
 "${PIP[@]}" install --no-deps -c "$CONSTRAINTS" TransferQueue==0.1.11

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorhub_verl.testing.leftovers import alive, wait_gone
+from tensorhub_dev.testing.leftovers import alive, wait_gone
 from tests.conftest import GRACE_ENV, SESSION_ENV
 
 REPO = Path(__file__).resolve().parents[1]

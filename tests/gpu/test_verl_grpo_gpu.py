@@ -1,4 +1,4 @@
-"""verl's own GRPO trainer on GPUs through ``+tensorhub``: 3 steps of the tiny job (``tensorhub_verl.demo``) with the
+"""verl's own GRPO trainer on GPUs through ``+tensorhub``: 3 steps of the tiny job (``tensorhub_dev.demo``) with the
 trainer on one GPU and a bf16 vLLM replica on another.
 
 verl 0.9.1's trainer modes that use a checkpoint engine (``separate_async``, fully_async) place the trainer and the
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from tensorhub_verl.demo.grpo import run
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics
-from tensorhub_verl.demo.task import build_task
+from tensorhub_dev.demo.grpo import run
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.progress import read_metrics
+from tensorhub_dev.demo.task import build_task
 from tensorhub_verl.settings import PLATFORM_ENV
 from tests.gpu.conftest import gpus, needs_cuda
 
