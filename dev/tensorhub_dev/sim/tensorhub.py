@@ -1,10 +1,12 @@
-"""TensorHub in the simulator: the REAL planner (`tensorhub_verl.ros.hub.planner.plan_chunks`) picks sources.
+"""TensorHub in the simulator: the hub's own parts plan every read, on simulated time.
 
-This mirrors `HubState._plan`, and builds its requests with the hub's own `planner.reader_request`: holders are the complete members plus the members holding part of the
-version (readers still filling, and a sharded trainer's ranks, each with its shard's chunks), `inflight`
-counts every lease of the version per source, `pulling` lists the other readers' in-flight chunks by
-location, `wan_pulling` the chunks crossing into each datacenter, and the first `seeds_per_dc` readers of
-a datacenter to ask become its seeds (the only ones that may cross the WAN).
+The planner is the hub's (`tensorhub_verl.ros.hub.planner`: `reader_request` builds the request, `plan_chunks`
+picks the sources), and the leases are booked in the hub's own lease book (`ros.hub.lease_book.LeaseBook`), which
+answers the planner's questions as it does in the hub: reads in flight per source, the chunks pulled now per
+place, the chunks crossing the WAN into each datacenter. What is the simulator's own is only what the hub learns
+from the wire: holders are the complete members plus the members holding part of the version (readers still
+filling, and a sharded trainer's ranks, each with its shard's chunks), and the first `seeds_per_dc` readers of a
+datacenter to ask become its seeds (the only ones that may cross the WAN).
 
 Readers keep `window` reads in flight (the client's FetchSettings.window). A reader whose plan came back
 short re-plans after every event, as a hub waiter wakes on every change: plan passes run once per event,
@@ -33,6 +35,7 @@ import logging
 from collections import Counter, defaultdict
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.ros.hub.lease_book import Lease, LeaseBook
 from tensorhub_verl.ros.hub.planner import (
     Assignment,
     HolderView,
@@ -47,6 +50,9 @@ from tensorhub_dev.sim.hub_costs import HubCosts
 from tensorhub_dev.sim.swarm import Member, Swarm
 
 log = logging.getLogger("tensorhub_dev.sim")
+
+_KEY = ("model", 1, "hf")
+"""The one version a run reads (the lease book's key)."""
 
 
 class TensorHub:
@@ -65,10 +71,11 @@ class TensorHub:
         self.config = config or PlannerConfig()
         self.window = window
         self.seeds: dict[str, list[str]] = defaultdict(list)
-        self.inflight_src: Counter[str] = Counter()
-        self.pulling: dict[int, dict[str, object]] = defaultdict(dict)  # chunk -> reader -> location
-        self.wan_pulling: dict[str, Counter[int]] = defaultdict(Counter)
-        self._wan_leases: set[tuple[str, int]] = set()
+        self.book = LeaseBook()
+        """The leases in flight, booked as the hub books them."""
+        self._lease_of: dict[tuple[str, int], int] = {}
+        self._leases_issued = 0
+        """(reader, chunk) -> its lease's id in ``book``."""
         self.wan_posted = wan_posted
         self._wan_active: Counter[str] = Counter()
         self._wan_queue: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -93,8 +100,12 @@ class TensorHub:
         self._schedule()
 
     # ---- bookkeeping of leases, as the hub keeps them -----------------------------------------
+    def _is_wan(self, reader: Member, chunk: int) -> bool:
+        lease = self.book.get(self._lease_of.get((reader.name, chunk), -1))
+        return lease is not None and lease.distance == Distance.WAN
+
     def _landed(self, reader: Member, chunk: int, source: str) -> None:
-        if (reader.name, chunk) in self._wan_leases:
+        if self._is_wan(reader, chunk):
             self._wan_active[reader.name] -= 1
             if self._wan_queue[reader.name]:
                 self._start_wan(reader, *self._wan_queue[reader.name].pop(0))
@@ -113,11 +124,7 @@ class TensorHub:
         if chunk in self._hidden[reader.name]:
             self.unreported[reader.name] -= 1
             self._hidden[reader.name].discard(chunk)
-        self.inflight_src[source] -= 1
-        del self.pulling[chunk][reader.name]
-        if (reader.name, chunk) in self._wan_leases:
-            self._wan_leases.discard((reader.name, chunk))
-            self.wan_pulling[reader.location.dc][chunk] -= 1
+        self.book.pop(self._lease_of.pop((reader.name, chunk)))
         self._frozen.pop(reader.name, None)
         if replan:
             self._schedule()
@@ -230,7 +237,7 @@ class TensorHub:
                     chunks = self._frozen[m.name] = frozenset(m.have - self._hidden[m.name])
                 if not chunks:
                     continue
-            views.append(HolderView(m.name, m.location, chunks, self.inflight_src[m.name],
+            views.append(HolderView(m.name, m.location, chunks, self.book.reads_from(_KEY, m.name),
                                     int(self.swarm.served[m.name])))
         return views
 
@@ -250,18 +257,19 @@ class TensorHub:
                                                  held=len(reader.have - self._hidden[reader.name]))
         if not needed:
             return []
-        pulling = {c: [loc for r, loc in by.items() if r != reader.name] for c, by in self.pulling.items() if by}
-        wan = {d: frozenset(c for c, n in cnt.items() if n > 0) for d, cnt in self.wan_pulling.items()}
-        view = SwarmView(self._holder_views(), pulling, wan)
+        view = SwarmView(self._holder_views(), self.book.pulling(_KEY), self.book.wan_pulling(_KEY))
         self.plan_calls += 1
         plan = plan_chunks(request, view, self.config)
-        for a in plan:  # the leases, booked as the hub books them
-            self.inflight_src[a.source] += 1
-            self.pulling[a.chunk][reader.name] = reader.location
-            if a.distance == Distance.WAN:
-                self._wan_leases.add((reader.name, a.chunk))
-                self.wan_pulling[dc][a.chunk] += 1
+        for a in plan:  # the leases, booked as the hub books them (one chunk each: the simulator asks for no runs)
+            lease = Lease(self._next_lease(), _KEY, reader.name,
+                          reader.location, a.source, a.chunk, self.swarm.chunk_bytes, a.distance, float("inf"))
+            self.book.add(lease)
+            self._lease_of[(reader.name, a.chunk)] = lease.id
         return plan
+
+    def _next_lease(self) -> int:
+        self._leases_issued += 1
+        return self._leases_issued
 
     def _start(self, reader: Member, a: Assignment) -> None:
         """The reader acts on an assignment: reads it, or queues it behind its WAN reads."""

@@ -45,8 +45,9 @@ from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
 from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.wire.regions import (commit_layout, parse_regions, region_of, relay_children, relay_layout,
-                                             relay_parents, relays_from_here)
+from tensorhub_verl.ros.wire.regions import (commit_layout, complete_holders, parse_regions, region_of,
+                                             relay_children, relay_layout, relay_parents, relay_wanted,
+                                             relays_from_here)
 from tensorhub_verl.ros.wire.topology import Location
 
 logger = logging.getLogger("tensorhub_verl.ros.client.regional_client")
@@ -275,13 +276,11 @@ class RegionalClient:
         m = stats.manifest
         marker_layout = relay_layout(m.layout)
         try:
-            if not relays_from_here(self.worker, _sources(self.home.status(), m.model, m.version, m.layout)):
+            if not relays_from_here(self.worker, complete_holders(self.home.status(), m.model, m.version, m.layout)):
                 return
 
             def relay_to(name: str, client: Client) -> None:
-                # Only where the version is visible (committed), and not yet passed on by another reader.
-                if m.version in client.versions(m.model, m.layout) and \
-                        m.version not in client.versions(m.model, marker_layout):
+                if relay_wanted(m.version, client.versions(m.model, m.layout), client.versions(m.model, marker_layout)):
                     client.relay(m, stats.buffers)
                     with self._lock:
                         marker = self._markers.setdefault((m.model, m.version, marker_layout),
@@ -309,9 +308,3 @@ class RegionalClient:
         """``call`` on each named region's client at once; the results in order. Waits for every call, then
         raises the first failure."""
         return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])
-
-
-def _sources(status: dict, model: str, version: int, layout: str) -> list[str]:
-    """The active, complete holders of a version in a hub's ``status()``."""
-    return [h["holder"] for v in status["models"].get(model, ()) if (v["version"], v["layout"]) == (version, layout)
-            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]
