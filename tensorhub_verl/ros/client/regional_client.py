@@ -40,7 +40,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
-from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, results_of
+from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
 from tensorhub_verl.ros.planes import factory
@@ -92,8 +92,8 @@ class RegionalClient:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None, verified: Manifest | None = None, shard_group: str | None = None,
-                shard_count: int = 1) -> Manifest:
+                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1,
+                verified: Manifest | None = None) -> Manifest:
         """Publishes to every region; the version becomes visible in a region only once every region holds it.
         Returns the manifest (the same in every region).
 
@@ -125,7 +125,9 @@ class RegionalClient:
                                                               commit_layout(layout), None, _GROUP, 2))
         return first
 
-    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], **kwargs) -> Manifest:
+    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], *,
+                      specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]], rank: int, ranks: int,
+                      layout: str = "hf", group: str = "shards", chunk_bytes: int | None = None) -> Manifest:
         """Row shards are published to one hub process only (``Client.publish_shard``)."""
         raise errors.ConfigError(f"{self.worker}: publishing row shards (an FSDP rank's rows) to a hub of regions is "
                                  f"not supported; publish whole tensors from one rank (verl: tensorhub.staging with "
@@ -137,8 +139,16 @@ class RegionalClient:
         with self._lock:
             return sum(client.preserved_bytes for client in self._clients.values())
 
-    def unpublish(self, model: str, version: int, layout: str = "hf", timeout: float | None = None) -> None:
-        """Returns once no read of this worker's copy is in flight in any region."""
+    def unpublish(self, model: str, version: int, layout: str | None = None, timeout: float | None = None) -> None:
+        """Returns once no read of this worker's copy is in flight in any region (``layout`` None: every layout
+        this worker holds the version in, as ``Client.unpublish``)."""
+        if layout is None:
+            layouts = sorted({lay for m, v, lay in self.holdings() if (m, v) == (model, version)})
+            if not layouts:
+                raise errors.VersionNotFound(f"{self.worker} holds no version {version} of {model!r} in any region")
+            for lay in layouts:
+                self.unpublish(model, version, lay, timeout)
+            return
         with self._lock:
             clients = dict(self._clients)
             marker = self._markers.pop((model, version, layout), None)
@@ -178,9 +188,11 @@ class RegionalClient:
             self._relay(stats)
         return stats
 
-    def fetch_slices(self, model: str, version: int | str = "latest", **kwargs) -> FetchStats:
-        version = self._await_relay(model, version, kwargs.get("layout", "hf"))
-        stats = self.home.fetch_slices(model, version, **kwargs)
+    def fetch_slices(self, model: str, version: int | str = "latest", *, into: Mapping[str, torch.Tensor],
+                     slices: Mapping[str, Any] | None = None, layout: str = "hf",
+                     timeout: float | None = None) -> FetchStats:
+        version = self._await_relay(model, version, layout)
+        stats = self.home.fetch_slices(model, version, into=into, slices=slices, layout=layout, timeout=timeout)
         self._note_fetched(model, stats.version)
         return stats
 
@@ -204,7 +216,14 @@ class RegionalClient:
         return sorted({h for c in clients for h in c.holdings()
                        if not h[2].endswith((commit_layout(""), relay_layout("")))})
 
-    def status(self) -> dict[str, dict]:
+    def status(self) -> dict:
+        """The status of the regions' hubs this worker talks to, as one (``client_group.merged_status``); a
+        region's own: ``region_status``."""
+        with self._lock:
+            names = list(self._clients)
+        return merged_status(self._each(names, lambda name, client: client.status()))
+
+    def region_status(self) -> dict[str, dict]:
         """Each region's hub status, for the regions this worker talks to."""
         with self._lock:
             clients = dict(self._clients)
@@ -243,7 +262,7 @@ class RegionalClient:
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
-                client._register_worker()
+                client.register_again()
 
     def _note_fetched(self, model: str, version: int) -> None:
         with self._lock:
