@@ -30,6 +30,7 @@ _BENCHES = {
     "hub": "tensorhub_verl.bench.hub_load",
     "control": "tensorhub_verl.bench.control",
     "publish-cost": "tensorhub_verl.bench.publish_cost",
+    "delta": "tensorhub_verl.bench.delta",
 }
 # The developer tools: the package ``tensorhub_dev`` (the repository's dev/ tree), never in the product's wheel.
 # The product names them only here, as strings, so that one ``tensorhub`` command runs both when dev is installed.

@@ -147,6 +147,14 @@ class TensorHubVerlConfig:
     min_replica_fraction: float = 1.0
     """Fraction of replicas that must apply a version for update_weights to succeed. Below 1.0, a replica
     whose pull fails keeps serving its previous version (reported as tensorhub/version_lag)."""
+    max_version_lag: int | None = None
+    """Staleness bound: a replica serving a version more than this many behind the newest published stops
+    admitting new requests (those in flight finish; new ones wait at its gate) until it has applied a newer one
+    (``tensorhub/version_lag/replica_<r>``, ``tensorhub/requests_held_back``). None: off."""
+    version_audit_dir: str | None = None
+    """Directory where each rollout server appends one JSON line per generate call (request id, replica, the
+    version spans its engine recorded, the label it gave) and each agent-loop client one per response (the spans
+    of all its calls, the label its sample carries): an audit trail for off-policy corrections. None: off."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -235,6 +243,10 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
             raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
+        if self.max_version_lag is not None and (isinstance(self.max_version_lag, bool) or not isinstance(
+                self.max_version_lag, int) or self.max_version_lag < 0):
+            raise ConfigError(f"tensorhub.max_version_lag must be an integer >= 0 (or null: off), "
+                              f"got {self.max_version_lag!r}")
 
     def resolved_token(self) -> str | None:
         """``token``, else the value of ``token_env`` in this process, else None."""

@@ -72,6 +72,13 @@ class ReplicaEngines:
                         "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
         return results
 
+    async def hold_admission(self, hold: bool, timeout: float) -> int:
+        """Holds (or releases) new requests at every server's gate (``th_hold_admission``); requests in flight
+        go on. Returns the requests that met a held gate since the previous call."""
+        answers = await asyncio.wait_for(asyncio.gather(
+            *(s.th_hold_admission.remote(hold) for s in self.servers)), timeout)
+        return sum(int(a.get("held_back", 0)) for a in answers)
+
     async def after_apply(self, version: int, timeout: float) -> None:
         """What verl's server adapter does after a weight update: drop KV computed with the old weights and
         tag the server with the step."""

@@ -13,6 +13,9 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/version_lag``: newest published version minus the oldest version still served by a replica
   (0 when every replica applied this update).
 - ``tensorhub/replicas_updated``: replicas that applied this version.
+- ``tensorhub/version_lag/replica_<r>``: newest published version minus the version replica ``r`` serves.
+- ``tensorhub/replicas_held`` / ``tensorhub/requests_held_back`` (with ``max_version_lag``): replicas whose
+  new requests are held for staleness after this update, and requests that met a held gate since the last one.
 - ``tensorhub/trainer_sources`` / ``tensorhub/trainer_share_max``: trainer workers read from, and the largest
   share of the trainer bytes one of them served (~1/N when N FSDP ranks each serve their shard).
 - ``tensorhub/publish_ranks``: trainer ranks that published (N with shards, 1 with gathered tensors).
@@ -75,4 +78,18 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], upda
     # A replica that never got a version counts as lagging by the whole history (version + 1).
     out["tensorhub/version_lag"] = float(version - oldest)
     out["tensorhub/replicas_updated"] = float(sum(1 for v in served.values() if v == version))
+    for replica, lag in version_lags(version, served).items():
+        out[f"tensorhub/version_lag/replica_{replica}"] = float(lag)
     return out
+
+
+def version_lags(newest: int, served: Mapping[int, int | None]) -> dict[int, int]:
+    """replica -> versions it is behind ``newest`` (one that never got a version: ``newest + 1``)."""
+    return {r: newest - (v if v is not None else -1) for r, v in served.items()}
+
+
+def stale_replicas(newest: int, served: Mapping[int, int | None], max_lag: int | None) -> set[int]:
+    """Replicas more than ``max_lag`` versions behind ``newest`` (none when the bound is off)."""
+    if max_lag is None:
+        return set()
+    return {r for r, lag in version_lags(newest, served).items() if lag > max_lag}

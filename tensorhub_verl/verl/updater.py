@@ -40,7 +40,7 @@ from tensorhub_verl.verl.digest import DIGEST_KEY, differing
 from tensorhub_verl.verl.engines import ReplicaEngines
 from tensorhub_verl.verl.lora import LORA_KEY, adapter_update_result
 from tensorhub_verl.verl.identity import ray_boundary_facts
-from tensorhub_verl.verl.metrics import update_metrics
+from tensorhub_verl.verl.metrics import stale_replicas, update_metrics
 from tensorhub_verl.vllm.results import UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.verl.updater")
@@ -103,6 +103,8 @@ class TensorHubUpdater:
         self._set_up: dict[int, tuple] = {}
         """replica rank -> the ``ReplicaEngines.key`` its engines were set up with."""
         self._job = job
+        self._held: set[int] = set()
+        """Replicas whose new requests are held for staleness (``max_version_lag``)."""
         self._base_served: dict[tuple, int] = {}
         """LoRA: ``ReplicaEngines.key`` -> the base version those engines serve (a restarted replica has none)."""
 
@@ -145,6 +147,8 @@ class TensorHubUpdater:
                                  updates=[o.update for o in outcomes if o.update is not None],
                                  stalls={o.replica: o.stall_s for o in outcomes if o.error is None},
                                  served=self.served)
+        if self.config.max_version_lag is not None:
+            metrics.update(await self._bound_staleness(replicas, version))
         metrics["tensorhub/update_s"] = time.monotonic() - started
         if published_digest is not None:
             metrics["tensorhub/digest_mismatches"] = float(sum(isinstance(o.error, DigestMismatch) for o in outcomes))
@@ -167,6 +171,35 @@ class TensorHubUpdater:
                     len(outcomes) - len(failed), len(outcomes), metrics["tensorhub/update_s"],
                     metrics["tensorhub/stall_s"], metrics["tensorhub/sources_peer_fraction"])
         return metrics
+
+    async def _bound_staleness(self, replicas: Sequence[Any], version: int) -> dict[str, float]:
+        """``max_version_lag``: holds new requests at every replica more than that many versions behind
+        ``version`` (its requests in flight finish) and releases the others; a held replica is released by
+        the first update it applies. Runs after every replica's update, so verl's own resume cannot undo it."""
+        self._held &= {r.replica_rank for r in replicas}  # removed replicas are forgotten
+        stale = stale_replicas(version, self.served, self.config.max_version_lag)
+        timeout = self.config.apply_timeout_s
+        held_back = 0
+        for replica in replicas:
+            hold = replica.replica_rank in stale
+            if not hold and replica.replica_rank not in self._held:
+                continue  # never held: nothing to release
+            try:
+                held_back += await self._engines(replica).hold_admission(hold, timeout)
+            except Exception as e:  # a replica that cannot be reached is reported; the step goes on
+                logger.error("replica %d: could not %s its new requests: %s", replica.replica_rank,
+                             "hold" if hold else "release", e)
+                continue
+            if hold:
+                if replica.replica_rank not in self._held:
+                    logger.warning("replica %d serves v%s, more than %d versions behind v%d: it admits no new "
+                                   "request until it applies a newer one", replica.replica_rank,
+                                   self.served.get(replica.replica_rank), self.config.max_version_lag, version)
+                self._held.add(replica.replica_rank)
+            else:
+                self._held.discard(replica.replica_rank)
+        return {"tensorhub/replicas_held": float(len(self._held)),
+                "tensorhub/requests_held_back": float(held_back)}
 
     async def _update_replica(self, replica: Any, version: int, published_digests: dict | None = None
                               ) -> ReplicaOutcome:

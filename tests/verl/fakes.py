@@ -103,6 +103,7 @@ class StubServer:
         self.rank = StubEngineRank(replica_rank, recorder)
         self.engine = self.rank.extension()
         self.steps: list[int] = []
+        self.holds: list[bool] = []
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         return [getattr(self.engine, method)(*args, **(kwargs or {}))]
@@ -115,6 +116,14 @@ class StubServer:
 
     def set_global_steps(self, global_steps: int):
         self.steps.append(global_steps)
+
+    def th_hold_admission(self, hold: bool) -> dict:
+        """The staleness bound's gate (the real one is verl's, patched: test_version_labels_on_cpu)."""
+        self.holds.append(bool(hold))
+        return {"held": bool(hold), "held_back": 2 if hold else 0}
+
+    def hold_calls(self) -> list[bool]:
+        return list(self.holds)
 
     def served_digest(self):
         return digest(self.rank.params.items())

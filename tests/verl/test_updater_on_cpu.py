@@ -148,6 +148,27 @@ def test_a_failing_replica_keeps_its_version_and_is_reported_as_lag(rig):
     assert good.calls[-2:] == ["abort", "resume"]
 
 
+def test_a_replica_beyond_max_version_lag_is_held_until_it_catches_up(rig):
+    th_cfg = dict(rig["th"], min_replica_fraction=0.5, max_version_lag=0)
+    good = FakeReplica(0, rig["servers"][0], rig["recorder"])
+    lagging = FakeReplica(1, rig["servers"][1], rig["recorder"])
+    manager = _manager(th_cfg, StubActorGroup([rig["trainer"]]), [good, lagging])
+    holds = lambda r: [h for s in rig["servers"][r] for h in ray.get(s.hold_calls.remote())]  # noqa: E731
+    m1 = manager.update_weights(global_steps=31)
+    assert m1["tensorhub/replicas_held"] == 0.0 and holds(1) == [] and holds(0) == []
+
+    lagging.fail_abort = True  # delayed on purpose: it misses v32 and keeps serving v31
+    m2 = manager.update_weights(global_steps=32)
+    assert m2["tensorhub/version_lag/replica_1"] == 1.0 and m2["tensorhub/version_lag/replica_0"] == 0.0
+    assert m2["tensorhub/replicas_held"] == 1.0 and holds(1) == [True] and holds(0) == []
+
+    lagging.fail_abort = False  # it applies v33: released, and the requests that met its gate are counted
+    m3 = manager.update_weights(global_steps=33)
+    assert m3["tensorhub/version_lag/replica_1"] == 0.0 and m3["tensorhub/replicas_held"] == 0.0
+    assert holds(1) == [True, False] and m3["tensorhub/requests_held_back"] == 0.0
+    assert m2["tensorhub/requests_held_back"] == 2.0  # the stub reports 2 held back when asked to hold
+
+
 def test_other_backends_keep_verls_sequence(monkeypatch):
     """The patch routes only backend == 'tensorhub'; verl's own path still runs for the others."""
     from verl.checkpoint_engine import base

@@ -7,6 +7,7 @@ Each step's metrics come from verl's own "file" logger.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -143,3 +144,56 @@ def test_fully_async_syncs_through_tensorhub(task, tmp_path):
         assert m["tensorhub/digests_checked"] == 2 and m["tensorhub/digest_mismatches"] == 0
         assert m["tensorhub/bytes_from_peers"] > 0
     assert all(math.isfinite(s["reward_mean"]) for s in result["steps"])
+
+
+def _audit(directory, kind: str) -> list[dict]:
+    return [json.loads(line) for f in sorted(directory.glob(f"{kind}*.jsonl")) for line in f.read_text().splitlines()]
+
+
+@pytest.mark.slow  # ~3 min: one fully_async run with partial rollouts, every assertion of version truth on it
+def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp_path):
+    """Partial rollouts on: a sync aborts the requests in flight and verl resumes them on the new version, so a
+    response straddles two versions. Every rollout server writes what its engine recorded per request, every
+    agent-loop client what its sample carries (``tensorhub.version_audit_dir``). The default suite's shorter
+    versions: tests/vllm/test_version_spans_engine.py (a real engine, an apply mid-generation) and
+    tests/verl/test_version_labels_on_cpu.py (verl's resume loop and gate, patched)."""
+    from tensorhub_verl.vllm.version_spans import concat, from_wire, label
+
+    audit = tmp_path / "audit"
+    result, metrics = _run(task, tmp_path, steps=4, trainer_mode="fully_async", dtype_overrides=(
+        f"tensorhub.version_audit_dir={audit}", "async_training.partial_rollout=true",
+        "async_training.staleness_threshold=3", "data.max_response_length=128",
+        "actor_rollout_ref.rollout.ignore_eos=true"))  # long generations: a sync finds requests in flight
+    assert result["demo"] == "ok"
+    servers, clients = _audit(audit, "server-replica"), _audit(audit, "client")
+    assert servers and clients
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    applied = {int(r["data"]["tensorhub/version"]) for r in rows if "tensorhub/version" in r.get("data", {})}
+    for rec in servers:
+        spans = from_wire(rec["spans"])
+        # the engine's spans cover the response's tokens, in order, each from a version the updater applied
+        assert spans[0].start == 0 and spans[-1].end == rec["tokens"], rec
+        assert all(a.end == b.start for a, b in zip(spans, spans[1:])), rec
+        assert {s.version for s in spans} <= applied, (rec, applied)
+        assert (rec["min"], rec["max"]) == label(spans), rec
+    engine_records = [(json.dumps(r["spans"]), r["tokens"]) for r in servers]
+    straddles = []
+    for rec in clients:
+        parts = [(from_wire(s), n) for s, n in rec["parts"]]
+        spans = concat([p for p, _ in parts], [n for _, n in parts])
+        # the sample's label is the spans its replica's engine recorded, part by part, and nothing else
+        assert from_wire(rec["spans"]) == spans and rec["tokens"] == sum(n for _, n in parts), rec
+        assert (rec["min"], rec["max"]) == label(spans), rec
+        for p, n in parts:
+            assert (json.dumps([list(s.as_list()) for s in p]), n) in engine_records, rec
+        if len({s.version for s in spans}) > 1:
+            straddles.append(rec)
+    # A response aborted by a sync and resumed on the next version: two spans, min < max, split where the
+    # first part ended.
+    assert straddles, "no response straddled a sync"
+    for rec in straddles:
+        spans = from_wire(rec["spans"])
+        assert rec["min"] < rec["max"] and rec["min"] == spans[0].version and rec["max"] == spans[-1].version
+    # verl's trainer saw those labels: its partial-rollout metric counts samples whose min and max differ.
+    assert any(m.get("fully_async/partial/total_partial_num", 0) > 0 for _, m in metrics), \
+        [sorted(k for k in m if "partial" in k) for _, m in metrics]
