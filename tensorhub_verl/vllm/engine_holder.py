@@ -37,10 +37,10 @@ def on_gpu(params: dict[str, torch.Tensor]) -> bool:
 def holder_for_engine(module: torch.nn.Module, vllm_config: Any, load_hf: Callable, *, hub_url: str, model: str,
                       worker: str, location: Any = None, token: str | None = None, staging: str = "cpu",
                       client_config: dict | None = None, fetch_timeout_s: float = 300.0,
-                      bucket_bytes: int | None = None) -> EngineHolder:
+                      bucket_bytes: int | None = None, delta: str = "auto") -> EngineHolder:
     """Connects this rank (of vLLM's initialized parallel state) to the hub and wraps ``module``'s live parameters
     in an ``EngineHolder``. ``vllm_config``: the engine's (its model and cache configs); ``load_hf``: vLLM's own
-    loader of HF-named tensors into ``module``."""
+    loader of HF-named tensors into ``module``; ``delta``: ``HolderConfig.delta``."""
     import tensorhub_verl as th
 
     rank, tp = compat.tp_rank_and_size()
@@ -68,7 +68,7 @@ def holder_for_engine(module: torch.nn.Module, vllm_config: Any, load_hf: Callab
     try:
         extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         config = HolderConfig(model=model, layout=mapping.layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
-                              shard_group=worker if tp > 1 else None, shard_count=tp, **extra)
+                              shard_group=worker if tp > 1 else None, shard_count=tp, delta=delta, **extra)
         return EngineHolder(client, config, params, load_hf, hf_views=mapping.views, skip_hf=mapping.skip_hf)
     except BaseException:
         client.close()

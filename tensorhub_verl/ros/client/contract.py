@@ -16,6 +16,7 @@ import torch
 
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.wire.topology import Location
 
 
 @runtime_checkable
@@ -24,6 +25,8 @@ class WorkerClient(Protocol):
 
     worker: str
     """This worker's id (identity passed in: every call acts as this worker)."""
+    location: Location
+    """Where this worker is (its location labels)."""
 
     @property
     def preserved_bytes(self) -> int:

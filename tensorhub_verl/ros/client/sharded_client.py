@@ -62,6 +62,7 @@ class ShardedClient:
             self._close_shards(5.0)
             raise
         link_siblings(self.shards)
+        self.location = self.shards[0].location
         self.hub_urls = [client.hub_url for client in self.shards]
         # Calls on different versions may run at once (as on a Client); each takes one thread per shard.
         self._pool = ThreadPoolExecutor(4 * len(self.shards), thread_name_prefix=f"tensorhub-shards-{worker}")
