@@ -45,3 +45,17 @@ def test_every_line_the_checklist_cites_is_inside_its_file():
         if not any(len(f.read_text().splitlines()) >= line for f in matches):
             wrong.append(f"{path}:{line}" + ("" if matches else " (no such file)"))
     assert wrong == [], f"docs/architecture.md's checklist cites lines that do not exist: {wrong}"
+
+
+def test_the_settings_page_lists_every_field_of_the_verl_config():
+    import dataclasses
+
+    from tensorhub_verl.verl.config import TensorHubVerlConfig
+
+    fields = {f.name for f in dataclasses.fields(TensorHubVerlConfig)}
+    rows = re.findall(r"^\| (.*?) \|", (REPO / "docs" / "settings.md").read_text(), re.M)
+    listed = {name for cell in rows for name in re.findall(r"`([a-z_]+)`", cell)} - {"setting"}
+    assert fields - listed == set(), f"docs/settings.md lacks: {sorted(fields - listed)}"
+    assert listed - fields == set(), f"docs/settings.md lists fields that do not exist: {sorted(listed - fields)}"
+    readme = re.findall(r"^\| `([a-z_]+)` \|", (REPO / "README.md").read_text(), re.M)
+    assert readme and set(readme) <= fields, f"the README's settings table names unknown fields: {readme}"
