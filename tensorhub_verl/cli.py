@@ -36,6 +36,7 @@ _BENCHES = {
     "soak": "tensorhub_verl.bench.soak",
     "control": "tensorhub_verl.bench.control",
     "publish-cost": "tensorhub_verl.bench.publish_cost",
+    "delta": "tensorhub_verl.bench.delta",
 }
 
 

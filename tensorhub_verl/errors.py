@@ -103,6 +103,29 @@ class ConfigError(TensorHubError, ValueError):
     """A configuration value is invalid; the message names the field and the accepted values."""
 
 
+class DeltaCorrupt(TensorHubError):
+    """A chunk's delta payload is malformed (wrong header, lengths, positions out of range or out of order, a
+    stream that does not decompress): nothing was written. The fix is to read the chunk of the target version
+    in full from a verified holder. ``encoding``: the payload's declared encoding; ``reason``: what was wrong."""
+
+    def __init__(self, message: str, encoding: str = "", reason: str = ""):
+        super().__init__(message)
+        self.encoding = encoding
+        self.reason = reason
+
+
+class DeltaRefused(InvalidRequest):
+    """A delta was not published or not applied: its declared base is not the version the reader (or the hub)
+    holds, its base is no longer retained, or it does not describe the version's chunks and digests. Nothing was
+    written; the message names the mismatch. A reader that gets it from ``fetch(have=...)`` reads the version in
+    full instead (``FetchStats.delta``)."""
+
+
+class DeltaWithheld(VersionNotFound):
+    """The hub withholds a delta: readers reported that it does not build its version. Its readers read the version
+    in full (``fetch(have=...)`` does so by itself)."""
+
+
 __all__ = [
     "TensorHubError",
     "VersionNotFound",
@@ -115,9 +138,12 @@ __all__ = [
     "TransferFailed",
     "HubUnavailable",
     "InvalidRequest",
+    "DeltaRefused",
+    "DeltaWithheld",
     "UnknownWorker",
     "UnknownFetch",
     "PlaneMismatch",
+    "DeltaCorrupt",
     "Cancelled",
     "ConfigError",
 ]

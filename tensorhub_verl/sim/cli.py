@@ -2,6 +2,8 @@
 
 Prints a short table to stderr and one JSON object as the last line of stdout (also written to --out).
 Every ModeParams field is a flag (`--weights-gb`, `--chunks`, `--window`, `--nic-gbps`, `--trainer-nodes`, ...).
+`--delta-changed-fraction F` (with `--delta-bytes-per-changed`, `--delta-apply-gbps`) adds, for standalone and
+cross_dc, a run on the delta N-1 -> N beside the full version (``sim.modes``), printed side by side.
 `--sweep FIELD=V1,V2,...` runs the modes once per value instead and reports TensorHub against the
 physical floor (`tensorhub_verl.sim.sweep`).
 
@@ -39,6 +41,26 @@ def summary(result: dict) -> list[dict]:
                          "tensorhub_s": round(r["runs"]["tensorhub"][metric], 3),
                          "baseline_s": round(r["runs"][base][metric], 3), "ratio": round(ratio, 2),
                          "paper_ratio": PAPER[mode]})
+    return rows
+
+
+def delta_summary(result: dict) -> list[dict]:
+    """One row per mode with a delta run and per baseline: TensorHub's stall with full versions and with deltas,
+    the baseline's with full versions and moving the delta, and TensorHub-with-deltas' ratio to each."""
+    rows = []
+    for mode, r in result["modes"].items():
+        d = r.get("delta")
+        if d is None:
+            continue
+        th_delta = d["runs"]["tensorhub"]["max_s"]
+        for base in r["stall_ratio_vs"]:
+            row = {"mode": mode, "baseline": base, "tensorhub_full_s": round(r["runs"]["tensorhub"]["max_s"], 3),
+                   "tensorhub_delta_s": round(th_delta, 3), "baseline_full_s": round(r["runs"][base]["max_s"], 3),
+                   "ratio_vs_full": round(d["stall_ratio_vs_full"][base], 2), "paper_ratio": PAPER[mode]}
+            if base in d["stall_ratio_vs_delta"]:
+                row.update(baseline_delta_s=round(d["runs"][base]["max_s"], 3),
+                           ratio_vs_delta=round(d["stall_ratio_vs_delta"][base], 2))
+            rows.append(row)
     return rows
 
 
@@ -111,6 +133,21 @@ def main(argv: list[str] | None = None) -> int:
         for mode, r in result["modes"].items():
             if "hub" in r:
                 print(f"{mode:<11} hub {_hub_line(r['hub'])}", file=sys.stderr)
+        result["delta_summary"] = delta_summary(result)
+        if result["delta_summary"]:
+            p = result["params"]
+            d = next(r["delta"] for r in result["modes"].values() if "delta" in r)
+            apply = f"{d['apply_s']:.2f} s" if d["apply_s"] else "not modeled"
+            print(f"with deltas: {100 * p['delta_changed_fraction']:g}% changed x {p['delta_bytes_per_changed']:g} "
+                  f"B/changed element = {d['delta_gb']:.3g} GB of {p['weights_gb']:g} GB per version "
+                  f"(apply {apply}; {'packed into wire chunks' if d['packed'] else 'one object per chunk'})",
+                  file=sys.stderr)
+        for row in result["delta_summary"]:
+            extra = (f"  baseline with delta {row['baseline_delta_s']:>8.2f}s  ratio {row['ratio_vs_delta']:>6.2f}x"
+                     if "ratio_vs_delta" in row else "")
+            print(f"{row['mode']:<11} vs {row['baseline']:<18} tensorhub full {row['tensorhub_full_s']:>8.2f}s  "
+                  f"delta {row['tensorhub_delta_s']:>7.3f}s  baseline full {row['baseline_full_s']:>8.2f}s  "
+                  f"ratio {row['ratio_vs_full']:>7.1f}x{extra}", file=sys.stderr)
     text = json.dumps(result)
     if a.out:
         with open(a.out, "w") as fh:

@@ -28,6 +28,19 @@ add a store-and-forward delay of 8/64 of the whole transfer per hop.
   (joiners read from peers, nearest first) vs joiners pulling from the busy trainer.
 - cross_dc: trainer in dc0, R rollouts in dc1 behind a WAN. TensorHub (seeds cross the WAN, the rest
   read inside dc1) vs every rollout pulling across the WAN. Reports WAN bytes per version.
+
+Deltas (``delta_changed_fraction`` > 0): standalone and cross_dc also run on the delta N-1 -> N, the version's
+second form, beside the full version: every rollout holds N-1, so each moves the delta's encoded bytes,
+``weights_gb x changed fraction x bytes per changed element / element bytes`` (the figures that
+``tensorhub bench delta`` measures), as a version of that size with the same number of chunks. Each chunk's
+delta is one object, so the hub grants as many leases as for the full version (``real_chunk_mib`` shrinks with
+the bytes), unless ``delta_packed``: the per-chunk payloads then travel packed into wire chunks of
+``real_chunk_mib``, and the hub grants leases for the delta's bytes. TensorHub with the delta (holders of the
+delta serve it, one WAN copy per datacenter) is compared with the full baselines and with the same baselines
+moving the delta (every rollout pulling the delta from the trainer: verl's ``delta_sharded`` shape). With
+``delta_apply_gbps`` a rollout also applies the delta as chunks land, at that rate in GB/s of version bytes:
+its stall is ``max(transfer, apply) + the last chunk's apply``. Elastic joiners hold no base version: they read
+in full, so the elastic mode has no delta run.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.planner import PlannerConfig
@@ -112,6 +125,18 @@ class ModeParams:
     """The real transfer unit: each simulated chunk stands for chunk_bytes / this many real chunks."""
     hub_leases_per_exchange: int = 4
     """Leases one exchange grants (the fetcher asks when half its window of 8 is free)."""
+    delta_changed_fraction: float = 0.0
+    """Fraction of the version's elements one step changes; > 0 adds delta runs beside the full ones."""
+    delta_bytes_per_changed: float = 1.2
+    """Encoded bytes per changed element (``tensorhub bench delta``'s chosen encodings)."""
+    element_bytes: int = 2
+    """Bytes per element of the published version (bf16)."""
+    delta_apply_gbps: float = 0.0
+    """A rollout's apply rate, GB/s of version bytes; 0: the apply is not modeled (free)."""
+    delta_packed: int = 1
+    """1: the delta's per-chunk payloads travel packed into wire chunks of ``real_chunk_mib`` (leases scale with
+    its bytes: the product's delta form, a blob chunked like any layout); 0: one object per chunk of the version
+    (as many leases as the full version, each small)."""
 
     def __post_init__(self) -> None:
         if self.weights_gb <= 0 or self.chunks < 1 or self.window < 1:
@@ -123,11 +148,27 @@ class ModeParams:
         if self.rollouts > half or self.holders + self.joiners > half:
             raise ConfigError(f"rollout nodes (rollouts={self.rollouts}, holders+joiners="
                               f"{self.holders + self.joiners}) must fit the rollout half of the cluster ({half})")
+        if not 0 <= self.delta_changed_fraction <= 1 or self.delta_bytes_per_changed <= 0 \
+                or self.element_bytes < 1 or self.delta_apply_gbps < 0:
+            raise ConfigError("delta_changed_fraction must be in [0, 1], delta_bytes_per_changed > 0, "
+                              "element_bytes >= 1 and delta_apply_gbps >= 0")
         self.hub()  # the hub's fields are checked where they are used
 
     @property
     def chunk_bytes(self) -> float:
         return self.weights_gb * 1e9 / self.chunks
+
+    @property
+    def delta_gb(self) -> float:
+        """The delta's encoded bytes, in GB (0 without deltas)."""
+        return (self.weights_gb * self.delta_changed_fraction * self.delta_bytes_per_changed
+                / self.element_bytes)
+
+    def delta(self) -> "ModeParams":
+        """The same cluster moving the delta instead of the version (module docstring)."""
+        ratio = 1.0 if self.delta_packed else self.delta_gb / self.weights_gb
+        return replace(self, weights_gb=self.delta_gb, real_chunk_mib=self.real_chunk_mib * ratio,
+                       delta_changed_fraction=0.0)
 
     def hub(self) -> HubCosts | None:
         """The modeled hub, or None when every hub cost is 0 (the hub answers at once)."""
@@ -306,6 +347,34 @@ def elastic(p: ModeParams, strategies=("tensorhub", "pull_from_trainer")) -> dic
             "paper_update_ratio": PAPER["elastic"], **_hub_figures(runs, "mean_s")}
 
 
+DELTA_MODES = ("standalone", "cross_dc")
+"""The modes with a delta run (elastic joiners hold no base version)."""
+
+
+def with_delta(p: ModeParams, full: dict, mode: str) -> dict:
+    """The delta run of ``mode`` beside its full run ``full``: TensorHub moving the delta against every full
+    baseline and against the same baselines moving the delta."""
+    fns = {"standalone": standalone, "cross_dc": cross_dc}
+    d = fns[mode](p.delta())
+    apply_s = p.weights_gb / p.delta_apply_gbps if p.delta_apply_gbps else 0.0
+    for r in d["runs"].values():
+        r["transfer_max_s"] = r["max_s"]
+        if apply_s:
+            r["max_s"] = max(r["max_s"], apply_s) + apply_s / p.chunks
+    th = d["runs"]["tensorhub"]["max_s"]
+    version = p.weights_gb * 1e9
+    return {"delta_gb": p.delta_gb, "delta_over_version": p.delta_gb / p.weights_gb,
+            "changed_fraction": p.delta_changed_fraction, "bytes_per_changed": p.delta_bytes_per_changed,
+            "packed": bool(p.delta_packed),
+            "apply_s": apply_s, "runs": d["runs"],
+            "stall_ratio_vs_full": {s: r["max_s"] / th for s, r in full["runs"].items() if s != FREE_HUB},
+            "stall_ratio_vs_delta": {s: r["max_s"] / th for s, r in _baselines(d["runs"]).items()},
+            "wan_bytes_per_version": {s: r["wan_bytes"] for s, r in d["runs"].items()} if mode == "cross_dc" else {},
+            "wan_over_delta": ({s: r["wan_bytes"] / (p.delta_gb * 1e9) for s, r in d["runs"].items()}
+                               if mode == "cross_dc" else {}),
+            "version_bytes": version}
+
+
 def run_all(p: ModeParams, modes=("standalone", "elastic", "cross_dc")) -> dict:
     fns = {"standalone": standalone, "elastic": elastic, "cross_dc": cross_dc}
     unknown = set(modes) - set(fns)
@@ -315,5 +384,7 @@ def run_all(p: ModeParams, modes=("standalone", "elastic", "cross_dc")) -> dict:
     for m in modes:
         t0 = time.perf_counter()
         out["modes"][m] = fns[m](p)
+        if p.delta_changed_fraction > 0 and m in DELTA_MODES:
+            out["modes"][m]["delta"] = with_delta(p, out["modes"][m], m)
         log.info("mode %s simulated in %.1fs", m, time.perf_counter() - t0)
     return out

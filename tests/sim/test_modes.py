@@ -77,3 +77,52 @@ def test_cli_sweep_reports_each_value_against_the_floor(capsys):
     assert 1.0 <= rows[1]["vs_ideal"] < rows[0]["vs_ideal"]
     assert cli.main(["--sweep", "nope=1"]) == 2
     assert cli.main(["--sweep", "trainer_nodes=x"]) == 2
+
+
+def test_deltas_run_beside_full_versions_and_move_only_the_encoded_bytes():
+    p = ModeParams(**SMALL, delta_changed_fraction=0.02, delta_bytes_per_changed=1.2)
+    assert p.delta_gb == pytest.approx(10.0 * 0.02 * 1.2 / 2)
+    res = run_all(p, modes=("standalone", "elastic", "cross_dc"))
+    assert "delta" not in res["modes"]["elastic"]  # joiners hold no base version: they read in full
+    sa, xdc = res["modes"]["standalone"]["delta"], res["modes"]["cross_dc"]["delta"]
+    for d, full in ((sa, res["modes"]["standalone"]), (xdc, res["modes"]["cross_dc"])):
+        assert d["runs"]["tensorhub"]["max_s"] < full["runs"]["tensorhub"]["max_s"] / 10
+        assert d["stall_ratio_vs_full"]["pull_from_trainer"] > full["stall_ratio_vs"]["pull_from_trainer"]
+        assert d["stall_ratio_vs_delta"]["pull_from_trainer"] > 1
+    # one WAN copy of the delta per datacenter; every rollout pulling it moves one copy each
+    assert xdc["wan_over_delta"]["tensorhub"] == pytest.approx(1.0)
+    assert xdc["wan_over_delta"]["pull_from_trainer"] == pytest.approx(SMALL["rollouts"])
+
+
+def test_the_apply_rate_bounds_a_delta_stall():
+    p = ModeParams(**SMALL, delta_changed_fraction=0.02, delta_apply_gbps=1.0)
+    d = standalone(p.delta(), strategies=("tensorhub",))
+    res = run_all(p, modes=("standalone",))["modes"]["standalone"]["delta"]
+    assert res["apply_s"] == pytest.approx(10.0)
+    assert res["runs"]["tensorhub"]["max_s"] == pytest.approx(10.0 + 10.0 / SMALL["chunks"])
+    assert res["runs"]["tensorhub"]["transfer_max_s"] == pytest.approx(d["runs"]["tensorhub"]["max_s"])
+    with pytest.raises(ConfigError, match="delta_changed_fraction"):
+        ModeParams(**SMALL, delta_changed_fraction=1.5)
+
+
+def test_cli_prints_the_figures_with_and_without_deltas(capsys):
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
+    assert cli.main([*args, "--modes", "standalone,cross_dc", "--delta-changed-fraction", "0.02"]) == 0
+    captured = capsys.readouterr()
+    res = json.loads(captured.out.strip().splitlines()[-1])
+    rows = {(r["mode"], r["baseline"]): r for r in res["delta_summary"]}
+    assert rows[("cross_dc", "pull_from_trainer")]["ratio_vs_full"] > rows[("cross_dc", "pull_from_trainer")]["ratio_vs_delta"]
+    assert "with deltas: 2% changed" in captured.err
+
+
+def test_a_packed_delta_costs_the_hub_its_bytes_not_the_versions_chunks():
+    hub = dict(hub_exchange_ms=0.5, run_chunks=1, real_chunk_mib=8.0)
+    per_chunk = run_all(ModeParams(**SMALL, **hub, delta_changed_fraction=0.02, delta_packed=0),
+                        modes=("standalone",))
+    packed = run_all(ModeParams(**SMALL, **hub, delta_changed_fraction=0.02, delta_packed=1), modes=("standalone",))
+    full_hub = per_chunk["modes"]["standalone"]["runs"]["tensorhub"]["hub"]
+    a = per_chunk["modes"]["standalone"]["delta"]["runs"]["tensorhub"]
+    b = packed["modes"]["standalone"]["delta"]["runs"]["tensorhub"]
+    assert sum(a["hub"]["requests"].values()) > 10 * sum(b["hub"]["requests"].values())
+    assert sum(a["hub"]["requests"].values()) >= 0.5 * sum(full_hub["requests"].values())
+    assert b["max_s"] < a["max_s"]

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
@@ -38,6 +38,9 @@ from tensorhub_verl.ros.wire.ranges import ReadPlan, Runs, TensorSlice, plan_rea
 from tensorhub_verl.ros.client.retry import Backoff
 from tensorhub_verl.ros.wire.topology import Location
 from tensorhub_verl.ros.wire.convert import manifest_from_msg, manifest_to_msg
+
+if TYPE_CHECKING:
+    from tensorhub_verl.ros.client.delta import DeltaPublished
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
 
@@ -167,6 +170,29 @@ class Client:
         self._publish(_Publication(holder, manifest, tensors, shard_group, shard_count))
         return manifest
 
+    def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf",
+                      mode: str = "auto", chunk_bytes: int | None = None) -> "DeltaPublished":
+        """Publishes the delta ``base_version`` -> ``version`` of ``layout``, computed chunk by chunk where the
+        bytes live (torch ops on their device) from what this client holds of both: publish ``version`` first
+        and keep ``base_version`` published, its bytes unchanged, until this returns.
+
+        The delta is another layout of ``version`` (``delta_form.delta_layout``): the hub plans, retains and
+        checks it as it does every layout, and readers that fetched it serve it onward. The hub refuses it when
+        ``base_version`` is not retained, or when this worker may not create versions of ``model``.
+        ``mode="auto"`` publishes it only when it is smaller than the version (``DeltaPublished.published``
+        says whether it did, ``.reason`` why not); ``"on"`` whenever it can be made. ``chunk_bytes``: the delta
+        form's chunk size (default: about 1/16 of the delta, at least 64 KiB, at most the version's)."""
+        self._check_open()
+        _check_key(model, version, layout)
+        from tensorhub_verl.ros.client.delta import publish_delta
+
+        return publish_delta(self, model, version, base_version, layout, mode, chunk_bytes)
+
+    def _hold(self, manifest: Manifest, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Holds ``tensors``, checked chunk by chunk against ``manifest``'s digests, as this worker's copy of that
+        version (a version built in place from a delta: ``delta.py``)."""
+        self._publish(_Publication(self.worker, manifest, dict(tensors)))
+
     def relay(self, manifest: Manifest, tensors: Mapping[str, torch.Tensor]) -> None:
         """Holds a copy this worker fetched and checked through another hub (``manifest``: its
         ``FetchStats.manifest``, digests included) as ``<worker>~relay``: a hub of regions' first source in a
@@ -294,14 +320,29 @@ class Client:
         return manifest_from_msg(reply)
 
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
-              layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
+              layout: str = "hf", hold: bool = True, timeout: float | None = None, *, have: int | None = None,
+              delta: str = "auto") -> FetchStats:
         """Fills ``into`` in place with (model, version, layout); "latest" is resolved once.
 
         The buffers are checked against the manifest before any byte moves (ManifestMismatch).
         With ``hold`` the client then holds the version in ``into`` (peers read from it; leave the
         bytes unchanged until ``unpublish``). On failure ``into`` is unusable, and no peer reads it
         any more when this raises. ``into=None`` allocates CPU buffers (``stats.buffers``).
+
+        ``have``: the version ``into`` holds now (in ``layout``). Where its publisher published the delta from it
+        (``publish_delta``), the delta form is read (from its nearest holder, one WAN copy per datacenter) and
+        applied in place: each chunk's base digest is checked before, its target digest after, and chunks that
+        fail are re-read in full from holders of the version. Without such a delta (or with ``delta="off"``) the
+        version is read in full. If this client holds ``have`` in ``into``, it stops serving it (waiting for
+        reads in flight) before the first byte changes; if it holds another version there, DeltaRefused is
+        raised and nothing is written. ``stats.delta`` (``DeltaStats``) says whether the delta was used, its
+        bytes, the changed fraction, and what was re-read in full and why. With ``hold`` the client then holds
+        the version and the delta form, and serves both.
         """
+        if have is not None:
+            from tensorhub_verl.ros.client.delta import fetch_with_delta
+
+            return fetch_with_delta(self, model, version, into, layout, hold, timeout, have, delta)
         self._check_open()
         started = time.monotonic()
         deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
@@ -527,13 +568,14 @@ class Client:
         with self._lock:
             held = list(self._held.values())
             fetches = list(self._fetches.values())
+        held.sort(key=lambda h: h.manifest.layout.startswith("delta/"))  # a delta after the versions it joins
         for h in held:
             try:
                 self._hub.post("/v1/publish", h.message(self.worker), msg.OkReply)
-            except errors.NotModelOwner as e:
+            except (errors.NotModelOwner, errors.DeltaRefused) as e:
                 # A copy of another job's model, re-published before that job's own holders came back: the
-                # new hub takes copies only of versions already visible. This one serves nobody until
-                # fetched again.
+                # new hub takes copies only of versions already visible. Likewise a delta whose base version
+                # has not re-registered yet. This one serves nobody until fetched again.
                 logger.warning("%s could not re-register %s v%d: %s", self.worker, h.manifest.model,
                                h.manifest.version, e)
         for f in fetches:

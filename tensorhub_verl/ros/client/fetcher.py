@@ -112,6 +112,9 @@ class FetchStats:
     manifest: Manifest | None = field(default=None, repr=False)
     """Of a whole fetch: the manifest whose digests every landed chunk was checked against (a re-publish of
     these bytes in this layout reuses them: ``Client.publish(verified=...)``)."""
+    delta: "DeltaStats | None" = field(default=None, repr=False)
+    """Of a ``fetch(have=...)``: whether the version came as a delta, its bytes, and what was re-read in full and
+    why (``delta.DeltaStats``); None for any other fetch."""
 
     @property
     def gbps(self) -> float:

@@ -44,6 +44,8 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "InvalidRequest": errors.InvalidRequest,
     "PlaneMismatch": errors.PlaneMismatch,
     "OverBudget": errors.OverBudget,
+    "DeltaRefused": errors.DeltaRefused,
+    "DeltaWithheld": errors.DeltaWithheld,
     "UnknownWorker": UnknownWorker,
     "UnknownFetch": UnknownFetch,
 }

@@ -165,13 +165,26 @@ class RegionalClient:
                                      f"inside a region, or add its region to the hub")
         return self._client(self.region)
 
+    def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", **kwargs):
+        """Deltas are not published to a hub of regions: its readers read versions in full."""
+        raise errors.ConfigError(f"{self.worker}: deltas are not published to a hub of regions (a hub process per "
+                                 f"region); its readers read every version in full. Use one hub process (or a hub "
+                                 f"of shards) for deltas, or tensorhub.delta=off")
+
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
-              layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
+              layout: str = "hf", hold: bool = True, timeout: float | None = None, *, have: int | None = None,
+              delta: str = "auto") -> FetchStats:
         """From this worker's region. With relays: in a region with a parent, first waits for the parent's relay
-        copy; once held, passes the copy on to this region's children (``Client.relay``)."""
+        copy; once held, passes the copy on to this region's children (``Client.relay``). ``have``: read in full
+        (no deltas on a hub of regions); ``stats.delta`` says so."""
         self._register(into.values() if into else ())
         version = self._await_relay(model, version, layout)
         stats = self.home.fetch(model, version, into, layout, hold, timeout)
+        if have is not None:
+            from tensorhub_verl.ros.client.delta import DeltaStats
+
+            stats.delta = DeltaStats(have, fallback_chunks=stats.chunks, fallback_bytes=stats.bytes,
+                                     reasons=["a hub of regions serves no deltas: read in full"])
         self._note_fetched(model, stats.version)
         if hold and self._children.get(self.region) and stats.manifest is not None:
             self._relay(stats)

@@ -116,10 +116,18 @@ class ShardedClient:
                 f"visible once every shard has its share; wait_for_version waits for that")
         return found
 
+    def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", mode: str = "auto",
+                      chunk_bytes: int | None = None) -> list:
+        """``Client.publish_delta`` of each shard's share: a list of ``DeltaPublished`` in shard order."""
+        return self._each(lambda i, client: client.publish_delta(model, version, base_version,
+                                                                 self._layout(layout, i), mode, chunk_bytes))
+
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
-              layout: str = "hf", hold: bool = True, timeout: float | None = None) -> FetchStats:
+              layout: str = "hf", hold: bool = True, timeout: float | None = None, *, have: int | None = None,
+              delta: str = "auto") -> FetchStats:
         """``Client.fetch`` of every shard's share at once into one set of buffers; "latest" is the newest version
-        every shard has. On failure no share stays held."""
+        every shard has. On failure no share stays held. ``have``: each share as ``Client.fetch(have=...)``; the
+        shares' ``DeltaStats`` are summed into ``stats.delta``."""
         started = time.monotonic()
         manifests = self.manifests(model, version, layout)
         if into is None:
@@ -134,9 +142,11 @@ class ShardedClient:
             check_buffers(m, part)  # every share's buffers, before any share's bytes move
         self._register(into.values())
         stats = self._all_or_none(manifests, lambda i, client: client.fetch(
-            model, manifests[i].version, parts[i], self._layout(layout, i), hold, _left(started, timeout, self.config)),
-            hold)
+            model, manifests[i].version, parts[i], self._layout(layout, i), hold, _left(started, timeout, self.config),
+            **({} if have is None else {"have": have, "delta": delta})), hold)
         out = _merged(stats, layout, time.monotonic() - started)
+        if have is not None:
+            out.delta = merged_delta([s.delta for s in stats])
         out.buffers = dict(into)
         return out
 
@@ -265,6 +275,22 @@ def _or_none(call: Callable[[], Manifest]) -> Manifest | None:
 def _left(started: float, timeout: float | None, config: ClientConfig) -> float:
     """What is left of a fetch's limit for the shares' fetches, which run at once."""
     return max(0.001, (timeout or config.timeouts.fetch_timeout_s) - (time.monotonic() - started))
+
+
+def merged_delta(parts: list):
+    """One ``DeltaStats`` for the shares' fetches: used when every share used its delta."""
+    from tensorhub_verl.ros.client.delta import DeltaStats
+
+    out = DeltaStats(parts[0].base_version, used=all(p.used for p in parts))
+    for p in parts:
+        out.delta_bytes += p.delta_bytes
+        out.changed_elements += p.changed_elements
+        out.elements += p.elements
+        out.fallback_chunks += p.fallback_chunks
+        out.fallback_bytes += p.fallback_bytes
+        out.reasons.extend(p.reasons)
+        out.apply_seconds += p.apply_seconds
+    return out
 
 
 def _merged(stats: list[FetchStats], layout: str, seconds: float) -> FetchStats:

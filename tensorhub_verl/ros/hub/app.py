@@ -162,6 +162,11 @@ class _HubCollector:
         for worker, n in sorted(snap["bytes_served"].items()):
             served.add_metric([worker], n)
         yield served
+        deltas = CounterMetricFamily("tensorhub_delta_bytes", "Bytes of delta forms read, per model",
+                                     labels=["model"])
+        for model, n in sorted(snap.get("delta_bytes", {}).items()):
+            deltas.add_metric([model], n)
+        yield deltas
         holders = GaugeMetricFamily("tensorhub_version_holders", "Active holders of each version",
                                     labels=["model", "version", "layout"])
         for (model, version, layout), n in sorted(snap["holders"].items()):
@@ -256,6 +261,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def unpublish(req: msg.Unpublish, credential: Credential = "") -> msg.UnpublishAck:
         with state.acting_as(req.worker, credential):
             return state.unpublish(req)
+
+    @app.post("/v1/delta/report")
+    def delta_report(req: msg.DeltaReport, credential: Credential = "") -> msg.DeltaReportAck:
+        with state.acting_as(req.worker, credential):
+            return state.report_bad_delta(req)
 
     @app.post("/v1/preserve")
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:

@@ -13,6 +13,7 @@ from typing import AbstractSet, Iterator
 
 from tensorhub_verl.errors import NotOwner
 from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.wire.delta_form import is_delta_layout
 from tensorhub_verl.ros.hub.changes import Wake
 from tensorhub_verl.ros.hub.chunk_index import candidate_stride, candidates_for
 from tensorhub_verl.ros.hub.leases import Leases
@@ -33,6 +34,8 @@ class ReadDesk:
     def __init__(self, registry: Registry, leases: Leases, quarantine: Quarantine, planner: PlannerConfig,
                  lease_ttl_s: float, nixl_within_job: bool):
         self.registry, self.leases, self.quarantine = registry, leases, quarantine
+        self.delta_bytes: dict[str, int] = {}
+        """model -> bytes of its delta forms read by readers (``delta_form.py``), over the hub's life."""
         self.planner, self.lease_ttl_s, self.nixl_within_job = planner, lease_ttl_s, nixl_within_job
 
     def may_get_metadata(self, reader_job: str, source: WorkerRecord) -> bool:
@@ -272,6 +275,8 @@ class ReadDesk:
         record.index.add(holding.holder, (c for c in chunks if c not in holding.unserved) if holding.unserved
                          else chunks)
         nbytes = lease.nbytes if len(chunks) == lease.count else sum(record.spans.nbytes(c, c + 1) for c in chunks)
+        if is_delta_layout(lease.key[2]):
+            self.delta_bytes[lease.key[0]] = self.delta_bytes.get(lease.key[0], 0) + nbytes
         source = record.holdings.get(lease.source)
         if source is not None:
             source.served_bytes += nbytes

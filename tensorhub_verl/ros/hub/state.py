@@ -66,6 +66,7 @@ from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.preserve import must_preserve
 from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.delta_rules import check_delta_listed, check_delta_publish, report_bad_delta
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.records import GroupKey, Holding, HoldingState, Key, Member, VersionRecord, WorkerRecord
 from tensorhub_verl.ros.hub.registry import Registry, hash_secret, heard
@@ -260,6 +261,7 @@ class HubState:
             owner = self.owners.owns(key[0], req.worker, worker.job)
             if not owner:
                 check_copy(req, record, worker.job, self.owners)
+            check_delta_publish(req, record, self.store)
             if record is not None:
                 check_same_tensors(record.manifest, manifest)
                 if req.shard_rank is not None or not owner:
@@ -494,10 +496,24 @@ class HubState:
         if self.store.forget_if_empty(key):
             self.shard_groups.forget_version(key[0], key[1])
 
+    def report_bad_delta(self, req: msg.DeltaReport) -> msg.DeltaReportAck:
+        """Books a reader's report that a delta does not build its version (``delta_rules.py``)."""
+        with self._lock:
+            self.registry.require(req.worker)
+            key = (req.model, req.version, req.layout)
+            if self.store.get(key) is None:
+                raise VersionNotFound(f"no delta {req.layout!r} of {req.model!r} v{req.version} to report")
+            quarantined = report_bad_delta(self.quarantine, key, req.worker, self._clock())
+            logger.error("reader %s found the delta %s of %s v%d does not build the version (%s)%s", req.worker,
+                         req.layout, req.model, req.version, req.reason[:200],
+                         "; withholding it from every reader" if quarantined else "")
+            return msg.DeltaReportAck(quarantined=quarantined)
+
     # ------------------------------------------------------------------------------------ queries
     def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
         with self._lock:
             resolved = self.resolve(model, version, layout)
+            check_delta_listed(self.quarantine, (model, resolved, layout), self._clock())
             return self.store.get((model, resolved, layout)).manifest
 
     def resolve(self, model: str, version: int | str, layout: str) -> int:
@@ -534,7 +550,8 @@ class HubState:
 
     def metrics_snapshot(self) -> dict:
         with self._lock:
-            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times)
+            return metrics_snapshot(self.registry, self.store, self.leases, self.quarantine, self.fetch_times,
+                                    self.reads.delta_bytes)
 
 
 def _check_holder(worker: str, holder: str) -> None:

@@ -44,10 +44,10 @@ def status_reply(instance: str, registry: Registry, versions: VersionStore, leas
 
 
 def metrics_snapshot(registry: Registry, versions: VersionStore, leases: Leases, quarantine: Quarantine,
-                     fetch_times: FetchTimes) -> dict:
+                     fetch_times: FetchTimes, delta_bytes: dict[str, int] | None = None) -> dict:
     holders = {k: sum(1 for h in r.holdings.values() if h.state == HoldingState.ACTIVE) for k, r in versions.items()}
     return {"bytes_served": {r.worker: r.bytes_served for r in registry},
             "holders": holders, "fetch_seconds": list(fetch_times.samples),
             "leases_revoked": leases.revoked_total, "read_failures": dict(quarantine.read_failures),
             "corrupt_reads": dict(quarantine.corrupt_reads),
-            "leases_in_flight": len(leases), "workers": len(registry)}
+            "leases_in_flight": len(leases), "workers": len(registry), "delta_bytes": dict(delta_bytes or {})}

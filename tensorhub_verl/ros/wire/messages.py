@@ -333,6 +333,22 @@ class EndFetch(Strict):
     wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
 
 
+class DeltaReport(Strict):
+    """A reader's report that a delta form (``delta_form.py``) does not build its version: its base chunks had the
+    base digests, yet its payloads do not give the target's. On independent evidence the hub stops listing it."""
+
+    worker: WorkerId
+    model: Name
+    version: Version
+    layout: Name
+    reason: Annotated[str, Field(max_length=2000)] = ""
+
+
+class DeltaReportAck(Reply):
+    quarantined: bool
+    """Whether the delta is now withheld from every reader (they read the version in full)."""
+
+
 class VersionsReply(Reply):
     model: str
     versions: dict[int, list[str]]

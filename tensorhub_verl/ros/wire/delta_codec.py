@@ -1,0 +1,491 @@
+"""The per-chunk delta codec: a chunk of version N encoded against the same chunk of version N-1.
+
+Pure functions on torch tensors: no I/O, no processes. A chunk is a 1-D uint8 tensor of its bytes, on any device;
+its bytes are read as words of the element size of ``dtype`` (a trailing partial word, where the chunk's length
+is not a multiple of it, travels as its target bytes). The diff runs with torch ops on the chunk's device; only
+the compact streams (positions, steps, values) go to the host for zstd.
+
+Encodings, picked per chunk by the measured change (``encode_chunk``: the smallest payload wins):
+
+- ``dense``: the target chunk's bytes themselves (also whenever more than ``DENSE_FRACTION`` of the words changed,
+  or when nothing else is smaller). Idempotent.
+- ``overwrite``: the changed words' positions and their target values. Idempotent: applying it twice, or to a
+  chunk that already holds the target, gives the target.
+- ``xor``: the XOR of base and target, every word, its byte planes zstd-compressed apart. Not idempotent.
+- ``ulp``: the changed words' positions and, per word, its step in the float's ordered integer representation
+  (sign-magnitude mapped to a monotone integer, so that a small update moves a bf16 word by +-1 or +-2),
+  zigzag-coded. Not idempotent. For dtypes that are not floating point the words' own integer values step.
+
+Positions travel as gaps (``pos[i] - pos[i-1] - 1``, the first as itself) in four little-endian byte planes, and
+every value stream in byte planes of the word size: each plane is zstd level 1 compressed apart (its own entropy
+table: the low plane of a gap or step stream carries nearly all the information, the high planes are nearly all
+zeros), stored raw when zstd does not shrink it, and as nothing when it is all zeros.
+
+Non-idempotent encodings are safe because the protocol checks the base chunk's digest before applying and the
+target's after (``delta_digest``); a payload that does not parse is refused (``DeltaCorrupt``) before a byte of
+``into`` is written.
+
+Payload (every encoding but ``dense``, whose payload is the raw chunk)::
+
+    header   "<4sBBBBBQQ"  magic b"THDC", format 1, encoding id, word size, tail length, streams, words, changed
+    streams  "<BQQ" each   kind (0 raw, 1 zstd, 2 all zeros), raw length, stored length
+    tail     tail length bytes of the target (the partial word at the chunk's end)
+    data     the streams' stored bytes, in order
+
+The payload is ``bytes`` (what the wire and the hub's holders keep); ``apply_chunk`` also takes any object with
+the buffer protocol (a memoryview, a numpy array, a CPU uint8 tensor's numpy view).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import zstandard
+
+from tensorhub_verl.errors import DeltaCorrupt
+
+DENSE = "dense"
+OVERWRITE = "overwrite"
+XOR = "xor"
+ULP = "ulp"
+ENCODINGS = (DENSE, OVERWRITE, XOR, ULP)
+"""Every encoding ``apply_chunk`` understands."""
+DEFAULT_CANDIDATES = (ULP, OVERWRITE)
+"""What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise. ``xor`` only when asked: it
+compresses every word of the chunk (a zstd pass over all of it, not only over the changed words' streams), and
+on optimizer steps ``ulp`` is the smaller (``tensorhub bench delta`` prints both)."""
+STEP_BYTES_FOR_OVERWRITE = 0.5
+"""After ``ulp``, ``overwrite`` is tried only when ``ulp``'s steps took more than this many bytes per changed
+word per byte of the word: both share the positions, so ``overwrite`` can win only where the steps are large
+(they then hold about as much as the words themselves); small steps compress far below the words."""
+DENSE_FRACTION = 0.30
+"""Above this fraction of changed words a chunk goes ``dense`` without trying the others."""
+ZSTD_LEVEL = 1
+
+_MAGIC = b"THDC"
+_FORMAT = 1
+_HEADER = struct.Struct("<4sBBBBBQQ")
+_STREAM = struct.Struct("<BQQ")
+_RAW, _ZSTD, _ZEROS = 0, 1, 2
+_ID = {OVERWRITE: 1, XOR: 2, ULP: 3}
+_GAP_BYTES = 4
+_MAX_WORDS = (1 << 31) - 1
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedChunk:
+    """One chunk's delta: ``apply_chunk(encoding, payload, into=<base chunk>, dtype=...)`` turns the base into
+    the target."""
+
+    encoding: str
+    """One of ``ENCODINGS``."""
+    payload: bytes
+    """What crosses the wire: for ``dense`` the target chunk's bytes, else the framed streams (module docstring)."""
+    changed: int
+    """Words (elements of the chunk's dtype) whose bytes differ between base and target."""
+    elements: int
+    """Whole words in the chunk (its length // the element size)."""
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkChanges:
+    """What a delta changes in one chunk, on the chunk's device: enough to apply it and to update a linear
+    digest without reading the unchanged words (``delta_digest``)."""
+
+    positions: torch.Tensor
+    """int64 word indices, strictly increasing."""
+    old: torch.Tensor
+    """The base's words at ``positions`` (signed int of the element size)."""
+    new: torch.Tensor
+    """The target's words at ``positions``."""
+    tail_offset: int
+    """Byte offset of the partial word at the chunk's end (== the chunk's length when there is none)."""
+    old_tail: bytes
+    new_tail: bytes
+    word_bytes: int
+
+    def byte_changes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(chunk byte offsets int64, old bytes uint8, new bytes uint8) of every byte of every changed word, and
+        of the tail's bytes, in increasing offset order."""
+        w = self.word_bytes
+        dev = self.positions.device
+        offs = (self.positions[:, None] * w + torch.arange(w, device=dev)[None]).reshape(-1)
+        old = self.old.reshape(-1).view(torch.uint8)
+        new = self.new.reshape(-1).view(torch.uint8)
+        if self.old_tail != self.new_tail:
+            k = len(self.new_tail)
+            offs = torch.cat([offs, torch.arange(self.tail_offset, self.tail_offset + k, device=dev)])
+            old = torch.cat([old, torch.frombuffer(bytearray(self.old_tail), dtype=torch.uint8).to(dev)])
+            new = torch.cat([new, torch.frombuffer(bytearray(self.new_tail), dtype=torch.uint8).to(dev)])
+        return offs, old, new
+
+
+# ---------------------------------------------------------------------------------------------------- words
+#
+# Host chunks go through numpy views of their memory, on the calling thread (torch's CPU ops split each op over
+# OpenMP threads that then spin-wait, which costs several times the CPU on a busy host); device chunks through
+# torch ops on their device. The arithmetic below is written once for both: ``^ >> << & -`` and fancy indexing
+# mean the same on numpy arrays and torch tensors, and integer arithmetic wraps in both.
+
+_NP_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _word_bytes(dtype: torch.dtype) -> int:
+    """The word size for ``dtype``: its element size, or single bytes for an element size without an integer
+    type of its width (complex128)."""
+    return dtype.itemsize if dtype.itemsize in _INT else 1
+
+
+def _check_chunk(t: torch.Tensor, name: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D uint8 tensor of one chunk's bytes, got "
+                         f"{getattr(t, 'dtype', type(t))} of shape {tuple(getattr(t, 'shape', ()))}")
+
+
+def _words(u8: torch.Tensor, w: int):
+    """The words of ``u8``: a numpy view of host memory (writes go through), a torch view on a device (a copy
+    where its address is not word-aligned: ``_write`` then writes bytes)."""
+    if u8.device.type == "cpu":
+        return u8.detach().numpy().view(_NP_INT[w])
+    if w > 1 and u8.storage_offset() % w:
+        return u8.contiguous().clone().view(_INT[w])
+    return u8.view(_INT[w])
+
+
+def _nonzero(x):
+    return np.flatnonzero(x) if isinstance(x, np.ndarray) else x.nonzero().reshape(-1)
+
+
+def _keys(words, floating: bool):
+    """The ordered integer of each word: for floats, sign-magnitude mapped to a monotone integer (an
+    involution: the same map takes keys back to words); for other dtypes the word itself."""
+    if not floating:
+        return words
+    bits = words.itemsize * 8 if isinstance(words, np.ndarray) else words.element_size() * 8
+    return words ^ ((words >> (bits - 1)) & ((1 << (bits - 1)) - 1))
+
+
+def _bits(x) -> int:
+    return x.itemsize * 8 if isinstance(x, np.ndarray) else x.element_size() * 8
+
+
+def _zigzag(d):
+    return (d << 1) ^ (d >> (_bits(d) - 1))
+
+
+def _unzigzag(z):
+    return ((z >> 1) & ((1 << (_bits(z) - 1)) - 1)) ^ -(z & 1)
+
+
+def _planes(x, w: int) -> list[np.ndarray]:
+    """The ``w`` little-endian byte planes of integer words, as host uint8 arrays."""
+    if isinstance(x, np.ndarray):
+        return [(x >> (8 * i)).astype(np.uint8) if i else x.astype(np.uint8) for i in range(w)]
+    return [((x >> (8 * i)) if i else x).to(torch.uint8).cpu().numpy() for i in range(w)]
+
+
+def _from_planes(planes: Sequence[np.ndarray], w: int, like):
+    """Words of ``w`` bytes from their byte planes, where ``like`` lives (numpy, or torch on its device)."""
+    if isinstance(like, np.ndarray):
+        out = np.empty((planes[0].size, w), dtype=np.uint8)
+        for i in range(w):
+            out[:, i] = planes[i]
+        return out.reshape(-1).view(_NP_INT[w])
+    acc = torch.from_numpy(planes[0]).to(like.device).to(torch.int64)
+    for i in range(1, w):
+        acc |= torch.from_numpy(planes[i]).to(like.device).to(torch.int64) << (8 * i)
+    return acc.to(_INT[w])
+
+
+def _gaps(positions):
+    """Gaps between increasing positions (the first from -1), each minus one: a run of changed words is zeros."""
+    if isinstance(positions, np.ndarray):
+        return (np.diff(positions, prepend=-1) - 1).astype(np.int32)
+    prev = torch.cat([positions.new_full((1,), -1), positions[:-1]])
+    return (positions - prev - 1).to(torch.int32)
+
+
+def _tensor(x, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.to(device)
+
+
+# ---------------------------------------------------------------------------------------------------- zstd
+
+_LOCAL = threading.local()
+
+
+def _cctx() -> zstandard.ZstdCompressor:
+    c = getattr(_LOCAL, "cctx", None)
+    if c is None:
+        c = _LOCAL.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    return c
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    d = getattr(_LOCAL, "dctx", None)
+    if d is None:
+        d = _LOCAL.dctx = zstandard.ZstdDecompressor()
+    return d
+
+
+def _pack_stream(plane: np.ndarray) -> tuple[int, int, bytes]:
+    if not plane.any():
+        return _ZEROS, plane.size, b""
+    packed = _cctx().compress(plane)
+    if len(packed) < plane.size:
+        return _ZSTD, plane.size, packed
+    return _RAW, plane.size, plane.tobytes()
+
+
+def _frame(encoding: str, w: int, elements: int, changed: int, tail: bytes, planes: list[np.ndarray]) -> bytes:
+    streams = [_pack_stream(p) for p in planes]
+    head = [_HEADER.pack(_MAGIC, _FORMAT, _ID[encoding], w, len(tail), len(streams), elements, changed)]
+    head += [_STREAM.pack(kind, raw, len(data)) for kind, raw, data in streams]
+    return b"".join(head + [tail] + [data for _, _, data in streams])
+
+
+# ---------------------------------------------------------------------------------------------------- encode
+
+
+@dataclass(frozen=True, slots=True)
+class _Diff:
+    w: int
+    floating: bool
+    elements: int
+    base_words: object
+    target_words: object
+    positions: object
+    tail: bytes
+    target: torch.Tensor
+
+
+def _diff(base: torch.Tensor, target: torch.Tensor, dtype: torch.dtype) -> _Diff:
+    _check_chunk(base, "base")
+    _check_chunk(target, "target")
+    if base.numel() != target.numel() or base.device != target.device:
+        raise ValueError(f"base and target must be one chunk's bytes on one device: {base.numel()} bytes on "
+                         f"{base.device} against {target.numel()} on {target.device}")
+    w = _word_bytes(dtype)
+    elements = base.numel() // w
+    if elements > _MAX_WORDS:
+        raise ValueError(f"a chunk of {elements} words is beyond the codec's {_MAX_WORDS}: use smaller chunks")
+    body = elements * w
+    bw = _words(base[:body], w)
+    tw = _words(target[:body], w)
+    positions = _nonzero(bw != tw)
+    tail = target[body:].cpu().numpy().tobytes()
+    return _Diff(w, dtype.is_floating_point and dtype.itemsize == w, elements, bw, tw, positions, tail, target)
+
+
+def _changed(d: _Diff) -> int:
+    return int(d.positions.size if isinstance(d.positions, np.ndarray) else d.positions.numel())
+
+
+def _encode(d: _Diff, encoding: str) -> EncodedChunk:
+    changed = _changed(d)
+    if encoding == DENSE:
+        return EncodedChunk(DENSE, d.target.cpu().numpy().tobytes(), changed, d.elements)
+    if encoding == XOR:
+        planes = _planes(d.base_words ^ d.target_words, d.w)
+    elif encoding == OVERWRITE:
+        planes = _planes(_gaps(d.positions), _GAP_BYTES) + _planes(d.target_words[d.positions], d.w)
+    elif encoding == ULP:
+        kb = _keys(d.base_words[d.positions], d.floating)
+        kt = _keys(d.target_words[d.positions], d.floating)
+        planes = _planes(_gaps(d.positions), _GAP_BYTES) + _planes(_zigzag(kt - kb), d.w)
+    else:
+        raise ValueError(f"unknown delta encoding {encoding!r}: one of {ENCODINGS}")
+    return EncodedChunk(encoding, _frame(encoding, d.w, d.elements, changed, d.tail, planes), changed, d.elements)
+
+
+def encode_chunk(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype,
+                 candidates: Sequence[str] = DEFAULT_CANDIDATES,
+                 dense_fraction: float = DENSE_FRACTION) -> EncodedChunk:
+    """The smallest encoding of ``target`` against ``base`` (1-D uint8 tensors of one chunk's bytes, same length,
+    same device) among ``candidates`` and ``dense``; ``dense`` outright when more than ``dense_fraction`` of the
+    words changed. ``dtype``: the chunk's element dtype, whose element size sets the words (a chunk that mixes
+    dtypes is still exact, only less compact; an element size without an integer type is read as bytes)."""
+    d = _diff(base, target, dtype)
+    if _changed(d) > dense_fraction * d.elements:
+        return _encode(d, DENSE)
+    best = None
+    for encoding in candidates:
+        if encoding == DENSE:
+            continue
+        if encoding == OVERWRITE and best is not None and best.encoding == ULP \
+                and _step_bytes(best.payload, d.w) <= STEP_BYTES_FOR_OVERWRITE * d.w * best.changed:
+            continue
+        e = _encode(d, encoding)
+        if best is None or e.nbytes < best.nbytes:
+            best = e
+    if best is None or best.nbytes >= base.numel():
+        return _encode(d, DENSE)
+    return best
+
+
+def _step_bytes(payload: bytes, w: int) -> int:
+    """Stored bytes of a ``ulp`` frame's step streams (the ones after its position streams)."""
+    first = _HEADER.size + _GAP_BYTES * _STREAM.size
+    return sum(_STREAM.unpack_from(payload, first + i * _STREAM.size)[2] for i in range(w))
+
+
+def encode_each(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype,
+                encodings: Sequence[str] = ENCODINGS) -> dict[str, EncodedChunk]:
+    """Every encoding in ``encodings`` of one chunk (for benchmarks and tests: ``encode_chunk`` picks one)."""
+    d = _diff(base, target, dtype)
+    return {e: _encode(d, e) for e in encodings}
+
+
+# ---------------------------------------------------------------------------------------------------- decode
+
+
+def _corrupt(encoding: str, reason: str) -> DeltaCorrupt:
+    return DeltaCorrupt(f"delta payload ({encoding}) refused, nothing written: {reason}; read the chunk of the "
+                        f"target version in full instead", encoding=encoding, reason=reason)
+
+
+def _parse(encoding: str, payload, n: int, w: int) -> tuple[bytes, list[np.ndarray]]:
+    """Checks a framed payload against the chunk of ``n`` bytes it is applied to and decompresses its streams:
+    (tail, planes)."""
+    try:
+        buf = memoryview(payload).cast("B")
+    except TypeError:
+        raise _corrupt(encoding, f"a payload of type {type(payload).__name__} has no bytes") from None
+    if len(buf) < _HEADER.size:
+        raise _corrupt(encoding, f"{len(buf)} bytes is shorter than the {_HEADER.size}-byte header")
+    magic, fmt, ident, ww, tail_len, count, elements, changed = _HEADER.unpack_from(buf, 0)
+    if magic != _MAGIC or fmt != _FORMAT:
+        raise _corrupt(encoding, f"not a delta payload of format {_FORMAT} (magic {bytes(magic)!r}, format {fmt})")
+    if ident != _ID[encoding]:
+        raise _corrupt(encoding, f"the payload is of another encoding (id {ident})")
+    if ww != w:
+        raise _corrupt(encoding, f"encoded with {ww}-byte words, applied with {w}-byte words")
+    if elements != n // w or tail_len != n % w:
+        raise _corrupt(encoding, f"encoded for a chunk of {elements} words + {tail_len} bytes, applied to one of "
+                                 f"{n} bytes")
+    if changed > elements:
+        raise _corrupt(encoding, f"{changed} changed words in a chunk of {elements}")
+    per = [elements] * w if encoding == XOR else [changed] * (_GAP_BYTES + w)
+    if count != len(per):
+        raise _corrupt(encoding, f"{count} streams, expected {len(per)}")
+    pos = _HEADER.size + count * _STREAM.size
+    if len(buf) < pos + tail_len:
+        raise _corrupt(encoding, "truncated stream table")
+    table = [_STREAM.unpack_from(buf, _HEADER.size + i * _STREAM.size) for i in range(count)]
+    tail = bytes(buf[pos:pos + tail_len])
+    pos += tail_len
+    if pos + sum(stored for _, _, stored in table) != len(buf):
+        raise _corrupt(encoding, f"streams of {sum(s for _, _, s in table)} bytes do not fill the "
+                                 f"{len(buf) - pos} bytes after the header")
+    planes = []
+    for i, ((kind, raw, stored), want) in enumerate(zip(table, per)):
+        if raw != want:
+            raise _corrupt(encoding, f"stream {i} holds {raw} bytes, expected {want}")
+        data = buf[pos:pos + stored]
+        pos += stored
+        if kind == _ZEROS and stored == 0:
+            planes.append(np.zeros(raw, dtype=np.uint8))
+        elif kind == _RAW and stored == raw:
+            planes.append(np.frombuffer(data, dtype=np.uint8))
+        elif kind == _ZSTD:
+            try:
+                out = _dctx().decompress(data, max_output_size=raw)
+            except zstandard.ZstdError as e:
+                raise _corrupt(encoding, f"stream {i} does not decompress ({e})") from None
+            if len(out) != raw:
+                raise _corrupt(encoding, f"stream {i} decompressed to {len(out)} bytes, expected {raw}")
+            planes.append(np.frombuffer(out, dtype=np.uint8))
+        else:
+            raise _corrupt(encoding, f"stream {i}: kind {kind} with {stored} stored bytes for {raw}")
+    return tail, planes
+
+
+def _positions(planes: Sequence[np.ndarray], elements: int, encoding: str) -> np.ndarray:
+    gaps = _from_planes(planes, _GAP_BYTES, planes[0]).view(np.uint32).astype(np.int64)
+    positions = np.cumsum(gaps + 1) - 1
+    if positions.size and positions[-1] >= elements:
+        raise _corrupt(encoding, f"a position {int(positions[-1])} beyond the chunk's {elements} words")
+    return positions
+
+
+def decode_chunk(encoding: str, payload, base: torch.Tensor, *, dtype: torch.dtype) -> ChunkChanges:
+    """What ``payload`` changes in ``base`` (1-D uint8, the base chunk's bytes, any device), without writing:
+    raises ``DeltaCorrupt`` on a malformed payload. ``apply_chunk`` writes what this returns."""
+    _check_chunk(base, "into")
+    if encoding not in ENCODINGS:
+        raise _corrupt(str(encoding), f"unknown encoding, not one of {ENCODINGS}")
+    w = _word_bytes(dtype)
+    n = base.numel()
+    elements = n // w
+    body = elements * w
+    dev = base.device
+    bw = _words(base[:body], w)
+    old_tail = base[body:].cpu().numpy().tobytes()
+    if encoding == DENSE:
+        try:
+            target = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
+        except TypeError:
+            raise _corrupt(encoding, f"a payload of type {type(payload).__name__} has no bytes") from None
+        if target.size != n:
+            raise _corrupt(encoding, f"{target.size} bytes for a chunk of {n}")
+        tw = target[:body].view(_NP_INT[w])
+        if not isinstance(bw, np.ndarray):
+            tw = torch.from_numpy(tw.copy()).to(dev)
+        positions = _nonzero(bw != tw)
+        new_tail = target[body:].tobytes()
+        return _changes(positions, bw[positions], tw[positions], body, old_tail, new_tail, w, dev)
+    tail, planes = _parse(encoding, payload, n, w)
+    if encoding == XOR:
+        x = _from_planes(planes, w, bw)
+        positions = _nonzero(x)
+        old = bw[positions]
+        return _changes(positions, old, old ^ x[positions], body, old_tail, tail, w, dev)
+    positions = _positions(planes[:_GAP_BYTES], elements, encoding)
+    if not isinstance(bw, np.ndarray):
+        positions = torch.from_numpy(positions).to(dev)
+    values = _from_planes(planes[_GAP_BYTES:], w, bw)
+    old = bw[positions]
+    if encoding == OVERWRITE:
+        return _changes(positions, old, values, body, old_tail, tail, w, dev)
+    floating = dtype.is_floating_point and dtype.itemsize == w
+    new = _keys(_keys(old, floating) + _unzigzag(values), floating)
+    return _changes(positions, old, new, body, old_tail, tail, w, dev)
+
+
+def _changes(positions, old, new, body, old_tail, new_tail, w, dev) -> ChunkChanges:
+    return ChunkChanges(_tensor(positions, dev).to(torch.int64), _tensor(old, dev), _tensor(new, dev), body,
+                        old_tail, new_tail, w)
+
+
+def write_changes(changes: ChunkChanges, into: torch.Tensor) -> None:
+    """Writes decoded changes into the chunk ``into`` (the bytes ``decode_chunk`` read)."""
+    w = changes.word_bytes
+    body = changes.tail_offset
+    if into.device.type == "cpu":
+        words = into[:body].detach().numpy().view(_NP_INT[w])
+        words[changes.positions.numpy()] = changes.new.numpy()
+    elif w == 1 or into.storage_offset() % w == 0:
+        into[:body].view(_INT[w])[changes.positions] = changes.new
+    else:
+        offs = (changes.positions[:, None] * w + torch.arange(w, device=into.device)[None]).reshape(-1)
+        into[offs] = changes.new.reshape(-1).view(torch.uint8)
+    if changes.new_tail and changes.new_tail != changes.old_tail:
+        into[body:] = torch.frombuffer(bytearray(changes.new_tail), dtype=torch.uint8).to(into.device)
+
+
+def apply_chunk(encoding: str, payload, into: torch.Tensor, *, dtype: torch.dtype) -> None:
+    """Turns ``into`` (1-D uint8, holding the base chunk's bytes, any device) into the target chunk in place.
+    A malformed payload raises ``DeltaCorrupt`` before a byte is written (it is decoded and checked in full
+    first). Applying a non-idempotent encoding to bytes other than its base gives bytes other than its target:
+    the caller checks the base's digest before and the target's after."""
+    write_changes(decode_chunk(encoding, payload, into, dtype=dtype), into)

@@ -1,0 +1,175 @@
+"""A chunk's target digest from its base digest and the changed bytes alone.
+
+The package's digest (``lindigest``) is linear in the bytes of a chunk: a low byte of a word counts as its value,
+a high byte as 256 times its signed value, each times a weight fixed by the byte's place on its tensor's grid.
+So ``digest(target) = digest(base) + sum over changed bytes of (value(new) - value(old)) * weight`` (mod P, per
+lane): a reader that applied a delta checks the result against version N's chunk digest while reading only the
+words the delta changed, and a publisher derives N's digests from N-1's the same way.
+
+A chunk's bytes are its segments' bytes in order (``manifest.Chunk``); ``chunk_grid`` names, for each, where it
+lies on its tensor's grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.delta_codec import ChunkChanges
+from tensorhub_verl.ros.wire.manifest import Chunk, TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class GridPiece:
+    """One segment of a chunk: ``length`` bytes from chunk byte ``start``, which are the bytes from ``offset`` of
+    a tensor whose grid rows are ``row_bytes`` long (``lindigest.row_bytes``)."""
+
+    start: int
+    length: int
+    offset: int
+    row_bytes: int
+
+
+def chunk_grid(chunk: Chunk, specs: Sequence[TensorSpec]) -> tuple[GridPiece, ...]:
+    """Where each byte of ``chunk`` lies on its tensor's grid (``specs``: the manifest's tensors)."""
+    pieces, start = [], 0
+    for seg in chunk.segments:
+        spec = specs[seg.tensor]
+        pieces.append(GridPiece(start, seg.length, seg.offset, lindigest.row_bytes(spec.shape, spec.nbytes)))
+        start += seg.length
+    return tuple(pieces)
+
+
+def digest_change(grid: Sequence[GridPiece], offsets: torch.Tensor, old: torch.Tensor,
+                  new: torch.Tensor) -> list[int]:
+    """Digest lanes of the change from ``old`` to ``new`` bytes (uint8) at chunk byte ``offsets`` (int64,
+    distinct): what adds (mod P) to the base chunk's digest to give the target's. Host bytes are summed with
+    numpy on this thread, device bytes with torch ops on their device (as ``lindigest`` does)."""
+    if offsets.device.type == "cpu":
+        return _change_lanes(grid, offsets.numpy(), old.numpy(), new.numpy(), np)
+    return _change_lanes(grid, offsets, old, new, torch)
+
+
+def _change_lanes(grid, offsets, old, new, xp) -> list[int]:
+    host = xp is np
+    differ = old != new  # bytes of a changed word that kept their value add nothing
+    offsets, old, new = offsets[differ], old[differ], new[differ]
+    if not (offsets.size if host else offsets.numel()):
+        return [0] * lindigest.LANES
+    if not grid:
+        raise ValueError("an empty grid has no bytes to change")
+
+    def table(values):
+        t = np.asarray(values, dtype=np.int64)
+        return t if host else torch.from_numpy(t).to(offsets.device)
+
+    starts = table([p.start for p in grid])
+    ends = table([p.start + p.length for p in grid])
+    if len(grid) == 1:
+        piece = offsets * 0
+    else:
+        piece = (np.searchsorted(starts, offsets, side="right") if host
+                 else torch.searchsorted(starts, offsets, right=True)) - 1
+    if bool((piece < 0).any()) or bool((offsets >= ends[piece]).any()):
+        raise ValueError(f"a changed byte lies outside the chunk's {int(ends[-1])} bytes")
+    tensor_off = table([p.offset for p in grid])[piece] + offsets - starts[piece]
+    rb = table([p.row_bytes for p in grid])[piece]
+    groups = table([lindigest._groups(p.row_bytes) for p in grid])[piece]
+    row, col = tensor_off // rb, tensor_off % rb
+    word, high = col // 2, col % 2
+    g = row * groups + word // lindigest.GROUP
+    top = int(g.max()) + 1
+    if host:
+        a, b = lindigest._TABLES.host(top)
+        o, n = old.astype(np.int64), new.astype(np.int64)
+    else:
+        a, b = lindigest._TABLES.get(offsets.device, top)
+        b = b.to(torch.int64)
+        o, n = old.to(torch.int64), new.to(torch.int64)
+    # a low byte counts as its value, a high byte as 256 times its signed value
+    delta = n - o
+    delta = delta + high * (255 * delta - 65536 * ((n >= 128).astype(np.int64) if host else (n >= 128).to(torch.int64))
+                            + 65536 * ((o >= 128).astype(np.int64) if host else (o >= 128).to(torch.int64)))
+    weighted = (delta[:, None] * b[word % lindigest.GROUP]) % lindigest.P
+    lanes = ((weighted * a[g]) % lindigest.P).sum(0) % lindigest.P
+    return [int(x) for x in lanes.tolist()]
+
+
+def _word_aligned(grid: Sequence[GridPiece]) -> bool:
+    """Every 16-bit word of the chunk is a whole word of its tensor's grid."""
+    return all(p.start % 2 == 0 and p.offset % 2 == 0 and p.length % 2 == 0 and p.row_bytes % 2 == 0
+               for p in grid)
+
+
+def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
+    """``digest_change`` for whole words (int16 ``old`` / ``new`` at even chunk byte ``offsets``, increasing):
+    a word counts as its signed value. Piece by piece, so each piece's grid is a few scalars."""
+    host = xp is np
+    differ = old != new
+    offsets, old, new = offsets[differ], old[differ], new[differ]
+    total = [0] * lindigest.LANES
+    starts = [p.start for p in grid]
+    if host:
+        cuts = np.searchsorted(offsets, np.array(starts + [grid[-1].start + grid[-1].length]), side="left")
+    else:
+        bounds = torch.tensor(starts + [grid[-1].start + grid[-1].length], device=offsets.device)
+        cuts = torch.searchsorted(offsets, bounds).tolist()
+    n = offsets.size if host else offsets.numel()
+    if n and int(cuts[-1]) != n:
+        raise ValueError(f"a changed byte lies outside the chunk's {grid[-1].start + grid[-1].length} bytes")
+    for k, piece in enumerate(grid):
+        lo, hi = int(cuts[k]), int(cuts[k + 1])
+        if lo == hi:
+            continue
+        off = offsets[lo:hi] + (piece.offset - piece.start)
+        row, word = off // piece.row_bytes, (off % piece.row_bytes) // 2
+        groups = lindigest._groups(piece.row_bytes)
+        g = row * groups + word // lindigest.GROUP
+        top = int(g.max()) + 1
+        if host:
+            # per weight group first: |sum of a group's delta * B| < 2**47, exact in float64's bincount
+            a, b = lindigest._TABLES.host(top)
+            delta = new[lo:hi].astype(np.int64) - old[lo:hi].astype(np.int64)
+            bw = delta[:, None] * b[word % lindigest.GROUP]
+            lanes = []
+            for lane in range(lindigest.LANES):
+                sums = np.bincount(g, weights=bw[:, lane].astype(np.float64), minlength=top).astype(np.int64)
+                lanes.append(int((((sums % lindigest.P) * a[:top, lane]) % lindigest.P).sum() % lindigest.P))
+        else:
+            a, b = lindigest._TABLES.get(offsets.device, top)
+            b = b.to(torch.int64)
+            delta = new[lo:hi].to(torch.int64) - old[lo:hi].to(torch.int64)
+            weighted = (delta[:, None] * b[word % lindigest.GROUP]) % lindigest.P
+            lanes = (((weighted * a[g]) % lindigest.P).sum(0) % lindigest.P).tolist()
+        total = [(t + int(v)) % lindigest.P for t, v in zip(total, lanes)]
+    return total
+
+
+def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes: ChunkChanges) -> str:
+    """The target chunk's digest (hex) from the base chunk's and the changes a delta makes
+    (``delta_codec.decode_chunk``), reading only the changed words. Whole 16-bit words where the chunk's words
+    are its tensors' grid words (the common case), byte by byte otherwise."""
+    w = changes.word_bytes
+    if w % 2 == 0 and grid and _word_aligned(grid):
+        per = w // 2
+        dev = changes.positions.device
+        offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
+        old = changes.old.reshape(-1).view(torch.int16)
+        new = changes.new.reshape(-1).view(torch.int16)
+        if dev.type == "cpu":
+            lanes = _word_lanes(grid, offs.numpy(), old.numpy(), new.numpy(), np)
+        else:
+            lanes = _word_lanes(grid, offs, old, new, torch)
+        if changes.old_tail != changes.new_tail:
+            k = len(changes.new_tail)
+            tail = digest_change(grid, torch.arange(changes.tail_offset, changes.tail_offset + k),
+                                 torch.frombuffer(bytearray(changes.old_tail), dtype=torch.uint8),
+                                 torch.frombuffer(bytearray(changes.new_tail), dtype=torch.uint8))
+            lanes = [(x + y) % lindigest.P for x, y in zip(lanes, tail)]
+    else:
+        lanes = digest_change(grid, *changes.byte_changes())
+    return lindigest.to_hex([(x + y) % lindigest.P for x, y in zip(lindigest.from_hex(base_digest), lanes)])
