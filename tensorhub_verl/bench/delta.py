@@ -121,38 +121,45 @@ def _rows(flat: torch.Tensor, specs) -> list[torch.Tensor]:
     return [t.view(torch.bfloat16).view(s.shape) for t, s in zip(_tensors_of(flat, specs), specs)]
 
 
+def _timed(fn, device: str):
+    """(fn(), wall seconds, this thread's CPU seconds). On a host whose cores are shared the CPU seconds say what
+    a core of its own would take (the codec runs on the calling thread: numpy, zstd, torch at ``--threads 1``)."""
+    _sync(device)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - wall, time.thread_time() - cpu
+
+
 def _timed_pass(base: torch.Tensor, target: torch.Tensor, chunks, specs, slices, base_dig, target_dig,
                 device: str) -> dict:
     """Encode (the chooser), apply (decode + write) and verify (target digests from the changes) every chunk of
-    one delta on ``device``; returns seconds, the chosen encodings and whether the result is exact."""
+    one delta on ``device``, and the full digest of the result for comparison; returns wall and CPU seconds of
+    each, the chosen encodings and whether the result is exact."""
     base, target = base.to(device), target.to(device)
-    _sync(device)
-    t0 = time.perf_counter()
-    encoded = [dc.encode_chunk(base[a:b], target[a:b], dtype=torch.bfloat16) for a, b in slices]
-    _sync(device)
-    encode_s = time.perf_counter() - t0
-    into = base.clone()
     grids = [chunk_grid(c, specs) for c in chunks]
-    _sync(device)
-    t0 = time.perf_counter()
-    changes = []
-    for (a, b), e in zip(slices, encoded):
-        ch = dc.decode_chunk(e.encoding, e.payload, into[a:b], dtype=torch.bfloat16)
-        dc.write_changes(ch, into[a:b])
-        changes.append(ch)
-    _sync(device)
-    apply_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    digests = [target_digest_from_base(base_dig[c.index], g, ch) for c, g, ch in zip(chunks, grids, changes)]
-    _sync(device)
-    verify_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    full = chunk_digests(chunks, _rows(into, specs))
-    _sync(device)
-    full_digest_s = time.perf_counter() - t0
-    return {"encode_s": encode_s, "apply_s": apply_s, "verify_s": verify_s, "full_digest_s": full_digest_s,
-            "encoded": encoded, "exact": bool(torch.equal(into, target)),
-            "digests_match": list(digests) == list(target_dig) == list(full)}
+    encoded, *encode = _timed(lambda: [dc.encode_chunk(base[a:b], target[a:b], dtype=torch.bfloat16)
+                                       for a, b in slices], device)
+    into = base.clone()
+
+    def apply():
+        out = []
+        for (a, b), e in zip(slices, encoded):
+            ch = dc.decode_chunk(e.encoding, e.payload, into[a:b], dtype=torch.bfloat16)
+            dc.write_changes(ch, into[a:b])
+            out.append(ch)
+        return out
+
+    changes, *apply_s = _timed(apply, device)
+    digests, *verify = _timed(lambda: [target_digest_from_base(base_dig[c.index], g, ch)
+                                       for c, g, ch in zip(chunks, grids, changes)], device)
+    full, *full_digest = _timed(lambda: chunk_digests(chunks, _rows(into, specs)), device)
+    out = {"encoded": encoded, "exact": bool(torch.equal(into, target)),
+           "digests_match": list(digests) == list(target_dig) == list(full)}
+    for name, (wall, cpu) in (("encode", encode), ("apply", apply_s), ("verify", verify),
+                              ("full_digest", full_digest)):
+        out[f"{name}_s"], out[f"{name}_cpu_s"] = wall, cpu
+    return out
 
 
 def _stats(base: torch.Tensor, target: torch.Tensor) -> tuple[list[float], np.ndarray]:
@@ -192,10 +199,11 @@ def measure(base: torch.Tensor, target: torch.Tensor, specs, chunk_bytes: int, l
         for e in chosen:
             mix[e.encoding] = mix.get(e.encoding, 0) + 1
         gb = nbytes / 1e9
-        rec[device] = {"encode_gbps": gb / timed["encode_s"], "apply_gbps": gb / timed["apply_s"],
-                       "verify_gbps": gb / timed["verify_s"], "full_digest_gbps": gb / timed["full_digest_s"],
+        names = ("encode", "apply", "verify", "full_digest")
+        rec[device] = {**{f"{n}_gbps": gb / timed[f"{n}_s"] for n in names},
+                       **{f"{n}_cpu_gbps": gb / max(timed[f"{n}_cpu_s"], 1e-9) for n in names},
                        "exact": timed["exact"], "digests_match": timed["digests_match"],
-                       **{k: timed[k] for k in ("encode_s", "apply_s", "verify_s", "full_digest_s")}}
+                       **{k: v for k, v in timed.items() if k.endswith("_s")}}
         rec.setdefault("delta_bytes", delta_bytes)
         rec.setdefault("mix", mix)
     rec["chosen_bytes_per_changed"] = rec["delta_bytes"] / max(changed, 1)
@@ -213,8 +221,9 @@ def _line(lr: float, step: int, rec: dict, links, devices) -> str:
              f"{rec['chosen_bytes_per_changed']:.2f} ({mix}) = {100 * rec['delta_over_version']:.2f}% of the version"]
     for d in devices:
         r = rec[d]
-        parts.append(f"  {d}: encode {r['encode_gbps']:.2f} GB/s  apply {r['apply_gbps']:.2f} GB/s  verify "
-                     f"{r['verify_gbps']:.2f} GB/s (full digest {r['full_digest_gbps']:.2f})  "
+        figures = "  ".join(f"{n.replace('_', ' ')} {r[n + '_gbps']:.2f} ({r[n + '_cpu_gbps']:.2f})"
+                            for n in ("encode", "apply", "verify", "full_digest"))
+        parts.append(f"  {d}: GB/s of version bytes, wall (per CPU second): {figures}  "
                      f"exact {r['exact'] and r['digests_match']}")
     for g in links:
         link = rec["links"][f"{g:g}"]
@@ -231,12 +240,13 @@ def _summary(records: list[dict], links, devices, nbytes: int) -> dict:
                                  for e in records[0]["bytes_per_changed"]},
            "delta_over_version": med([r["delta_over_version"] for r in records])}
     for d in devices:
-        enc = med([r[d]["encode_gbps"] for r in records])
-        app = med([r[d]["apply_gbps"] for r in records])
-        ver = med([r[d]["verify_gbps"] for r in records])
-        out[d] = {"encode_gbps": enc, "apply_gbps": app, "verify_gbps": ver,
-                  "all_exact": all(r[d]["exact"] and r[d]["digests_match"] for r in records),
-                  "faster_than_link": {f"{g:g}": {"encode": enc * 8 > g, "apply": app * 8 > g} for g in links}}
+        keys = [f"{n}{kind}_gbps" for n in ("encode", "apply", "verify", "full_digest") for kind in ("", "_cpu")]
+        out[d] = {k: med([r[d][k] for r in records]) for k in keys}
+        out[d]["all_exact"] = all(r[d]["exact"] and r[d]["digests_match"] for r in records)
+        # wall and per CPU second, against the link moving the version in full
+        out[d]["faster_than_link"] = {
+            f"{g:g}": {f"{n}{kind}": out[d][f"{n}{kind}_gbps"] * 8 > g for n in ("encode", "apply")
+                       for kind in ("", "_cpu")} for g in links}
     return out
 
 
@@ -279,8 +289,9 @@ def run(params: int, steps: int, lrs: tuple[float, ...], links: tuple[float, ...
         s = summary[f"{lr:g}"]
         print(f"lr {lr:g} median: changed {100 * s['changed_fraction']:.2f}%  chosen {s['chosen_bytes_per_changed']:.2f} "
               f"B/changed (goal <= {GOAL_BYTES_PER_CHANGED:g} at 1-3% changed)  "
-              + "  ".join(f"{d}: encode {s[d]['encode_gbps']:.2f} / apply {s[d]['apply_gbps']:.2f} / verify "
-                          f"{s[d]['verify_gbps']:.2f} GB/s" for d in devices))
+              + "  ".join(f"{d}: encode {s[d]['encode_gbps']:.2f} ({s[d]['encode_cpu_gbps']:.2f}) / apply "
+                          f"{s[d]['apply_gbps']:.2f} ({s[d]['apply_cpu_gbps']:.2f}) / verify {s[d]['verify_gbps']:.2f} "
+                          f"({s[d]['verify_cpu_gbps']:.2f}) GB/s wall (per CPU second)" for d in devices))
     profiles = {lr: DeltaProfile.measure(lr, fractions[lr], np.concatenate(steps_seen[lr]),
                                          bytes_per_changed=summary[f"{lr:g}"]["chosen_bytes_per_changed"],
                                          changed_fraction=statistics.mean(r["changed_fraction"]

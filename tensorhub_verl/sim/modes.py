@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, replace
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.planner import PlannerConfig
 from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.hub_costs import HubCosts
+from tensorhub_verl.sim.hub_costs import MIB, HubCosts
 from tensorhub_verl.sim.swarm import (
     PullFromSource,
     Relay,
@@ -164,11 +164,19 @@ class ModeParams:
         return (self.weights_gb * self.delta_changed_fraction * self.delta_bytes_per_changed
                 / self.element_bytes)
 
-    def delta(self) -> "ModeParams":
-        """The same cluster moving the delta instead of the version (module docstring)."""
-        ratio = 1.0 if self.delta_packed else self.delta_gb / self.weights_gb
-        return replace(self, weights_gb=self.delta_gb, real_chunk_mib=self.real_chunk_mib * ratio,
-                       delta_changed_fraction=0.0)
+    def delta(self, hub_chunks: bool = True) -> "ModeParams":
+        """The same cluster moving the delta instead of the version (module docstring). ``hub_chunks``: with the
+        hub modeled, a packed delta gets no more simulated chunks than it has lease runs (the model makes at
+        least one hub exchange per simulated chunk, which the real fetcher does not for a delta of few real
+        chunks); False keeps the version's chunking (for the baselines, which do not use the hub)."""
+        if not self.delta_packed:
+            return replace(self, weights_gb=self.delta_gb, delta_changed_fraction=0.0,
+                           real_chunk_mib=self.real_chunk_mib * self.delta_gb / self.weights_gb)
+        chunks = self.chunks
+        if hub_chunks and self.hub() is not None:
+            runs = math.ceil(self.delta_gb * 1e9 / (self.real_chunk_mib * MIB * self.run_chunks) - 1e-9)
+            chunks = min(self.chunks, max(runs, self.trainer_nodes, 1))
+        return replace(self, weights_gb=self.delta_gb, chunks=chunks, delta_changed_fraction=0.0)
 
     def hub(self) -> HubCosts | None:
         """The modeled hub, or None when every hub cost is 0 (the hub answers at once)."""
@@ -355,7 +363,13 @@ def with_delta(p: ModeParams, full: dict, mode: str) -> dict:
     """The delta run of ``mode`` beside its full run ``full``: TensorHub moving the delta against every full
     baseline and against the same baselines moving the delta."""
     fns = {"standalone": standalone, "cross_dc": cross_dc}
-    d = fns[mode](p.delta())
+    baselines = tuple(s for s in full["runs"] if s not in ("tensorhub", FREE_HUB))
+    d = fns[mode](p.delta(), strategies=("tensorhub",))
+    fine = p.delta(hub_chunks=False)
+    cluster = _cluster(fine, dcs=2 if mode == "cross_dc" else 1)
+    nodes = _rollout_nodes(cluster, fine, dc=1 if mode == "cross_dc" else 0)[: fine.rollouts]
+    trainer = _trainer_nodes(cluster, fine)
+    d["runs"].update({s: _run_fetch(fine, cluster, trainer, nodes, s) for s in baselines})
     apply_s = p.weights_gb / p.delta_apply_gbps if p.delta_apply_gbps else 0.0
     for r in d["runs"].values():
         r["transfer_max_s"] = r["max_s"]

@@ -17,6 +17,14 @@ from tensorhub_verl.ros.wire.integrity import chunk_digests
 from tensorhub_verl.ros.wire.manifest import TensorSpec, split_into_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.fixture(autouse=True, params=["numpy", "torch"])
+def host_path(request, monkeypatch):
+    """Every test twice: host chunks through numpy (the default) and through the torch ops a GPU chunk takes
+    (the device path, run on the CPU where there is no GPU)."""
+    monkeypatch.setattr(dc, "HOST_NUMPY", request.param == "numpy")
+    return request.param
 SPARSE = [dc.OVERWRITE, dc.XOR, dc.ULP]
 
 

@@ -126,3 +126,10 @@ def test_a_packed_delta_costs_the_hub_its_bytes_not_the_versions_chunks():
     assert sum(a["hub"]["requests"].values()) > 10 * sum(b["hub"]["requests"].values())
     assert sum(a["hub"]["requests"].values()) >= 0.5 * sum(full_hub["requests"].values())
     assert b["max_s"] < a["max_s"]
+
+
+def test_with_the_hub_modeled_a_small_packed_delta_has_as_many_simulated_chunks_as_lease_runs():
+    p = ModeParams(**{**SMALL, "chunks": 64}, hub_exchange_ms=0.5, run_chunks=64, delta_changed_fraction=0.02)
+    # 10 GB x 2% x 1.2 / 2 = 120 MB = 15 real 8 MiB chunks: one lease run
+    assert p.delta().chunks == 1 and p.delta(hub_chunks=False).chunks == 64
+    assert ModeParams(**{**SMALL, "chunks": 64}, delta_changed_fraction=0.02).delta().chunks == 64  # free hub

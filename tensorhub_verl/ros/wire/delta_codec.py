@@ -138,6 +138,9 @@ class ChunkChanges:
 # mean the same on numpy arrays and torch tensors, and integer arithmetic wraps in both.
 
 _NP_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+HOST_NUMPY = True
+"""Host chunks through numpy (the default); False sends them down the torch path that device chunks take (the
+tests run it on the CPU where there is no GPU)."""
 
 
 def _word_bytes(dtype: torch.dtype) -> int:
@@ -155,7 +158,7 @@ def _check_chunk(t: torch.Tensor, name: str) -> None:
 def _words(u8: torch.Tensor, w: int):
     """The words of ``u8``: a numpy view of host memory (writes go through), a torch view on a device (a copy
     where its address is not word-aligned: ``_write`` then writes bytes)."""
-    if u8.device.type == "cpu":
+    if u8.device.type == "cpu" and HOST_NUMPY:
         return u8.detach().numpy().view(_NP_INT[w])
     if w > 1 and u8.storage_offset() % w:
         return u8.contiguous().clone().view(_INT[w])
@@ -201,9 +204,10 @@ def _from_planes(planes: Sequence[np.ndarray], w: int, like):
         for i in range(w):
             out[:, i] = planes[i]
         return out.reshape(-1).view(_NP_INT[w])
-    acc = torch.from_numpy(planes[0]).to(like.device).to(torch.int64)
+    # planes decoded from a payload are read-only views of it: copied before torch takes them
+    acc = torch.from_numpy(planes[0].copy()).to(like.device).to(torch.int64)
     for i in range(1, w):
-        acc |= torch.from_numpy(planes[i]).to(like.device).to(torch.int64) << (8 * i)
+        acc |= torch.from_numpy(planes[i].copy()).to(like.device).to(torch.int64) << (8 * i)
     return acc.to(_INT[w])
 
 
@@ -471,7 +475,7 @@ def write_changes(changes: ChunkChanges, into: torch.Tensor) -> None:
     """Writes decoded changes into the chunk ``into`` (the bytes ``decode_chunk`` read)."""
     w = changes.word_bytes
     body = changes.tail_offset
-    if into.device.type == "cpu":
+    if into.device.type == "cpu" and HOST_NUMPY:
         words = into[:body].detach().numpy().view(_NP_INT[w])
         words[changes.positions.numpy()] = changes.new.numpy()
     elif w == 1 or into.storage_offset() % w == 0:

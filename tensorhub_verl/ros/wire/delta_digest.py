@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire import delta_codec
 from tensorhub_verl.ros.wire.delta_codec import ChunkChanges
 from tensorhub_verl.ros.wire.manifest import Chunk, TensorSpec
 
@@ -49,7 +50,7 @@ def digest_change(grid: Sequence[GridPiece], offsets: torch.Tensor, old: torch.T
     """Digest lanes of the change from ``old`` to ``new`` bytes (uint8) at chunk byte ``offsets`` (int64,
     distinct): what adds (mod P) to the base chunk's digest to give the target's. Host bytes are summed with
     numpy on this thread, device bytes with torch ops on their device (as ``lindigest`` does)."""
-    if offsets.device.type == "cpu":
+    if offsets.device.type == "cpu" and delta_codec.HOST_NUMPY:
         return _change_lanes(grid, offsets.numpy(), old.numpy(), new.numpy(), np)
     return _change_lanes(grid, offsets, old, new, torch)
 
@@ -160,7 +161,7 @@ def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes
         offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
         old = changes.old.reshape(-1).view(torch.int16)
         new = changes.new.reshape(-1).view(torch.int16)
-        if dev.type == "cpu":
+        if dev.type == "cpu" and delta_codec.HOST_NUMPY:
             lanes = _word_lanes(grid, offs.numpy(), old.numpy(), new.numpy(), np)
         else:
             lanes = _word_lanes(grid, offs, old, new, torch)
