@@ -68,6 +68,10 @@ def hub_parser() -> argparse.ArgumentParser:
                         help="only workers whose id matches WORKER_GLOB create versions of the models "
                              "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
                              "to the job of their first publisher")
+    parser.add_argument("--allow-keyless", action="store_true",
+                        help="with a token, admit workers without a job key: they share one default job (each "
+                             "may read the others' NIXL memory and publish their models); by default a hub with "
+                             "a token admits only workers with a job key ($TENSORHUB_JOB_KEY)")
     parser.add_argument("--allow-unverified", action="store_true",
                         help="accept versions without chunk digests (trusted tests only: their bytes go "
                              "unchecked)")
@@ -108,7 +112,7 @@ def _hub_command(argv: list[str]) -> int:
     token = args.token if args.token is not None or args.token_file else os.environ.get("TENSORHUB_TOKEN")
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl, owners=tuple(OwnerRule.parse(o) for o in args.owner),
-                       require_digests=not args.allow_unverified,
+                       require_digests=not args.allow_unverified, allow_keyless=args.allow_keyless,
                        planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config,

@@ -53,6 +53,15 @@ class NotModelOwner(NotOwner):
         self.model = model
 
 
+class JobKeyRequired(Unauthorized):
+    """A hub with a token admits only workers that register with a job key (``ClientConfig.job_key``), unless it
+    was started with ``allow_keyless``; the message says how to give one."""
+
+
+class HubAddressInUse(TensorHubError):
+    """The hub cannot listen on its address: another process holds the port. The message names the address."""
+
+
 class UnverifiedVersion(TensorHubError):
     """A version's manifest lacks chunk digests, so its bytes cannot be checked as they land; a reader refuses
     it unless configured not to (``ClientConfig.require_digests``, for trusted tests only)."""
@@ -64,6 +73,16 @@ class TransferFailed(TensorHubError):
 
 class HubUnavailable(TensorHubError):
     """The hub did not answer within the client's retry budget."""
+
+
+class HubNotProven(HubUnavailable):
+    """The process at the hub's address could not prove that it holds the hub's token (``hub_proof``): an
+    impostor on the hub's port, a hub with another token, or no hub at all. Nothing secret was sent to it."""
+
+
+class PlainHttpToTls(HubUnavailable):
+    """An ``http://`` hub URL names a server that answers in TLS: use its ``https://`` URL. Nothing secret was
+    sent."""
 
 
 class InvalidRequest(TensorHubError):
@@ -134,9 +153,13 @@ __all__ = [
     "Unauthorized",
     "NotOwner",
     "NotModelOwner",
+    "JobKeyRequired",
     "UnverifiedVersion",
     "TransferFailed",
     "HubUnavailable",
+    "HubNotProven",
+    "PlainHttpToTls",
+    "HubAddressInUse",
     "InvalidRequest",
     "DeltaRefused",
     "DeltaWithheld",

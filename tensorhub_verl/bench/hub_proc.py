@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 import httpx
 
 from tensorhub_verl.errors import HubUnavailable
+from tensorhub_verl.ros.wire.hub_proof import HELLO_PATH, new_nonce
 
 
 def free_port() -> int:
@@ -24,11 +26,14 @@ class HubProcess:
     """A hub process on 127.0.0.1:``port`` (a free one by default); ``start`` again after ``kill`` brings up a
     new instance, which knows nothing, at the same URL. ``args`` are extra `tensorhub hub` flags."""
 
-    def __init__(self, port: int | None = None, args: tuple[str, ...] = (), stderr_path: str | None = None):
+    def __init__(self, port: int | None = None, args: tuple[str, ...] = (), stderr_path: str | None = None,
+                 open_files: int | None = None):
+        """``open_files``: the child's limit of open files (soft and hard), as on a host configured so."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = tuple(args)
         self.stderr_path = stderr_path
+        self.open_files = open_files
         self.process: subprocess.Popen | None = None
 
     @property
@@ -42,7 +47,8 @@ class HubProcess:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tensorhub_verl.cli", "hub", "--port", str(self.port), *self.args],
-                stdout=subprocess.DEVNULL, stderr=stderr)
+                stdout=subprocess.DEVNULL, stderr=stderr,
+                preexec_fn=None if self.open_files is None else self._limit_open_files)
         finally:
             stderr.close()  # the child has its own copy
         deadline = time.monotonic() + timeout
@@ -50,12 +56,16 @@ class HubProcess:
             if self.process.poll() is not None:
                 raise HubUnavailable(f"hub process exited with {self.process.returncode} while starting")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                # the token-less hello: answered by a hub with a token too
+                if httpx.get(f"{self.url}{HELLO_PATH}", params={"nonce": new_nonce()}, timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.1)
         self.kill()
         raise HubUnavailable(f"hub process did not answer on {self.url} within {timeout:.0f} s")
+
+    def _limit_open_files(self) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL: no goodbye, every bit of soft state lost."""

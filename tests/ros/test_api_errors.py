@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.errors import ConfigError, InvalidRequest, ManifestMismatch, Unauthorized, VersionNotFound
+from tensorhub_verl.errors import ConfigError, HubNotProven, InvalidRequest, ManifestMismatch, Unauthorized, \
+    VersionNotFound
 from tensorhub_verl.ros.hub.server import HubServer
 
 from tests.ros.roles import digest, make_weights
@@ -119,11 +120,11 @@ def test_with_a_token_nothing_is_served_without_it():
         assert httpx.get(server.url + "/v1/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
         with pytest.raises(Unauthorized):
             th.connect(server.url, "intruder")
-        with pytest.raises(Unauthorized):
-            th.connect(server.url, "intruder", token="wrong")
-        with th.connect(server.url, "trainer", token="s3cret") as trainer:
+        with pytest.raises(HubNotProven):  # a wrong token cannot check the hub's proof: it sends nothing
+            th.connect(server.url, "intruder", token="wrong", job_key="k", hub_retry_s=1.0)
+        with th.connect(server.url, "trainer", token="s3cret", job_key="k") as trainer:
             trainer.publish("policy", 1, make_weights(0, 0.1))
-            with th.connect(server.url, "reader", token="s3cret") as reader:
+            with th.connect(server.url, "reader", token="s3cret", job_key="k") as reader:
                 assert digest(reader.fetch("policy", 1).buffers) == digest(make_weights(0, 0.1))
                 assert sorted(reader.status()["workers"]) == ["reader", "trainer"]  # no intruder got in
     finally:

@@ -15,7 +15,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def guarded():
-    server = th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5))
+    # Keyless workers admitted (HubConfig.allow_keyless): what a worker's credential proves holds in one job too.
+    server = th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5, allow_keyless=True))
     yield server
     server.stop()
 

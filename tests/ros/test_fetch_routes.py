@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from tensorhub_verl.ros.hub.server import HubServer
-from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER
+from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 
 WHO = {"worker": "r", "holder": "r", "model": "m", "version": 1, "layout": "hf"}
 
@@ -19,8 +19,9 @@ def hub_url():
         server.stop()
 
 
-def _post(url: str, path: str, body, credential: str = "", token: str = "t0ken", **kw) -> httpx.Response:
-    headers = {"authorization": f"Bearer {token}", CREDENTIAL_HEADER: credential}
+def _post(url: str, path: str, body, credential: str = "", token: str = "t0ken", headers: dict | None = None,
+          **kw) -> httpx.Response:
+    headers = {"authorization": f"Bearer {token}", CREDENTIAL_HEADER: credential} | (headers or {})
     if isinstance(body, bytes):
         return httpx.post(url + path, content=body, headers=headers | {"content-type": "application/json"}, **kw)
     return httpx.post(url + path, json=body, headers=headers, **kw)
@@ -28,7 +29,7 @@ def _post(url: str, path: str, body, credential: str = "", token: str = "t0ken",
 
 def _register(url: str, worker: str) -> str:
     reply = _post(url, "/v1/workers/register", {"worker": worker, "location": {}, "agent_name": f"{worker}-a",
-                                                 "agent_metadata_b64": "AAAA"})
+                                                 "agent_metadata_b64": "AAAA"}, headers={JOB_KEY_HEADER: "job"})
     assert reply.status_code == 200, reply.text
     return reply.json()["credential"]
 

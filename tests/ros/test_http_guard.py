@@ -87,7 +87,7 @@ def test_one_peer_cannot_hold_every_socket_and_workers_still_get_in(guarded_hub)
             client.close()
     else:
         raise AssertionError("a worker could not reach the hub after the idle sockets closed")
-    worker = th.connect(guarded_hub.url, worker="after-the-flood", token=TOKEN)
+    worker = th.connect(guarded_hub.url, worker="after-the-flood", token=TOKEN, job_key="the-job")
     worker.close()
 
 

@@ -8,7 +8,7 @@ import torch
 import trustme
 
 import tensorhub_verl as th
-from tensorhub_verl.errors import ConfigError, HubUnavailable
+from tensorhub_verl.errors import ConfigError, HubUnavailable, PlainHttpToTls
 from tensorhub_verl.ros.hub.server import HubServer
 
 
@@ -30,14 +30,14 @@ def test_a_tls_hub_serves_clients_that_trust_its_ca(pki):
     hub = th.start_hub(token="t", tls_cert=pki["cert"], tls_key=pki["key"])
     try:
         assert hub.url.startswith("https://")
-        with th.connect(hub.url, "trainer", token="t", tls_ca_file=pki["ca"]) as trainer, \
-                th.connect(hub.url, "reader", token="t", tls_ca_file=pki["ca"]) as reader:
+        with th.connect(hub.url, "trainer", token="t", job_key="k", tls_ca_file=pki["ca"]) as trainer, \
+                th.connect(hub.url, "reader", token="t", job_key="k", tls_ca_file=pki["ca"]) as reader:
             trainer.publish("policy", 1, {"w": torch.arange(1000.0)})
             assert torch.equal(reader.fetch("policy", 1).buffers["w"], torch.arange(1000.0))
         with pytest.raises(HubUnavailable, match="TLS verification failed"):
             th.connect(hub.url, "mallory", token="t", tls_ca_file=pki["other_ca"])  # a hub it cannot verify
-        with pytest.raises(HubUnavailable):
-            th.connect(hub.url.replace("https://", "http://"), "plain", token="t", hub_retry_s=1.0)
+        with pytest.raises(PlainHttpToTls, match="https://"):
+            th.connect(hub.url.replace("https://", "http://"), "plain", token="t", hub_retry_s=30.0)
     finally:
         hub.stop()
 

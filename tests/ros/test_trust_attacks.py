@@ -22,7 +22,9 @@ WEIGHTS = {"w": torch.arange(4 * CHUNK // 4, dtype=torch.float32)}  # 4 chunks
 
 @pytest.fixture
 def hub():
-    server = th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5))
+    # Keyless workers admitted (HubConfig.allow_keyless): the default job is one of the jobs these attacks come
+    # from. A hub with a token refuses keyless workers by default (test_trust_edge.py).
+    server = th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5, allow_keyless=True))
     yield server
     server.stop()
 
@@ -78,7 +80,7 @@ def test_two_jobs_on_one_hub_cannot_collide_on_a_model_name(hub):
 
 def test_configured_owners_decide_who_creates_versions(hub):
     hub.stop()
-    owned = th.start_hub(token=TOKEN, owners=("policy=trainer-*",))
+    owned = th.start_hub(token=TOKEN, owners=("policy=trainer-*",), config=th.HubConfig(allow_keyless=True))
     try:
         with th.connect(owned.url, "rollout-0", token=TOKEN) as rollout:
             with pytest.raises(NotModelOwner, match="workers matching 'trainer-\\*'"):

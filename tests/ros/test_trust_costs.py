@@ -8,7 +8,7 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl.ros.hub.limits import HubLimits
 from tensorhub_verl.bench.publish_cost import piece_limit_publish, register
-from tensorhub_verl.errors import NotModelOwner, NotOwner, OverBudget
+from tensorhub_verl.errors import JobKeyRequired, NotModelOwner, NotOwner, OverBudget
 from tensorhub_verl.ros.wire import messages as msg
 
 TOKEN = "trust-costs-token"
@@ -30,7 +30,7 @@ def test_a_publish_is_refused_for_its_credential_and_owner_before_its_chunk_map_
     try:
         with th.connect(hub.url, "trainer", token=TOKEN, job_key=JOB, chunk_bytes=4096) as trainer:
             trainer.publish("policy", 1, WEIGHTS)
-            mallory = register(hub.url, "mallory", token=TOKEN)
+            mallory = register(hub.url, "mallory", job_key="mallorys-job", token=TOKEN)
             # Over the piece limit: a hub that built (or checked) the chunk map first would answer InvalidRequest.
             with pytest.raises(NotOwner, match="without its credential"):
                 _publish(mallory, piece_limit_publish("trainer", version=2, pieces=2048))
@@ -67,9 +67,10 @@ def test_a_freed_worker_id_is_never_given_to_another_job():
         with th.connect(hub.url, "trainer-0", token=TOKEN, job_key=JOB, chunk_bytes=4096) as trainer:
             trainer.publish("policy", 1, WEIGHTS)
         # trainer-0 left: its id is free, but only for its own job.
-        for job_key in (None, "another-job"):
-            with pytest.raises(NotOwner, match="never given to another job"):
-                register(hub.url, "trainer-0", job_key=job_key, token=TOKEN)
+        with pytest.raises(JobKeyRequired):  # no job at all: refused before the id is looked at
+            register(hub.url, "trainer-0", job_key=None, token=TOKEN)
+        with pytest.raises(NotOwner, match="never given to another job"):
+            register(hub.url, "trainer-0", job_key="another-job", token=TOKEN)
         with th.connect(hub.url, "trainer-0", token=TOKEN, job_key=JOB, chunk_bytes=4096) as again:
             again.publish("policy", 2, WEIGHTS)
             assert again.latest("policy") == 2

@@ -136,13 +136,15 @@ class HubAccess:
     tls_ca_file: str | None = None
     """PEM file of the CA that signed an https hub's certificate (default: the system trust store)."""
     allow_plain_http: bool = False
-    """Send the hub token over ``http://`` to a hub on another host. Off: such a hub URL is refused (the token
-    would cross the network in clear); a loopback hub and an open hub (no token) need no TLS."""
+    """Send the hub token and the job key over ``http://`` to a hub on another host. Off: such a hub URL is
+    refused (they would cross the network in clear); a loopback hub, and an open hub reached without a job key,
+    need no TLS."""
     job_key: str | None = None
     """The secret of this worker's job: the first job to publish a model owns it, and only its workers create
     versions of it (others may only hold copies of published ones; ``ownership.py``). Give every worker of one
     training job the same key (e.g. a random one per job). None: the hub's default job, shared by every worker
-    without a key."""
+    without a key; a hub with a token refuses it (``JobKeyRequired``) unless started with ``--allow-keyless``.
+    Like the token, never sent over ``http://`` to another host unless ``allow_plain_http``."""
     spot: bool = False
     """A spot worker may vanish any time; its copies never count as reliable for retention."""
 

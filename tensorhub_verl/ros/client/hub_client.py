@@ -7,8 +7,9 @@ Keeps the worker credential that registration returns and sends it with every ca
 see it. A call that raced a re-registration (sent with the credential it replaced, or answered before the
 re-registration's reply with the new credential arrived) is repeated once, after that re-registration.
 
-Never sends the hub token in clear to another host: a token with an ``http://`` URL is refused unless the
-hub is on loopback or the caller says the network is trusted (``allow_plain_http``).
+Never sends the hub token or a job key in clear to another host: either with an ``http://`` URL is refused
+unless the hub is on loopback or the caller says the network is trusted (``allow_plain_http``). Never sends
+either, nor a credential, to a peer that has not proven it holds the token (``proven_pool``, ``hub_proof``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tensorhub_verl import errors
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER, REGISTER_PATH
+from tensorhub_verl.ros.client.proven_pool import NotProven, proven_pool
 from tensorhub_verl.ros.client.retry import Backoff
 
 logger = logging.getLogger("tensorhub_verl.ros.client")
@@ -41,6 +43,7 @@ _ERRORS: dict[str, type[errors.TensorHubError]] = {
     "Unauthorized": errors.Unauthorized,
     "NotOwner": errors.NotOwner,
     "NotModelOwner": errors.NotModelOwner,
+    "JobKeyRequired": errors.JobKeyRequired,
     "InvalidRequest": errors.InvalidRequest,
     "PlaneMismatch": errors.PlaneMismatch,
     "OverBudget": errors.OverBudget,
@@ -67,6 +70,11 @@ class HubClient:
                 f"any worker. Serve the hub over TLS (tensorhub hub --tls-cert/--tls-key, an https:// URL and, for "
                 f"a private CA, tls_ca_file / --ca-file), or, on a network you trust, allow plain HTTP "
                 f"(ClientConfig.allow_plain_http, tensorhub.allow_plain_http, --allow-plain-http)")
+        if job_key and url.startswith("http://") and not allow_plain_http and not is_loopback_url(url):
+            raise errors.ConfigError(
+                f"refusing to send the job key in clear to {url}: anyone on the path could read it and join the "
+                f"job (its NIXL memory, its models). Serve the hub over TLS (an https:// URL), or, on a network "
+                f"you trust, allow plain HTTP (ClientConfig.allow_plain_http, --allow-plain-http)")
         if ca_file is not None and not url.startswith("https://"):
             raise errors.ConfigError(f"a CA file was given but the hub URL {url!r} is not https://")
         try:
@@ -81,8 +89,9 @@ class HubClient:
         # request per exchange. Its connections set TCP_NODELAY (without it a request's header and body writes
         # meet delayed ACKs on every call). One pooled connection per concurrent caller (the
         # fetch loop, its exchanges, the heartbeat); retries are this class's own (below), not urllib3's.
-        self._http = urllib3.connection_from_url(self.url, maxsize=8, block=False, retries=False,
-                                                 timeout=request_timeout_s, **tls)
+        # Every new connection proves the hub before it carries the token, the job key or the credential.
+        self._http = proven_pool(self.url, token, maxsize=8, block=False, retries=False,
+                                 timeout=request_timeout_s, **tls)
         self._retry_s = retry_s
         self._on_new_instance = on_new_instance
         self._instance: str | None = None
@@ -164,6 +173,8 @@ class HubClient:
                     raise errors.HubUnavailable(f"hub {self.url}: TLS verification failed ({e}); pass the CA "
                                                 f"that signed the hub's certificate (tls_ca_file)") from e
                 if not backoff.fits():
+                    if isinstance(e, NotProven):
+                        raise errors.HubNotProven(f"{e}; waited {self._retry_s:.0f} s for the real hub") from e
                     raise errors.HubUnavailable(f"hub {self.url} unreachable for {self._retry_s:.0f} s "
                                                 f"({type(e).__name__}: {e}); is `tensorhub hub` running?") from e
                 backoff.sleep(jitter=0.25)

@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from typing import Annotated
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,12 +32,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from tensorhub_verl import errors
+from tensorhub_verl.ros.wire import hub_proof
 from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub.state_calls import StateCalls
 from tensorhub_verl.ros.hub.fetch_routes import HEARTBEAT_PATH, FetchRoutes, error_body, invalid_detail, status_of
 from tensorhub_verl.ros.hub.fetch_routes import heartbeat as hot_heartbeat
 from tensorhub_verl.ros.hub.state import HubState
+from tensorhub_verl.ros.wire.hub_proof import HELLO_PATH
 from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, INSTANCE_HEADER, JOB_KEY_HEADER
 from tensorhub_verl.ros.planes.tcp_wire import advertised_host_problem
 from tensorhub_verl.ros.wire.convert import manifest_to_msg
@@ -54,6 +57,7 @@ _STATUS_OF = [
     (errors.OverBudget, 429),
     (errors.InvalidRequest, 400),
     (errors.NotOwner, 403),
+    (errors.JobKeyRequired, 403),
     (errors.Unauthorized, 401),
 ]
 
@@ -93,14 +97,21 @@ class _BodyLimit:
 class _TokenGate:
     """Answers 401 to a request without the hub's bearer token before anything else runs: no body is read, no
     route, validation or middleware below it sees the request, so a caller without the token costs the hub one
-    header check. (The FastAPI dependency ``authorize`` stays as a second line and documents the scheme.)"""
+    header check. (The FastAPI dependency ``authorize`` stays as a second line and documents the scheme.)
+
+    One request passes without the token: the hello (``wire.hub_proof``), answered here with the hub's proof,
+    which clients check before they send the token, a job key or a credential on a connection."""
 
     def __init__(self, app, token: str | None, instance: str):
         self.app = app
+        self.token = token
         self.expected = None if token is None else b"bearer " + token.encode()
+        self.instance_id = instance
         self.instance = (INSTANCE_HEADER.lower().encode(), instance.encode())
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == HELLO_PATH:
+            return await self._hello(scope, send)
         if self.expected is None or scope["type"] != "http":
             return await self.app(scope, receive, send)
         presented = b""
@@ -117,6 +128,24 @@ class _TokenGate:
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close"), self.instance]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _hello(self, scope, send) -> None:
+        """The token-less challenge (``hub_proof``): the instance id and, with a token, the MAC of the token over
+        the caller's nonce. One HMAC, no body read, no state touched: a stranger's hello costs the hub nothing
+        more than a refused request."""
+        nonce = ""
+        for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+            if name == "nonce":
+                nonce = value
+        if not hub_proof.is_nonce(nonce):
+            return await _send_error(send, 400, "InvalidRequest", "hello needs nonce=<32 hex digits>")
+        answer = {"hub_instance": self.instance_id, "token": self.token is not None,
+                  "proof": None if self.token is None else hub_proof.proof(self.token, nonce, self.instance_id)}
+        body = json.dumps(answer).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                self.instance]})
         await send({"type": "http.response.body", "body": body})
 
 
@@ -226,9 +255,19 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def healthz() -> dict:
         return {"ok": True, "hub_instance": state.instance}
 
+    keyless_refused = token is not None and not state.config.allow_keyless
+
     @app.post(msg.REGISTER_PATH)
     def register(req: msg.RegisterWorker, request: Request, credential: Credential = "",
                  job_key: JobKey = "") -> msg.WorkerAck:
+        if keyless_refused and not job_key:
+            # The token admits to the hub, a job key to a job: without one a worker would share the default job
+            # with every other token holder (its NIXL metadata, its shard ranks, its models' latest).
+            raise errors.JobKeyRequired(
+                f"worker {req.worker!r} registered without a job key; this hub admits only workers of a job. "
+                f"Give every worker of one job the same secret key (ClientConfig.job_key, $TENSORHUB_JOB_KEY; "
+                f"a verl job makes one itself), or start the hub with --allow-keyless "
+                f"(HubConfig.allow_keyless) on a cluster where every token holder is one job")
         problem = _advertised_address_problem(req, request.client.host if request.client else None)
         if problem is not None:
             raise errors.InvalidRequest(problem)

@@ -34,6 +34,11 @@ class HubConfig:
     """Plan a reader on a holder whose data plane checks no grant (NIXL: its metadata lets a peer READ and WRITE
     the registered memory) only when both are workers of one job (``ownership.py``); readers of other jobs read
     from holders on a granted plane (TCP). False: any registered reader, as before."""
+    allow_keyless: bool = False
+    """With a token: admit workers that register without a job key (``ClientConfig.job_key``); they all share
+    one default job, so each may read the others' NIXL memory, take their shard ranks and publish their models.
+    Off (the default): a hub with a token refuses a registration without a job key (``JobKeyRequired``). A hub
+    without a token is open to everyone on its network and admits everyone."""
     require_digests: bool = True
     """Refuse a publish without a digest for every chunk it holds. Off only for trusted tests: a version
     without digests is served unchecked."""

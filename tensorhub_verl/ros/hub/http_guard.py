@@ -8,14 +8,20 @@ every worker out. ``ConnectionLimits`` bounds all three per connection, on the e
 - a request head (request line and headers) must arrive complete within ``head_timeout_s`` of its first byte,
   and a new connection must send its first within that time: else the connection is closed;
 - a request head over ``max_head_bytes`` is answered 431 and the connection closed, before it is parsed whole;
-- a peer (an IP address) holding ``max_per_peer`` connections gets its next one answered 503 and closed.
+- a peer (an IP address) holding ``max_per_peer`` connections gets its next one answered 503 and closed;
+- connections that have not yet sent a request head with the hub's token (a hub without a token: any complete
+  head) are *untrusted*; at most ``max_untrusted`` of them stay open over the whole hub, a cap derived from the
+  process's open-files limit (``untrusted_cap``). A new connection past the cap closes the oldest untrusted one,
+  so strangers' idle sockets cannot use up the hub's file descriptors, and a new worker, which sends its head
+  within a round trip or two, always gets in.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import resource
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,6 +39,9 @@ class ConnectionLimits:
     """A request head must be complete this long after its first byte (a new connection's first byte too)."""
     max_per_peer: int = 1024
     """Open connections one IP address may hold (a node's workers share its address: each keeps a few)."""
+    max_untrusted: int | None = None
+    """Open connections, over the whole hub, that have not yet sent a request head carrying the hub's token.
+    None: derived from the open-files limit when the server starts (``untrusted_cap``)."""
 
     def __post_init__(self) -> None:
         if self.max_head_bytes < 1024:
@@ -41,12 +50,46 @@ class ConnectionLimits:
             raise ConfigError(f"head_timeout_s must be > 0, got {self.head_timeout_s}")
         if self.max_per_peer < 1:
             raise ConfigError(f"max_per_peer must be >= 1, got {self.max_per_peer}")
+        if self.max_untrusted is not None and self.max_untrusted < 1:
+            raise ConfigError(f"max_untrusted must be >= 1 or None (from the open-files limit), "
+                              f"got {self.max_untrusted}")
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with ``limits`` (pass it as ``uvicorn.Config(http=...)``). The per-peer
-    counts live in this class, so each server gets its own."""
+_RESERVED_FILES = 64
+"""Descriptors the hub keeps for itself (its listening socket, logs, threads' pipes) out of the open-files limit."""
+
+
+def listen_backlog(open_files: int) -> int:
+    """The listening socket's backlog for a hub with ``open_files`` descriptors: connections the kernel queues
+    for the hub's accept loop (``acceptor.py``), kept well inside the limit."""
+    return max(16, min(2048, open_files // 8))
+
+
+def untrusted_cap(open_files: int) -> int:
+    """Untrusted connections a hub with ``open_files`` descriptors keeps at most: half of what is left after its
+    own descriptors and the listening queue (``listen_backlog``), so token holders always have the other half."""
+    return max(16, (open_files - _RESERVED_FILES - listen_backlog(open_files)) // 2)
+
+
+def guarded_protocol(limits: ConnectionLimits, token: str | None = None,
+                     open_files: int | None = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``limits`` (pass it as ``uvicorn.Config(http=...)``); ``token``: the
+    hub's bearer token, which makes a connection trusted. The per-peer counts and the untrusted connections
+    live in this class, so each server gets its own."""
     open_per_peer: Counter[str] = Counter()
+    untrusted: OrderedDict[int, "HttpToolsProtocol"] = OrderedDict()  # oldest first
+    cap = limits.max_untrusted or untrusted_cap(open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    expected = None if token is None else b"bearer " + token.encode()
+    evicted = [0]
+
+    def presents_token(headers: list[tuple[bytes, bytes]]) -> bool:
+        if expected is None:
+            return True
+        for name, value in headers:
+            if name == b"authorization":
+                scheme, _, rest = value.partition(b" ")
+                return hmac.compare_digest(scheme.lower() + b" " + rest, expected)
+        return False
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -60,12 +103,22 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             if open_per_peer[self._peer] > limits.max_per_peer:
                 self._refuse(503, f"{self._peer} holds {limits.max_per_peer} connections to this hub already")
                 return
+            if len(untrusted) >= cap:
+                _, oldest = untrusted.popitem(last=False)
+                evicted[0] += 1
+                if evicted[0] == 1 or evicted[0] % 1000 == 0:  # a flood must not flood the log too
+                    logger.warning("%d untrusted connections (no request head with the hub's token) are open, the "
+                                   "hub's cap: closing the oldest (%d closed so far; the latest from %s)", cap,
+                                   evicted[0], oldest._peer)
+                oldest.transport.close()
+            untrusted[id(self)] = self
             self._arm_head_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             open_per_peer[self._peer] -= 1
             if open_per_peer[self._peer] <= 0:
                 del open_per_peer[self._peer]
+            untrusted.pop(id(self), None)
             self._cancel_head_timer()
             super().connection_lost(exc)
 
@@ -85,6 +138,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         def on_headers_complete(self) -> None:
             self._head_open = False
             self._cancel_head_timer()
+            if id(self) in untrusted and presents_token(self.headers):
+                del untrusted[id(self)]
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest, ManifestMismatch
 from tensorhub_verl.ros.wire import messages as msg
-from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name, rank_chunk_counts, shard_bytes
+from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name, shard_bytes
 from tensorhub_verl.ros.wire.convert import manifest_from_msg
 
 
@@ -39,10 +39,21 @@ class HubLimits:
     max_pending_pieces_per_worker: int = 1 << 22
     """Tensors x row shards over one worker's pending shards' versions: what their chunk maps cost the hub
     (about 130 bytes of hub memory per piece; two versions at ``max_shard_pieces``)."""
+    max_pending_pieces_per_job: int | None = None
+    """The same over all pending versions of one job's workers, each version counted once (worker ids are free to
+    make: a budget per id alone bounds nothing). None: twice ``max_pending_pieces_per_worker`` (about 1 GiB of
+    hub memory at the defaults)."""
+    max_pending_pieces: int | None = None
+    """The same over the whole hub (job keys are free to make too). None: four times the job's budget."""
 
     def __post_init__(self) -> None:
+        if self.max_pending_pieces_per_job is None:
+            object.__setattr__(self, "max_pending_pieces_per_job", 2 * self.max_pending_pieces_per_worker)
+        if self.max_pending_pieces is None:
+            object.__setattr__(self, "max_pending_pieces", 4 * self.max_pending_pieces_per_job)
         for name in ("max_tensors", "max_tensor_bytes", "max_version_bytes", "max_chunks", "max_shard_pieces",
-                     "max_pending_shards_per_worker", "max_pending_pieces_per_worker"):
+                     "max_pending_shards_per_worker", "max_pending_pieces_per_worker", "max_pending_pieces_per_job",
+                     "max_pending_pieces"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"HubLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tensors > msg.MAX_TENSORS or self.max_chunks > msg.MAX_CHUNKS:
@@ -86,8 +97,8 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
     if total > limits.max_version_bytes:
         raise InvalidRequest(f"version of {total} bytes exceeds the hub's limit of {limits.max_version_bytes} "
                              f"(HubLimits.max_version_bytes)")
-    counts = rank_chunk_counts(specs, m.chunk_bytes, m.row_shards)
-    chunks = sum(counts)
+    runs = rank_chunk_runs(specs, m.chunk_bytes, m.row_shards)
+    chunks = sum(ranks * per_rank for ranks, per_rank in runs)
     if chunks > limits.max_chunks:
         raise InvalidRequest(f"{total} bytes in chunks of {m.chunk_bytes} make {chunks} chunks, over the hub's "
                              f"limit of {limits.max_chunks}; publish with a larger chunk_bytes")
@@ -101,11 +112,63 @@ def prepare_version(m: msg.ManifestMsg, limits: HubLimits, shard_rank: int | Non
     if shard_rank is not None and shard_rank >= m.row_shards:
         raise InvalidRequest(f"shard_rank {shard_rank} is out of range for {m.row_shards} row shards "
                              f"(0..{m.row_shards - 1})")
-    own = None if shard_rank is None else range(sum(counts[:shard_rank]), sum(counts[:shard_rank + 1]))
+    own = None if shard_rank is None else _rank_span(runs, shard_rank)
     _check_digests(m.chunk_digests, own)
     chunk_map = manifest.chunks()
     _check_blocks(manifest, chunk_map, None if own is None else set(own))
     return PreparedVersion(manifest, chunk_map, None if own is None else frozenset(own))
+
+
+def rank_chunk_runs(specs, chunk_bytes: int, row_shards: int) -> list[tuple[int, int]]:
+    """The chunks of each rank's part of the chunk map (``manifest.rank_chunk_counts``) as runs of equal ranks,
+    ``[(ranks, chunks of each), ...]`` in rank order, in O(tensors log tensors) whatever ``row_shards`` is: a
+    tensor gives ``ceil(rows / row_shards)`` rows to each of its first ranks, the rest to one more, none to
+    the others (``manifest.row_range``), so each rank's byte total changes only at a tensor's two boundaries.
+    The hub checks a publish's chunk count with this before anything costs per rank or per piece."""
+    if row_shards == 1:
+        total = sum(spec.nbytes for spec in specs)
+        return [(1, -(-total // chunk_bytes))]
+    steps: dict[int, int] = {}  # rank -> change of the per-rank byte total at that rank
+
+    def add(start: int, stop: int, nbytes: int) -> None:
+        if nbytes and start < stop:
+            steps[start] = steps.get(start, 0) + nbytes
+            steps[stop] = steps.get(stop, 0) - nbytes
+
+    for spec in specs:
+        if not spec.shape:
+            add(0, 1, spec.nbytes)  # a 0-dim tensor: rank 0 holds it
+            continue
+        rows = spec.shape[0]
+        if rows == 0:
+            continue
+        per = -(-rows // row_shards)
+        row = spec.nbytes // rows
+        full = rows // per  # ranks with ``per`` rows; the next one holds the rest, if any
+        add(0, full, per * row)
+        add(full, full + 1, (rows - full * per) * row)
+    runs: list[tuple[int, int]] = []
+    total, at = 0, 0
+    for rank in sorted(steps) + [row_shards]:
+        if rank > at:
+            runs.append((min(rank, row_shards) - at, -(-total // chunk_bytes)))
+            at = rank
+        if rank >= row_shards:
+            break
+        total += steps.get(rank, 0)
+    return runs
+
+
+def _rank_span(runs: list[tuple[int, int]], rank: int) -> range:
+    """The indices of ``rank``'s chunks, from ``rank_chunk_runs``."""
+    first = 0
+    for ranks, per_rank in runs:
+        if rank < ranks:
+            start = first + rank * per_rank
+            return range(start, start + per_rank)
+        first += ranks * per_rank
+        rank -= ranks
+    raise InvalidRequest(f"row shard {rank} is past the manifest's ranks")
 
 
 def _check_blocks(manifest: Manifest, chunks: tuple, own: set[int] | None) -> None:

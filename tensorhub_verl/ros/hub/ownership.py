@@ -1,7 +1,8 @@
 """Who may create versions of a model: its owner. Pure bookkeeping, no I/O; the hub calls it under its lock.
 
 A *job* is the set of workers that registered with the same job key (``ClientConfig.job_key``, a secret the
-hub keeps only a hash of); workers without a key share the hub's default job. A model's owner is either
+hub keeps only a hash of); workers without a key share the hub's default job, which a hub with a token admits
+only when told to (``HubConfig.allow_keyless``). A model's owner is either
 configured (``HubConfig.owners``: model glob -> worker-id glob, ``tensorhub hub --owner policy=trainer-*``)
 or, for a model no rule names, the job of the worker that first published it. Only an owner creates:
 publishes a version (or a layout of one) the hub does not have yet, or a shard of a shard group. Anyone else

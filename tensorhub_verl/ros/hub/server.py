@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import socket
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import uvicorn
 
-from tensorhub_verl.errors import ConfigError, HubUnavailable
+from tensorhub_verl.errors import ConfigError, HubAddressInUse, HubUnavailable
 from tensorhub_verl.ros.hub.app import DEFAULT_MAX_BODY_BYTES, create_app
 from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.state import HubState
-from tensorhub_verl.ros.hub.http_guard import ConnectionLimits, guarded_protocol, raise_open_files_limit
+from tensorhub_verl.ros.hub.acceptor import Acceptor
+from tensorhub_verl.ros.hub.http_guard import ConnectionLimits, guarded_protocol, listen_backlog, \
+    raise_open_files_limit, untrusted_cap
 from tensorhub_verl.ros.hub.liveness import StallMeter
 
 logger = logging.getLogger("tensorhub_verl.ros.hub")
@@ -63,16 +66,19 @@ class HubServer:
                 raise ConfigError(f"TLS {what} file {path} does not exist")
         self.tls = tls_cert is not None
         self.state = HubState(config)
-        raise_open_files_limit()
-        self._socket = socket.create_server((host, port), reuse_port=False)
+        open_files = raise_open_files_limit()
+        backlog = listen_backlog(open_files)
+        self._socket = _listen(host, port, backlog)
         # Accepted connections inherit this. uvicorn sets it only on sockets it creates itself; without
         # it every response waits for a delayed ACK (~40 ms per request).
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._socket.getsockname()[:2]
-        app = create_app(self.state, token=resolve_token(token), max_body_bytes=max_body_bytes)
-        self._server = _ProbedServer(self.state.stall, uvicorn.Config(
-            app, http=guarded_protocol(connection_limits or ConnectionLimits()), log_level="warning",
-            access_log=False, timeout_keep_alive=30, lifespan="off",
+        token = resolve_token(token)
+        app = create_app(self.state, token=token, max_body_bytes=max_body_bytes)
+        limits = connection_limits or ConnectionLimits()
+        self._server = _ProbedServer(self.state.stall, self._socket, limits, open_files, uvicorn.Config(
+            app, http=guarded_protocol(limits, token, open_files),
+            log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off", backlog=backlog,
             ssl_certfile=str(tls_cert) if tls_cert else None, ssl_keyfile=str(tls_key) if tls_key else None))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -83,7 +89,8 @@ class HubServer:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> "HubServer":
-        serve = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+        # No sockets for uvicorn's own server: the acceptor takes connections off ours (``acceptor.py``).
+        serve = threading.Thread(target=self._server.run, kwargs={"sockets": []},
                                  name="tensorhub-hub", daemon=True)
         sweep = threading.Thread(target=self._sweep, name="tensorhub-hub-sweep", daemon=True)
         self._threads = [serve, sweep]
@@ -129,20 +136,53 @@ class HubServer:
         self.stop()
 
 
-class _ProbedServer(uvicorn.Server):
-    """uvicorn's server plus a probe on its event loop, which answers heartbeats: the probe's late ticks
-    measure how long the hub itself could not hear anyone (``liveness.StallMeter``)."""
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    """The hub's listening socket; a clear error naming the address when it cannot be had."""
+    try:
+        return socket.create_server((host, port), reuse_port=False, backlog=backlog)
+    except OSError as e:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            raise HubAddressInUse(
+                f"cannot listen on {where}: the address is in use by another process (a hub still running, or "
+                f"another program on that port). Stop that process (its clients wait for this hub for their retry "
+                f"budget and send nothing secret to a process that cannot prove it holds the token), or start "
+                f"the hub on another port (--port, start_hub(port=...))") from e
+        raise ConfigError(f"cannot listen on {where}: {e.strerror or e}; choose an address of this host "
+                          f"(--host) and a port you may bind (--port)") from e
 
-    def __init__(self, stall: StallMeter, config: uvicorn.Config):
+
+class _ProbedServer(uvicorn.Server):
+    """uvicorn's server, fed by the hub's own accept loop (``acceptor.Acceptor``) from ``sock``, plus a probe on
+    its event loop, which answers heartbeats: the probe's late ticks measure how long the hub itself could not
+    hear anyone (``liveness.StallMeter``)."""
+
+    def __init__(self, stall: StallMeter, sock: socket.socket, limits: ConnectionLimits, open_files: int,
+                 config: uvicorn.Config):
         super().__init__(config)
         self._stall = stall
+        self._sock = sock
+        self._limits = limits
+        self._open_files = open_files
         self._probe: asyncio.Task | None = None
+        self._acceptor: Acceptor | None = None
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=self.server_state,
+                                              app_state=self.lifespan.state)
+
+        self._acceptor = Acceptor(self._sock, protocol, config.ssl, self._limits.head_timeout_s,
+                                  max_handshakes=untrusted_cap(self._open_files))
+        self._acceptor.start()
         self._probe = asyncio.get_running_loop().create_task(self._tick_forever())
 
     async def shutdown(self, sockets=None) -> None:
+        if self._acceptor is not None:
+            self._acceptor.stop()
         if self._probe is not None:
             self._probe.cancel()
         await super().shutdown(sockets)

@@ -232,7 +232,7 @@ class HubState:
             if not self.owners.owns(m.model, req.worker, job):
                 check_non_owner_creates_nothing(req, record, job, self.owners)
             if req.shard_count > 1:
-                check_pending_budget(req, self.config.limits, self.store)
+                check_pending_budget(req, self.config.limits, self.store, self._job_of, job)
 
     def prepare(self, req: msg.Publish) -> PreparedVersion:
         """The heavy, state-free part of a publish (validation, chunk map): call it before taking the lock."""
@@ -276,7 +276,7 @@ class HubState:
             member = (key, req.holder)
             if req.shard_count > 1:
                 self.shard_groups.check(group, req.shard_count, member, req.shard_rank, self._member_alive)
-                check_pending_budget(req, self.config.limits, self.store)
+                check_pending_budget(req, self.config.limits, self.store, self._job_of, worker.job)
             if record is None:
                 record = VersionRecord(manifest, prepared.chunks)
                 self.store.add(key, record)
@@ -295,6 +295,10 @@ class HubState:
                     if holding.state == HoldingState.PENDING:  # not one that is draining meanwhile
                         holding.state = HoldingState.ACTIVE
             self._holdings_changed(key[0])
+
+    def _job_of(self, worker: str) -> str | None:
+        record = self.registry.get(worker)
+        return None if record is None else record.job
 
     def _member_alive(self, member: Member) -> bool:
         """Whether a shard group member's holding still exists: a shard that died leaves room for its stand-in."""

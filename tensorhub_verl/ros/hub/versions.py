@@ -48,6 +48,11 @@ class VersionStore:
     def holdings_of(self, worker: str) -> list[Holding]:
         return [h for r in self._versions.values() for h in r.holdings.values() if h.worker == worker]
 
+    def pending(self) -> list[tuple[Key, Holding]]:
+        """Every holding that waits for the rest of its shard group."""
+        return [(k, h) for k, r in self._versions.items() for h in r.holdings.values()
+                if h.state == HoldingState.PENDING]
+
     def pending_of(self, worker: str) -> list[tuple[Key, Holding]]:
         """The worker's holdings that wait for the rest of their shard group."""
         return [(k, h) for k, r in self._versions.items() for h in r.holdings.values()
