@@ -3,7 +3,7 @@ and, where there is one, on the GPU: what a publisher pays per GB at publish and
 what a row-shard rank pays for its cells of the block digests (``shard_blocks``: rank 0 of ``--row-shards``,
 per GB of its own rows).
 
-    python -m tensorhub_verl.bench.digest [--size-mb 256] [--threads 1] [--row-shards 2]
+    python -m tensorhub_verl.bench.digest [--size-mb 256] [--threads 1] [--row-shards 2] [--devices cpu,cuda]
 
 Prints one line per measurement, then a JSON line with all of them.
 """
@@ -35,7 +35,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2) -> dict:
+def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2, devices: list[str] | None = None) -> dict:
+    """``devices``: where the digests run (None: the CPU, and CUDA where there is one)."""
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     rows = max(1, size_mb * (1 << 20) // (4096 * 2))
@@ -46,7 +47,9 @@ def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2) -> dict:
     out = {"size_mb": size_mb, "threads": threads, "row_shards": row_shards,
            "xxh3_cpu_gbps": gb / _best(lambda: [xxhash.xxh3_64(flat[s.offset:s.offset + s.length]).hexdigest()
                                                  for c in chunks for s in c.segments], repeats)}
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if devices is None:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    out["devices"] = devices
     for device in devices:
         tensors = [weights["w"].to(device)]
         chunk_digests(chunks, tensors)  # tables made and copied once
@@ -70,8 +73,13 @@ def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2) -> dict:
             _sync(device)
 
         out[f"shard_blocks_{device}_gbps"] = piece[0].numel() * 2 / 1e9 / _best(shard_block_pass, repeats)
-    out["linear_cpu_s_per_gb"] = 1 / out["linear_cpu_gbps"]
-    out["shard_blocks_cpu_s_per_gb"] = 1 / out["shard_blocks_cpu_gbps"]
+    if "cpu" in devices:
+        out["linear_cpu_s_per_gb"] = 1 / out["linear_cpu_gbps"]
+        out["shard_blocks_cpu_s_per_gb"] = 1 / out["shard_blocks_cpu_gbps"]
+    if "cuda" in devices:
+        from tensorhub_verl.ros.wire import lindigest
+
+        out["cuda_float64_matmul_exact"] = lindigest._TABLES.exact_matmul.get(torch.device("cuda", 0))
     return out
 
 
@@ -81,8 +89,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (xxh3 runs on one)")
     parser.add_argument("--row-shards", type=int, default=2, help="ranks of the row-shard block digest pass")
+    parser.add_argument("--devices", default=None,
+                        help="comma-separated, of cpu and cuda (default: cpu, and cuda where there is one)")
     args = parser.parse_args()
-    result = run(args.size_mb, args.repeats, args.threads, args.row_shards)
+    devices = args.devices.split(",") if args.devices else None
+    if devices and (bad := [d for d in devices if d not in ("cpu", "cuda")]):
+        parser.error(f"unknown device {bad[0]!r}; choose from cpu, cuda")
+    if devices and "cuda" in devices and not torch.cuda.is_available():
+        parser.error("--devices cuda needs a CUDA GPU, and torch sees none here")
+    result = run(args.size_mb, args.repeats, args.threads, args.row_shards, devices)
     for key, value in result.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     print(json.dumps(result))

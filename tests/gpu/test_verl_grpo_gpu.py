@@ -13,14 +13,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from tensorhub_verl.demo.grpo import run
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.settings import PLATFORM_ENV
-from tests.gpu.conftest import gpus, needs_cuda
+from tests.gpu.conftest import gpus, needs_cuda, needs_engines
 
-pytestmark = [pytest.mark.gpu, pytest.mark.verl, pytest.mark.vllm, needs_cuda, pytest.mark.timeout(900),
+needs_engines("verl", "vllm", "hydra", "ray", "transformers")
+
+from tensorhub_verl.demo.grpo import run  # noqa: E402
+from tensorhub_verl.demo.job import TinyJob  # noqa: E402
+from tensorhub_verl.demo.progress import read_metrics  # noqa: E402
+from tensorhub_verl.demo.task import build_task  # noqa: E402
+from tensorhub_verl.settings import PLATFORM_ENV  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.engine, pytest.mark.verl, pytest.mark.vllm, needs_cuda, pytest.mark.timeout(900),
               pytest.mark.skipif(gpus() < 2, reason="verl 0.9.1 puts the trainer and the rollouts of a "
                                                     "checkpoint-engine mode on separate GPUs: needs 2")]
 

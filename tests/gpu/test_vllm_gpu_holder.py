@@ -7,15 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tensorhub_verl as th
-from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm
-from tensorhub_verl.vllm.layout import layout_name
-from tensorhub_verl.vllm.results import HolderStatus
-from tests.gpu.conftest import needs_cuda
-from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
+from tests.gpu.conftest import needs_cuda, needs_engines
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm, needs_cuda, pytest.mark.timeout(900)]
+needs_engines("vllm", "transformers")
+
+import tensorhub_verl as th  # noqa: E402
+from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec  # noqa: E402
+from tensorhub_verl.testing.layout_oracle import hf_to_vllm  # noqa: E402
+from tensorhub_verl.vllm.layout import layout_name  # noqa: E402
+from tensorhub_verl.vllm.results import HolderStatus  # noqa: E402
+from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.engine, pytest.mark.vllm, needs_cuda, pytest.mark.timeout(900)]
 
 LAYOUT = layout_name("qwen2", 1, 0)
 GPU_ENGINE = {"dtype": "bfloat16", "gpu_memory_utilization": 0.25, "enable_sleep_mode": True}

@@ -181,3 +181,22 @@ def test_host_memory_is_digested_in_numpy_with_the_lanes_of_the_device_path():
         assert host.tolist() == lindigest._device_words(words, row0, col0, groups).remainder(lindigest.P).tolist()
         strided = words.t().contiguous().t()  # a column-major view: numpy reads it through its strides
         assert lindigest._words(strided, row0, col0, groups).tolist() == host.tolist()
+
+
+def test_device_digest_without_an_exact_float64_matmul_uses_int64_products(monkeypatch, caplog):
+    """The device path's int64 fallback (for a BLAS whose double GEMM is not exact) gives the host's lanes, and a
+    device whose self-check fails takes it, with a warning; CPU torch passes the self-check."""
+    assert lindigest._check_matmul(torch.device("cpu"))
+    rng = torch.Generator().manual_seed(11)
+    cases = [((1, 2 * lindigest.GROUP + 517), 0, 0, 4), ((37, 2100), 3, 1000, 4), ((5, 7), 2, 1023, 1)]
+    for shape, row0, col0, groups in cases:
+        words = torch.randint(-(1 << 15), 1 << 15, shape, generator=rng, dtype=torch.int32).to(torch.int16)
+        host = lindigest._words(words, row0, col0, groups).tolist()
+        assert lindigest._device_words(words, row0, col0, groups, exact_matmul=False).tolist() == host
+    cpu = torch.device("cpu")  # the device path run on CPU tensors, as if the CPU's self-check had failed
+    monkeypatch.setattr(lindigest, "_check_matmul", lambda device: False)
+    monkeypatch.setitem(lindigest._TABLES.exact_matmul, cpu, None)
+    words = torch.randint(-(1 << 15), 1 << 15, (3, 3000), generator=rng, dtype=torch.int32).to(torch.int16)
+    with caplog.at_level("WARNING", logger="tensorhub_verl.ros.wire.lindigest"):
+        assert lindigest._device_words(words, 1, 0, 3).tolist() == lindigest._words(words, 1, 0, 3).tolist()
+    assert lindigest._TABLES.exact_matmul[cpu] is False and "not exact" in caplog.text

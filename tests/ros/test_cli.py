@@ -68,12 +68,21 @@ def test_hub_command_reads_its_token_from_a_file(tmp_path):
 
 def test_bench_transport_prints_json_last():
     result = run_cli("bench", "transport", "--size-mb", "4", "--repeats", "1", "--chunk-mb", "1", "--first-mb", "2",
-                     "--first-readers", "1", "--json")
+                     "--first-readers", "1", "--device", "cpu", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     figures = last_json(result.stdout)
     assert figures["tensorhub_gbps"] > 0 and figures["raw_socket_gbps"] > 0 and figures["ratio"] > 0
-    first = figures["rows"][0]["first_read"]
+    row = figures["rows"][0]
+    assert figures["device"] == row["device"] == "cpu"
+    assert row["device_copy_gbps"] > 0 and row["ratio_to_device_copy"] > 0  # torch's copy, the same rounds
+    first = row["first_read"]
     assert first["joiners"] == 1 and first["first_s"] > 0 and first["later_s"] > 0
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a host without CUDA")
+def test_bench_transport_on_cuda_without_a_gpu_is_refused_before_starting_anything():
+    result = run_cli("bench", "transport", "--device", "cuda", "--json")
+    assert result.returncode == 2 and "--device cuda needs a CUDA GPU" in result.stderr
 
 
 @pytest.mark.slow

@@ -182,6 +182,7 @@ class NixlPlane(DataPlane[_NixlRead]):
         self._agent = _new_agent(agent_name, backends, progress, net_devices)
         self._lock = threading.Lock()
         self._registered: list[_Registration] = []
+        self._cuda_checked = False
         self._peers: dict[str, bytes] = {}
         self._stop = threading.Event()
         self._pump: threading.Thread | None = None
@@ -226,6 +227,8 @@ class NixlPlane(DataPlane[_NixlRead]):
                 if not any(self._covers(r.region, whole) for r in self._registered) and \
                         not any(self._covers(r, whole) for r, _ in new):
                     new.append((whole, StorageWeakRef(storage)))
+            if any(region.mem == "VRAM" for region, _ in new):
+                self._check_cuda_memory()
             for region, ref in new:
                 descs = self._agent.register_memory([(region.addr, region.nbytes, region.device, "")],
                                                     mem_type=region.mem)
@@ -234,6 +237,18 @@ class NixlPlane(DataPlane[_NixlRead]):
             logger.debug("%s registered %d regions (%d bytes)", self.agent_name, len(new),
                          sum(r.nbytes for r, _ in new))
         return bool(new)
+
+    def _check_cuda_memory(self) -> None:
+        """Raises ConfigError, before anything is registered, when UCX cannot move CUDA memory here
+        (``ucx_cuda.py``: the transport list, the driver's libraries); checked once per plane."""
+        if self._cuda_checked:
+            return
+        from tensorhub_verl.ros.planes.ucx_cuda import cuda_memory_problems
+
+        if problems := cuda_memory_problems(os.environ.get("UCX_TLS")):
+            raise errors.ConfigError(f"the NIXL plane of {self.agent_name} cannot register CUDA memory: "
+                                     + " | ".join(problems))
+        self._cuda_checked = True
 
     def _prune_expired(self) -> None:
         alive = []

@@ -19,6 +19,10 @@ Exact by construction on every device: on a GPU the inner products over a group 
 float64 matmul whose every partial sum is an integer below 2**53 (|word| <= 2**15, |B| < 2**21, GROUP = 2**10), the
 rest in int64 with every product below 2**62. The weight tables are made on the host (numpy, fixed seeds) and
 copied to the device once; no byte of data leaves its device, only the final scalars come to the host.
+A BLAS that does not compute float64 exactly (an emulated or reduced-precision double GEMM) would break that, so
+the first digest on each device checks the matmul path against the host's integer result on a fixed block of
+extreme and random words; on a mismatch that device uses int64 multiply-and-sum instead (exact, slower), and a
+warning says so.
 
 Host memory is digested with numpy in int64 (partial sums below 2**46), on the calling thread only: torch's CPU
 ops split each large op over its OpenMP threads, which then spin-wait for the next op, so on a host whose cores
@@ -29,6 +33,7 @@ are busy (a rollout beside its peers) one chunk's digest cost several times the 
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -43,6 +48,7 @@ _B_BOUND = (1 << 21) - 1
 _BATCH_WORDS = 1 << 19
 """Words converted to float64 at once (4 MiB of temporaries): bounds device memory and stays in CPU caches."""
 _SEEDS = (0x7E45_0A11_D16E_5701, 0x1B3C_9D2F_6A88_E4C3)
+logger = logging.getLogger("tensorhub_verl.ros.wire.lindigest")
 
 
 def _splitmix(index: np.ndarray, seed: int) -> np.ndarray:
@@ -77,13 +83,24 @@ class _Tables:
         self._b = _word_weights()
         self._b_int = self._b.astype(np.int64)
         self._a = _group_weights(1 << 16)
-        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.exact_matmul: dict[torch.device, bool] = {}
+        """Per device: whether its float64 matmul passed the self-check (``_check_matmul``)."""
 
     def get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A (int64) and B (float64) on ``device``."""
+        return self._get(device, groups)[:2]
+
+    def get_exact(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A (int64), B (float64) and B (int64) on ``device``."""
+        return self._get(device, groups)
+
+    def _get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with self._lock:
             self._grow(groups)
             if device not in self._on:
-                self._on[device] = (torch.from_numpy(self._a).to(device), torch.from_numpy(self._b).to(device))
+                self._on[device] = (torch.from_numpy(self._a).to(device), torch.from_numpy(self._b).to(device),
+                                    torch.from_numpy(self._b_int).to(device))
             return self._on[device]
 
     def host(self, groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,18 +174,48 @@ def _host_words(x: np.ndarray, row0: int, col0: int, groups: int) -> np.ndarray:
     return acc
 
 
-def _device_words(words: torch.Tensor, row0: int, col0: int, groups: int) -> torch.Tensor:
+def _check_matmul(device: torch.device) -> bool:
+    """Whether ``device``'s float64 matmul gives the exact digest: a fixed block of words (the extremes of int16
+    and random ones, whole groups and parts of groups, several rows) against ``_host_words``."""
+    rng = np.random.default_rng(0x5EED)
+    x = rng.integers(-(1 << 15), 1 << 15, size=(3, 2 * GROUP + 37), dtype=np.int64).astype(np.int16)
+    x[0, :GROUP] = -(1 << 15)
+    x[1, :GROUP] = (1 << 15) - 1
+    want = _host_words(x, 5, 7, 4)
+    got = _device_words(torch.from_numpy(x).to(device), 5, 7, 4, exact_matmul=True).cpu().numpy()
+    return bool((want == got).all())
+
+
+def _matmul_is_exact(device: torch.device) -> bool:
+    known = _TABLES.exact_matmul.get(device)
+    if known is None:
+        known = _check_matmul(device)
+        if not known:
+            logger.warning("float64 matmul on %s is not exact (an emulated or reduced-precision double GEMM): "
+                           "digests there use int64 multiply-and-sum instead (exact, slower)", device)
+        _TABLES.exact_matmul[device] = known
+    return known
+
+
+def _device_words(words: torch.Tensor, row0: int, col0: int, groups: int,
+                  exact_matmul: bool | None = None) -> torch.Tensor:
     """Digest lanes of int16 ``words`` [rows, n] on their device (torch ops).
 
     Column by column range: a run of whole weight groups goes as one [rows * k, GROUP] matmul, a part of one
-    group as [rows, part] times that part of B; nothing is padded, so narrow rows cost what they hold."""
+    group as [rows, part] times that part of B; nothing is padded, so narrow rows cost what they hold.
+    ``exact_matmul`` None: the device's self-check decides between the float64 matmul and int64 products."""
     rows, n = words.shape
     acc = zero(words.device)
     if not rows or not n:
         return acc
-    a, b = _TABLES.get(words.device, (row0 + rows) * groups)
+    if exact_matmul is None:
+        exact_matmul = _matmul_is_exact(words.device)
+    a, b, b_int = _TABLES.get_exact(words.device, (row0 + rows) * groups)
     step = max(1, _BATCH_WORDS // n)
     for r in range(0, rows, step):
+        if not exact_matmul:
+            acc = (acc + _int64_rows(words[r:r + step], row0 + r, col0, groups, a, b_int)).remainder_(P)
+            continue
         x = words[r:r + step].to(torch.float64)
         m = x.shape[0]
         first = torch.arange(row0 + r, row0 + r + m, device=words.device) * groups
@@ -186,6 +233,24 @@ def _device_words(words: torch.Tensor, row0: int, col0: int, groups: int) -> tor
                 g = first + q
             acc = (acc + (y.to(torch.int64).remainder_(P) * a[g]).remainder_(P).sum(0)).remainder_(P)
             c += width
+    return acc
+
+
+def _int64_rows(words: torch.Tensor, row0: int, col0: int, groups: int, a: torch.Tensor,
+                b_int: torch.Tensor) -> torch.Tensor:
+    """``_device_words`` of a batch of rows without float: each word times its B in int64 (products below 2**36,
+    a group's sum below 2**46), summed per group, then weighted by A as in the matmul path."""
+    x = words.to(torch.int64)
+    m, n = x.shape
+    first = torch.arange(row0, row0 + m, device=words.device) * groups
+    acc = zero(words.device)
+    c = 0
+    while c < n:
+        q, off = divmod(col0 + c, GROUP)
+        width = min(GROUP - off, n - c)
+        y = (x[:, c:c + width, None] * b_int[off:off + width][None]).sum(1)
+        acc = (acc + (y.remainder_(P) * a[first + q]).remainder_(P).sum(0)).remainder_(P)
+        c += width
     return acc
 
 
