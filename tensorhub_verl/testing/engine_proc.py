@@ -111,6 +111,20 @@ def move_weights(worker, discard: bool = False) -> int:
     return len(old)
 
 
+def rot_weight(worker, name: str) -> float:
+    """Changes the first element of the live parameter ``name`` behind the holder's back (bit rot, or a bug that
+    wrote the weights): the engine then no longer holds the version it says it serves. Returns the new value."""
+    import torch
+
+    from tensorhub_verl.vllm import compat
+
+    params = dict(compat.worker_model(worker).named_parameters())
+    with torch.no_grad():
+        flat = params[name].data.view(-1)
+        flat[0] += 1.0
+        return float(flat[0])
+
+
 def load_checkpoint(worker, path: str) -> int:
     """Loads the HF safetensors file ``path`` through vLLM's own loader (a reference independent of TensorHub's
     transfer and mapping). Returns the number of tensors."""
@@ -218,6 +232,7 @@ def _child(conn, spec_dict: dict) -> None:
         "wake_up": lambda tags=None: llm.wake_up(tags),
         "move_weights": lambda discard=False: llm.collective_rpc(move_weights, kwargs={"discard": discard}),
         "load_checkpoint": lambda path: llm.collective_rpc(load_checkpoint, kwargs={"path": path}),
+        "rot_weight": lambda name: llm.collective_rpc(rot_weight, kwargs={"name": name}),
     }
     while True:
         cmd, kwargs = conn.recv()

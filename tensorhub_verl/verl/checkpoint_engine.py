@@ -256,7 +256,9 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                                         unpublish_timeout_s=self.config.unpublish_timeout_s,
                                         verify_digests=self.config.verify_digests and ranks == 1,
                                         shard=(rank, ranks) if ranks > 1 else None,
-                                        dtype=self.config.published_dtype)
+                                        dtype=self.config.published_dtype,
+                                        # A hub of regions serves no deltas (its readers read in full).
+                                        delta="off" if self.config.uses_regions() else self.config.delta)
         return self._publisher
 
 

@@ -15,6 +15,7 @@ from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.client.hub_client import is_loopback_url
 from tensorhub_verl.ros.wire.topology import LABEL_KEYS, LINK_KEYS
 from tensorhub_verl.settings import STAGING_CHOICES
+from tensorhub_verl.ros.client.delta import DELTA_MODES
 from tensorhub_verl.verl.dtypes import rollout_dtype
 
 
@@ -144,6 +145,12 @@ class TensorHubVerlConfig:
     """Digest every version on the trainer and on each rollout after its pull, and fail a replica whose
     bytes differ (``tensorhub/digest_mismatches``). Reads every byte once more on each side: for tests
     and debugging."""
+    delta: str = "auto"
+    """Deltas between consecutive versions (docs/deltas.md). 'auto': when the trainer publishes version N while
+    it still holds N-1 (``keep_versions`` >= 2), it also publishes the delta N-1 -> N (each FSDP rank diffs its own
+    rows where they live) if it is smaller than N, and an engine serving N-1 reads the delta, applies it in place
+    during its pause and checks the result against N's digests, re-reading in full any chunk that fails. 'on': the
+    same, publishing the delta even when it is not smaller. 'off': every update moves the whole version."""
     min_replica_fraction: float = 1.0
     """Fraction of replicas that must apply a version for update_weights to succeed. Below 1.0, a replica
     whose pull fails keeps serving its previous version (reported as tensorhub/version_lag)."""
@@ -241,6 +248,9 @@ class TensorHubVerlConfig:
             raise ConfigError(f"tensorhub.cooperative must be true or false, got {self.cooperative!r}")
         if not isinstance(self.verify_digests, bool):
             raise ConfigError(f"tensorhub.verify_digests must be true or false, got {self.verify_digests!r}")
+        if self.delta not in DELTA_MODES:
+            raise ConfigError(f"tensorhub.delta must be one of {DELTA_MODES} (auto: a delta when it is smaller than "
+                              f"the version; off: full versions only), got {self.delta!r}")
         if not 0.0 < self.min_replica_fraction <= 1.0:
             raise ConfigError(f"tensorhub.min_replica_fraction must be in (0, 1], got {self.min_replica_fraction}")
         if self.max_version_lag is not None and (isinstance(self.max_version_lag, bool) or not isinstance(

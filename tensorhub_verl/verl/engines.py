@@ -69,7 +69,9 @@ class ReplicaEngines:
                 kwargs={"hub_url": hub_url, "model": config.model, "worker": identity.worker,
                         "location": identity.location, "token": token, "staging": config.rollout_staging,
                         "client_config": {**config.client_settings(), "job_key": job_key},
-                        "fetch_timeout_s": config.fetch_timeout_s}), config.apply_timeout_s)
+                        "fetch_timeout_s": config.fetch_timeout_s,
+                        # A hub of regions serves no deltas: its engines read full versions.
+                        "delta": "off" if config.uses_regions() else config.delta}), config.apply_timeout_s)
         return results
 
     async def hold_admission(self, hold: bool, timeout: float) -> int:

@@ -22,6 +22,14 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/preserved_bytes``: bytes rollout engines copied to CPU inside their pause, because unpublishing
   the version they stopped serving would have dropped its last reliable copy (0 while the trainer, its complete
   FSDP shard group, or a peer still holds it).
+- ``tensorhub/delta_bytes``: bytes of deltas the rollout workers read for this version (part of
+  ``tensorhub/bytes``); ``tensorhub/delta_replicas``: replicas whose every rank applied it as a delta.
+- ``tensorhub/changed_fraction``: the fraction of the version's elements its delta changed (the largest any
+  rank reported; 0 when no delta was read).
+- ``tensorhub/delta_fallbacks``: chunks rollout workers read in full after a delta's check failed, or because a
+  delta they tried could not be used (0 when every delta applied cleanly).
+- ``tensorhub/wan_bytes``: bytes rollout workers read from workers of another datacenter (``dc`` labels), and
+  ``tensorhub/wan_bytes/<dc>`` the part that crossed into datacenter ``<dc>``.
 - ``tensorhub/hub_restarts`` (set by the updater, when the job runs its own hub actor): times Ray restarted the
   hub actor so far; the step where it grows is the one that met the restart (its ``update_s`` shows the cost).
 plus the trainer's ``tensorhub/publish_*`` from ``PublishStats`` (bytes summed over ranks, times the slowest).
@@ -64,6 +72,18 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], upda
     out["tensorhub/pull_s"] = max((u.pull_s for u in updates), default=0.0)
     out["tensorhub/preserved_bytes"] = float(sum(u.preserved_bytes for u in updates))
     out["tensorhub/sources_peer_fraction"] = peer / total if total else 0.0
+    out["tensorhub/delta_bytes"] = float(sum(u.delta_bytes for u in updates))
+    out["tensorhub/delta_replicas"] = float(sum(1 for u in updates
+                                                if u.delta_ranks and u.delta_ranks == len(u.rank_bytes)))
+    out["tensorhub/changed_fraction"] = max((u.changed_fraction for u in updates), default=0.0)
+    out["tensorhub/delta_fallbacks"] = float(sum(u.delta_fallbacks for u in updates))
+    wan: dict[str, int] = {}
+    for u in updates:
+        for dc, n in u.wan_bytes.items():
+            wan[dc] = wan.get(dc, 0) + n
+    out["tensorhub/wan_bytes"] = float(sum(wan.values()))
+    for dc, n in sorted(wan.items()):
+        out[f"tensorhub/wan_bytes/{dc}"] = float(n)
     by_trainer: dict[str, int] = {}
     for u in updates:
         for worker, n in u.sources.items():

@@ -14,6 +14,11 @@ unchanged until unpublished, so each version lives in one slot of a ``BufferRing
 With a ``dtype`` (the rollout's, ``dtypes.published_dtype``) every floating-point tensor is cast as it is
 staged, so the version is published in the bytes the engines serve. A cast is a copy: with ``staging='none'``
 it lands in slot buffers on the tensor's own device, allocated once and reused like the other modes'.
+
+Deltas (``delta`` 'auto' or 'on', docs/deltas.md): when version N is published while the ring still holds N-1
+(``keep`` >= 2), the publisher also publishes the delta N-1 -> N from the two slots, where their bytes live (a
+row-shard publisher diffs only its own rows: nothing is gathered). A refused delta (no base, no digests) only
+costs the readers a full read; it never fails the version.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tensorhub_verl.errors import ConfigError, InvalidRequest
+from tensorhub_verl.errors import ConfigError, DeltaRefused, InvalidRequest
 from tensorhub_verl.ros.wire.integrity import tensor_digests
 from tensorhub_verl.ros.wire.manifest import HF_LAYOUT
 from tensorhub_verl.settings import STAGING_CHOICES
@@ -49,10 +54,18 @@ class PublishStats:
     """Time of the hub registration (and of the unpublish of the version the slot held before)."""
     digests: dict[str, str] | None = None
     """``tensor_digests`` of the published tensors (only with ``verify_digests``)."""
+    delta_bytes: int = 0
+    """Bytes of the delta from the previous version this rank published beside it (0: none published)."""
+    delta_s: float = 0.0
+    """Time spent encoding and publishing that delta."""
+    delta_reason: str = ""
+    """Why no delta was published although the previous version was held (empty otherwise)."""
 
     def as_metrics(self) -> dict[str, float | dict]:
         out: dict[str, float | dict] = {"tensorhub/publish_bytes": float(self.bytes),
-                                       "tensorhub/publish_stage_s": self.stage_s, "tensorhub/publish_s": self.publish_s}
+                                       "tensorhub/publish_stage_s": self.stage_s, "tensorhub/publish_s": self.publish_s,
+                                       "tensorhub/publish_delta_bytes": float(self.delta_bytes),
+                                       "tensorhub/publish_delta_s": self.delta_s}
         if self.digests is not None:
             out[DIGEST_KEY] = self.digests  # the updater takes it out before verl sees the metrics
         return out
@@ -71,7 +84,8 @@ class Publisher:
 
     def __init__(self, client, *, model: str, keep: int, staging: str, chunk_bytes: int,
                  unpublish_timeout_s: float, verify_digests: bool = False,
-                 shard: tuple[int, int] | None = None, dtype: torch.dtype | None = None) -> None:
+                 shard: tuple[int, int] | None = None, dtype: torch.dtype | None = None,
+                 delta: str = "off") -> None:
         if staging not in STAGING_CHOICES:
             raise ConfigError(f"staging must be one of {STAGING_CHOICES}, got {staging!r}")
         if staging == "gpu" and not torch.cuda.is_available():
@@ -95,13 +109,16 @@ class Publisher:
         """(rank, ranks) when this rank publishes only its rows of each tensor (``Client.publish_shard``)."""
         self.dtype = dtype
         """The dtype floating-point tensors are published in (the rollout's); None: their own."""
+        self.delta = delta
+        """'auto' | 'on': publish the delta from the previous held version beside each version; 'off': never."""
 
     @property
     def held_versions(self) -> list[int]:
         return sorted(self._ring.held())
 
     def _unpublish(self, version: int) -> None:
-        self._client.unpublish(self._model, version, layout=HF_LAYOUT, timeout=self._unpublish_timeout_s)
+        # Every layout of the version this rank holds: 'hf' and the delta form published beside it.
+        self._client.unpublish(self._model, version, layout=None, timeout=self._unpublish_timeout_s)
 
     def begin(self, version: int) -> None:
         """Starts a version. May block while the oldest held version drains (bounded by unpublish_timeout_s)."""
@@ -167,11 +184,31 @@ class Publisher:
                              bytes=sum(t.numel() * t.element_size() for t in fill.seen.values()),
                              stage_s=staged - fill.started, publish_s=time.monotonic() - staged,
                              digests=tensor_digests(fill.seen) if self._verify_digests else None)
+        self._publish_delta(stats)
         logger.info("published %s v%d: %d tensors, %d bytes%s (staging=%s, stage %.3fs, publish %.3fs)",
                     self._model, stats.version, stats.tensors, stats.bytes,
                     "" if self._shard is None else f" (rank {self._shard[0]} of {self._shard[1]}'s rows)",
                     self._staging, stats.stage_s, stats.publish_s)
         return stats
+
+    def _publish_delta(self, stats: PublishStats) -> None:
+        """The delta from the newest older version still held to ``stats.version`` (no chains: only from the
+        version right before it, the one an engine that applied every update serves)."""
+        base = stats.version - 1
+        if self.delta == "off" or base not in self._ring.held():
+            return
+        started = time.monotonic()
+        try:
+            published = self._client.publish_delta(self._model, stats.version, base, layout=HF_LAYOUT,
+                                                   mode=self.delta)
+        except DeltaRefused as e:
+            stats.delta_reason = str(e)
+            logger.warning("%s v%d: no delta from v%d (%s); readers read it in full", self._model, stats.version,
+                           base, e)
+        else:
+            stats.delta_bytes = published.bytes if published.published else 0
+            stats.delta_reason = published.reason
+        stats.delta_s = time.monotonic() - started
 
     def abort(self) -> None:
         """Drops a version whose generator failed; nothing of it was published."""

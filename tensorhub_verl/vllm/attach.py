@@ -2,7 +2,7 @@
 
     tensorhub attach-vllm --hub URL --model-dir DIR [--model policy] [--port 8000]
                           [--location dc=..,rack=..,node=..] [--token T] [--worker ID] [--staging cpu|gpu|none]
-                          [-- extra vllm serve arguments]
+                          [--delta auto|on|off] [-- extra vllm serve arguments]
 
 1. starts a vLLM engine (vLLM's own AsyncLLM) from DIR's config and tokenizer with dummy weights;
 2. fetches the newest published version of ``--model``: raw, in the engine's own layout, from peers that hold
@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-layout", default="auto", choices=("auto", "hf"),
                    help="auto: read a version in the engine's layout from peers that hold it, else the trainer's "
                         "'hf'; hf: always the trainer's layout (only its holders serve it)")
+    p.add_argument("--delta", default="auto", choices=("auto", "on", "off"),
+                   help="auto/on: serving version N-1, read N as the delta N-1 -> N where the trainer published one "
+                        "and apply it in place, checked against N's digests (docs/deltas.md); off: full versions")
     p.add_argument("--first-version-timeout", type=float, default=600.0,
                    help="seconds to wait for a first published version")
     p.add_argument("--fetch-timeout", type=float, default=300.0)
@@ -191,7 +194,7 @@ async def _serve(ns: argparse.Namespace) -> int:
                                      "transport": ns.transport,
                                      # the job's key: NIXL holders serve only their own job (job_credentials)
                                      "job_key": os.environ.get("TENSORHUB_JOB_KEY") or None},
-                                    ns.fetch_timeout)
+                                    ns.fetch_timeout, delta=ns.delta)
             # every engine RPC goes through this loop: blocking calls run on threads, never on the loop itself
             await asyncio.to_thread(follower.first_version, ns.first_version_timeout)
             if follower.stopping:

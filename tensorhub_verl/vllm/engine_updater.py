@@ -50,11 +50,12 @@ class EngineUpdater:
 
     def setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
               staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
-              bucket_bytes: int | None = None) -> list[HolderStatus]:
+              bucket_bytes: int | None = None, delta: str = "auto") -> list[HolderStatus]:
         """Connects every rank (see ``TensorHubWorkerExtension.th_setup``); returns their statuses."""
         extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         answers = self.call("th_setup", hub_url=hub_url, model=model, worker=worker, location=location, token=token,
-                            staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
+                            staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s,
+                            delta=delta, **extra)
         return [HolderStatus.from_wire(s) for s in answers]
 
     def status(self) -> list[HolderStatus]:

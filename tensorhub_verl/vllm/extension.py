@@ -46,7 +46,8 @@ def engine_layout(hf_cfg, tp_size: int, rank: int, params: dict, quantization: s
 
 def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, location: Any = None,
                  token: str | None = None, staging: str = "cpu", client_config: dict | None = None,
-                 fetch_timeout_s: float = 300.0, bucket_bytes: int | None = None) -> EngineHolder:
+                 fetch_timeout_s: float = 300.0, bucket_bytes: int | None = None,
+                 delta: str = "auto") -> EngineHolder:
     """Connects this rank to the hub and wraps its live parameters in an ``EngineHolder``."""
     import tensorhub_verl as th
 
@@ -83,7 +84,7 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
         # visible only once every rank holds it.
         extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         config = HolderConfig(model=model, layout=mapping.layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
-                              shard_group=worker if tp > 1 else None, shard_count=tp, **extra)
+                              shard_group=worker if tp > 1 else None, shard_count=tp, delta=delta, **extra)
         return EngineHolder(client, config, params, load_hf, hf_views=mapping.views, skip_hf=mapping.skip_hf)
     except BaseException:
         client.close()
@@ -103,15 +104,15 @@ class TensorHubWorkerExtension:
 
     def th_setup(self, hub_url: str, model: str, worker: str, location: Any = None, token: str | None = None,
                  staging: str = "cpu", client_config: dict | None = None, fetch_timeout_s: float = 300.0,
-                 bucket_bytes: int | None = None) -> HolderStatus:
+                 bucket_bytes: int | None = None, delta: str = "auto") -> HolderStatus:
         """Connects this rank; returns ``th_status``. Idempotent: a second call with the same hub, model, worker
         and staging keeps the holder (and the version it serves); a different one replaces it.
         ``bucket_bytes``: most HF bytes read at once when versions go through the engine's loader (None: the
-        holder's default)."""
-        settings = (hub_url, model, worker, staging)
+        holder's default). ``delta``: ``HolderConfig.delta``."""
+        settings = (hub_url, model, worker, staging, delta)
         extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         kwargs = dict(hub_url=hub_url, model=model, worker=worker, location=location, token=token, staging=staging,
-                      client_config=client_config, fetch_timeout_s=fetch_timeout_s, **extra)
+                      client_config=client_config, fetch_timeout_s=fetch_timeout_s, delta=delta, **extra)
         if getattr(self, "_tensorhub_asleep", None) is not None:
             # The weights sleep: nothing may register them now. The engine connects with these settings at wake.
             self._tensorhub_build_kwargs, self._tensorhub_settings = kwargs, settings

@@ -25,9 +25,15 @@ Invariants:
 - A version read from ``hf`` is reported applied only if every floating-point byte of the parameters was written
   by it (``verify.poison`` before, ``verify.refuse_unwritten`` after): a tensor the loader skipped or a name it
   ignored makes the apply fail with ``VersionRefused``, and the shard restores the version it served.
-- Source layout: the engine's own layout when some other worker holds that version in it (raw one-sided
+- Source layout: ``hf`` as the delta from the served version when that delta is published and the ``hf``
+  tensors map in place (``Landing.applies_deltas``: only the changes move, checked against the version's
+  digests); else the engine's own layout when some other worker holds that version in it (raw one-sided
   reads), else the trainer's ``hf`` layout through the engine's loader. Which holders serve a read is the
   ROS planner's choice.
+- A delta is read and applied inside ``apply``, straight into the parameters, whatever ``staging`` says (it is
+  small: staging it would cost a model-sized buffer to save a short read); a chunk that fails a check is
+  re-read in full, and if even that fails the shard restores the old version in full, as for any direct pull
+  that failed midway: it never serves a half-applied version.
 - A version that arrived in another layout (``hf``) needs one pass over the parameters to digest them in the
   engine's layout before they can be published in it. That pass runs on a thread after ``apply`` returns, so
   the engine generates meanwhile (the parameters are only read); anything that writes the parameters next
@@ -57,7 +63,7 @@ from tensorhub_verl.vllm.landing import Landing
 from tensorhub_verl.vllm.layout import HFViews
 from tensorhub_verl.vllm.pull import Pull, PullState
 from tensorhub_verl.vllm.registration import Registration
-from tensorhub_verl.vllm.results import ApplyResult, HolderStatus, PullStart, PullStatus
+from tensorhub_verl.vllm.results import ApplyResult, DeltaOutcome, HolderStatus, PullStart, PullStatus
 from tensorhub_verl.vllm.staging import Staging
 from tensorhub_verl.vllm.verify import VersionRefused
 
@@ -90,6 +96,8 @@ class EngineHolder:
         self.served: int | None = None
         self.broken = False
         self.last_phases: dict[str, float] = {}
+        self._dcs: dict[str, str | None] = {}
+        """Worker id -> its datacenter label, as the hub reported it (for ``ApplyResult.wan_bytes``)."""
         """Seconds of each phase of the last apply (for benchmarks)."""
 
     # ------------------------------------------------------------------ queries
@@ -114,8 +122,14 @@ class EngineHolder:
         return max(self.client.versions(self.config.model), default=None)
 
     def plan_source_layout(self, version: int) -> str:
-        """The engine's layout when another worker holds ``version`` in it, else ``hf`` (always ``hf`` when
+        """``hf`` when a delta from the served version to ``version`` will be applied (``_delta_base``), else the
+        engine's layout when another worker holds ``version`` in it, else ``hf`` (always ``hf`` when
         ``$TENSORHUB_SOURCE_LAYOUT`` is ``hf``: ``attach-vllm --source-layout hf``)."""
+        if self._delta_base(version) is not None:
+            return HF_LAYOUT
+        return self._full_source_layout(version)
+
+    def _full_source_layout(self, version: int) -> str:
         raw = self.client.versions(self.config.model, layout=self.config.layout).get(version, [])
         if any(h != self.worker for h in raw) and os.environ.get(SOURCE_LAYOUT_ENV) != HF_LAYOUT:
             return self.config.layout
@@ -123,6 +137,17 @@ class EngineHolder:
             return HF_LAYOUT
         raise errors.VersionNotFound(f"no worker holds {self.config.model} v{version} in {self.config.layout!r} "
                                      f"or 'hf'")
+
+    def _delta_base(self, version: int) -> int | None:
+        """The served version, when ``version`` will land as the delta from it: the shard serves a whole,
+        verified version, its 'hf' tensors map in place, and that delta is published."""
+        base = self.served
+        if base is None or self.broken or base >= version or not self._landing.applies_deltas:
+            return None
+        try:
+            return base if self._landing.delta_published(version, base) else None
+        except errors.VersionNotFound:
+            return None
 
     def hf_digests(self) -> dict:
         """``{"version", "digests": {hf_name: digest}, "unused": [...]}`` of the served weights, read through the
@@ -186,10 +211,13 @@ class EngineHolder:
                 raise errors.InvalidRequest(f"version must be an int or 'latest', got {version!r}")
             if v == self.served and not self.broken:
                 return PullStart(version=v, source_layout=self.config.layout, started=False)
-            pull = Pull(version=v, source_layout=self.plan_source_layout(v))
+            have = self._delta_base(v)
+            pull = Pull(version=v, source_layout=HF_LAYOUT if have is not None else self._full_source_layout(v),
+                        have=have)
             self._pull = pull
             landing = self._landing
-            if landing.lands_in_place(pull.source_layout) or landing.loads_in_buckets(pull.source_layout):
+            if pull.have is not None or landing.lands_in_place(pull.source_layout) \
+                    or landing.loads_in_buckets(pull.source_layout):
                 pull.bucketed = landing.loads_in_buckets(pull.source_layout)
                 pull.state = PullState.READY  # the pull runs inside apply, straight into the params
                 self._refuse_other_dtype(pull)
@@ -289,7 +317,7 @@ class EngineHolder:
             if pull.state is PullState.FAILED:
                 self._release_pull()
                 raise pull.error if pull.error is not None else errors.TransferFailed("pull failed")
-            if self._landing.lands_in_place(pull.source_layout) or pull.bucketed:
+            if self._landing.lands_in_place(pull.source_layout) or pull.bucketed or pull.have is not None:
                 self._apply_direct(pull)
             else:
                 self._apply_staged(pull)
@@ -300,11 +328,29 @@ class EngineHolder:
                              source_layout=pull.source_layout, stall_s=stall, pull_s=pull.seconds,
                              bytes=getattr(stats, "bytes", 0), sources=dict(getattr(stats, "sources", {}) or {}),
                              phases=dict(self.last_phases), preserved_bytes=self.client.preserved_bytes - preserved,
-                             peak_bucket_bytes=getattr(stats, "peak_bucket_bytes", 0))
+                             peak_bucket_bytes=getattr(stats, "peak_bucket_bytes", 0),
+                             delta=None if getattr(stats, "delta", None) is None else DeltaOutcome.of(stats.delta),
+                             dc=self.client.location.as_dict().get("dc"))
+        result.wan_bytes = self._wan_bytes(result.sources, result.dc)
         logger.info("%s: serving %s v%d (from %s via %s; stall %.3f s, pull %.3f s)", self.worker,
                     self.config.model, pull.version, sorted(result.sources), pull.source_layout, stall,
                     pull.seconds)
         return result
+
+    def _wan_bytes(self, sources: Mapping[str, int], dc: str | None) -> int:
+        """Bytes of ``sources`` read from workers of another datacenter (their labels from the hub, cached:
+        a worker's location does not change)."""
+        if dc is None or not sources:
+            return 0
+        unknown = [w for w in sources if _base_worker(w) not in self._dcs]
+        if unknown:
+            try:
+                for worker, info in self.client.status().get("workers", {}).items():
+                    self._dcs[worker] = (info.get("location") or {}).get("dc")
+            except errors.TensorHubError as e:
+                logger.debug("%s: no worker locations from the hub (%s): WAN bytes not counted", self.worker, e)
+                return 0
+        return sum(n for w, n in sources.items() if self._dcs.get(_base_worker(w)) not in (None, dc))
 
     def _apply_staged(self, pull: Pull) -> None:
         bufs = pull.buffers
@@ -342,7 +388,7 @@ class EngineHolder:
         self._unpublish_served()
         started = time.monotonic()
         try:
-            pull.stats = self._land_directly(pull.version, pull.source_layout)
+            pull.stats = self._land_directly(pull.version, pull.source_layout, pull.have)
         except Exception as e:  # noqa: BLE001 - any failure after the first byte changed needs the restore
             pull.seconds = time.monotonic() - started
             self._restore(old, e)
@@ -351,7 +397,7 @@ class EngineHolder:
         self.served = pull.version  # the params are registered as the holder of it in the engine's layout
         self.broken = False
 
-    def _land_directly(self, version: int, layout: str):
+    def _land_directly(self, version: int, layout: str, have: int | None = None):
         """Writes ``version`` from ``layout`` straight into the parameters and registers them as its holder:
         after a raw read at once (at TP=1 the fetch itself held them), after 'hf' off the stall (one digest pass
         in the engine's layout). The caller restores the old version if this raises."""
@@ -359,7 +405,7 @@ class EngineHolder:
         if landing.loads_in_buckets(layout):
             stats = landing.hf_in_buckets(version)
         elif layout == HF_LAYOUT:
-            stats = landing.hf_in_place(version)
+            stats = landing.hf_in_place(version, have)
         else:
             stats = landing.raw_into_params(version, layout)
             if self.config.shard_count > 1:
@@ -411,6 +457,12 @@ class EngineHolder:
                 self._release_pull()
             if not self.broken:
                 self._unpublish_served()
+
+
+def _base_worker(source: str) -> str:
+    """A source's registered worker id: a CPU archive (``<id>~cpu``) or relay copy (``<id>~relay``) is its
+    worker's."""
+    return source.split("~", 1)[0]
 
 
 __all__ = ["EngineHolder", "EngineStateLost", "HolderConfig", "LoadHF", "PullState"]

@@ -41,6 +41,9 @@ class HolderConfig:
     """The engine's TP ranks: a version in their layouts becomes visible only when all of them hold it."""
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Most HF bytes read at once when a version goes through the engine's loader (whole decoder layers)."""
+    delta: str = "auto"
+    """A shard serving N-1 whose 'hf' tensors map in place reads the delta N-1 -> N where one is published,
+    applies it into its parameters and checks them against N's digests ('auto', 'on'); 'off': full versions."""
 
     def __post_init__(self) -> None:
         if self.shard_count < 1 or (self.shard_count > 1) != (self.shard_group is not None):
@@ -52,6 +55,10 @@ class HolderConfig:
             raise errors.ConfigError(f"bucket_bytes must be > 0, got {self.bucket_bytes}")
         if self.fetch_timeout_s <= 0 or self.unpublish_timeout_s <= 0:
             raise errors.ConfigError("fetch_timeout_s and unpublish_timeout_s must be > 0")
+        from tensorhub_verl.ros.client.delta import DELTA_MODES
+
+        if self.delta not in DELTA_MODES:
+            raise errors.ConfigError(f"delta must be one of {DELTA_MODES}, got {self.delta!r}")
         if self.layout == HF_LAYOUT:
             raise errors.ConfigError("an engine shard's layout cannot be 'hf' (that is the trainer's layout)")
 

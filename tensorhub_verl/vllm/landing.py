@@ -6,7 +6,10 @@ It owns the engine's map of 'hf' onto its parameters (``layout.HFViews``: None f
 views of the parameters (at TP>1 each rank reads only its slices); without one, a version goes through the
 engine's loader in bounded buckets (``buckets.py``). A version read from 'hf' counts as landed only if every
 floating-point byte of the parameters was written by it (``verify.poison`` before, ``verify.refuse_unwritten``
-after). Nothing here decides which version the parameters serve or registers them: ``EngineHolder`` does.
+after), or, read as a delta from the version they hold, only if every chunk of them then has the version's
+digest (the core's ``fetch(have=...)`` checks base, decoded target and written bytes, and re-reads in full any
+chunk that fails). Nothing here decides which version the parameters serve or registers them: ``EngineHolder``
+does.
 """
 
 from __future__ import annotations
@@ -69,6 +72,23 @@ class Landing:
         """An 'hf' source with no in-place mapping goes through the engine's loader in buckets."""
         return source_layout == HF_LAYOUT and self._views is None
 
+    @property
+    def applies_deltas(self) -> bool:
+        """A delta lands in the parameters: every HF tensor maps whole onto a view of them (TP=1). A TP>1 rank
+        holds slices of HF chunks, whose digests cover whole chunks; an engine loading through buckets holds no
+        HF bytes to apply to: both read versions in full."""
+        return self._config.delta != "off" and self._views is not None and not self._views.slices
+
+    def delta_published(self, version: int, base: int) -> bool:
+        """Whether the delta ``base`` -> ``version`` of 'hf' is published (by every row shard: rank 0's part
+        stands for them; a missing part only makes the read fall back to the full version)."""
+        from tensorhub_verl.ros.wire.delta_form import delta_layout
+
+        manifest = self._client.manifest(self._config.model, version, layout=HF_LAYOUT)
+        part = None if manifest.row_shards == 1 else (0, manifest.row_shards)
+        layout = delta_layout(HF_LAYOUT, base, part)
+        return version in self._client.versions(self._config.model, layout=layout)
+
     def lands_in_place(self, source_layout: str) -> bool:
         """Staging ``none`` reads straight into the parameters: raw from a peer, or from ``hf`` when the HF
         tensors map onto views of the parameters; otherwise through a staging copy."""
@@ -103,13 +123,16 @@ class Landing:
         return self._client.fetch(self._config.model, version, into=self._params, layout=layout, hold=single,
                                   timeout=self._config.fetch_timeout_s)
 
-    def hf_in_place(self, version: int):
+    def hf_in_place(self, version: int, have: int | None = None):
         """Reads ``version``'s HF tensors straight into views of the parameters. Unless a TP rank read slices,
         the parameters then hold it in 'hf' too (to replicas of other layouts, and to peers pulling it right
-        now); the caller's unpublish drops both holdings before they change."""
+        now); the caller's unpublish drops both holdings before they change. ``have``: the version the
+        parameters hold, to read ``version`` as the delta from it (``applies_deltas``)."""
         targets = self._hf_targets(version)
         if targets is None:
             raise errors.ManifestMismatch(f"v{version}'s HF tensors do not map onto this engine's parameters")
+        if have is not None and self.applies_deltas:
+            return self._delta_in_place(version, have, targets)
         poison(self._params)  # the views cover every byte: whatever the pull does not write stays NaN
         cfg = self._config
         if self._views.slices:
@@ -131,6 +154,29 @@ class Landing:
             if not self._views.slices:  # the fetch held the parameters as 'hf': nobody may read them now
                 self._client.unpublish(cfg.model, version, layout=HF_LAYOUT, timeout=cfg.unpublish_timeout_s)
             raise
+        return stats
+
+    def _delta_in_place(self, version: int, have: int, targets: dict[str, torch.Tensor]):
+        """``version`` as the delta from ``have`` into views of the parameters, which hold ``have``: only the
+        changed elements are written. The core refuses a delta that does not name ``have`` before writing a
+        byte, leaves chunks whose bytes are not ``have``'s alone, writes a chunk only if its decoded result has
+        ``version``'s digest, digests every written chunk again, and re-reads in full, from verified holders of
+        ``version``, every chunk that failed a check (``stats.delta`` says which and why). It raises only when
+        that re-read fails too: the caller then restores ``have`` in full. On return every chunk of the views
+        has ``version``'s digest, and the parameters hold it in 'hf' and hold the delta form (peers read both)."""
+        cfg = self._config
+        mode = "auto" if cfg.delta == "on" else cfg.delta  # a reader takes a delta whenever one is published
+        stats = self._client.fetch(cfg.model, version, into=targets, layout=HF_LAYOUT, hold=True,
+                                   timeout=cfg.fetch_timeout_s, have=have, delta=mode)
+        with torch.no_grad():
+            for pad in self._views.padding:
+                pad.zero_()
+        sync_device(self._params.values())
+        d = stats.delta
+        if d is not None and (d.fallback_chunks or not d.used):
+            logger.warning("%s: v%d from v%d: %s (%d chunk(s), %d bytes read in full)", self._client.worker,
+                           version, have, "; ".join(d.reasons) or "delta not used", d.fallback_chunks,
+                           d.fallback_bytes)
         return stats
 
     def hf_in_buckets(self, version: int):

@@ -33,6 +33,8 @@ class Pull:
     """The buffers are in the engine's layout although the source was 'hf' (a TP rank's slices, staged)."""
     bucketed: bool = False
     """The version goes through the engine's loader in buckets inside ``apply`` (no mapping of 'hf')."""
+    have: int | None = None
+    """The served version, when ``version`` lands as the delta from it (inside ``apply``)."""
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
 

@@ -57,6 +57,29 @@ class PullStart(_Wire):
 
 
 @dataclass(slots=True, kw_only=True)
+class DeltaOutcome(_Wire):
+    """What one rank's read of a version as a delta did (``ros.client.delta.DeltaStats`` as plain data)."""
+
+    base_version: int
+    used: bool
+    """The delta was read and applied (some chunks perhaps re-read in full)."""
+    delta_bytes: int = 0
+    changed_fraction: float = 0.0
+    fallback_chunks: int = 0
+    """Chunks re-read in full after a failed check (every chunk when the delta was not used)."""
+    fallback_bytes: int = 0
+    reasons: list[str] = field(default_factory=list)
+    """Why the delta was not used, or why chunks were re-read."""
+
+    @classmethod
+    def of(cls, stats: Any) -> DeltaOutcome:
+        """From a ``FetchStats.delta`` (``DeltaStats``)."""
+        return cls(base_version=stats.base_version, used=stats.used, delta_bytes=stats.delta_bytes,
+                   changed_fraction=stats.changed_fraction, fallback_chunks=stats.fallback_chunks,
+                   fallback_bytes=stats.fallback_bytes, reasons=list(stats.reasons))
+
+
+@dataclass(slots=True, kw_only=True)
 class ApplyResult(_Wire):
     """What one rank's ``apply`` (or ``update``) did. ``applied`` False: it already served ``version``."""
 
@@ -77,6 +100,20 @@ class ApplyResult(_Wire):
     """Bytes copied to CPU inside the stall because this rank held the last reliable copy of the old version."""
     peak_bucket_bytes: int = 0
     """Largest bucket held when the version went through the engine's loader (0: in place or raw)."""
+    delta: DeltaOutcome | None = None
+    """How a delta from the served version went (None: no delta was tried)."""
+    wan_bytes: int = 0
+    """Bytes read from workers in another datacenter than this rank's (0 without ``dc`` labels)."""
+    dc: str | None = None
+    """This rank's datacenter label."""
+
+    @classmethod
+    def from_wire(cls, answer: Any) -> ApplyResult:
+        """As ``_Wire.from_wire``, with the nested delta outcome typed too."""
+        result = super(ApplyResult, cls).from_wire(answer)
+        if isinstance(result.delta, Mapping):
+            result.delta = DeltaOutcome.from_wire(result.delta)
+        return result
 
 
 @dataclass(slots=True)
@@ -100,6 +137,18 @@ class UpdateResult(_Wire):
     preserved_bytes: int = 0
     """Bytes the ranks copied to CPU inside the apply because they held the last reliable copy of the version
     they stopped serving (0 while the trainer or a peer still holds it)."""
+    delta_ranks: int = 0
+    """Ranks that applied the version as a delta."""
+    delta_bytes: int = 0
+    """Bytes of delta forms the ranks read (part of ``bytes``)."""
+    changed_fraction: float = 0.0
+    """Largest fraction of elements a rank's delta changed."""
+    delta_fallbacks: int = 0
+    """Chunks the ranks re-read in full after a delta's failed check, or read in full because a delta they tried
+    could not be used."""
+    delta_reasons: list[str] = field(default_factory=list)
+    wan_bytes: dict[str, int] = field(default_factory=dict)
+    """Datacenter -> bytes its ranks read from workers in other datacenters."""
 
     @classmethod
     def of_ranks(cls, ranks: list[ApplyResult], seconds: float) -> UpdateResult:
@@ -111,6 +160,15 @@ class UpdateResult(_Wire):
                   source_layouts=[r.source_layout for r in ranks if r.source_layout is not None],
                   preserved_bytes=sum(r.preserved_bytes for r in ranks))
         for r in ranks:
+            if r.delta is not None:
+                d = DeltaOutcome.from_wire(r.delta)
+                res.delta_ranks += d.used
+                res.delta_bytes += d.delta_bytes
+                res.changed_fraction = max(res.changed_fraction, d.changed_fraction)
+                res.delta_fallbacks += d.fallback_chunks
+                res.delta_reasons += d.reasons
+            if r.wan_bytes and r.dc is not None:
+                res.wan_bytes[r.dc] = res.wan_bytes.get(r.dc, 0) + r.wan_bytes
             for k, x in r.phases.items():
                 res.phases[k] = max(res.phases.get(k, 0.0), x)
             add_sources(res.sources, r.sources)
@@ -189,5 +247,5 @@ def add_sources(total: dict[str, int], more: Mapping[str, int]) -> None:
         total[worker] = total.get(worker, 0) + n
 
 
-__all__ = ["AdapterUpdate", "ApplyResult", "HolderStatus", "PullStart", "PullStatus", "SleepStatus", "UpdateResult",
+__all__ = ["AdapterUpdate", "ApplyResult", "DeltaOutcome", "HolderStatus", "PullStart", "PullStatus", "SleepStatus", "UpdateResult",
            "add_sources"]

@@ -30,6 +30,27 @@ def weights_for(version: int, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=gen).to(dtype) for name, shape in MODEL_SHAPES.items()}
 
 
+STEPPED_FROM = 100
+"""Versions from this one on follow one another as optimizer steps do: each moves a few rows of two tensors."""
+
+
+def stepped_weights(version: int, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Version ``version`` >= ``STEPPED_FROM``: version ``STEPPED_FROM``'s weights, then per later version a few
+    rows of two matrices moved (about 1% of the elements), so the delta between neighbours is small."""
+    weights = weights_for(STEPPED_FROM, dtype)
+    for step in range(STEPPED_FROM + 1, version + 1):
+        gen = torch.Generator().manual_seed(step)
+        for name in ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"):
+            row = int(torch.randint(0, weights[name].shape[0] - 4, (1,), generator=gen))
+            weights[name][row:row + 4] += torch.randn(4, weights[name].shape[1], generator=gen).to(dtype)
+    return weights
+
+
+def weights_at(version: int) -> dict[str, torch.Tensor]:
+    """What the trainer stub publishes as ``version``."""
+    return stepped_weights(version) if version >= STEPPED_FROM else weights_for(version)
+
+
 def digest(named) -> str:
     h = hashlib.sha256()
     for name, t in sorted(named, key=lambda x: x[0]):
@@ -70,7 +91,7 @@ class StubEngineRank:
 
         class Extension(TensorHubWorkerExtension):
             def _th_build_holder(self, *, hub_url, model, worker, location, token, staging, client_config,
-                                 fetch_timeout_s):
+                                 fetch_timeout_s, delta="auto"):
                 import tensorhub_verl as th
 
                 client = th.connect(hub_url, worker=worker, location=location, token=token,
@@ -81,7 +102,7 @@ class StubEngineRank:
                         params[name].copy_(t)
 
                 return EngineHolder(client, HolderConfig(model=model, layout="stub/tp1/rank0", staging=staging,
-                                                         fetch_timeout_s=fetch_timeout_s), params, load_hf,
+                                                         fetch_timeout_s=fetch_timeout_s, delta=delta), params, load_hf,
                                     hf_views=HFViews(dict(params), (), ()))
 
             def th_apply(self, timeout: float = 300.0):
@@ -170,7 +191,7 @@ class TrainerStub:
                                                 **tensorhub)
 
     async def update_weights(self, global_steps=None, mode="auto"):
-        weights = weights_for(global_steps)
+        weights = weights_at(global_steps)
         return await self.engine.send_weights(iter(weights.items()), global_steps=global_steps)
 
     def held_versions(self):

@@ -133,3 +133,34 @@ def test_metrics_split_peer_bytes_and_lag():
     assert m["tensorhub/version_lag"] == 2 and m["tensorhub/replicas_updated"] == 2
     assert m["tensorhub/publish_s"] == 0.5
     assert m["tensorhub/preserved_bytes"] == 64  # one replica copied the old version to CPU in its pause
+
+
+def test_metrics_report_deltas_their_fallbacks_and_the_bytes_that_crossed_each_wan():
+    from tensorhub_verl.vllm.results import ApplyResult, DeltaOutcome
+
+    def rank(worker, dc, delta, sources):
+        return ApplyResult(worker=worker, version=7, applied=True, bytes=sum(sources.values()), sources=sources,
+                           delta=delta, dc=dc, wan_bytes=sources.get("j-actor-0", 0) if dc == "dc1" else 0)
+
+    clean = DeltaOutcome(base_version=6, used=True, delta_bytes=40, changed_fraction=0.02)
+    fell_back = DeltaOutcome(base_version=6, used=True, delta_bytes=40, changed_fraction=0.03, fallback_chunks=2,
+                             fallback_bytes=16, reasons=["chunk 3: base digest differs"])
+    replicas = [UpdateResult.of_ranks([rank("j-rollout-0-0", "dc0", clean, {"j-actor-0": 40})], 1.0),
+                UpdateResult.of_ranks([rank("j-rollout-1-0", "dc1", fell_back, {"j-actor-0": 40, "j-rollout-2-0": 16})],
+                                      1.0),
+                UpdateResult.of_ranks([rank("j-rollout-2-0", "dc1", None, {"j-rollout-1-0": 100})], 1.0)]
+    m = update_metrics(version=7, publish=[{"tensorhub/publish_delta_bytes": 40.0}], updates=replicas,
+                       stalls={0: 0.1, 1: 0.1, 2: 0.1}, served={0: 7, 1: 7, 2: 7})
+    assert m["tensorhub/delta_bytes"] == 80 and m["tensorhub/delta_replicas"] == 2
+    assert m["tensorhub/changed_fraction"] == 0.03 and m["tensorhub/delta_fallbacks"] == 2
+    # Only dc1's read from the trainer in dc0 crossed a WAN.
+    assert m["tensorhub/wan_bytes"] == 40 and m["tensorhub/wan_bytes/dc1"] == 40 and "tensorhub/wan_bytes/dc0" not in m
+    assert m["tensorhub/publish_delta_bytes"] == 40
+
+
+def test_delta_setting_is_checked():
+    from tensorhub_verl.verl.config import TensorHubVerlConfig
+
+    assert TensorHubVerlConfig().delta == "auto"
+    with pytest.raises(ConfigError, match="tensorhub.delta must be one of"):
+        TensorHubVerlConfig(delta="always")

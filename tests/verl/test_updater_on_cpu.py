@@ -190,3 +190,28 @@ def test_other_backends_keep_verls_sequence(monkeypatch):
     manager.backend = "nccl"
     assert manager.update_weights(global_steps=5) == {"verl": 1.0}
     assert called == [("nccl", 5)]
+
+
+def test_after_the_first_version_every_replica_applies_the_delta_the_trainer_published_beside_it(rig):
+    """tensorhub.delta=auto (the default): versions that move few elements travel as deltas, checked against the
+    trainer's digests; the first one a replica sees (no delta from what it serves) travels in full."""
+    from tests.verl.fakes import STEPPED_FROM, stepped_weights
+
+    replicas = [FakeReplica(r, rig["servers"][r], rig["recorder"]) for r in (0, 1)]
+    manager = _manager(rig["th"], StubActorGroup([rig["trainer"]]), replicas)
+    first, *later = (STEPPED_FROM + 1, STEPPED_FROM + 2, STEPPED_FROM + 3)
+    nbytes = sum(t.numel() * t.element_size() for t in stepped_weights(first).values())
+
+    m = manager.update_weights(global_steps=first)
+    assert m["tensorhub/delta_bytes"] == 0 and m["tensorhub/bytes"] == 3 * nbytes  # no delta from what they serve
+    for version in later:
+        m = manager.update_weights(global_steps=version)
+        assert 0 < m["tensorhub/publish_delta_bytes"] < nbytes / 10
+        # Every rank of both replicas read only the delta, applied it and matched the trainer's digests.
+        assert m["tensorhub/delta_replicas"] == 2 and m["tensorhub/delta_fallbacks"] == 0
+        assert m["tensorhub/bytes"] == m["tensorhub/delta_bytes"] == 3 * m["tensorhub/publish_delta_bytes"]
+        assert 0 < m["tensorhub/changed_fraction"] < 0.05
+        assert m["tensorhub/digests_checked"] == 3 and m["tensorhub/digest_mismatches"] == 0
+    applied = [d for _, who, what, d in ray.get(rig["recorder"].get.remote())
+               if what == "apply_end" and d[0] == later[-1]]
+    assert len(applied) == 3 and all(got == digest(stepped_weights(later[-1]).items()) for _, got in applied)
