@@ -171,6 +171,17 @@ def format_status(status: dict) -> str:
         location = ",".join(f"{k}={v}" for k, v in w["location"].items())
         lines.append(f"{worker:<24} {location:<32} {str(w['spot']):<5} {w['bytes_served'] / 1e6:>10.1f} "
                      f"{w['last_seen_s']:>9.1f}s")
+    for model, flip in sorted(status.get("flips", {}).items()):
+        failed = ",".join(f"v{v}" for v in flip["failed"]) or "none"
+        lines += ["", f"fleet flip of {model}: committed v{flip['committed']}, previous v{flip['previous']}, "
+                      f"failed checks: {failed}" + (f"; waiting: {flip['blocked']}" if flip["blocked"] else ""),
+                  f"{'replica':<24} {'serving':>8} {'staged':>8}"]
+        for worker, r in flip["replicas"].items():
+            staged = "-" if r["staged"] is None else f"v{r['staged']}"
+            if r.get("failed") is not None:
+                staged += f" (v{r['failed']} failed)"
+            serving = "-" if r["serving"] is None else f"v{r['serving']}"
+            lines.append(f"{worker:<24} {serving:>8} {staged:>8}")
     return "\n".join(lines)
 
 

@@ -158,6 +158,11 @@ class TensorHubVerlConfig:
     """Staleness bound: a replica serving a version more than this many behind the newest published stops
     admitting new requests (those in flight finish; new ones wait at its gate) until it has applied a newer one
     (``tensorhub/version_lag/replica_<r>``, ``tensorhub/requests_held_back``). None: off."""
+    flip_together: bool = False
+    """Fleet flip (needs ``rollout_staging`` 'cpu' or 'gpu'): every replica stages the next version and reports it to
+    the hub as staged and checked; replicas flip to it together once ``min_replica_fraction`` of them hold it, so the
+    fleet never serves more than two versions at once, and never a version whose check failed on any replica. A
+    replica behind the fleet stages the fleet's version first. False: each replica applies as soon as it pulled."""
     version_audit_dir: str | None = None
     """Directory where each rollout server appends one JSON line per generate call (request id, replica, the
     version spans its engine recorded, the label it gave) and each agent-loop client one per response (the spans
@@ -211,6 +216,9 @@ class TensorHubVerlConfig:
         if self.rollout_staging not in STAGING_CHOICES:
             raise ConfigError(f"tensorhub.rollout_staging must be one of {STAGING_CHOICES}, "
                               f"got {self.rollout_staging!r}")
+        if self.flip_together and self.rollout_staging == "none":
+            raise ConfigError("tensorhub.flip_together needs a staged pull: set tensorhub.rollout_staging to 'cpu' "
+                              "or 'gpu' (with 'none' the pull lands in the live parameters, which is the flip)")
         if not 1 <= self.chunk_mb <= 2048:
             raise ConfigError(f"tensorhub.chunk_mb must be in [1, 2048], got {self.chunk_mb}")
         if not 1 <= self.window <= 1024:

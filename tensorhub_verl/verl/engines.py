@@ -74,6 +74,18 @@ class ReplicaEngines:
                         "delta": "off" if config.uses_regions() else config.delta}), config.apply_timeout_s)
         return results
 
+    async def flip_report(self, serving: int | None, staged: int | None, failed: int | None,
+                          min_replica_fraction: float, timeout: float) -> dict:
+        """Reports the replica for the fleet flip from its first node (the replica's name at the hub is that node's
+        worker id); its engine rank 0 sends it (``th_flip_report``) and its answer is returned."""
+        answers = await asyncio.wait_for(self.servers[0].collective_rpc.remote(
+            "th_flip_report", timeout=timeout, kwargs={"serving": serving, "staged": staged, "failed": failed,
+                                                       "min_replica_fraction": min_replica_fraction}), timeout)
+        answer = next((a for a in answers if a), None)
+        if answer is None:
+            raise TransferFailed(f"replica {self.replica_rank}: no engine rank answered the flip report")
+        return answer
+
     async def hold_admission(self, hold: bool, timeout: float) -> int:
         """Holds (or releases) new requests at every server's gate (``th_hold_admission``); requests in flight
         go on. Returns the requests that met a held gate since the previous call."""

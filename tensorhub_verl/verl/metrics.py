@@ -16,6 +16,9 @@ Keys (all floats, one value per weight update):
 - ``tensorhub/version_lag/replica_<r>``: newest published version minus the version replica ``r`` serves.
 - ``tensorhub/replicas_held`` / ``tensorhub/requests_held_back`` (with ``max_version_lag``): replicas whose
   new requests are held for staleness after this update, and requests that met a held gate since the last one.
+- ``tensorhub/flip_committed`` / ``tensorhub/flip_blocked`` / ``tensorhub/flip_replicas`` /
+  ``tensorhub/versions_served`` (with ``flip_together``): the fleet's committed version, 1 when a newer staged one
+  waits (quorum, a failed check, or the two-version bound), replicas that flipped, versions served after the flip.
 - ``tensorhub/trainer_sources`` / ``tensorhub/trainer_share_max``: trainer workers read from, and the largest
   share of the trainer bytes one of them served (~1/N when N FSDP ranks each serve their shard).
 - ``tensorhub/publish_ranks``: trainer ranks that published (N with shards, 1 with gathered tensors).

@@ -38,6 +38,7 @@ from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.digest import DIGEST_KEY, differing
 from tensorhub_verl.verl.engines import ReplicaEngines
+from tensorhub_verl.verl.fleet_flip import flip_fleet
 from tensorhub_verl.verl.lora import LORA_KEY, adapter_update_result
 from tensorhub_verl.verl.identity import ray_boundary_facts
 from tensorhub_verl.verl.metrics import stale_replicas, update_metrics
@@ -58,6 +59,18 @@ class ReplicaOutcome:
     stall_s: float = 0.0
     digests_checked: int = 0
     error: BaseException | None = None
+    version: int | None = None
+    """The version the replica serves after this update (None: unchanged, or it failed)."""
+
+
+@dataclass(slots=True)
+class Staged:
+    """A replica whose ranks finished pulling ``version`` (``statuses`` None: they already served it)."""
+
+    engines: ReplicaEngines
+    updater: Any
+    version: int
+    statuses: list | None
 
 
 def config_from_engine_config(engine_config: Any) -> TensorHubVerlConfig:
@@ -105,6 +118,8 @@ class TensorHubUpdater:
         self._job = job
         self._held: set[int] = set()
         """Replicas whose new requests are held for staleness (``max_version_lag``)."""
+        self.flip_committed: int | None = None
+        """The fleet flip's commit, as the hub last answered (``flip_together``)."""
         self._base_served: dict[tuple, int] = {}
         """LoRA: ``ReplicaEngines.key`` -> the base version those engines serve (a restarted replica has none)."""
 
@@ -133,20 +148,24 @@ class TensorHubUpdater:
         self.served = {k: v for k, v in self.served.items() if k in live}  # removed replicas are forgotten
         for r in replicas:
             self.served.setdefault(r.replica_rank, None)
+        flip_metrics: dict[str, float] = {}
         if lora is not None:
             outcomes = await asyncio.gather(*(self._update_replica_lora(r, version, lora["base_version"])
                                               for r in replicas))
+        elif self.config.flip_together:
+            outcomes, flip_metrics = await flip_fleet(self, replicas, version, published_digest)
         else:
             outcomes = await asyncio.gather(*(self._update_replica(r, version, published_digest) for r in replicas))
 
         failed = [o for o in outcomes if o.error is not None]
         for o in outcomes:
-            if o.error is None:
-                self.served[o.replica] = version
+            if o.error is None and o.version is not None:
+                self.served[o.replica] = o.version
         metrics = update_metrics(version=version, publish=publish,
                                  updates=[o.update for o in outcomes if o.update is not None],
                                  stalls={o.replica: o.stall_s for o in outcomes if o.error is None},
                                  served=self.served)
+        metrics.update(flip_metrics)
         if self.config.max_version_lag is not None:
             metrics.update(await self._bound_staleness(replicas, version))
         metrics["tensorhub/update_s"] = time.monotonic() - started
@@ -205,33 +224,48 @@ class TensorHubUpdater:
                               ) -> ReplicaOutcome:
         outcome = ReplicaOutcome(replica=replica.replica_rank)
         try:
-            engines = self._engines(replica)
-            if self._set_up.get(engines.replica_rank) != engines.key:
-                await engines.setup(self.config, self.hub, self._job)
-                self._set_up[engines.replica_rank] = engines.key
-            updater = engines.updater(self.config.apply_timeout_s)
-            # 1. Start the pull; with staging it runs while the engine keeps generating.
-            await asyncio.to_thread(updater.begin, version)
-            statuses = await asyncio.to_thread(updater.wait_pulled, self.config.fetch_timeout_s)
-            if all(s.pull is None for s in statuses):
+            staged = await self._stage(replica, version)
+            if staged.statuses is None:
+                outcome.version = version
                 return outcome  # already serving this version
-            if any(s.pull is not None and s.pull.state == "failed" for s in statuses):
-                # Refused before anything moved (e.g. another dtype): abort on every rank, no pause; raises.
-                await asyncio.to_thread(updater.finish, self.config.apply_timeout_s)
-            # 2. Pause only for the apply (every rank, or an abort on every rank); resume even if it fails.
-            paused = time.monotonic()
-            try:
-                await asyncio.wait_for(replica.abort_all_requests(), self.config.apply_timeout_s)
-                outcome.update = await asyncio.to_thread(updater.finish, self.config.apply_timeout_s)
-                await engines.after_apply(version, self.config.apply_timeout_s)
-            finally:
-                await asyncio.wait_for(replica.resume_generation(), self.config.apply_timeout_s)
-                outcome.stall_s = time.monotonic() - paused
-            if published_digests is not None:
-                outcome.digests_checked = await self._check_digests(engines, version, published_digests)
+            await self._apply_staged(replica, staged, outcome, published_digests)
         except Exception as e:  # one replica's failure (Ray, hub, timeout) is reported; the caller decides
             outcome.error = e
         return outcome
+
+    async def _stage(self, replica: Any, version: int) -> Staged:
+        """Sets the replica up if needed and starts its pull of ``version``; with staging it runs while the engine
+        keeps generating. Returns once no rank is pulling (``statuses`` None: every rank serves ``version``)."""
+        engines = self._engines(replica)
+        if self._set_up.get(engines.replica_rank) != engines.key:
+            await engines.setup(self.config, self.hub, self._job)
+            self._set_up[engines.replica_rank] = engines.key
+        updater = engines.updater(self.config.apply_timeout_s)
+        await asyncio.to_thread(updater.begin, version)
+        statuses = await asyncio.to_thread(updater.wait_pulled, self.config.fetch_timeout_s)
+        if all(s.pull is None for s in statuses):
+            return Staged(engines, updater, version, None)
+        return Staged(engines, updater, version, statuses)
+
+    async def _apply_staged(self, replica: Any, staged: Staged, outcome: ReplicaOutcome,
+                            published_digests: dict | None) -> None:
+        """Pauses the replica only for the apply of what it staged (every rank, or an abort on every rank); resumes
+        it even if the apply fails. Raises what failed."""
+        engines, updater, version = staged.engines, staged.updater, staged.version
+        if any(s.pull is not None and s.pull.state == "failed" for s in staged.statuses):
+            # Refused before anything moved (e.g. another dtype): abort on every rank, no pause; raises.
+            await asyncio.to_thread(updater.finish, self.config.apply_timeout_s)
+        paused = time.monotonic()
+        try:
+            await asyncio.wait_for(replica.abort_all_requests(), self.config.apply_timeout_s)
+            outcome.update = await asyncio.to_thread(updater.finish, self.config.apply_timeout_s)
+            await engines.after_apply(version, self.config.apply_timeout_s)
+        finally:
+            await asyncio.wait_for(replica.resume_generation(), self.config.apply_timeout_s)
+            outcome.stall_s = time.monotonic() - paused
+        if published_digests is not None:
+            outcome.digests_checked = await self._check_digests(engines, version, published_digests)
+        outcome.version = version
 
     async def _update_replica_lora(self, replica: Any, version: int, base_version: int) -> ReplicaOutcome:
         """LoRA: the replica's base reaches ``base_version`` once (the usual update); then, paused, every engine
@@ -262,6 +296,7 @@ class TensorHubUpdater:
                 await asyncio.wait_for(replica.resume_generation(), timeout)
                 outcome.stall_s = time.monotonic() - paused + (base.stall_s if base is not None else 0.0)
             outcome.update = adapter_update_result(version, results, base.update if base is not None else None)
+            outcome.version = version
         except Exception as e:  # one replica's failure is reported; the caller decides
             outcome.error = e
         return outcome

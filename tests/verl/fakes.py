@@ -120,14 +120,21 @@ class StubServer:
     """Stands in for one node of a verl vLLM replica (``vLLMHttpServer``): ``collective_rpc`` runs a ``th_*``
     method on the node's engine rank and returns the results, as the patched server does."""
 
-    def __init__(self, replica_rank: int, recorder):
+    def __init__(self, replica_rank: int, recorder, fail_check_of: int | None = None):
         self.rank = StubEngineRank(replica_rank, recorder)
         self.engine = self.rank.extension()
         self.steps: list[int] = []
         self.holds: list[bool] = []
+        self.fail_check_of = fail_check_of
+        """A version whose staged pull this rank reports as failed its digest check: the data plane's check fails
+        only on bytes that differ from the publisher's, which no real source here serves to one reader alone."""
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        return [getattr(self.engine, method)(*args, **(kwargs or {}))]
+        answer = getattr(self.engine, method)(*args, **(kwargs or {}))
+        pull = getattr(answer, "pull", None) if method == "th_status" else None
+        if pull is not None and pull.version == self.fail_check_of and pull.state == "ready":
+            pull.state, pull.error = "failed", f"IntegrityError('v{pull.version}: a chunk digest differs')"
+        return [answer]
 
     def get_server_address(self):
         return "127.0.0.1", 0

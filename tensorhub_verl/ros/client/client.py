@@ -516,6 +516,15 @@ class Client:
             if version is not None:
                 return version
 
+    def flip_report(self, model: str, *, serving: int | None, staged: int | None, failed: int | None = None,
+                    min_replica_fraction: float = 1.0) -> msg.FlipReply:
+        """Reports this worker, a rollout replica, for the fleet flip: what it serves, what it holds staged and
+        checked, a version whose check failed. The reply says whether it flips now, and to which version."""
+        self._check_open()
+        return self._hub.post(msg.FLIP_REPORT_PATH, msg.FlipReport(
+            worker=self.worker, model=model, serving=serving, staged=staged, failed=failed,
+            min_replica_fraction=min_replica_fraction), msg.FlipReply)
+
     def status(self) -> dict:
         """The hub's ``/v1/status`` (``messages.StatusReply``) as plain JSON data."""
         return self._hub.get("/v1/status", msg.StatusReply).model_dump()

@@ -306,6 +306,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         with state.acting_as(req.worker, credential):
             return state.report_bad_delta(req)
 
+    @app.post(msg.FLIP_REPORT_PATH)
+    def flip_report(req: msg.FlipReport, credential: Credential = "") -> msg.FlipReply:
+        with state.acting_as(req.worker, credential):
+            return state.flip_report(req)
+
     @app.post("/v1/preserve")
     def preserve(req: msg.PreserveQuery) -> msg.PreserveAnswer:
         return state.must_preserve(req)

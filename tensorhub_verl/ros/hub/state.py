@@ -15,6 +15,7 @@ caller of more than one of them::
       |- Quarantine    suspects, corruption evidence, failure counts     quarantine.py
       |- ReadDesk      planning and booking glue over the parts above    reads.py
       |- Owners        model -> owner job                                ../ownership.py
+      |- FlipBook      replicas' serving/staged reports, fleet commits   flips.py
       '- FetchTimes    fetch latencies for /metrics                      status.py
 
 A part never calls the facade or reaches into another part's data; where a part needs another's answer (retention
@@ -66,6 +67,7 @@ from tensorhub_verl.ros.hub.config import HubConfig
 from tensorhub_verl.ros.hub.leases import Leases
 from tensorhub_verl.ros.hub.preserve import must_preserve
 from tensorhub_verl.ros.hub.quarantine import Quarantine
+from tensorhub_verl.ros.hub.flips import FlipBook
 from tensorhub_verl.ros.hub.delta_rules import check_delta_listed, check_delta_publish, report_bad_delta
 from tensorhub_verl.ros.hub.reads import ReadDesk
 from tensorhub_verl.ros.hub.records import GroupKey, Holding, HoldingState, Key, Member, VersionRecord, WorkerRecord
@@ -112,6 +114,7 @@ class HubState:
                               config.nixl_within_job)
         self.owners = Owners(config.owners)
         self.fetch_times = FetchTimes()
+        self.flips = FlipBook()
         self._ids = itertools.count(secrets.randbits(40) << 12 | 1)
         """Lease ids and holding generations, from a random start: a restarted hub must not issue the id of a lease
         the old instance gave, which a reader may still report (it would book that read for another chunk), nor a
@@ -485,6 +488,7 @@ class HubState:
 
     def _drop_worker(self, worker: str) -> None:
         self.registry.remove(worker)
+        self.flips.forget(worker)
         self.quarantine.cleared(worker)
         dropped, models = set(), set()
         for key, record in self.store.items():
@@ -512,6 +516,12 @@ class HubState:
                          req.layout, req.model, req.version, req.reason[:200],
                          "; withholding it from every reader" if quarantined else "")
             return msg.DeltaReportAck(quarantined=quarantined)
+
+    def flip_report(self, req: msg.FlipReport) -> msg.FlipReply:
+        """Books a rollout replica's report for the fleet flip and answers whether it flips (``flips.py``)."""
+        with self._lock:
+            self.registry.require(req.worker)
+            return self.flips.report(req)
 
     # ------------------------------------------------------------------------------------ queries
     def manifest(self, model: str, version: int | str, layout: str) -> Manifest:
@@ -550,7 +560,7 @@ class HubState:
     def status(self) -> msg.StatusReply:
         with self._lock:
             return status_reply(self.instance, self.registry, self.store, self.leases, self.quarantine,
-                                self._clock(), sweeps=self.sweeps)
+                                self._clock(), sweeps=self.sweeps).model_copy(update={"flips": self.flips.status()})
 
     def metrics_snapshot(self) -> dict:
         with self._lock:

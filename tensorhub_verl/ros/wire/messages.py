@@ -349,6 +349,51 @@ class DeltaReportAck(Reply):
     """Whether the delta is now withheld from every reader (they read the version in full)."""
 
 
+FLIP_REPORT_PATH = "/v1/flip/report"
+
+
+class FlipReport(Strict):
+    """A rollout replica's report for the fleet flip (``hub/flip_rule.py``): the version it serves, the version it
+    holds staged and checked (every chunk's digest verified), a version whose check failed on it. The reply says
+    whether it flips now, and to which version."""
+
+    worker: WorkerId
+    model: Name
+    serving: Version | None = None
+    staged: Version | None = None
+    failed: Version | None = None
+    min_replica_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+
+class FlipReply(Reply):
+    committed: int | None
+    """The version the fleet flips to; ``previous`` the commit before it (replicas behind catch up to it first)."""
+    previous: int | None = None
+    flip_to: int | None = None
+    """The version this replica flips to now (None: it keeps serving what it serves)."""
+    wave: int | None = None
+    """1: a catch-up to ``previous``, flipped before every flip to ``committed`` (2)."""
+    blocked: str = ""
+    """Why a newer staged version is not committed yet."""
+    failed: list[int] = []
+
+
+class ReplicaFlipStatus(Reply):
+    serving: int | None
+    staged: int | None
+    failed: int | None = None
+
+
+class FlipStatus(Reply):
+    """One model's fleet flip in ``/v1/status``: its commits and each replica's serving and staged version."""
+
+    committed: int | None
+    previous: int | None
+    failed: list[int]
+    blocked: str
+    replicas: dict[str, ReplicaFlipStatus]
+
+
 class VersionsReply(Reply):
     model: str
     versions: dict[int, list[str]]
@@ -395,6 +440,8 @@ class StatusReply(Reply):
     leases_revoked: int
     sweeps: int = 0
     """Upkeep passes (silent workers, overdue leases) the hub has made since it started."""
+    flips: dict[str, FlipStatus] = {}
+    """model -> its fleet flip, for models whose rollout replicas report to one (``FlipReport``)."""
 
 
 class ErrorReply(Reply):

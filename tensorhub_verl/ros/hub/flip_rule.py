@@ -1,0 +1,133 @@
+"""The fleet flip's rule: which staged version the rollout replicas of a model flip to, and when. Pure: no I/O,
+no clock, no lock; ``flips.py`` keeps its state in the hub.
+
+Each replica reports what it serves, the version it holds staged and checked (every chunk's digest verified as it
+landed), and a version whose check failed. The rule keeps two committed versions per model, ``committed`` and the
+one before it (``previous``), and a replica flips only to one of those two. A newer version is committed when
+
+- no replica reported a failed check of it (a failure anywhere blocks the version everywhere, for good; a commit
+  that a later report finds failed is withdrawn, so a driver flips its replicas only on the answers it gets once
+  every replica has reported);
+- a quorum holds it: at least ``min_fraction`` of the reporting replicas (elastic: whoever reports now) hold it
+  staged or serve it;
+- the fleet serves at most ``MAX_SERVED`` versions at every instant: the versions served once the replicas that
+  hold ``committed`` staged have caught up to it, plus the new one, are at most two.
+
+Flips happen in two waves: first every replica that catches up to ``previous`` (the commit before), then the
+flips to ``committed``. A replica behind stages the fleet's commit, not the newest version, so one straggler
+costs one more pull, never a third version served.
+
+    replica    serving  staged         decision (committed C -> D, previous C)
+    r0         C        D              wave 2: C -> D
+    r1         C        D              wave 2: C -> D
+    r2         P        C (catch-up)   wave 1: P -> C
+    served at each instant: {C, P} -> {C} -> {C, D} -> {D, C}: never three
+
+The hub's state is soft: after a restart the rule starts with no commit and no failed list, and rebuilds both from
+the next round of reports (an older staged version the fleet already serves may then be committed first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MAX_SERVED = 2
+"""Most versions of one model the fleet serves at any instant."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """What one replica told the hub: the version it serves (None: none yet), the version it holds staged and
+    checked (None: none), and a version whose check failed on it (None: none)."""
+
+    serving: int | None = None
+    staged: int | None = None
+    failed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlipState:
+    """A model's commits: the version replicas flip to, the one before it, and every version that failed."""
+
+    committed: int | None = None
+    previous: int | None = None
+    failed: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class FlipDecision:
+    state: FlipState
+    flips: dict[str, int] = field(default_factory=dict)
+    """replica -> the version it flips to now (always ``state.committed`` or ``state.previous``)."""
+    blocked: str = ""
+    """Why the newest staged version is not committed (empty: nothing newer is waiting)."""
+
+    def wave(self, replica: str) -> int | None:
+        """1: a catch-up to ``previous``, flipped first; 2: a flip to ``committed``; None: no flip."""
+        target = self.flips.get(replica)
+        if target is None:
+            return None
+        return 2 if target == self.state.committed else 1
+
+
+def quorum(min_fraction: float, replicas: int) -> int:
+    """Replicas that must hold a version before it is committed (at least one)."""
+    return max(1, math.ceil(min_fraction * replicas - 1e-9))
+
+
+def _flip_target(report: ReplicaReport, allowed: set[int], failed: frozenset[int]) -> int | None:
+    s = report.staged
+    if s is None or s not in allowed or s in failed:
+        return None
+    if report.serving is not None and report.serving >= s:
+        return None
+    return s
+
+
+def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction: float) -> FlipDecision:
+    """The new commits and each replica's flip, given every live replica's latest report."""
+    failed = state.failed | {r.failed for r in reports.values() if r.failed is not None}
+    committed, previous = state.committed, state.previous
+    # A commit whose check failed on a replica after the quorum formed is withdrawn: replicas flip only on the
+    # decision made once every replica reported, so no replica has flipped to it through this rule.
+    if previous in failed:
+        previous = None
+    if committed in failed:
+        committed, previous = previous, None
+    # What the fleet serves once every replica that holds ``committed`` staged has flipped to it.
+    after_catch_up = set()
+    for report in reports.values():
+        target = _flip_target(report, {committed} if committed is not None else set(), failed)
+        served = target if target is not None else report.serving
+        if served is not None:
+            after_catch_up.add(served)
+    candidates = sorted({r.staged for r in reports.values() if r.staged is not None and r.staged not in failed
+                         and (committed is None or r.staged > committed)}, reverse=True)
+    need = quorum(min_fraction, len(reports))
+    blocked = ""
+    for cand in candidates:  # the newest that passes is committed; an older one may pass where a newer waits
+        holders = sorted(w for w, r in reports.items() if cand in (r.staged, r.serving))
+        served = after_catch_up | {cand}
+        if len(holders) < need:
+            reason = (f"v{cand} is held by {len(holders)} of {len(reports)} replicas; "
+                      f"{need} needed (min_replica_fraction={min_fraction})")
+        elif len(served) > MAX_SERVED:
+            reason = (f"v{cand} would make the fleet serve {sorted(served)}: more than {MAX_SERVED} versions; it "
+                      f"waits until the replicas behind catch up")
+        else:
+            committed, previous = cand, committed
+            break
+        blocked = blocked or reason
+    if not blocked:
+        newer_failed = sorted(v for v in failed if committed is None or v > committed)
+        if newer_failed and not candidates:
+            blocked = f"v{newer_failed[-1]} failed its check on a replica: no replica flips to it"
+    new = FlipState(committed=committed, previous=previous, failed=frozenset(failed))
+    allowed = {v for v in (committed, previous) if v is not None}
+    flips = {w: t for w, r in reports.items() if (t := _flip_target(r, allowed, new.failed)) is not None}
+    return FlipDecision(state=new, flips=flips, blocked=blocked)
+
+
+__all__ = ["MAX_SERVED", "FlipDecision", "FlipState", "ReplicaReport", "decide", "quorum"]

@@ -1,0 +1,131 @@
+"""The fleet flip (``tensorhub.flip_together``): replicas stage a version while generating, report it to the hub as
+staged and checked, and flip to it together once the hub's rule (``ros/hub/flip_rule.py``) commits it.
+
+```
+ updater                     replica r (engine ranks)                 hub
+   stage ──────────────────> pull v (or the fleet's commit, if behind) ── chunks verified as they land
+   report (all replicas) ──> th_flip_report(serving, staged, failed) ──> books it, decides
+   report again (all) ─────> th_flip_report ──────────────────────────> answers: flip_to, wave
+   wave 1: catch-ups to the previous commit, pause-apply-resume each
+   wave 2: flips to the commit, pause-apply-resume each
+   the rest: drop their staged pull (keep serving)
+   report after the flips ─────────────────────────────────────────────> status shows what each serves
+```
+
+The decision the updater acts on is the one given once every replica has reported, so a replica whose check fails
+withdraws a version before anyone flips to it. A replica whose pull fails reports that version as failed: no replica
+flips to it, ever (the hub keeps the list). A pull that failed is the version's check failing: every chunk carries
+its publisher's digest and the holder refuses bytes that differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from tensorhub_verl.verl.updater import ReplicaOutcome, Staged, TensorHubUpdater
+
+logger = logging.getLogger("tensorhub_verl.verl.fleet_flip")
+
+
+def stage_target(served: int | None, committed: int | None, newest: int) -> int:
+    """The version a replica stages: the fleet's commit while it serves an older one (or none), else the newest."""
+    if committed is not None and committed < newest and (served is None or served < committed):
+        return committed
+    return newest
+
+
+def _report_fields(staged: Staged | None, served: int | None, error: BaseException | None) -> dict:
+    """What a replica reports: what it serves, the version all its ranks hold staged, a version a rank failed."""
+    if staged is None or staged.statuses is None:
+        return {"serving": staged.version if staged is not None else served, "staged": None, "failed": None}
+    pulls = [s.pull for s in staged.statuses]
+    failed = any(p is None or p.state == "failed" for p in pulls)
+    ready = not failed and all(p.state == "ready" and p.version == staged.version for p in pulls)
+    return {"serving": served, "staged": staged.version if ready else None,
+            "failed": staged.version if failed else None}
+
+
+async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version: int,
+                     published_digests: dict | None) -> tuple[list[ReplicaOutcome], dict[str, float]]:
+    """Stages, reports, flips in waves; returns one outcome per replica and the flip's metrics."""
+    from tensorhub_verl.verl.updater import ReplicaOutcome
+
+    config = updater.config
+    timeout = config.apply_timeout_s
+    committed = updater.flip_committed
+
+    async def stage(replica):
+        target = stage_target(updater.served.get(replica.replica_rank), committed, version)
+        try:
+            return await updater._stage(replica, target), None
+        except Exception as e:  # this replica cannot pull now; it reports nothing staged
+            return None, e
+
+    staged = await asyncio.gather(*(stage(r) for r in replicas))
+    outcomes = [ReplicaOutcome(replica=r.replica_rank, error=e,
+                               version=s.version if s is not None and s.statuses is None else None)
+                for r, (s, e) in zip(replicas, staged)]
+    fields = [_report_fields(s, updater.served.get(r.replica_rank), e) for r, (s, e) in zip(replicas, staged)]
+
+    async def report(i: int):
+        try:
+            engines = staged[i][0].engines if staged[i][0] is not None else updater._engines(replicas[i])
+            return await engines.flip_report(**fields[i], min_replica_fraction=config.min_replica_fraction,
+                                             timeout=timeout)
+        except Exception as e:  # an unreachable replica counts as not reporting; it keeps serving
+            outcomes[i].error = outcomes[i].error or e
+            return None
+
+    await asyncio.gather(*(report(i) for i in range(len(replicas))))
+    answers = await asyncio.gather(*(report(i) for i in range(len(replicas))))
+
+    async def flip(i: int) -> None:
+        s, o = staged[i][0], outcomes[i]
+        try:
+            await updater._apply_staged(replicas[i], s, o, published_digests if s.version == version else None)
+            fields[i] = {"serving": s.version, "staged": None, "failed": None}
+        except Exception as e:
+            o.error = e
+
+    for wave in (1, 2):
+        await asyncio.gather(*(flip(i) for i, a in enumerate(answers)
+                               if a is not None and a["wave"] == wave and staged[i][0] is not None
+                               and staged[i][0].statuses is not None and a["flip_to"] == staged[i][0].version))
+    for i, (s, _) in enumerate(staged):  # the rest drop what they staged and keep serving
+        a = answers[i]
+        if s is not None and s.statuses is not None and (a is None or a["flip_to"] != s.version):
+            try:
+                await asyncio.to_thread(s.updater.call, "th_abort")
+            except Exception as e:
+                outcomes[i].error = outcomes[i].error or e
+            if outcomes[i].error is None and fields[i]["failed"] is not None:
+                outcomes[i].error = _check_failed(replicas[i].replica_rank, s)
+            fields[i]["staged"] = None
+    final = await asyncio.gather(*(report(i) for i in range(len(replicas))))
+    decided = next((a for a in reversed(final) if a is not None), None) or next(
+        (a for a in answers if a is not None), None)
+    if decided is not None:
+        updater.flip_committed = decided["committed"]
+        if decided["blocked"]:
+            logger.warning("fleet flip of v%d: %s", version, decided["blocked"])
+    served = {v for v in (f["serving"] for f in fields) if v is not None}
+    metrics = {"tensorhub/flip_replicas": float(sum(o.version is not None and o.error is None for o in outcomes)),
+               "tensorhub/flip_blocked": float(bool(decided and decided["blocked"])),
+               "tensorhub/versions_served": float(len(served))}
+    if decided is not None and decided["committed"] is not None:
+        metrics["tensorhub/flip_committed"] = float(decided["committed"])
+    return outcomes, metrics
+
+
+def _check_failed(replica: int, staged: Staged) -> BaseException:
+    from tensorhub_verl.errors import TransferFailed
+
+    errors = [s.pull.error for s in staged.statuses if s.pull is not None and s.pull.error]
+    return TransferFailed(f"replica {replica}: v{staged.version} failed its check ({errors[:1]}); no replica flips "
+                          f"to it and this one keeps serving its version")
+
+
+__all__ = ["flip_fleet", "stage_target"]

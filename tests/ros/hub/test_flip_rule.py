@@ -1,0 +1,120 @@
+"""The fleet flip's rule (``flip_rule.decide``), pure: quorum, a failed check blocks a version everywhere, at most two
+versions served at any instant, replicas joining and leaving."""
+
+from __future__ import annotations
+
+import itertools
+
+from tensorhub_verl.ros.hub.flip_rule import MAX_SERVED, FlipState, ReplicaReport as R, decide, quorum
+
+
+def test_a_version_is_committed_once_a_quorum_holds_it_staged():
+    state = FlipState(committed=1)
+    reports = {"a": R(serving=1, staged=2), "b": R(serving=1), "c": R(serving=1)}
+    d = decide(reports, state, min_fraction=0.6)
+    assert d.state.committed == 1 and d.flips == {} and "1 of 3" in d.blocked
+
+    reports["b"] = R(serving=1, staged=2)
+    d = decide(reports, state, min_fraction=0.6)
+    assert (d.state.committed, d.state.previous) == (2, 1)
+    assert d.flips == {"a": 2, "b": 2} and d.wave("a") == 2 and d.wave("c") is None and d.blocked == ""
+
+
+def test_quorum_counts_at_least_one_replica():
+    assert quorum(0.01, 3) == 1 and quorum(1.0, 3) == 3 and quorum(0.5, 4) == 2 and quorum(1.0, 0) == 1
+
+
+def test_a_failed_check_on_one_replica_blocks_that_version_everywhere_for_good():
+    reports = {"a": R(serving=1, staged=2), "b": R(serving=1, staged=2), "c": R(serving=1, failed=2)}
+    d = decide(reports, FlipState(committed=1), min_fraction=0.5)
+    assert d.state.committed == 1 and d.flips == {} and 2 in d.state.failed and "failed its check" in d.blocked
+    # The failing replica leaves: the version stays blocked.
+    d = decide({"a": reports["a"], "b": reports["b"]}, d.state, min_fraction=0.5)
+    assert d.state.committed == 1 and d.flips == {}
+    # The next version goes through.
+    d = decide({"a": R(serving=1, staged=3), "b": R(serving=1, staged=3)}, d.state, min_fraction=0.5)
+    assert d.state.committed == 3 and d.flips == {"a": 3, "b": 3}
+
+
+def test_a_replica_behind_catches_up_first_and_the_new_version_waits_for_it():
+    # c missed v2 (committed by a quorum); v3 is staged by a and b.
+    state = FlipState(committed=2, previous=1)
+    reports = {"a": R(serving=2, staged=3), "b": R(serving=2, staged=3), "c": R(serving=1, staged=3)}
+    d = decide(reports, state, min_fraction=0.5)
+    assert d.state.committed == 2 and d.flips == {} and "more than 2 versions" in d.blocked
+    # c stages the fleet's commit instead: it catches up in wave 1 and v3 commits in wave 2.
+    reports["c"] = R(serving=1, staged=2)
+    d = decide(reports, state, min_fraction=0.5)
+    assert (d.state.committed, d.state.previous) == (3, 2)
+    assert d.flips == {"a": 3, "b": 3, "c": 2} and d.wave("c") == 1 and d.wave("a") == 2
+
+
+def test_joining_and_leaving_replicas_change_the_quorum():
+    state = FlipState(committed=4)
+    reports = {"a": R(serving=4, staged=5), "b": R(serving=4)}
+    assert decide(reports, state, 1.0).state.committed == 4
+    # b leaves: a alone is the fleet.
+    assert decide({"a": reports["a"]}, state, 1.0).flips == {"a": 5}
+    # a new replica serving nothing joins and stages v5: it flips with the others, adding no version.
+    reports = {"a": R(serving=4, staged=5), "b": R(serving=4, staged=5), "n": R(staged=5)}
+    d = decide(reports, state, 1.0)
+    assert d.state.committed == 5 and d.flips == {"a": 5, "b": 5, "n": 5}
+
+
+def test_the_newest_version_with_a_quorum_wins_over_older_staged_ones():
+    reports = {"a": R(serving=1, staged=3), "b": R(serving=1, staged=3), "c": R(serving=1, staged=2)}
+    d = decide(reports, FlipState(committed=1), min_fraction=0.5)
+    assert d.state.committed == 3 and d.flips == {"a": 3, "b": 3}
+
+
+def _served_through_waves(reports, decision):
+    """Every set of versions served at some instant while the replicas flip one by one, wave 1 first."""
+    serving = {w: r.serving for w, r in reports.items()}
+    seen = [set(v for v in serving.values() if v is not None)]
+    for wave in (1, 2):
+        for w in sorted(w for w in decision.flips if decision.wave(w) == wave):
+            serving[w] = decision.flips[w]
+            seen.append(set(v for v in serving.values() if v is not None))
+    return seen, serving
+
+
+def test_no_sequence_of_reports_makes_the_fleet_serve_three_versions():
+    """Exhaustive over small fleets: three replicas, each serving, staging and failing any of a few versions,
+    repeated rounds; every instant of every flip serves at most two versions, and no failed version is flipped to."""
+    versions = [None, 1, 2, 3]
+    options = [R(serving=s, staged=t, failed=f) for s in versions for t in versions for f in (None, 3)
+               if t is None or s is None or t > s]
+    checked = 0
+    for combo in itertools.islice(itertools.product(options, repeat=3), 0, None, 7):
+        reports = dict(zip("abc", combo))
+        served = {r.serving for r in combo if r.serving is not None}
+        if len(served) > MAX_SERVED:
+            continue  # a fleet the rule never produces
+        committed = max(served, default=None)
+        previous = min(served) if len(served) == 2 else None
+        d = decide(reports, FlipState(committed=committed, previous=previous), 0.5)
+        seen, _ = _served_through_waves(reports, d)
+        assert all(len(s) <= MAX_SERVED for s in seen), (reports, d)
+        assert not (set(d.flips.values()) & d.state.failed), (reports, d)
+        checked += 1
+    assert checked > 100
+
+
+def test_a_commit_that_a_later_report_finds_failed_is_withdrawn():
+    reports = {"a": R(serving=1, staged=2), "b": R(serving=1, staged=2), "c": R(serving=1)}
+    d = decide(reports, FlipState(committed=1), min_fraction=0.5)
+    assert d.state.committed == 2
+    reports["c"] = R(serving=1, failed=2)
+    d = decide(reports, d.state, min_fraction=0.5)
+    assert d.state.committed == 1 and d.flips == {}
+
+
+def test_a_restarted_hub_knows_no_commit_and_still_lets_the_straggler_catch_up_first():
+    # Soft state: after a hub restart the rule starts from no commit. The straggler stages the version the fleet
+    # serves; that older version is committed now, the newest waits a round.
+    reports = {"a": R(serving=2, staged=3), "b": R(serving=2, staged=3), "c": R(serving=1, staged=2)}
+    d = decide(reports, FlipState(), min_fraction=0.5)
+    assert d.state.committed == 2 and d.flips == {"c": 2} and "v3" in d.blocked
+    reports["c"] = R(serving=2, staged=3)
+    d = decide(reports, d.state, min_fraction=0.5)
+    assert d.state.committed == 3 and d.flips == {"a": 3, "b": 3, "c": 3}
