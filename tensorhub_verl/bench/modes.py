@@ -10,6 +10,14 @@ TCP), and each mode runs TensorHub and its baseline side by side in one lab:
   endless TCP flows (training traffic); TensorHub joiners read from peers, baseline joiners from the trainer.
 - cross_dc: trainer in dc0, R readers in dc1 behind the WAN; stall and WAN bytes per version.
 
+With ``--delta`` (standalone and cross_dc): an update from v1 to v2, the change drawn from the delta profile
+measured on real AdamW steps at ``--delta-lr`` (``bench.delta_profile``; bf16 versions of ``--size-mb``). Every
+reader starts holding v1 (fetched before the clock starts) and times its update to v2, four ways side by side:
+``tensorhub`` (TensorHub with deltas: nearest holder of the delta, one WAN copy per datacenter),
+``pull_from_trainer`` (a: every rollout pulls v2 in full from the trainer), ``delta_from_trainer`` (b: every
+rollout pulls the delta from the trainer, the shape of verl's ``delta_sharded``) and ``tensorhub_full`` (c:
+TensorHub with v2 in full). The JSON adds the encoded delta's bytes, the WAN bytes against it, and the goals.
+
 Stall: the seconds each rollout waits for the new version (go -> its fetch returned). Every mode reports
 the total over rollouts (`tensorhub_s`, `baseline_s[name]`, `ratio` = pull_from_trainer total / TensorHub
 total) and the worst rollout (`*_max_s`, `ratio_max`); per-variant details are under `runs`.
@@ -70,6 +78,10 @@ class LabBenchParams(LabWorkload):
     """Depth of every lab link's queue (``LabSpec.queue_ms``; every figure before had 50 ms)."""
     first_complete_reads: int = 0
     """The hub's ``PlannerConfig.first_complete_reads`` (0: None, the default plans)."""
+    delta: bool = False
+    """Time an update v1 -> v2 with deltas against its baselines (standalone and cross_dc; module doc)."""
+    delta_lr: float = 1e-6
+    """With ``delta``: the learning rate whose measured delta profile draws v2 from v1 (1e-6 or 1e-5)."""
     timeout_s: float = 300.0
 
 
@@ -141,7 +153,8 @@ class Phase:
         self.stop_file = self.dir / "stop"
         self.readers: list[LabProcess] = []
 
-    def add_reader(self, host: str, model: str, hold: bool = True) -> Path:
+    def add_reader(self, host: str, model: str, hold: bool = True, delta: str | None = None,
+                   base_model: str | None = None) -> Path:
         i = len(self.readers)
         go = self.dir / f"go-{i}"
         h = self.lab.host(host)
@@ -149,7 +162,8 @@ class Phase:
         argv = [*_ROLES, "reader", "--hub", self.hub_url, "--worker", f"{self.name}-{i}", "--location", loc,
                 "--model", model, "--window", str(self.p.window),
                 "--progress", self.p.progress, "--go", str(go),
-                "--stop", str(self.stop_file), "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else [])]
+                "--stop", str(self.stop_file), "--timeout", str(self.p.timeout_s), *(["--hold"] if hold else []),
+                *(["--delta", delta, "--base-model", base_model or model] if delta else [])]
         self.readers.append(LabProcess(self.lab, host, argv, f"{self.name}-{i}@{host}"))
         return go
 
@@ -176,11 +190,20 @@ def _summary(fetched: list[dict]) -> dict:
     for f in fetched:
         for w, b in f["sources"].items():
             sources[w] = sources.get(w, 0) + b
-    return {"total_s": sum(secs), "max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
+    out = {"total_s": sum(secs), "max_s": max(secs), "mean_s": statistics.fmean(secs), "seconds": secs,
             "cpu_s": [round(f.get("cpu_s", 0.0), 3) for f in fetched],
             "bytes_from": dict(sorted(sources.items())),
             "partial_source_bytes": sum(f["partial_source_bytes"] for f in fetched),
             "readers": [{k: f[k] for k in _TRACE if k in f} for f in fetched]}
+    deltas = [f["delta"] for f in fetched if "delta" in f]
+    if deltas:
+        out["delta"] = {"used": sum(d["used"] for d in deltas), "readers": len(deltas),
+                        "delta_bytes": sum(d["delta_bytes"] for d in deltas),
+                        "fallback_chunks": sum(d["fallback_chunks"] for d in deltas),
+                        "apply_s": [d["apply_s"] for d in deltas],
+                        "transfer_total_s": sum(f["seconds"] - d["apply_s"] for f, d in zip(fetched, deltas)),
+                        "reasons": sorted({r for d in deltas for r in d["reasons"]})[:4]}
+    return out
 
 
 def _spec(p: LabBenchParams, mode: str):
@@ -202,11 +225,11 @@ def start_control(lab: Lab, workdir: Path, p: LabBenchParams, copies: int) -> tu
     loc = ",".join(f"{k}={v}" for k, v in host.location.items())
     trainer = LabProcess(lab, "trainer", [*_ROLES, "trainer", "--hub", url, "--location", loc, "--size-mb", str(p.size_mb),
                                     "--chunk-mb", str(p.chunk_mb), "--private-copies", str(copies),
-                                    "--progress", p.progress,
+                                    "--progress", p.progress, "--delta-lr", str(p.delta_lr if p.delta else 0),
                                     "--stop", str(ctl / "trainer-stop"), "--timeout", str(p.timeout_s * 4)], "trainer")
     control = [(trainer, ctl / "trainer-stop"), (hub, ctl / "hub-stop")]
     try:
-        trainer.expect("ready", 180)
+        trainer.ready_event = trainer.expect("ready", 180 + (60 * (copies + 1) * p.size_mb / 256 if p.delta else 0))
     except BaseException:
         stop_control(control)
         raise
@@ -236,6 +259,71 @@ def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], 
             ph.stop()
         out[variant]["wan_bytes"] = lab.wan_tx_bytes() - wan0
     return out
+
+
+DELTA_VARIANTS = ("tensorhub", "tensorhub_full", "pull_from_trainer", "delta_from_trainer")
+"""With ``--delta``: (model, base model, fetch's delta mode) of each variant's readers, ``{i}`` the reader."""
+_DELTA_READS = {"tensorhub": ("policy", "policy", "auto"), "tensorhub_full": ("policy", "policy", "off"),
+                "pull_from_trainer": ("pull-{i}", "policy", "off"), "delta_from_trainer": ("pull-{i}", "policy", "auto")}
+
+
+def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
+    """Every variant of ``DELTA_VARIANTS`` in turn, R readers holding v1 starting together; WAN bytes of each
+    update (into each datacenter) while it ran."""
+    out = {}
+    for variant in DELTA_VARIANTS:
+        model, base, delta = _DELTA_READS[variant]
+        ph = Phase(lab, workdir, f"{mode}-{variant}", url, p)
+        gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base) for i, h in enumerate(hosts)]
+        ph.ready()
+        wan0 = lab.wan_tx_bytes_by_dc()
+        for go in gos:
+            go.touch()
+        try:
+            out[variant] = _summary(ph.collect())
+        finally:
+            ph.stop()
+        wan1 = lab.wan_tx_bytes_by_dc()
+        out[variant]["wan_bytes_into"] = {dc: wan1[dc] - wan0[dc] for dc in wan1}
+        out[variant]["wan_bytes"] = sum(out[variant]["wan_bytes_into"].values())
+        log.info("%s %s: stall %.2f s summed over %d readers", mode, variant, out[variant]["total_s"], len(hosts))
+    return out
+
+
+DELTA_GOALS = {"cross_dc": {"pull_from_trainer": 19.0, "delta_from_trainer": 4.0},
+               "standalone": {"delta_from_trainer": 2.0}}
+"""With ``--delta``: how many times lower than each baseline TensorHub's summed stall should be."""
+WAN_OVER_DELTA_GOAL = 1.05
+"""With ``--delta``, cross_dc: the WAN bytes of one update over the encoded delta's bytes."""
+
+
+def _transfer(run: dict) -> float:
+    """A variant's stall summed over readers less the time they spent applying a delta (decode, write and the
+    digest checks, on the readers' CPUs): the part that the network and the plan set."""
+    return run["delta"]["transfer_total_s"] if "delta" in run else run["total_s"]
+
+
+def _delta_extra(mode: str, runs: dict, trainer: dict, readers_dc: str | None) -> dict:
+    """The encoded delta, the WAN bytes per update against it, and each goal met or not."""
+    delta_bytes = trainer["delta_bytes"]
+    th = runs["tensorhub"]
+    extra = {"delta": {"bytes": delta_bytes, "version_bytes": trainer["bytes"], "lr": trainer["lr"],
+                       "changed_fraction": round(trainer["changed_fraction"], 5), "encodings": trainer["encodings"],
+                       "encode_s": trainer["encode_s"]},
+             "goals": {f"vs_{v}": {"goal": g, "ratio": round(runs[v]["total_s"] / th["total_s"], 2),
+                                   "met": runs[v]["total_s"] / th["total_s"] >= g,
+                                   "ratio_without_apply": round(_transfer(runs[v]) / _transfer(th), 2)}
+                       for v, g in DELTA_GOALS[mode].items()},
+             "transfer_s": {v: round(_transfer(r), 3) for v, r in runs.items()}}
+    if readers_dc is not None:
+        into = {v: r["wan_bytes_into"].get(readers_dc, 0) for v, r in runs.items()}
+        extra["wan_bytes_into_readers_dc"] = into
+        extra["wan_over_delta"] = {v: round(b / delta_bytes, 3) for v, b in into.items()}
+        ratio = into["tensorhub"] / delta_bytes
+        extra["goals"]["wan_over_delta"] = {"goal": WAN_OVER_DELTA_GOAL, "ratio": round(ratio, 3),
+                                            "both_ways": round(th["wan_bytes"] / delta_bytes, 3),
+                                            "met": ratio <= WAN_OVER_DELTA_GOAL}
+    return extra
 
 
 def _broadcast(lab: Lab, workdir: Path, p: LabBenchParams, hosts: list[str]) -> dict:
@@ -268,10 +356,15 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
         try:
             if "standalone" in modes:
                 t0 = time.monotonic()
-                runs = _ab(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone")
-                if p.broadcast:
-                    runs["broadcast"] = _broadcast(lab, workdir, p, rollout_hosts[: p.rollouts])
-                out["standalone"] = _result("standalone", runs, p)
+                if p.delta:
+                    runs = _ab_delta(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone")
+                    out["standalone"] = _result("standalone", runs, p,
+                                                **_delta_extra("standalone", runs, control[0][0].ready_event, None))
+                else:
+                    runs = _ab(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone")
+                    if p.broadcast:
+                        runs["broadcast"] = _broadcast(lab, workdir, p, rollout_hosts[: p.rollouts])
+                    out["standalone"] = _result("standalone", runs, p)
                 log.info("standalone done in %.0fs", time.monotonic() - t0)
             if "elastic" in modes:
                 t0 = time.monotonic()
@@ -336,11 +429,13 @@ def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
     with Lab(spec) as lab:
         url, control = start_control(lab, workdir, p, copies=p.rollouts)
         try:
-            runs = _ab(lab, workdir, url, p, rollout_hosts, "cross_dc")
+            runs = (_ab_delta if p.delta else _ab)(lab, workdir, url, p, rollout_hosts, "cross_dc")
         finally:
             stop_control(control)
     version = p.size_mb * (1 << 20)
-    res = _result("cross_dc", runs, p)
+    extra = _delta_extra("cross_dc", runs, control[0][0].ready_event, lab.host(rollout_hosts[0]).location["dc"]) \
+        if p.delta else {}
+    res = _result("cross_dc", runs, p, **extra)
     res["wan_bytes"] = {v: r["wan_bytes"] for v, r in runs.items()}
     res["wan_copies_per_version"] = {v: round(r["wan_bytes"] / version, 2) for v, r in runs.items()}
     return res
@@ -376,6 +471,8 @@ def run(p: LabBenchParams, modes: tuple[str, ...], plots: Path | None) -> dict:
             result["modes"].update(standalone_and_elastic(p, workdir, modes))
         if "cross_dc" in modes:
             result["modes"]["cross_dc"] = cross_dc(p, workdir)
+    if p.delta:
+        return result  # the simulator's calibration and the plots compare full versions
     # The simulator on the same topologies and workload: its error against what was just measured.
     from tensorhub_verl.sim.calibrate import calibrate
 
@@ -397,21 +494,27 @@ def _yes_no(text: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tensorhub bench modes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="standalone,elastic,cross_dc")
+    ap.add_argument("--modes", default=None,
+                    help="default standalone,elastic,cross_dc (with --delta: standalone,cross_dc)")
     ap.add_argument("--plots", type=Path, help="write the PNGs here (lab modes, time vs readers and vs size)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     for name, default in asdict(LabBenchParams()).items():
         kind = _yes_no if isinstance(default, bool) else type(default)
-        ap.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
+        ap.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                        **({"nargs": "?", "const": True} if isinstance(default, bool) else {}))
     a = ap.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    modes = tuple(m for m in a.modes.split(",") if m)
+    modes = tuple(m for m in (a.modes or ("standalone,cross_dc" if a.delta else "standalone,elastic,cross_dc"))
+                  .split(",") if m)
     unknown = set(modes) - set(PAPER)
     try:
         if unknown:
             raise ConfigError(f"unknown mode(s) {sorted(unknown)}; choose from {sorted(PAPER)}")
+        if a.delta and "elastic" in modes:
+            raise ConfigError("--delta runs standalone and cross_dc (a joiner holds no v1: it reads in full); "
+                              "drop elastic from --modes")
         params = LabBenchParams(**{k: getattr(a, k) for k in asdict(LabBenchParams())})
         result = run(params, modes, a.plots)
     except (NetlabError, TensorHubError) as e:
@@ -422,6 +525,14 @@ def main(argv: list[str] | None = None) -> int:
             bases = "  ".join(f"{v} {t:7.2f}s ({r['ratio_vs'][v]:4.1f}x)" for v, t in r["baseline_s"].items())
             print(f"{mode:<11} total stall: tensorhub {r['tensorhub_s']:7.2f}s  {bases}  "
                   f"(worst rollout {r['ratio_max']:4.1f}x; paper {r['paper_ratio']}x)")
+            if "goals" in r:
+                d = r["delta"]
+                print(f"{'':<11} delta {d['bytes'] / 1e6:.2f} MB of {d['version_bytes'] / 1e6:.1f} MB "
+                      f"({100 * d['changed_fraction']:.2f}% changed, lr {d['lr']:g}); goals: " + "  ".join(
+                          f"{k} {g['ratio']}x (goal {g['goal']}x: {'met' if g['met'] else 'not met'}"
+                          + (f"; {g['ratio_without_apply']}x without the apply)" if "ratio_without_apply" in g
+                             else ")")
+                          for k, g in r["goals"].items()))
     text = json.dumps(result)
     if a.out:
         a.out.write_text(text + "\n")

@@ -9,6 +9,11 @@ a role waits for `--go` before it acts and for `--stop` before it lets go of wha
   reader: a model only the trainer holds, so a baseline fetch reads every chunk from the trainer over the
   same transport, with the same client code.
 - reader: allocates buffers, waits for go, fetches, reports FetchStats, holds until stop.
+- with deltas (``--delta-lr``): the trainer publishes two versions drawn from the measured delta profile
+  (``bench.delta_profile``), v1 and v2, and the delta v1 -> v2 of ``policy`` and of every ``pull-<i>``. A
+  reader first fetches ``--base-model`` v1 (untimed; it holds it when that is its own model), then, after go,
+  times the update to ``--model`` v2 with ``have=1`` (``--delta auto``: the delta where one is published;
+  ``off``: v2 in full).
 - bcast: one rank of a torch.distributed (gloo, TCP over the host's shaped NIC) group; rank 0 sits on the
   trainer host and owns the weights (one flat buffer, as a bucketed broadcast sends them). The group is
   formed before go (a fixed job forms it once); after go every rank times one `broadcast` of the version.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -60,6 +66,9 @@ def trainer(a: argparse.Namespace) -> None:
 
     client = th.connect(a.hub, "trainer", a.location, chunk_bytes=int(a.chunk_mb * (1 << 20)),
                         progress=a.progress)
+    if a.delta_lr > 0:
+        _trainer_with_delta(a, client)
+        return
     weights = random_weights(a.size_mb, seed=1)
     client.publish("policy", 1, weights)
     for i in range(a.private_copies):
@@ -71,7 +80,47 @@ def trainer(a: argparse.Namespace) -> None:
         client.close()
 
 
+def delta_versions(size_mb: float, lr: float, tensors: int = 8, seed: int = 1) -> list[dict[str, "torch.Tensor"]]:
+    """v1 and v2 of a bf16 version of ``size_mb`` MiB in ``tensors`` tensors, v2 drawn from v1 as the measured
+    profile at ``lr`` says (``bench.delta_profile.delta_sequence``)."""
+    import torch
+
+    from tensorhub_verl.bench.delta_profile import default_profile, delta_sequence
+
+    per = max(1 << 20, int(size_mb * (1 << 20)) // tensors // (1 << 20) * (1 << 20))  # whole MiB per tensor
+    out = []
+    for flat in delta_sequence(per * tensors, 2, profile=default_profile(lr), seed=seed):
+        words = flat.view(torch.bfloat16)
+        n = per // 2
+        out.append({f"layers.{i}.weight": words[i * n:(i + 1) * n].clone() for i in range(tensors)})
+    return out
+
+
+def _trainer_with_delta(a: argparse.Namespace, client) -> None:
+    """Publishes v1 and v2 of ``policy`` and of each ``pull-<i>`` (the same tensors, no copy), and each model's
+    delta v1 -> v2 (encoded once per model: a baseline reader's delta is held by the trainer alone)."""
+    v1, v2 = delta_versions(a.size_mb, a.delta_lr)
+    models = ["policy", *(f"pull-{i}" for i in range(a.private_copies))]
+    published = None
+    encode_s = []
+    for model in models:
+        client.publish(model, 1, v1)
+        client.publish(model, 2, v2)
+        published = client.publish_delta(model, 2, base_version=1, mode="on")
+        encode_s.append(published.seconds)
+    _say(event="ready", bytes=sum(t.numel() * t.element_size() for t in v2.values()), delta_bytes=published.bytes,
+         changed_fraction=published.changed_fraction, encodings=published.encodings,
+         encode_s=round(statistics.median(encode_s), 3), lr=a.delta_lr)
+    try:
+        wait_file(a.stop, a.timeout)
+    finally:
+        client.close()
+
+
 def reader(a: argparse.Namespace) -> None:
+    if a.delta is not None:
+        _delta_reader(a)
+        return
     import tensorhub_verl as th
 
     client = th.connect(a.hub, a.worker, a.location, window=a.window, preserve_on_unpublish=False,
@@ -96,6 +145,41 @@ def reader(a: argparse.Namespace) -> None:
              bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
              cpu_s=_cpu_s() - cpu0, timeline=timeline, exchanges=exchanges, t0=t0,
              location=a.location, window=a.window)
+        if a.hold:
+            wait_file(a.stop, a.timeout)
+    finally:
+        client.close()
+
+
+def _delta_reader(a: argparse.Namespace) -> None:
+    """Holds v1 (fetched untimed), then times the update to ``--model`` v2 with ``have=1``."""
+    import tensorhub_verl as th
+
+    client = th.connect(a.hub, a.worker, a.location, window=a.window, preserve_on_unpublish=False,
+                        progress=a.progress)
+    try:
+        base = a.base_model or a.model
+        buffers = client.manifest(base, 1).allocate()
+        warm = f"warmup-{a.worker}"
+        client.publish(warm, 0, buffers)
+        client.unpublish(warm, 0)
+        # v1 in these buffers before the clock starts: held (and served) when it is this reader's own model; a
+        # baseline reader's model is only the trainer's, so it keeps v1's bytes (the same tensors) unheld.
+        client.fetch(base, 1, into=buffers, hold=base == a.model, timeout=a.timeout)
+        _say(event="ready")
+        wait_file(a.go, a.timeout)
+        started, t0 = time.time(), time.monotonic()
+        cpu0 = _cpu_s()
+        stats = client.fetch(a.model, 2, into=buffers, hold=a.hold, timeout=a.timeout, have=1, delta=a.delta)
+        d = stats.delta
+        timeline = [(round(posted - t0, 3), round(landed - t0, 3), chunk, source)
+                    for posted, landed, chunk, source in stats.timeline]
+        _say(event="fetched", worker=a.worker, model=a.model, started=started, seconds=stats.seconds,
+             bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
+             cpu_s=_cpu_s() - cpu0, timeline=timeline, t0=t0, location=a.location, window=a.window,
+             delta={"used": d.used, "delta_bytes": d.delta_bytes, "changed_fraction": d.changed_fraction,
+                    "fallback_chunks": d.fallback_chunks, "apply_s": round(d.apply_seconds, 3),
+                    "reasons": d.reasons[:3]})
         if a.hold:
             wait_file(a.stop, a.timeout)
     finally:
@@ -156,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-complete-reads", type=int, default=0, help="PlannerConfig.first_complete_reads (0: None)")
     ap.add_argument("--master", help="bcast: host:port of rank 0's rendezvous")
     ap.add_argument("--progress", default="events", help="NixlConfig.progress of trainer and readers")
+    ap.add_argument("--delta-lr", type=float, default=0.0,
+                    help="trainer: publish v1, v2 and the delta, drawn from the profile measured at this lr (0: v1 only)")
+    ap.add_argument("--delta", choices=("auto", "off"), help="reader: hold v1, time fetch(v2, have=1, delta=...)")
+    ap.add_argument("--base-model", help="reader with --delta: the model whose v1 it fetches first (default --model)")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     a = ap.parse_args(argv)

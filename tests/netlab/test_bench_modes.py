@@ -108,3 +108,109 @@ def test_raw_flows_over_the_cross_dc_wan_fill_it(no_leftovers, capsys):
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.8 < res["one_flow"]["of_floor"] <= 1.1, res
     assert res["all_flows"]["flows"] == 2 and res["all_flows"]["total_s"] >= 2 * res["floor_one_copy_s"] * 0.9
+
+
+def test_delta_versions_draw_v2_from_v1_as_the_measured_profile_says():
+    """`bench modes --delta`'s versions: bf16, whole MiB per tensor, v2 differing from v1 in about the profile's
+    changed fraction (lr 1e-6: a few percent)."""
+    import torch
+
+    from tensorhub_verl.bench.delta_profile import default_profile
+    from tensorhub_verl.bench.modes_roles import delta_versions
+
+    v1, v2 = delta_versions(8, 1e-6, tensors=4)
+    assert list(v1) == list(v2) == [f"layers.{i}.weight" for i in range(4)]
+    assert all(t.dtype == torch.bfloat16 and t.numel() * 2 == 2 << 20 for t in v1.values())
+    changed = sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(v1.values(), v2.values()))
+    fraction = changed / sum(t.numel() for t in v1.values())
+    assert 0 < fraction < 0.1 and fraction == pytest.approx(default_profile(1e-6).changed_fraction, rel=0.8)
+
+
+def test_delta_extra_states_each_goal_against_the_encoded_delta():
+    runs = {"tensorhub": {"total_s": 1.0, "wan_bytes": 120, "wan_bytes_into": {"dc0": 20, "dc1": 104},
+                          "delta": {"transfer_total_s": 0.5}},
+            "tensorhub_full": {"total_s": 8.0, "wan_bytes": 900, "wan_bytes_into": {"dc1": 880}},
+            "pull_from_trainer": {"total_s": 30.0, "wan_bytes": 8000, "wan_bytes_into": {"dc1": 7900}},
+            "delta_from_trainer": {"total_s": 3.0, "wan_bytes": 900, "wan_bytes_into": {"dc1": 800},
+                                   "delta": {"transfer_total_s": 2.5}}}
+    trainer = {"delta_bytes": 100, "bytes": 4000, "lr": 1e-6, "changed_fraction": 0.02, "encodings": {"ulp": 2},
+               "encode_s": 0.1}
+    x = modes._delta_extra("cross_dc", runs, trainer, "dc1")
+    assert x["goals"]["vs_pull_from_trainer"] == {"goal": 19.0, "ratio": 30.0, "met": True, "ratio_without_apply": 60.0}
+    assert x["goals"]["vs_delta_from_trainer"] == {"goal": 4.0, "ratio": 3.0, "met": False, "ratio_without_apply": 5.0}
+    assert x["transfer_s"] == {"tensorhub": 0.5, "tensorhub_full": 8.0, "pull_from_trainer": 30.0,
+                               "delta_from_trainer": 2.5}
+    assert x["goals"]["wan_over_delta"]["ratio"] == 1.04 and x["goals"]["wan_over_delta"]["met"]
+    assert x["wan_over_delta"]["pull_from_trainer"] == 79.0
+    sa = modes._delta_extra("standalone", runs, trainer, None)
+    assert set(sa["goals"]) == {"vs_delta_from_trainer"} and "wan_over_delta" not in sa
+
+
+def test_delta_flag_takes_no_value_and_refuses_elastic(capsys):
+    assert modes.main(["--delta", "--modes", "standalone,elastic"]) == 2
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["error"] == "ConfigError" and "elastic" in out["message"]
+
+
+def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
+    """The roles of `bench modes --delta` as plain processes on loopback (no lab, no root): the trainer publishes
+    v1, v2 and the deltas; each variant's reader holds v1 first, then updates to v2 as its variant says."""
+    from tensorhub_verl.bench.modes import _DELTA_READS, DELTA_VARIANTS, LabProcess, _ROLES
+
+    pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
+    env, stop = {"UCX_TLS": "tcp"}, tmp_path / "stop"
+    procs = []
+    try:
+        hub = LabProcess.on_this_host([*_ROLES, "hub", "--host", "127.0.0.1", "--port", "0", "--stop", str(stop),
+                                       "--timeout", "240"], "hub", env)
+        procs.append(hub)
+        url = hub.expect("ready", 60)["url"]
+        trainer = LabProcess.on_this_host([*_ROLES, "trainer", "--hub", url, "--size-mb", "4", "--chunk-mb", "1",
+                                           "--private-copies", "2", "--delta-lr", "1e-6", "--stop", str(stop),
+                                           "--timeout", "240"], "trainer", env)
+        procs.append(trainer)
+        ready = trainer.expect("ready", 120)
+        assert 0 < ready["delta_bytes"] < ready["bytes"] / 5 and 0 < ready["changed_fraction"] < 0.1
+        got = {}
+        for variant in DELTA_VARIANTS:
+            model, base, delta = _DELTA_READS[variant]
+            go = tmp_path / f"go-{variant}"
+            reader = LabProcess.on_this_host(
+                [*_ROLES, "reader", "--hub", url, "--worker", variant, "--location", f"dc=dc0,rack=r1,node={variant}",
+                 "--model", model.format(i=1), "--base-model", base, "--delta", delta, "--go", str(go),
+                 "--stop", str(stop), "--timeout", "120"], variant, env)
+            procs.append(reader)
+            reader.expect("ready", 120)
+            go.touch()
+            got[variant] = reader.expect("fetched", 120)
+    finally:
+        stop.touch()
+        for p in reversed(procs):
+            p.wait(30)
+    for variant in ("tensorhub", "delta_from_trainer"):
+        d = got[variant]["delta"]
+        assert d["used"] and d["fallback_chunks"] == 0 and d["delta_bytes"] == got[variant]["bytes"] <= ready["delta_bytes"] * 1.01
+    for variant in ("tensorhub_full", "pull_from_trainer"):
+        assert not got[variant]["delta"]["used"] and got[variant]["bytes"] >= ready["bytes"]
+    assert set(got["delta_from_trainer"]["sources"]) == {"trainer"} == set(got["pull_from_trainer"]["sources"])
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+def test_cross_dc_tiny_delta_run(no_leftovers, capsys):
+    """`bench modes --delta` in the lab: every variant's readers update from v1; TensorHub's delta crosses the WAN
+    once (the readers read one copy of it from the trainer), every baseline reader pulls its own from the trainer."""
+    pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
+    rc = modes.main(["--delta", "--modes", "cross_dc", "--size-mb", "8", "--rollouts", "2", "--nic-mbit", "400",
+                     "--wan-mbit", "200", "--json"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0, res
+    xdc = res["modes"]["cross_dc"]
+    runs, delta = xdc["runs"], xdc["delta"]["bytes"]
+    assert set(runs) == set(modes.DELTA_VARIANTS) and "sim_vs_lab" not in res
+    assert runs["tensorhub"]["delta"]["used"] == runs["delta_from_trainer"]["delta"]["used"] == 2
+    assert runs["tensorhub"]["bytes_from"]["trainer"] == delta
+    assert runs["delta_from_trainer"]["bytes_from"] == {"trainer": 2 * delta}
+    assert runs["pull_from_trainer"]["bytes_from"] == {"trainer": 2 * xdc["delta"]["version_bytes"]}
+    assert xdc["wan_bytes_into_readers_dc"]["tensorhub"] < xdc["wan_bytes_into_readers_dc"]["delta_from_trainer"]
+    assert set(xdc["goals"]) == {"vs_pull_from_trainer", "vs_delta_from_trainer", "wan_over_delta"}
