@@ -9,6 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "tensorhub_verl"
+DEV = REPO / "dev" / "tensorhub_dev"
 
 
 def test_the_patches_readme_lists_every_verl_patch():
@@ -22,7 +23,7 @@ def test_the_patches_readme_lists_every_verl_patch():
 def test_every_module_the_architecture_names_exists():
     text = (REPO / "docs" / "architecture.md").read_text()
     names = set(re.findall(r"\b([a-z_]+(?:/[a-z_]+)*\.py)\b", text))
-    files = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    files = {p.relative_to(root).as_posix() for root in (PACKAGE, DEV) for p in root.rglob("*.py")}
     basenames = {Path(f).name for f in files}
     tests = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("*.py")}
     missing = sorted(n for n in names

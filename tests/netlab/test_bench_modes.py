@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tensorhub_verl.bench import modes, transport
+from tensorhub_dev.bench import modes, transport_lab
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.sim.calibrate import interleave, lab_cluster, lab_spec
+from tensorhub_dev.sim.calibrate import interleave, lab_cluster, lab_spec
 
 
 def test_interleave_alternates_racks():
@@ -84,10 +84,10 @@ def test_cross_dc_tiny_run(no_leftovers, tmp_path, capsys):
 
 @pytest.mark.netns
 def test_bench_transport_in_the_lab_compares_with_raw_flows_over_the_same_shaped_nics(no_leftovers, capsys):
-    """`bench transport --lab-mbit`: every process on its own host; rows for each reader count, TensorHub's
+    """`bench transport-lab --lab-mbit`: every process on its own host; rows for each reader count, TensorHub's
     readers serve each other (peer bytes), the raw flows all leave the holder's NIC."""
     pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
-    assert transport.main(["--lab-mbit", "400", "--size-mb", "4", "--chunk-mb", "0.5", "--window", "4",
+    assert transport_lab.main(["--lab-mbit", "400", "--size-mb", "4", "--chunk-mb", "0.5", "--window", "4",
                            "--readers", "1,3", "--repeats", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     one, three = res["rows"]
@@ -102,7 +102,7 @@ def test_bench_transport_in_the_lab_compares_with_raw_flows_over_the_same_shaped
 def test_raw_flows_over_the_cross_dc_wan_fill_it(no_leftovers, capsys):
     """`bench.wan_raw`: one plain TCP flow over the lab's shaped WAN reaches its rate (headers counted; tbf's burst
     lets the first 125 kB through at once), and flows to every reader at once carry one copy each."""
-    from tensorhub_verl.bench import wan_raw
+    from tensorhub_dev.bench import wan_raw
 
     assert wan_raw.main(["--size-mb", "8", "--rollouts", "2", "--wan-mbit", "200"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

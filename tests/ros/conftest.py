@@ -45,9 +45,7 @@ def roles():
     started.stop_all()
 
 
-@pytest.fixture
-def two_hub_processes():
-    """Two ``tensorhub hub`` processes (a hub of shards or of regions); both stopped when the test ends."""
+def _two_hubs():
     procs = []
     try:
         for _ in range(2):
@@ -56,3 +54,15 @@ def two_hub_processes():
     finally:
         for p in procs:
             p.stop()
+
+
+@pytest.fixture
+def two_hub_processes():
+    """Two ``tensorhub hub`` processes (a hub of shards or of regions); both stopped when the test ends."""
+    yield from _two_hubs()
+
+
+@pytest.fixture(scope="module")
+def two_hub_processes_per_module():
+    """As ``two_hub_processes``, shared by a module's tests (each uses its own models and workers)."""
+    yield from _two_hubs()

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 import tensorhub_verl as th
-from tensorhub_verl.bench.soak_roles import impostor
+from tensorhub_dev.bench.soak_roles import impostor
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes import factory

@@ -53,7 +53,9 @@ def test_a_two_shard_hub_serves_the_published_bytes(shards):
     reader = _connect(shards, "reader")
     try:
         weights = make_weights(3, 2.0)
-        manifests = trainer.publish("policy", 1, weights)
+        published = trainer.publish("policy", 1, weights)  # the whole version's; its shares: one per shard
+        assert sorted(t.name for t in published.tensors) == sorted(weights) and published.layout == "hf"
+        manifests = published.shares
         # Each shard holds a non-empty share of whole tensors; together, every tensor once.
         names = [[spec.name for spec in m.tensors] for m in manifests]
         assert all(names) and sorted(sum(names, [])) == sorted(weights)

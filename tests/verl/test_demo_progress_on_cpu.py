@@ -5,11 +5,11 @@ import json
 import re
 import sys
 
-from tensorhub_verl.demo.grpo import run
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics, read_steps
-from tensorhub_verl.demo.startup import LogTail, StartupWatch
-from tensorhub_verl.demo.task import TaskFiles
+from tensorhub_dev.demo.grpo import run
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.progress import read_metrics, read_steps
+from tensorhub_dev.demo.startup import LogTail, StartupWatch
+from tensorhub_dev.demo.task import TaskFiles
 
 
 def _write(path, records, partial=""):

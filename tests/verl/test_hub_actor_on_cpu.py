@@ -91,7 +91,7 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
 
     import torch
 
-    from tensorhub_verl.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
+    from tensorhub_dev.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
     from tensorhub_verl.ros.client.client import Client
     from tensorhub_verl.ros.client.config import ClientConfig
     from tensorhub_verl.verl.hub_actor import hub_restarts, job_credentials

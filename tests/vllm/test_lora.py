@@ -19,8 +19,8 @@ from tests.requires import require
 require("vllm")
 require("peft")
 
-from tensorhub_verl.testing.engine_proc import EngineSpec, running_engines
-from tensorhub_verl.testing.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
+from tensorhub_verl.vllm.engine_proc import EngineSpec, running_engines
+from tensorhub_verl.bench.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
 from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.vllm.lora import ADAPTER_LAYOUT, adapter_bytes, adapter_model, pack_adapter
 from tests.vllm.conftest import loc

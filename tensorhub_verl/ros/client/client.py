@@ -219,7 +219,7 @@ class Client:
         if not (_is_int(rank) and _is_int(ranks) and 0 <= rank < ranks <= msg.MAX_ROW_SHARDS):
             raise errors.InvalidRequest(f"publish_shard needs 0 <= rank < ranks <= {msg.MAX_ROW_SHARDS}, got "
                                         f"rank {rank!r} of {ranks!r}")
-        full = _full_specs(specs)
+        full = full_specs(specs)
         pieces = _check_tensors(pieces)
         _check_pieces(pieces, full, rank, ranks)
         tensors = {spec.name: pieces[spec.name] for spec in full}
@@ -431,6 +431,23 @@ class Client:
             with self._lock:
                 self._held[(self.worker, *key)] = _Publication(self.worker, manifest, tensors)
         return stats
+
+    # ----------------------------------------------- seams for the forms built over several clients
+    # ShardedClient and RegionalClient hold one Client per hub process over one data plane; they use these, never
+    # a Client's private names.
+    def through_restart(self, call, deadline: float):
+        """``call`` (a query of this client's hub), retried through a restart of the hub as ``fetch`` is."""
+        return self._through_restart(call, deadline)
+
+    def register_again(self) -> None:
+        """Registers this worker with the hub again: after memory registered on a shared plane changed the plane's
+        metadata (NIXL), so that this hub hands the new metadata to readers."""
+        self._register_worker()
+
+    def share_plane_with(self, siblings: Sequence["Client"]) -> None:
+        """The other clients of this worker over the same data plane: memory this client stops serving stays
+        registered while a sibling still holds it."""
+        self._siblings = tuple(other for other in siblings if other is not self)
 
     def _through_restart(self, call, deadline: float):
         """Runs ``call``, retrying a VersionNotFound met within _RESTART_GRACE_S of a hub restart: the
@@ -766,7 +783,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _full_specs(specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]]) -> tuple[TensorSpec, ...]:
+def full_specs(specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]]) -> tuple[TensorSpec, ...]:
     """The whole tensors' specs from name -> (shape, dtype), as every rank must pass them alike."""
     if not isinstance(specs, Mapping) or not specs:
         raise errors.InvalidRequest("publish_shard needs specs: a non-empty dict of name -> (full shape, dtype)")
