@@ -116,7 +116,7 @@ def test_delta_versions_draw_v2_from_v1_as_the_measured_profile_says():
     import torch
 
     from tensorhub_verl.bench.delta_profile import default_profile
-    from tensorhub_verl.bench.modes_roles import delta_versions
+    from tensorhub_dev.bench.modes_roles import delta_versions
 
     v1, v2 = delta_versions(8, 1e-6, tensors=4)
     assert list(v1) == list(v2) == [f"layers.{i}.weight" for i in range(4)]
@@ -155,7 +155,7 @@ def test_delta_flag_takes_no_value_and_refuses_elastic(capsys):
 def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
     """The roles of `bench modes --delta` as plain processes on loopback (no lab, no root): the trainer publishes
     v1, v2 and the deltas; each variant's reader holds v1 first, then updates to v2 as its variant says."""
-    from tensorhub_verl.bench.modes import _DELTA_READS, DELTA_VARIANTS, LabProcess, _ROLES
+    from tensorhub_dev.bench.modes import _DELTA_READS, DELTA_VARIANTS, LabProcess, _ROLES
 
     pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
     env, stop = {"UCX_TLS": "tcp"}, tmp_path / "stop"
