@@ -76,10 +76,14 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--regions", default=None, metavar="N|REGION,...",
                         help="run a hub process per region (dc, dc/rack or dc/rack/node; N: dc0/r0..), each "
                              "serving the readers of its region; clients connect to the REGION=URL list it prints")
-    parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB",
-                        help="only workers whose id matches WORKER_GLOB create versions of the models "
-                             "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
-                             "to the job of their first publisher")
+    parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB|job:JOB",
+                        help="only workers whose id matches WORKER_GLOB (or the workers of job JOB, its public "
+                             "name job-<hash>) create versions of the models matching MODEL_GLOB and of their "
+                             "<model>.* forms (adapters, deltas) (repeatable; e.g. policy=trainer-*); other "
+                             "models belong to the job of their first publisher")
+    parser.add_argument("--plane", default="auto", metavar="auto|nixl|tcp",
+                        help="the data plane of every worker of this hub (default auto: NIXL for a loopback hub, "
+                             "RDMA devices or a UCX_TLS beyond TCP, else TCP); workers on another are refused")
     parser.add_argument("--allow-keyless", action="store_true",
                         help="with a token, admit workers without a job key: they share one default job (each "
                              "may read the others' NIXL memory and publish their models); by default a hub with "
@@ -125,6 +129,7 @@ def _hub_command(argv: list[str]) -> int:
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl, owners=tuple(OwnerRule.parse(o) for o in args.owner),
                        require_digests=not args.allow_unverified, allow_keyless=args.allow_keyless,
+                       plane=args.plane,
                        planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config,

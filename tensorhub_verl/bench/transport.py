@@ -194,7 +194,7 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
     import tensorhub_verl as th
 
     transport, env = wire_environment(wire, device)
-    hub = th.start_hub(config=th.HubConfig(require_digests=digests))
+    hub = th.start_hub(config=th.HubConfig(require_digests=digests, plane=transport))
     roles: list[Role] = []
     try:
         holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress, digests, device)

@@ -162,7 +162,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                                               unpublish_timeout_s=self.config.unpublish_timeout_s,
                                               chunk_bytes=self.config.chunk_bytes)
         if version not in self._adapters.held_versions:
-            adapter_metrics = await asyncio.to_thread(self._adapters.publish, version, adapter, peft_config)
+            adapter_metrics = await asyncio.to_thread(self._adapters.publish, version, adapter, peft_config,
+                                                      self._lora_base_version)
             for key, value in adapter_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
         metrics.pop(DIGEST_KEY, None)  # digests of the base say nothing about the adapter the engines serve

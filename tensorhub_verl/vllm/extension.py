@@ -206,6 +206,7 @@ class TensorHubWorkerExtension:
         self._tensorhub_lora_id = lora_int_id
         self._tensorhub_adapters = AdapterHolder(
             holder.client, model=holder.config.model, fetch_timeout_s=fetch_timeout_s,
+            base_version=lambda: holder.served,
             load=lambda tensors, cfg: load_adapter_into_vllm(self, tensors, cfg, lora_int_id))
         return self._tensorhub_adapters.status()
 

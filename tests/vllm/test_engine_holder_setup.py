@@ -45,7 +45,7 @@ def rank1_of_2(monkeypatch):
 
 @pytest.fixture
 def embedded_hub():
-    hub = th.start_hub(host="127.0.0.1", port=0)
+    hub = th.start_hub(host="127.0.0.1", port=0, plane="tcp")  # the holders below connect on the TCP plane
     yield hub
     hub.stop()
 

@@ -52,7 +52,7 @@ def _rollout(results, control, hub_url: str, name: str, node: str, versions: int
 def run(readers: int, size_mb: float, versions: int, transport: str = "auto") -> list[dict]:
     import tensorhub_verl as th
 
-    hub = th.start_hub()
+    hub = th.start_hub(plane=transport)  # the hub's plane: every worker's
     print(f"hub at {hub.url}; trainer publishes {versions} versions of ~{size_mb:.0f} MB to {readers} rollouts")
     trainer = Role(_trainer, hub.url, size_mb, versions, transport)
     rollouts = [Role(_rollout, hub.url, f"rollout-{i}", f"n{i // 2}", versions, transport) for i in range(readers)]

@@ -105,14 +105,15 @@ class Client:
         stays registered when this one unpublishes."""
         self._closed = False
         timeouts, access = self.config.timeouts, self.config.hub
-        self._plane = plane or factory.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s)
+        self._hub = HubClient(hub_url, token, timeouts.request_timeout_s, timeouts.hub_retry_s,
+                              on_new_instance=self._reregister, ca_file=access.tls_ca_file,
+                              allow_plain_http=access.allow_plain_http, job_key=access.job_key)
         try:
-            self._hub = HubClient(hub_url, token, timeouts.request_timeout_s, timeouts.hub_retry_s,
-                                  on_new_instance=self._reregister, ca_file=access.tls_ca_file,
-                                  allow_plain_http=access.allow_plain_http, job_key=access.job_key)
+            # The hub chooses the plane (planes/one_plane.py): a client left on 'auto' takes the hub's.
+            self._plane = plane or factory.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s,
+                                                  hub_plane=self._hub_plane())
         except BaseException:
-            if plane is None:  # a plane passed in stays its caller's to close
-                self._plane.close()
+            self._hub.close()
             raise
         self.hub_url = self._hub.url
         try:
@@ -570,6 +571,10 @@ class Client:
                 self._plane.load_peer(peer.agent_name, base64.b64decode(peer.agent_metadata_b64, validate=True))
             except (ReadError, binascii.Error, ValueError) as e:
                 logger.info("%s: not connecting early to %s: %s", self.worker, peer.worker, e)
+
+    def _hub_plane(self) -> str | None:
+        """The hub's data plane when this client's plane is left on 'auto' (None: it names its own)."""
+        return self._hub.plane() if self.config.plane.kind == "auto" else None
 
     def _first_registration(self) -> msg.WorkerAck:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat

@@ -43,6 +43,7 @@ from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.client.hub_client import hub_plane_for
 from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
 from tensorhub_verl.ros.wire.regions import (commit_layout, complete_holders, parse_regions, region_of,
@@ -72,8 +73,9 @@ class RegionalClient:
         self._children = relay_children(list(self.regions), fanout)
         self._token = token
         self._own_plane = plane is None
-        self._plane = plane or factory.create(self.config.plane, worker, next(iter(self.regions.values())),
-                                               self.config.timeouts.read_timeout_s)
+        first = next(iter(self.regions.values()))
+        self._plane = plane or factory.create(self.config.plane, worker, first, self.config.timeouts.read_timeout_s,
+                                               hub_plane=hub_plane_for(self.config, first, token))
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
         self._fetched: dict[str, list[int]] = {}

@@ -31,6 +31,7 @@ from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers
+from tensorhub_verl.ros.client.hub_client import hub_plane_for
 from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
 from tensorhub_verl.ros.client.shares import MAX_SHARDS, share_layout, split
@@ -53,7 +54,8 @@ class ShardedClient:
         self.config = config or ClientConfig()
         self._own_plane = plane is None
         self._plane = plane or factory.create(self.config.plane, worker, hub_urls[0],
-                                               self.config.timeouts.read_timeout_s)
+                                               self.config.timeouts.read_timeout_s,
+                                               hub_plane=hub_plane_for(self.config, hub_urls[0], token))
         self.shards: list[Client] = []
         try:
             for url in hub_urls:
