@@ -42,7 +42,8 @@ def test_replies_keep_their_json_shape(api):
     assert http.get("/v1/wait", params={"model": "m", "newer_than": 1, "timeout": 0}).json() == {"version": None}
     status = http.get("/v1/status").json()
     assert list(status) == ["hub_instance", "workers", "models", "leases_in_flight", "leases_revoked",
-                            "sweeps"]
+                            "sweeps", "flips"]
+    assert status["flips"] == {}  # no replica reported for a fleet flip
     worker = status["workers"]["w"]
     assert list(worker) == ["location", "spot", "bytes_served", "last_seen_s"]
     assert worker["location"] == {"dc": "dc0", "rack": "r0", "node": "n1"} and worker["spot"] is False
