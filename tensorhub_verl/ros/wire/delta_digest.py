@@ -158,12 +158,14 @@ def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes
     if w % 2 == 0 and grid and _word_aligned(grid):
         per = w // 2
         dev = changes.positions.device
-        offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
         old = changes.old.reshape(-1).view(torch.int16)
         new = changes.new.reshape(-1).view(torch.int16)
-        if dev.type == "cpu" and delta_codec.HOST_NUMPY:
-            lanes = _word_lanes(grid, offs.numpy(), old.numpy(), new.numpy(), np)
+        if dev.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as lindigest does for host bytes
+            pos = changes.positions.numpy()
+            offs = pos * 2 if per == 1 else ((pos[:, None] * per + np.arange(per)[None]) * 2).reshape(-1)
+            lanes = _word_lanes(grid, offs, old.numpy(), new.numpy(), np)
         else:
+            offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
             lanes = _word_lanes(grid, offs, old, new, torch)
         if changes.old_tail != changes.new_tail:
             k = len(changes.new_tail)
