@@ -231,7 +231,7 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
             else:
                 result.bad_target.append(i)
                 result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload does not give version "
-                                      f"{header.target_version}'s digest; not written")
+                                      f"{header.target_version}'s bytes; not written")
             continue
         write_changes(changes, data)
         if not is_view:
