@@ -135,10 +135,11 @@ def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
             # per weight group first: |sum of a group's delta * B| < 2**47, exact in float64's bincount
             a, b = lindigest._TABLES.host(top)
             delta = new[lo:hi].astype(np.int64) - old[lo:hi].astype(np.int64)
-            bw = delta[:, None] * b[word % lindigest.GROUP]
+            at = word % lindigest.GROUP
             lanes = []
-            for lane in range(lindigest.LANES):
-                sums = np.bincount(g, weights=bw[:, lane].astype(np.float64), minlength=top).astype(np.int64)
+            for lane in range(lindigest.LANES):  # a lane's B as one contiguous column: a cheap 1-D gather
+                bw = np.take(np.ascontiguousarray(b[:, lane]), at) * delta
+                sums = np.bincount(g, weights=bw.astype(np.float64), minlength=top).astype(np.int64)
                 lanes.append(int((((sums % lindigest.P) * a[:top, lane]) % lindigest.P).sum() % lindigest.P))
         else:
             a, b = lindigest._TABLES.get(offsets.device, top)
