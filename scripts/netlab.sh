@@ -6,5 +6,5 @@
 # PYTHON selects the interpreter (default: python3 on PATH).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export PYTHONPATH="${ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
-exec "${PYTHON:-python3}" -m tensorhub_verl.netlab "$@"
+export PYTHONPATH="${ROOT}:${ROOT}/dev${PYTHONPATH:+:${PYTHONPATH}}"
+exec "${PYTHON:-python3}" -m tensorhub_dev.netlab "$@"

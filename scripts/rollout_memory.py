@@ -54,12 +54,12 @@ def main() -> int:
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
     args = parser.parse_args()
 
-    from tensorhub_verl.demo import grpo
-    from tensorhub_verl.demo.job import TinyJob
+    from tensorhub_dev.demo import grpo
+    from tensorhub_dev.demo.job import TinyJob
     from transformers import AutoTokenizer
 
-    from tensorhub_verl.demo.task import CHAT_TEMPLATE, build_task
-    from tensorhub_verl.testing.tiny_model import TinyModelSpec, build_tiny_model
+    from tensorhub_dev.demo.task import CHAT_TEMPLATE, build_task
+    from tensorhub_verl.bench.tiny_model import TinyModelSpec, build_tiny_model
 
     out = Path(args.out)
     model_dir = out / "task" / "model"

@@ -109,12 +109,18 @@ if [ "$CORE_ONLY" = 1 ]; then
   log "tensorhub_verl (core, $CORE_EXTRAS)"
   # shellcheck disable=SC2086  # SPEC is "-e .[extras]" or one requirement
   run "${PIP_INSTALL[@]}" -c "$CONSTRAINTS" $SPEC
+  # the developer tools (tensorhub_dev: lab, simulator, demo, test helpers) from the checkout; offline, the tests
+  # find them in dev/ (tests/conftest.py)
+  [ -n "$OFFLINE" ] || run "${PIP_INSTALL[@]}" --no-deps -e dev/
   exit 0
 fi
 
 log "tensorhub_verl with verl, vLLM ($BUILD build) and test tools"
 # shellcheck disable=SC2086
 run "${PIP_INSTALL[@]}" -c "$CONSTRAINTS" $SPEC
+# the developer tools (tensorhub_dev: lab, simulator, demo, test helpers) from the checkout; offline, the tests
+# find them in dev/ (tests/conftest.py)
+[ -n "$OFFLINE" ] || run "${PIP_INSTALL[@]}" --no-deps -e dev/
 # verl's trainer (main_ppo) imports transfer_queue, from verl's `verl-core` extra; its own pins would
 # replace torch and friends, so it goes in alone.
 run "${PIP_INSTALL[@]}" --no-deps -c "$CONSTRAINTS" TransferQueue==0.1.11

@@ -1,6 +1,6 @@
 """Issue 21 item 5, session 13: scatter + relay (reads served when the bytes land) on the lab's workload.
 
-    PYTHONPATH=. python scripts/sim_relay.py
+    PYTHONPATH=.:dev python scripts/sim_relay.py
 
 The origin (the trainer) serves each chunk once, to one relay reader, round robin over the readers of the
 datacenter (cross-dc: the WAN's one copy per datacenter); every other reader posts its read of that chunk to
@@ -13,9 +13,9 @@ prints total stall (s, summed over the 8 rollouts) at L = 0, 0.1, 0.2 s; JSON la
 
 import json
 
-from tensorhub_verl.sim import calibrate as C
-from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.swarm import Swarm
+from tensorhub_dev.sim import calibrate as C
+from tensorhub_dev.sim.engine import FlowSim
+from tensorhub_dev.sim.swarm import Swarm
 
 LAGS = (0.0, 0.1, 0.2)
 

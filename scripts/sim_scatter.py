@@ -1,6 +1,6 @@
 """Issue 21 item 5: the lab's standalone workload on the simulator, the planner's first reads from the publisher.
 
-    PYTHONPATH=. python scripts/sim_scatter.py
+    PYTHONPATH=.:dev python scripts/sim_scatter.py
 
 Runs the real planner (`sim.tensorhub.TensorHub`) on the lab's topology (`sim.calibrate.lab_cluster`: 8 readers
 of 32 chunks of 2 MiB from one trainer, 200 Mbit/s NICs, window 4, 8 reads per source) with readers that begin
@@ -13,10 +13,10 @@ begin) at each lag, then the rows as JSON.
 import json
 
 from tensorhub_verl.ros.hub.planner import PlannerConfig
-from tensorhub_verl.sim import calibrate as C
-from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.swarm import Swarm
-from tensorhub_verl.sim.tensorhub import TensorHub
+from tensorhub_dev.sim import calibrate as C
+from tensorhub_dev.sim.engine import FlowSim
+from tensorhub_dev.sim.swarm import Swarm
+from tensorhub_dev.sim.tensorhub import TensorHub
 
 LAGS = (0.0, 0.02, 0.03, 0.05, 0.08, 0.1)
 STAGGERS = (0.0, 0.005, 0.02)

@@ -1,4 +1,5 @@
-"""The `tensorhub` command: hub, status, demo, attach-vllm, bench.
+"""The `tensorhub` command: hub, status, attach-vllm, bench; with the developer tools installed
+(`pip install -e dev/` from a checkout) also demo, sim, netlab and the research benches.
 
 Logging: the library logs under `tensorhub_verl.*` and never configures logging when imported. Only what
 starts a process does: this `main()`; the `main()` of each command it delegates to and of each bench (when run
@@ -21,23 +22,34 @@ from tensorhub_verl.errors import TensorHubError
 # Subcommands that live in optional parts of the package, imported only when used.
 _DELEGATED = {
     "attach-vllm": "tensorhub_verl.vllm.attach",
-    "demo": "tensorhub_verl.demo",
-    "sim": "tensorhub_verl.sim.cli",
-    "netlab": "tensorhub_verl.netlab.cli",
 }
 _BENCHES = {
     "transport": "tensorhub_verl.bench.transport",
     "fanout": "tensorhub_verl.bench.fanout",
-    "modes": "tensorhub_verl.bench.modes",
     "vllm": "tensorhub_verl.bench.vllm_bench",
     "hub": "tensorhub_verl.bench.hub_load",
-    "tp-bytes": "tensorhub_verl.bench.tp_bytes",
-    "pause-copy": "tensorhub_verl.bench.pause_copy",
-    "soak": "tensorhub_verl.bench.soak",
     "control": "tensorhub_verl.bench.control",
     "publish-cost": "tensorhub_verl.bench.publish_cost",
     "delta": "tensorhub_verl.bench.delta",
 }
+# The developer tools: the package ``tensorhub_dev`` (the repository's dev/ tree), never in the product's wheel.
+# The product names them only here, as strings, so that one ``tensorhub`` command runs both when dev is installed.
+DEV_PACKAGE = "tensorhub_dev"
+_DEV_DELEGATED = {
+    "demo": "tensorhub_dev.demo",
+    "sim": "tensorhub_dev.sim.cli",
+    "netlab": "tensorhub_dev.netlab.cli",
+}
+_DEV_BENCHES = {
+    "modes": "tensorhub_dev.bench.modes",
+    "transport-lab": "tensorhub_dev.bench.transport_lab",
+    "tp-bytes": "tensorhub_dev.bench.tp_bytes",
+    "pause-copy": "tensorhub_dev.bench.pause_copy",
+    "soak": "tensorhub_dev.bench.soak",
+}
+DEV_INSTALL_HINT = ("it is a developer tool of the repository's dev/ package (tensorhub_dev), not part of the "
+                    "installed product: from a checkout of tensorhub_verl, run `pip install -e dev/` "
+                    "(scripts/setup.sh does it)")
 
 
 def hub_parser() -> argparse.ArgumentParser:
@@ -64,10 +76,14 @@ def hub_parser() -> argparse.ArgumentParser:
     parser.add_argument("--regions", default=None, metavar="N|REGION,...",
                         help="run a hub process per region (dc, dc/rack or dc/rack/node; N: dc0/r0..), each "
                              "serving the readers of its region; clients connect to the REGION=URL list it prints")
-    parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB",
-                        help="only workers whose id matches WORKER_GLOB create versions of the models "
-                             "matching MODEL_GLOB (repeatable; e.g. policy=trainer-*); other models belong "
-                             "to the job of their first publisher")
+    parser.add_argument("--owner", action="append", default=[], metavar="MODEL_GLOB=WORKER_GLOB|job:JOB",
+                        help="only workers whose id matches WORKER_GLOB (or the workers of job JOB, its public "
+                             "name job-<hash>) create versions of the models matching MODEL_GLOB and of their "
+                             "<model>.* forms (adapters, deltas) (repeatable; e.g. policy=trainer-*); other "
+                             "models belong to the job of their first publisher")
+    parser.add_argument("--plane", default="auto", metavar="auto|nixl|tcp",
+                        help="the data plane of every worker of this hub (default auto: NIXL for a loopback hub, "
+                             "RDMA devices or a UCX_TLS beyond TCP, else TCP); workers on another are refused")
     parser.add_argument("--allow-keyless", action="store_true",
                         help="with a token, admit workers without a job key: they share one default job (each "
                              "may read the others' NIXL memory and publish their models); by default a hub with "
@@ -113,6 +129,7 @@ def _hub_command(argv: list[str]) -> int:
     config = HubConfig(keep_versions=args.keep_versions, worker_timeout_s=args.worker_timeout,
                        lease_ttl_s=args.lease_ttl, owners=tuple(OwnerRule.parse(o) for o in args.owner),
                        require_digests=not args.allow_unverified, allow_keyless=args.allow_keyless,
+                       plane=args.plane,
                        planner=PlannerConfig(seeds_per_dc=hub_seeds_per_dc(args),
                                              max_inflight_per_source=args.max_inflight_per_source))
     server = HubServer(args.host, args.port, resolve_token(token, args.token_file), config,
@@ -186,18 +203,22 @@ def format_status(status: dict) -> str:
 
 
 def _bench_command(argv: list[str]) -> int:
-    if not argv or argv[0] not in _BENCHES:
-        print(f"usage: tensorhub bench {{{'|'.join(_BENCHES)}}} [--json] ...", file=sys.stderr)
+    benches = {**_BENCHES, **_DEV_BENCHES}
+    if not argv or argv[0] not in benches:
+        print(f"usage: tensorhub bench {{{'|'.join(benches)}}} [--json] ...", file=sys.stderr)
         return 2
-    return _delegate(_BENCHES[argv[0]], argv[1:])
+    return _delegate(benches[argv[0]], argv[1:], f"bench {argv[0]}")
 
 
-def _delegate(module: str, argv: list[str]) -> int:
+def _delegate(module: str, argv: list[str], command: str) -> int:
     try:
         entry = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name and module.startswith(e.name):
-            print(f"{module} is not available in this install", file=sys.stderr)
+            if module.startswith(DEV_PACKAGE + "."):
+                print(f"tensorhub {command}: {DEV_INSTALL_HINT}", file=sys.stderr)
+            else:
+                print(f"{module} is not available in this install", file=sys.stderr)
             return 2
         raise
     return int(entry.main(argv) or 0)
@@ -208,7 +229,8 @@ _COMMANDS = {"hub": _hub_command, "status": _status_command, "bench": _bench_com
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    choices = sorted([*_COMMANDS, *_DELEGATED])
+    delegated = {**_DELEGATED, **_DEV_DELEGATED}
+    choices = sorted([*_COMMANDS, *delegated])
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: tensorhub {{{','.join(choices)}}} ...\n\n{__doc__}")
         return 0 if argv else 2
@@ -218,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command in _COMMANDS:
             return _COMMANDS[command](rest)
-        if command in _DELEGATED:
-            return _delegate(_DELEGATED[command], rest)
+        if command in delegated:
+            return _delegate(delegated[command], rest, command)
     except TensorHubError as e:
         print(f"tensorhub {command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

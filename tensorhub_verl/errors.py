@@ -33,6 +33,16 @@ class DtypeMismatch(ManifestMismatch):
         self.published_dtype = published_dtype
 
 
+class BaseMismatch(ManifestMismatch):
+    """A form of a version that applies on top of a base (a LoRA adapter) names a base version the engine does
+    not hold: applying it would serve weights nobody trained. Bring the engine's base to that version first."""
+
+    def __init__(self, message: str, base_version: int | None = None, held_version: int | None = None):
+        super().__init__(message)
+        self.base_version = base_version
+        self.held_version = held_version
+
+
 class Unauthorized(TensorHubError):
     """The hub refused the request: token missing or wrong."""
 
@@ -103,8 +113,8 @@ class UnknownFetch(InvalidRequest):
 
 
 class PlaneMismatch(InvalidRequest):
-    """A worker registered with a data plane other than the one the hub's other live workers use (a reader
-    can read only from holders on its own plane). ``plane``: the worker's; ``hub_plane``: the others'.
+    """A worker registered with a data plane other than the hub's (a reader can read only from holders on its
+    own plane; the hub's configuration chooses the plane). ``plane``: the worker's; ``hub_plane``: the hub's.
     The message names the setting that fixes it."""
 
     def __init__(self, message: str, plane: str = "", hub_plane: str = ""):
@@ -150,6 +160,7 @@ __all__ = [
     "VersionNotFound",
     "ManifestMismatch",
     "DtypeMismatch",
+    "BaseMismatch",
     "Unauthorized",
     "NotOwner",
     "NotModelOwner",

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from tensorhub_verl.testing.leftovers import Leftover, with_marker
+DEV = Path(__file__).resolve().parents[1] / "dev"
+# The developer tools (dev/, the package tensorhub_dev) serve the tests from this checkout: in this process and
+# in every process a test starts (scripts/setup.sh also installs them: `pip install -e dev/`).
+if str(DEV) not in sys.path:
+    sys.path.insert(0, str(DEV))
+if str(DEV) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DEV), os.environ.get("PYTHONPATH")]))
+
+from tensorhub_dev.testing.leftovers import Leftover, with_marker  # noqa: E402
 
 SESSION_ENV = "TENSORHUB_TEST_SESSION"
 GRACE_ENV = "TENSORHUB_TEST_GRACE_S"

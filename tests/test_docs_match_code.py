@@ -8,6 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "tensorhub_verl"
+DEV = REPO / "dev" / "tensorhub_dev"
 
 
 def test_the_patches_readme_lists_every_verl_patch():
@@ -22,7 +23,7 @@ def test_every_module_the_architecture_names_exists():
     # the picture and the names; the issue's checklist after them names old modules on purpose
     text = (REPO / "docs" / "architecture.md").read_text().split("## Issue 23")[0]
     names = set(re.findall(r"\b([a-z_]+(?:/[a-z_]+)*\.py)\b", text))
-    files = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")}
+    files = {p.relative_to(root).as_posix() for root in (PACKAGE, DEV) for p in root.rglob("*.py")}
     basenames = {Path(f).name for f in files}
     tests = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("*.py")}
     missing = sorted(n for n in names
@@ -35,7 +36,7 @@ def test_every_line_the_checklist_cites_is_inside_its_file():
     # "where it stands" cites ``path.py:N`` (or ``:N-M``, ``:N,M``); the finding column quotes the issue's old code
     text = (REPO / "docs" / "architecture.md").read_text().split("## Issue 23")[1].split("## Size")[0]
     stands = [row.rstrip(" |").rsplit(" | ", 1)[-1] for row in text.splitlines() if row.startswith("| ")]
-    files = [p for p in PACKAGE.rglob("*.py")] + [p for p in (REPO / "tests").rglob("*.py")]
+    files = [p for root in (PACKAGE, DEV, REPO / "tests") for p in root.rglob("*.py")]
     cited = [(path, max(int(n) for n in re.findall(r"\d+", lines)))
              for stand in stands for path, lines in re.findall(r"([a-z0-9_/]+\.py):(\d+(?:[-,]\d+)*)", stand)]
     assert len(cited) > 20, cited

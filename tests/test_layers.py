@@ -16,6 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tensorhub_verl"
 
 ROS = "tensorhub_verl.ros"
+DEV = "tensorhub_dev"
 FORBIDDEN = {
     "vllm": ("tensorhub_verl.verl",),
     "ros": ("tensorhub_verl.vllm", "tensorhub_verl.verl"),
@@ -78,6 +79,24 @@ def test_layer_imports_only_point_down(layer):
         if found:
             bad[str(path.relative_to(PACKAGE.parent))] = found
     assert bad == {}, f"imports that point up or sideways: {bad}"
+
+
+def test_the_product_never_imports_the_developer_tools():
+    """dev/ (``tensorhub_dev``: the lab, the simulator, the demo, research benchmarks, test helpers) imports the
+    product, never the reverse; the CLI names dev's commands only as strings that it imports when dev is there."""
+    roots = [PACKAGE, PACKAGE.parent / "hydra_plugins"]
+    bad = {}
+    for path in (p for root in roots for p in sorted(root.rglob("*.py"))):
+        found = violations(path.read_text(), module_name(path), (DEV,), path.name == "__init__.py")
+        if found:
+            bad[str(path.relative_to(PACKAGE.parent))] = found
+    assert bad == {}
+
+
+def test_the_product_holds_no_developer_tool():
+    tools = {"netlab", "sim", "demo", "testing"}
+    assert not tools & {p.name for p in PACKAGE.iterdir()}, "developer tools belong in dev/tensorhub_dev"
+    assert (PACKAGE.parent / "dev" / DEV / "__init__.py").is_file()
 
 
 def test_the_vllm_layer_is_a_regular_package():
@@ -240,3 +259,18 @@ def test_no_import_cycle_in_ros_even_through_imports_inside_functions():
     graph = {name: {dep for dep in deps if dep.startswith(ROS + ".")}
              for name, deps in import_graph(module_level=False).items() if name.startswith(ROS + ".")}
     assert cycles(graph) == []
+
+
+def test_no_import_cycle_in_the_developer_tools():
+    """dev/'s tools import one way too (the demo and the network lab once imported each other)."""
+    root = PACKAGE.parent / "dev"
+    sources = {".".join(p.relative_to(root).with_suffix("").parts[:-1] if p.name == "__init__.py"
+                        else p.relative_to(root).with_suffix("").parts): (p.read_text(), p.name == "__init__.py")
+               for p in sorted((root / DEV).rglob("*.py"))}
+    global MODULES
+    saved, MODULES = MODULES, {**MODULES, **sources}
+    try:
+        assert len(sources) > 40
+        assert cycles(import_graph(module_level=False, sources=sources)) == []
+    finally:
+        MODULES = saved

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorhub_verl.testing.leftovers import alive, wait_gone
+from tensorhub_dev.testing.leftovers import alive, wait_gone
 from tests.conftest import GRACE_ENV, SESSION_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def _run_inner(tmp_path: Path, reap: bool) -> tuple[subprocess.CompletedProcess,
     pid_file = str(tmp_path / "pid")
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(LEAVES.format(pid_file=pid_file, reap=reap)))
     env = {k: v for k, v in os.environ.items() if k != SESSION_ENV}  # the inner run marks its own processes
-    env.update({GRACE_ENV: "1", "PYTHONPATH": str(REPO)})
+    env.update({GRACE_ENV: "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "dev")])})
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
                            str(tmp_path), str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=180)

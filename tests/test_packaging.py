@@ -1,4 +1,5 @@
-"""A wheel (non-editable) install carries the Hydra configs, and the search-path plugin finds them there.
+"""A wheel (non-editable) install carries the Hydra configs, and the search-path plugin finds them there; it
+carries the product only (no developer tool of dev/), and then ``tensorhub demo`` says how to get the tools.
 
 The wheel is built offline from a copy of the sources (no build isolation, no index) and "installed" by
 unzipping it: a wheel is a zip laid out as site-packages. The check runs in a fresh interpreter that imports
@@ -47,7 +48,7 @@ def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for name in ("tensorhub_verl", "hydra_plugins"):
+    for name in ("tensorhub_verl", "hydra_plugins", "dev"):  # dev/ as in a checkout: the wheel must leave it out
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                             "-q", "-w", str(tmp_path / "dist"), "."], cwd=src, capture_output=True, text=True,
@@ -59,6 +60,10 @@ def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
         names = set(z.namelist())
         z.extractall(site)
     assert set(CONFIGS) <= names and "hydra_plugins/tensorhub_verl_searchpath/__init__.py" in names
+    # The product only: no developer tool (dev/'s tensorhub_dev, the lab, the simulator, the demo, test helpers).
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"tensorhub_verl", "hydra_plugins"}, sorted(tops)
+    assert not [n for n in names if n.split("/")[1:2] in (["netlab"], ["sim"], ["demo"], ["testing"])]
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", LOOKUP], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -68,6 +73,11 @@ def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
     conf = site / "tensorhub_verl" / "conf"
     assert found["package"] == str(site / "tensorhub_verl" / "__init__.py")
     assert found["conf"] == str(conf) and f"file://{conf}" in found["search_path"]
+
+    # Without the developer tools, `tensorhub demo` says where it lives and how to install it.
+    demo = subprocess.run([sys.executable, "-m", "tensorhub_verl.cli", "demo", "--steps", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert demo.returncode == 2 and "pip install -e dev/" in demo.stderr, demo.stderr[-2000:]
 
 
 def test_the_checkout_finds_the_configs_too():

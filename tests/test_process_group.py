@@ -13,7 +13,7 @@ import time
 import psutil
 
 from tensorhub_verl.process_group import EXIT_WITH_PARENT_ENV, start_group, stop_group
-from tensorhub_verl.testing.leftovers import alive, wait_gone
+from tensorhub_dev.testing.leftovers import alive, wait_gone
 
 
 def _read_pid(path, timeout: float = 30.0) -> int:

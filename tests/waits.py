@@ -1,5 +1,5 @@
 """The suite's one wait for a condition: poll it until it holds, fail the test with what did not happen.
-(Processes that must end: ``tensorhub_verl.testing.leftovers.wait_gone``.)"""
+(Processes that must end: ``tensorhub_dev.testing.leftovers.wait_gone``.)"""
 
 from __future__ import annotations
 

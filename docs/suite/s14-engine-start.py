@@ -1,8 +1,8 @@
 import sys, time, tempfile
 t0 = time.monotonic()
-from tensorhub_verl.testing.tiny_model import build_tiny_model
+from tensorhub_verl.bench.tiny_model import build_tiny_model
 import tensorhub_verl as th
-from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
+from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
 if __name__ == '__main__':
     d = build_tiny_model(tempfile.mkdtemp() + "/q", arch="qwen2", bpe_vocab=300, seed=1)
     hub = th.start_hub(host="127.0.0.1", port=0)

@@ -1,8 +1,8 @@
 """Runs the 3-step separate_async job of test_verl_trainer_on_cpu and timestamps every log line."""
 import subprocess, sys, time
 from pathlib import Path
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.task import build_task
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.task import build_task
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 extra = tuple(sys.argv[3:])

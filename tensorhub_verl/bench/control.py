@@ -132,7 +132,8 @@ def run_point(chunks: int, readers: int, args) -> dict:
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(args.shards):
-            hubs.append(HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600")).start())
+            hubs.append(HubProcess(args=("--worker-timeout", "3600", "--lease-ttl", "3600",
+                                         "--plane", "tcp" if args.grants else "nixl")).start())
         model = "m"
         shards = []
         regions = [f"dc0/r{i}" for i in range(args.shards)]  # one per hub process, in order

@@ -35,7 +35,7 @@ import time
 import httpx
 
 from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER, HOLDER_SEPARATOR, RELAY_SUFFIX, STANDBY_SUFFIX
-from tensorhub_verl.ros.wire.regions import relay_layout, relays_from_here
+from tensorhub_verl.ros.wire.regions import complete_holders, relay_layout, relay_wanted, relays_from_here
 
 _IDLE_WAIT_S = 0.2
 
@@ -84,12 +84,15 @@ class _Reader:
             await self._relay(https[0], self.headers[0], [every[i] for i in self.shards[0]["children"]])
 
     async def _holders(self, http: httpx.AsyncClient, headers: dict, layout: str) -> list[str]:
-        """The active, complete holders of the version in a hub (``RegionalClient``'s ``_sources``)."""
+        """The active, complete holders of the version in a hub, as ``RegionalClient`` finds them."""
         reply = await http.get("/v1/status", headers=headers)
         reply.raise_for_status()
-        return [h["holder"] for v in reply.json()["models"].get(self.job["model"], ())
-                if (v["version"], v["layout"]) == (1, layout)
-                for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]
+        return complete_holders(reply.json(), self.job["model"], 1, layout)
+
+    async def _versions(self, http: httpx.AsyncClient, headers: dict, layout: str) -> dict[int, list[str]]:
+        reply = await http.get("/v1/versions", headers=headers, params={"model": self.job["model"], "layout": layout})
+        reply.raise_for_status()
+        return {int(v): holders for v, holders in reply.json()["versions"].items()}
 
     async def _await_relay(self, http: httpx.AsyncClient, headers: dict, layout: str) -> bool:
         """Long-polls the hub until the relay marker of the version is visible (``RegionalClient._await_relay``)."""
@@ -104,8 +107,9 @@ class _Reader:
         return False
 
     async def _relay(self, home: httpx.AsyncClient, headers: dict, children: list[httpx.AsyncClient]) -> None:
-        """As ``RegionalClient._relay``: the copy as ``<reader>~relay`` and the relay marker, in each child region
-        where no marker is yet."""
+        """As ``RegionalClient._relay``, with its rules (``regions.relays_from_here``, ``regions.relay_wanted``):
+        the copy as ``<reader>~relay`` and the relay marker, in each child region where the version is visible and
+        no marker is yet. The requests are the client's (``Client.relay``, ``Client.publish``) without bytes."""
         shard = self.shards[0]
         if not relays_from_here(self.name, await self._holders(home, headers, shard["layout"])):
             return
@@ -113,10 +117,8 @@ class _Reader:
         for http in children:
             credential = await _register(http, self.name, self.job["location_of"][self.name], self.job["grants"])
             child = {CREDENTIAL_HEADER: credential}
-            reply = await http.get("/v1/versions", headers=child, params={"model": self.job["model"],
-                                                                          "layout": marker_layout})
-            reply.raise_for_status()
-            if reply.json()["versions"]:
+            if not relay_wanted(1, await self._versions(http, child, shard["layout"]),
+                                await self._versions(http, child, marker_layout)):
                 continue
             for holder, manifest in ((self.name + RELAY_SUFFIX, shard["manifest"]),
                                      (self.name, shard["marker_manifest"])):

@@ -194,7 +194,7 @@ def run_one(wire: str, readers: int, size_mb: float, first_mb: float, repeats: i
     import tensorhub_verl as th
 
     transport, env = wire_environment(wire, device)
-    hub = th.start_hub(config=th.HubConfig(require_digests=digests))
+    hub = th.start_hub(config=th.HubConfig(require_digests=digests, plane=transport))
     roles: list[Role] = []
     try:
         holder = Role(_holder, hub.url, size_mb, first_mb, chunk_mb, transport, env, progress, digests, device)
@@ -276,10 +276,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preconnect", type=int, default=4,
                         help="peers a reader connects to at registration (TcpConfig.preconnect_peers; 0: at its "
                              "first lease, which the first read then waits for)")
-    parser.add_argument("--lab-mbit", type=float, default=0,
-                        help="run in the network lab instead of on loopback: every process on its own host with a NIC "
-                             "shaped to this many Mbit/s (the wire, not the cores, is the limit; needs root; see "
-                             "transport_lab.py); --size-mb, --chunk-mb, --window, --readers, --repeats apply")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="where the holder's tensors and the readers' buffers live (cuda: GPU 0 of this host)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -287,17 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     wires = args.wire.split(",")
     if unknown := [w for w in wires if w not in WIRES]:
         parser.error(f"unknown wire {unknown[0]!r}; choose from {', '.join(WIRES)}")
-    if args.lab_mbit < 0:
-        parser.error(f"--lab-mbit must be > 0 (or 0: loopback), got {args.lab_mbit:g}")
-    if args.lab_mbit and set(wires) - {"auto", "tcp"}:
-        parser.error("--lab-mbit measures the TCP plane only (the lab's hosts reach each other over TCP); "
-                     "drop --wire or pass --wire tcp")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here")
-    if args.device == "cuda" and args.lab_mbit:
-        parser.error("--lab-mbit runs on the network lab's hosts, which hold host memory: drop --device cuda")
-    if args.lab_mbit:
-        return _main_lab(args)
     result = run(wires, list(args.readers), args.size_mb, args.first_mb, args.repeats,
                  args.chunk_mb, args.window, args.progress, args.chunk_digests == "on", args.preconnect,
                  args.first_readers, args.device, on_row=_print_row)
@@ -319,20 +306,3 @@ def main(argv: list[str] | None = None) -> int:
 def _print_row(row: dict) -> None:
     """Each row on its own line as it is measured, ``row: {...}`` (the JSON object of the whole run stays last)."""
     print("row: " + json.dumps(row), flush=True)
-
-
-def _main_lab(args: argparse.Namespace) -> int:
-    from tensorhub_verl.bench import transport_lab
-
-    rows = transport_lab.run(list(args.readers), args.size_mb, args.chunk_mb, args.window, args.repeats, args.lab_mbit)
-    if not args.json:
-        print(f"{'wire':18} {'readers':>7} {'TensorHub Mbit/s':>16} {'raw Mbit/s':>10} {'ratio':>6} {'range':>11} {'peer %':>6}")
-        for row in rows:
-            print(f"{row['wire']:18} {row['readers']:>7} {row['tensorhub_mbit_s']:>16.1f} {row['raw_socket_mbit_s']:>10.1f} "
-                  f"{row['ratio']:>6.2f} {row['ratio_range'][0]:>5.2f}-{row['ratio_range'][1]:<5.2f} "
-                  f"{100 * row['peer_fraction']:>6.0f}")
-    print(json.dumps({"bench": "transport", "lab_mbit": args.lab_mbit, "size_mb": args.size_mb, "repeats": args.repeats,
-                      "chunk_mb": args.chunk_mb, "window": args.window, "ratio": rows[0]["ratio"], "rows": rows,
-                      "unit": "Mbit/s delivered to all readers (N x bytes / span), median of rounds; rounds alternate "
-                              "TensorHub, raw sockets"}))
-    return 0

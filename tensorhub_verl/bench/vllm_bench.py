@@ -54,8 +54,8 @@ def _cpu_binding(tp: int) -> dict[str, str]:
 
 def bench_model(name: str, model_dir: str, updates: int, arch: str, tp: int = 1) -> dict:
     import tensorhub_verl as th
-    from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
-    from tensorhub_verl.testing.tiny_model import hf_state_dict, load_hf_model
+    from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
+    from tensorhub_verl.bench.tiny_model import hf_state_dict, load_hf_model
 
     hub = th.start_hub(host="127.0.0.1", port=0)
     trainer = th.connect(hub.url, worker="trainer", location={"dc": "dc0", "rack": "r0", "node": "trainer"})
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     if not ns.json:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from tensorhub_verl.testing.tiny_model import TinyModelSpec, build_tiny_model
+    from tensorhub_verl.bench.tiny_model import TinyModelSpec, build_tiny_model
 
     names = [m for m in ns.models.split(",") if m]
     unknown = [m for m in names if m not in MODELS]

@@ -50,6 +50,7 @@ from tensorhub_verl.verl.digest import DIGEST_KEY
 from tensorhub_verl.verl.lora import LORA_KEY, AdapterPublisher, checkpoint_names, lora_adapter_engine
 from tensorhub_verl.verl.publisher import Publisher
 from tensorhub_verl.verl.shards import LocalShards, local_shards
+from tensorhub_verl.verl.supported import require_supported_verl
 
 logger = logging.getLogger("tensorhub_verl.verl.checkpoint_engine")
 
@@ -71,6 +72,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
 
     def __init__(self, bucket_size: int = 0, is_master: bool | None = None, *, job: str | None = None,
                  node: str | None = None, **tensorhub: Any) -> None:
+        require_supported_verl()  # on another verl the weight-moving patches do not apply: refuse, naming why
         self.config = TensorHubVerlConfig.from_mapping(tensorhub)
         self.is_master = is_master
         self.role = ROLLOUT_ROLE if is_master is None else ACTOR_ROLE
@@ -160,7 +162,8 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                                               unpublish_timeout_s=self.config.unpublish_timeout_s,
                                               chunk_bytes=self.config.chunk_bytes)
         if version not in self._adapters.held_versions:
-            adapter_metrics = await asyncio.to_thread(self._adapters.publish, version, adapter, peft_config)
+            adapter_metrics = await asyncio.to_thread(self._adapters.publish, version, adapter, peft_config,
+                                                      self._lora_base_version)
             for key, value in adapter_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
         metrics.pop(DIGEST_KEY, None)  # digests of the base say nothing about the adapter the engines serve

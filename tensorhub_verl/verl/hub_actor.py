@@ -15,8 +15,10 @@ auto`` is a file of this Ray cluster's session, on the hub's node (``session_url
 Being detached, it outlives the job; ``stop_hub`` ends it and removes its URL file.
 
 If its process dies, Ray restarts it (``tensorhub.hub_max_restarts``) on the same node (the head's affinity is
-hard) with the same arguments: it binds the same port (the one recorded in Ray's KV when the configured port is 0)
-and the same token (made by the actor's creator), so the job's workers find it where it was; each re-registers
+hard) with the same arguments: it binds the same port (the one recorded in Ray's KV when the configured port is 0),
+the same token (made by the actor's creator) and the same owner rules (the job's model and its ``<model>.*`` forms
+belong to the job's key, ``job_owner_rules``: a token holder of another job cannot publish them on the restarted
+hub, in any region, before the job's workers are back), so the job's workers find it where it was; each re-registers
 itself, its holdings and its fetches with the new instance (``HubClient``). ``hub_restarts`` counts the restarts
 (the updater's ``tensorhub/hub_restarts`` step metric).
 """
@@ -51,7 +53,8 @@ class TensorHubHubActor:
     def __init__(self, *, host: str | None, port: int, token: str | None, keep_versions: int,
                  seeds_per_dc: int, url_file: str | None, actor_name: str, tls_cert: str | None = None,
                  tls_key: str | None = None, cooperative: bool = True, namespace: str | None = None,
-                 own_token: str | None = None, regions: str | None = None) -> None:
+                 own_token: str | None = None, regions: str | None = None, owners: tuple[str, ...] = (),
+                 plane: str = "auto") -> None:
         import tensorhub_verl as th
 
         bind = host or ray.util.get_node_ip_address()
@@ -70,7 +73,10 @@ class TensorHubHubActor:
             logger.warning("hub actor %r restarted by Ray (restart %d): serving again on port(s) %s; the job's "
                            "workers re-register with it", actor_name, self._restarts, ports)
         self._token = token
-        config = _hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc, cooperative=cooperative)
+        # The job's owner rules are arguments, so Ray's restart of this actor starts every region's hub with them:
+        # no publish reaches a restarted hub before they apply.
+        config = _hub_config(keep_versions=keep_versions, seeds_per_dc=seeds_per_dc, cooperative=cooperative,
+                             owners=owners, plane=plane)
         # A hub of regions: one hub per region, each on a port of its own, in this process.
         self._hubs = []
         try:
@@ -143,13 +149,25 @@ def _previous_ports(actor_name: str, count: int) -> list[int]:
     return ports if len(ports) == count else [0] * count
 
 
-def _hub_config(*, keep_versions: int, seeds_per_dc: int, cooperative: bool = True):
-    """The core's HubConfig for this job's retention, WAN seeding and planner (``cooperative=False``: the
-    pull-from-trainer baseline of measurements)."""
+def _hub_config(*, keep_versions: int, seeds_per_dc: int, cooperative: bool = True, owners: tuple[str, ...] = (),
+                plane: str = "auto"):
+    """The core's HubConfig for this job's retention, WAN seeding, planner (``cooperative=False``: the
+    pull-from-trainer baseline of measurements), owner rules and data plane (``tensorhub.transport``)."""
     import tensorhub_verl as th
 
-    return th.HubConfig(keep_versions=keep_versions,
+    return th.HubConfig(keep_versions=keep_versions, owners=owners, plane=plane,
                         planner=th.PlannerConfig(seeds_per_dc=seeds_per_dc, cooperative=cooperative))
+
+
+def job_owner_rules(cfg: TensorHubVerlConfig) -> tuple[str, ...]:
+    """The hub's owner rules for this job: its model (``tensorhub.model``, and with it every ``<model>.*`` form:
+    adapters, deltas) belongs to the job's workers, by the job key they connect with (``job_credentials``). None
+    without a job key (outside Ray, no ``$TENSORHUB_JOB_KEY``): the model then belongs to its first publisher's
+    job, which a restarted hub forgets."""
+    from tensorhub_verl.ros.hub.ownership import OwnerRule
+
+    job_key = _job_key(cfg)
+    return (str(OwnerRule.for_job(cfg.model, job_key)),) if job_key else ()
 
 
 AUTO_URL_FILE = "auto"
@@ -239,7 +257,7 @@ def ensure_hub(cfg: TensorHubVerlConfig, *, node_id: str | None = None) -> str:
         keep_versions=cfg.keep_versions, seeds_per_dc=cfg.wan_seeds(), url_file=cfg.hub_url_file,
         actor_name=cfg.hub_actor_name, tls_cert=cfg.hub_tls_cert, tls_key=cfg.hub_tls_key,
         cooperative=cfg.cooperative, namespace=cfg.hub_namespace, own_token=secrets.token_urlsafe(32),
-        regions=cfg.hub_regions)
+        regions=cfg.hub_regions, owners=job_owner_rules(cfg), plane=cfg.transport)
     try:
         url = ray.get(actor.url.remote(), timeout=cfg.hub_start_timeout_s)
     except ray.exceptions.GetTimeoutError as e:

@@ -7,7 +7,8 @@ the whole base and no rollout would ever see what LoRA learned. With the ``tenso
 - the first version: every trainer rank drives ``get_per_tensor_param(base_sync_done=False)`` (its gathers are
   collectives) and the master publishes the base as that version of ``<model>`` (``hf``), held from then on;
 - every version: ``get_per_tensor_param(base_sync_done=True)`` gives the adapter in peft's names and its
-  ``LoraConfig``; the master publishes it as ``<model>.lora`` (``tensorhub_verl.vllm.lora``), megabytes;
+  ``LoraConfig``; the master publishes it as ``<model>.lora`` (``tensorhub_verl.vllm.lora``), megabytes, naming
+  the base version it applies to (engines refuse it on any other base);
 - the updater brings each replica's base to the base version once (the usual path, peers included) and then
   applies each adapter version inside a short pause as verl's adapter id ``VLLM_LORA_INT_ID``, which verl's vLLM
   servers then put on every request (``lora_as_adapter``).
@@ -68,10 +69,11 @@ class AdapterPublisher:
     def held_versions(self) -> list[int]:
         return sorted(self._held)
 
-    def publish(self, version: int, tensors: Any, peft_config: Any) -> dict[str, float]:
+    def publish(self, version: int, tensors: Any, peft_config: Any, base_version: int) -> dict[str, float]:
+        """Publishes adapter ``version``, trained on version ``base_version`` of the base model."""
         started = time.monotonic()
         packed = pack_adapter({n: t.detach().to("cpu", copy=True).contiguous() for n, t in dict(tensors).items()},
-                              peft_config)
+                              peft_config, base_version=base_version)
         staged = time.monotonic()
         while len(self._held) >= self._keep:
             oldest = min(self._held)

@@ -20,9 +20,10 @@ from typing import Any
 
 from tensorhub_verl import errors
 from tensorhub_verl.vllm import compat
-from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.vllm.lora import AdapterHolder, base_parameters, load_adapter_into_vllm
-from tensorhub_verl.vllm.mapping import EngineMapping, engine_mapping
+from tensorhub_verl.vllm.engine_holder import holder_for_engine, rank_worker_id
+from tensorhub_verl.vllm.holder import EngineHolder
+from tensorhub_verl.vllm.lora import AdapterHolder, load_adapter_into_vllm
+from tensorhub_verl.vllm.mapping import engine_mapping
 from tensorhub_verl.vllm.results import AdapterUpdate, ApplyResult, HolderStatus, PullStart, SleepStatus
 from tensorhub_verl.vllm.sleep import Asleep, install_hooks, rejoin, wakes_weights
 
@@ -35,10 +36,6 @@ compat.register_weight_transfer_backend("tensorhub", "tensorhub_verl.vllm.weight
                                         "TensorHubWeightTransferEngine")
 
 
-def rank_worker_id(worker: str, rank: int, tp_size: int) -> str:
-    return worker if tp_size == 1 else f"{worker}/rank{rank}"
-
-
 def engine_layout(hf_cfg, tp_size: int, rank: int, params: dict, quantization: str | None = None) -> str:
     """This rank's layout name (``mapping.engine_arch``: the model type, and the quantization if any)."""
     return engine_mapping(hf_cfg, tp_size, rank, params, quantization=quantization, load_hf=None).layout
@@ -48,47 +45,16 @@ def build_holder(worker_obj: Any, *, hub_url: str, model: str, worker: str, loca
                  token: str | None = None, staging: str = "cpu", client_config: dict | None = None,
                  fetch_timeout_s: float = 300.0, bucket_bytes: int | None = None,
                  delta: str = "auto") -> EngineHolder:
-    """Connects this rank to the hub and wraps its live parameters in an ``EngineHolder``."""
-    import tensorhub_verl as th
-
-    rank, tp = compat.tp_rank_and_size()
-    module = compat.worker_model(worker_obj)
-    unsupported = compat.prepare_reload(module)
-    if unsupported is not None:
-        raise errors.ConfigError(unsupported)
-    # With LoRA enabled the base weights are named as without it: one layout, whatever the engine's LoRA.
-    params = base_parameters(compat.live_parameters(module))
-    hf_cfg = compat.hf_config(worker_obj)
-
-    if staging == "gpu" and params and next(iter(params.values())).is_cuda:
-        from tensorhub_verl.vllm.memory import check_engine_gpu_staging
-
-        check_engine_gpu_staging(params, worker_obj.vllm_config.cache_config.gpu_memory_utilization)
+    """Connects this rank to the hub and wraps its live parameters in an ``EngineHolder``
+    (``engine_holder.holder_for_engine``, as the weight-transfer backend does)."""
 
     def load_hf(weights):
         compat.load_hf_weights(worker_obj, weights)
 
-    # Where the in-place mapping checks out against vLLM's loader, an 'hf' pull lands straight in the
-    # parameters (staging 'none': no copy) and at TP>1 each rank reads only its slices; elsewhere versions go
-    # through the engine's loader in bounded buckets.
-    mapping: EngineMapping = engine_mapping(hf_cfg, tp, rank, params,
-                                            quantization=compat.quantization(worker_obj), load_hf=load_hf)
-    logger.info("rank %d of %d: layout %s, %s", rank, tp, mapping.layout, mapping.reason)
-    # Engines take the client's defaults, the UCX pump included: NIXL's own progress thread ("thread") kept
-    # engine processes from exiting on vLLM's CPU build (a worker spinning after shutdown).
-    cfg = th.ClientConfig.from_fields(**(client_config or {}))
-    client = th.connect(hub_url, worker=rank_worker_id(worker, rank, tp), location=location, token=token,
-                        config=cfg)
-    try:
-        # The engine's ranks are one shard group, named by its base worker id: a version in their layouts is
-        # visible only once every rank holds it.
-        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        config = HolderConfig(model=model, layout=mapping.layout, staging=staging, fetch_timeout_s=fetch_timeout_s,
-                              shard_group=worker if tp > 1 else None, shard_count=tp, delta=delta, **extra)
-        return EngineHolder(client, config, params, load_hf, hf_views=mapping.views, skip_hf=mapping.skip_hf)
-    except BaseException:
-        client.close()
-        raise
+    return holder_for_engine(compat.worker_model(worker_obj), worker_obj.vllm_config, load_hf,
+                             hub_url=hub_url, model=model, worker=worker, location=location, token=token,
+                             staging=staging, client_config=client_config, fetch_timeout_s=fetch_timeout_s,
+                             bucket_bytes=bucket_bytes, delta=delta)
 
 
 class TensorHubWorkerExtension:
@@ -240,6 +206,7 @@ class TensorHubWorkerExtension:
         self._tensorhub_lora_id = lora_int_id
         self._tensorhub_adapters = AdapterHolder(
             holder.client, model=holder.config.model, fetch_timeout_s=fetch_timeout_s,
+            base_version=lambda: holder.served,
             load=lambda tensors, cfg: load_adapter_into_vllm(self, tensors, cfg, lora_int_id))
         return self._tensorhub_adapters.status()
 

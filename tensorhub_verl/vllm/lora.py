@@ -4,7 +4,8 @@ ROS names (``adapter_model``): the adapter of model ``policy`` is the model ``po
 peft's checkpoint names (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``, as
 ``get_peft_model_state_dict`` and ``adapter_model.safetensors`` have them), full tensors, plus one uint8
 tensor ``PEFT_CONFIG_KEY`` holding the adapter's peft config as JSON, so a version says how to apply itself and
-peers serve it exactly as they serve the tensors. The base model stays ``policy`` in ``hf`` (published once).
+peers serve it exactly as they serve the tensors, and one int64 tensor ``BASE_VERSION_KEY`` naming the version
+of ``policy`` the adapter was trained on. The base model stays ``policy`` in ``hf`` (published once).
 
     trainer                         hub                       engine e1                   engine e2
     publish policy v0 (base, once) ─>│<── base pull (once) ─────┤                           │
@@ -13,8 +14,10 @@ peers serve it exactly as they serve the tensors. The base model stays ``policy`
 
 ``AdapterHolder`` is the engine side: it fetches a version into buffers it then holds for peers (they never
 change: a new version gets new buffers), hands a copy of the tensors to the engine's loader, and releases the
-version it served before. ``load_adapter_into_vllm`` is that loader for a vLLM worker: vLLM's own
-``LoRAModel.from_lora_tensors`` and its adapter manager, under a fixed adapter id that requests name.
+version it served before. It refuses (``BaseMismatch``) an adapter whose base version is not the one the engine
+serves: an adapter applied to another base serves weights nobody trained. ``load_adapter_into_vllm`` is that
+loader for a vLLM worker: vLLM's own ``LoRAModel.from_lora_tensors`` and its adapter manager, under a fixed
+adapter id that requests name.
 
 With LoRA enabled vLLM wraps each target layer and its weight becomes ``<layer>.base_layer.weight``;
 ``base_parameters`` names them as the plain model does, so the base holder's layout (and its peers) are the
@@ -41,6 +44,9 @@ ADAPTER_SUFFIX = ".lora"
 ADAPTER_LAYOUT = "peft"
 PEFT_CONFIG_KEY = "__peft_config__"
 """The uint8 tensor of a published adapter that holds its peft config (JSON, UTF-8)."""
+BASE_VERSION_KEY = "__base_version__"
+"""The one-element int64 tensor of a published adapter that names the version of the base model it applies to."""
+_RESERVED = (PEFT_CONFIG_KEY, BASE_VERSION_KEY)
 BASE_LAYER = ".base_layer."
 
 LoadAdapter = Callable[[dict[str, torch.Tensor], dict], None]
@@ -89,18 +95,25 @@ def peft_config_dict(peft_config: Any) -> dict:
     return cfg
 
 
-def pack_adapter(tensors: Mapping[str, torch.Tensor], peft_config: Any) -> dict[str, torch.Tensor]:
-    """What the trainer publishes as one adapter version: the LoRA tensors and the config tensor."""
+def pack_adapter(tensors: Mapping[str, torch.Tensor], peft_config: Any, *, base_version: int
+                 ) -> dict[str, torch.Tensor]:
+    """What the trainer publishes as one adapter version: the LoRA tensors, the config tensor, and the version of
+    the base model (``<model>`` in ``hf``) the adapter was trained on."""
     if not tensors:
         raise errors.InvalidRequest("the adapter has no tensors (is the model a peft model with LoRA layers?)")
     not_lora = [n for n in tensors if "lora_" not in n]
     if not_lora:
         raise errors.InvalidRequest(f"tensors {not_lora[:3]} are not LoRA weights (peft names contain 'lora_')")
-    if PEFT_CONFIG_KEY in tensors:
-        raise errors.InvalidRequest(f"{PEFT_CONFIG_KEY!r} is reserved for the adapter's config")
+    reserved = [n for n in _RESERVED if n in tensors]
+    if reserved:
+        raise errors.InvalidRequest(f"{reserved[0]!r} is reserved for the adapter's own description")
+    if isinstance(base_version, bool) or not isinstance(base_version, int) or base_version < 0:
+        raise errors.InvalidRequest(f"an adapter names the base version it applies to (an int >= 0), got "
+                                    f"{base_version!r}")
     blob = json.dumps(peft_config_dict(peft_config), sort_keys=True).encode()
     out = dict(tensors)
     out[PEFT_CONFIG_KEY] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    out[BASE_VERSION_KEY] = torch.tensor([base_version], dtype=torch.int64)
     return out
 
 
@@ -114,7 +127,17 @@ def unpack_adapter(buffers: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch
         cfg = json.loads(bytes(blob.cpu().numpy().tobytes()).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise errors.ManifestMismatch(f"the adapter's {PEFT_CONFIG_KEY!r} is not JSON: {e}") from e
-    return {n: t for n, t in buffers.items() if n != PEFT_CONFIG_KEY}, peft_config_dict(cfg)
+    return {n: t for n, t in buffers.items() if n not in _RESERVED}, peft_config_dict(cfg)
+
+
+def adapter_base_version(buffers: Mapping[str, torch.Tensor]) -> int:
+    """The base version a fetched adapter version names; ``BaseMismatch`` when it names none (an adapter
+    published without one cannot be checked against the engine's base, so it is never applied)."""
+    found = buffers.get(BASE_VERSION_KEY)
+    if found is None or found.dtype != torch.int64 or found.numel() != 1:
+        raise errors.BaseMismatch(f"the adapter version names no base version (no one-element int64 "
+                                  f"{BASE_VERSION_KEY!r} tensor): publish it with pack_adapter(..., base_version=N)")
+    return int(found.reshape(()).item())
 
 
 def adapter_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
@@ -128,11 +151,15 @@ class AdapterHolder:
     version is applied, then released. A failed fetch or load leaves ``served`` as it was.
     """
 
-    def __init__(self, client, *, model: str, load: LoadAdapter, fetch_timeout_s: float = 300.0,
-                 unpublish_timeout_s: float = 60.0) -> None:
+    def __init__(self, client, *, model: str, load: LoadAdapter, base_version: Callable[[], int | None],
+                 fetch_timeout_s: float = 300.0, unpublish_timeout_s: float = 60.0) -> None:
+        """``base_version``: the version of ``model`` the engine serves now (None: none yet); an adapter is
+        applied only on the base version it names."""
         if fetch_timeout_s <= 0 or unpublish_timeout_s <= 0:
             raise errors.ConfigError("fetch_timeout_s and unpublish_timeout_s must be > 0")
         self.client = client
+        self.base_model = model
+        self._base_version = base_version
         self.model = adapter_model(model)
         self._load = load
         self.fetch_timeout_s = fetch_timeout_s
@@ -161,6 +188,13 @@ class AdapterHolder:
             buffers = stats.buffers
             try:
                 tensors, cfg = unpack_adapter(buffers)
+                base, held = adapter_base_version(buffers), self._base_version()
+                if base != held:
+                    raise errors.BaseMismatch(
+                        f"{self.model} v{version} applies to {self.base_model!r} v{base}, but this engine serves "
+                        f"{'no version' if held is None else f'v{held}'} of it: refused, the engine keeps "
+                        f"{'no adapter' if self.served is None else f'adapter v{self.served}'}. Update the "
+                        f"engine's base to v{base} first", base_version=base, held_version=held)
                 # vLLM keeps what it is given; the held buffers must stay as published for peers.
                 self._load({n: t.clone() for n, t in tensors.items()}, cfg)
             except BaseException:
@@ -226,6 +260,6 @@ def load_adapter_into_vllm(worker: Any, tensors: dict[str, torch.Tensor], peft_c
     adapters.activate_adapter(lora_int_id)
 
 
-__all__ = ["ADAPTER_LAYOUT", "ADAPTER_SUFFIX", "PEFT_CONFIG_KEY", "AdapterHolder",
-           "adapter_bytes", "adapter_model", "base_parameters", "load_adapter_into_vllm", "pack_adapter",
-           "peft_config_dict", "unpack_adapter"]
+__all__ = ["ADAPTER_LAYOUT", "ADAPTER_SUFFIX", "BASE_VERSION_KEY", "PEFT_CONFIG_KEY", "AdapterHolder",
+           "adapter_base_version", "adapter_bytes", "adapter_model", "base_parameters", "load_adapter_into_vllm",
+           "pack_adapter", "peft_config_dict", "unpack_adapter"]

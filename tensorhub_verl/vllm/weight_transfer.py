@@ -26,6 +26,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.settings import STAGING_CHOICES
 from tensorhub_verl.vllm import compat
+from tensorhub_verl.vllm.engine_holder import holder_for_engine
 from tensorhub_verl.vllm.holder import EngineHolder
 from tensorhub_verl.vllm.results import ApplyResult, PullStart
 
@@ -90,30 +91,14 @@ class TensorHubWeightTransferEngine(WeightTransferEngine[TensorHubInitInfo, Tens
         self.last_result: PullStart | ApplyResult | None = None
 
     def init_transfer_engine(self, init_info: TensorHubInitInfo) -> None:
-        import tensorhub_verl as th
-        from tensorhub_verl.vllm.extension import rank_worker_id
-        from tensorhub_verl.vllm.mapping import engine_mapping
-        from tensorhub_verl.vllm.holder import HolderConfig
-
+        """This rank's holder, set up as the worker extension sets it up (``engine_holder.holder_for_engine``):
+        LoRA base parameters, the GPU staging check, the engine's TP ranks as one shard group."""
         self.shutdown()
-        rank, tp = compat.tp_rank_and_size()
-        unsupported = compat.prepare_reload(self.model)
-        if unsupported is not None:
-            raise errors.ConfigError(unsupported)
-        params = compat.live_parameters(self.model)
-        mapping = engine_mapping(self.model_config.hf_config, tp, rank, params,
-                                 quantization=self.model_config.quantization, load_hf=self._load_hf)
-        client = th.connect(init_info.hub_url, worker=rank_worker_id(init_info.worker, rank, tp),
-                            location=init_info.location, token=init_info.token,
-                            config=th.ClientConfig.from_fields(**init_info.client_config))
-        try:
-            self.holder = EngineHolder(client, HolderConfig(model=init_info.model, layout=mapping.layout,
-                                                            staging=init_info.staging,
-                                                            fetch_timeout_s=init_info.fetch_timeout_s),
-                                       params, self._load_hf, hf_views=mapping.views, skip_hf=mapping.skip_hf)
-        except BaseException:
-            client.close()
-            raise
+        self.holder = holder_for_engine(self.model, self.vllm_config, self._load_hf, hub_url=init_info.hub_url,
+                                        model=init_info.model, worker=init_info.worker, location=init_info.location,
+                                        token=init_info.token, staging=init_info.staging,
+                                        client_config=init_info.client_config,
+                                        fetch_timeout_s=init_info.fetch_timeout_s)
 
     def _load_hf(self, weights) -> None:
         # vLLM's own loader on the model this engine targets (its layerwise reload re-processes in place)

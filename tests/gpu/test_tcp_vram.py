@@ -16,8 +16,16 @@ CHUNK = 1 << 20
 BOUNCE = 256 << 10  # smaller than a chunk: every chunk takes several pieces through each buffer
 
 
+@pytest.fixture(scope="module")
+def tcp_hub():
+    h = th.start_hub(host="127.0.0.1", port=0, plane="tcp")
+    yield h
+    h.stop()
+
+
 @pytest.mark.parametrize("into_device", ["cuda", "cpu"])
-def test_cuda_tensors_cross_tcp_through_bounce_buffers(hub, into_device):
+def test_cuda_tensors_cross_tcp_through_bounce_buffers(tcp_hub, into_device):
+    hub = tcp_hub
     with cuda_holder(hub.url, "tcp-vram-holder", "tcp-vram", 1, transport="tcp", chunk_bytes=CHUNK,
                      tcp_bounce_bytes=BOUNCE):
         with th.connect(hub.url, worker=f"tcp-vram-reader-{into_device}", transport="tcp",

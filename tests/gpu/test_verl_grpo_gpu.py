@@ -1,4 +1,4 @@
-"""verl's own GRPO trainer on GPUs through ``+tensorhub``: 3 steps of the tiny job (``tensorhub_verl.demo``) with the
+"""verl's own GRPO trainer on GPUs through ``+tensorhub``: 3 steps of the tiny job (``tensorhub_dev.demo``) with the
 trainer on one GPU and a bf16 vLLM replica on another.
 
 verl 0.9.1's trainer modes that use a checkpoint engine (``separate_async``, fully_async) place the trainer and the
@@ -17,10 +17,10 @@ from tests.gpu.conftest import gpus, needs_cuda, needs_engines
 
 needs_engines("verl", "vllm", "hydra", "ray", "transformers")
 
-from tensorhub_verl.demo.grpo import run  # noqa: E402
-from tensorhub_verl.demo.job import TinyJob  # noqa: E402
-from tensorhub_verl.demo.progress import read_metrics  # noqa: E402
-from tensorhub_verl.demo.task import build_task  # noqa: E402
+from tensorhub_dev.demo.grpo import run  # noqa: E402
+from tensorhub_dev.demo.job import TinyJob  # noqa: E402
+from tensorhub_dev.demo.progress import read_metrics  # noqa: E402
+from tensorhub_dev.demo.task import build_task  # noqa: E402
 from tensorhub_verl.settings import PLATFORM_ENV  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.engine, pytest.mark.verl, pytest.mark.vllm, needs_cuda, pytest.mark.timeout(900),

@@ -12,8 +12,8 @@ from tests.gpu.conftest import needs_cuda, needs_engines
 needs_engines("vllm", "transformers")
 
 import tensorhub_verl as th  # noqa: E402
-from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec  # noqa: E402
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm  # noqa: E402
+from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec  # noqa: E402
+from tensorhub_dev.testing.layout_oracle import hf_to_vllm  # noqa: E402
 from tensorhub_verl.vllm.layout import layout_name  # noqa: E402
 from tensorhub_verl.vllm.results import HolderStatus  # noqa: E402
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun  # noqa: E402

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorhub_verl.netlab import NetlabUnavailable, check_available, ip_netns_names
-from tensorhub_verl.netlab.iproute import ip
+from tensorhub_dev.netlab import NetlabUnavailable, check_available, ip_netns_names
+from tensorhub_dev.netlab.iproute import ip
 
 
 @pytest.fixture

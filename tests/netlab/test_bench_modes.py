@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tensorhub_verl.bench import modes, transport
+from tensorhub_dev.bench import modes, transport_lab
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.sim.calibrate import interleave, lab_cluster, lab_spec
+from tensorhub_dev.sim.calibrate import interleave, lab_cluster, lab_spec
 
 
 def test_interleave_alternates_racks():
@@ -84,10 +84,10 @@ def test_cross_dc_tiny_run(no_leftovers, tmp_path, capsys):
 
 @pytest.mark.netns
 def test_bench_transport_in_the_lab_compares_with_raw_flows_over_the_same_shaped_nics(no_leftovers, capsys):
-    """`bench transport --lab-mbit`: every process on its own host; rows for each reader count, TensorHub's
+    """`bench transport-lab --lab-mbit`: every process on its own host; rows for each reader count, TensorHub's
     readers serve each other (peer bytes), the raw flows all leave the holder's NIC."""
     pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
-    assert transport.main(["--lab-mbit", "400", "--size-mb", "4", "--chunk-mb", "0.5", "--window", "4",
+    assert transport_lab.main(["--lab-mbit", "400", "--size-mb", "4", "--chunk-mb", "0.5", "--window", "4",
                            "--readers", "1,3", "--repeats", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     one, three = res["rows"]
@@ -102,7 +102,7 @@ def test_bench_transport_in_the_lab_compares_with_raw_flows_over_the_same_shaped
 def test_raw_flows_over_the_cross_dc_wan_fill_it(no_leftovers, capsys):
     """`bench.wan_raw`: one plain TCP flow over the lab's shaped WAN reaches its rate (headers counted; tbf's burst
     lets the first 125 kB through at once), and flows to every reader at once carry one copy each."""
-    from tensorhub_verl.bench import wan_raw
+    from tensorhub_dev.bench import wan_raw
 
     assert wan_raw.main(["--size-mb", "8", "--rollouts", "2", "--wan-mbit", "200"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -116,7 +116,7 @@ def test_delta_versions_draw_v2_from_v1_as_the_measured_profile_says():
     import torch
 
     from tensorhub_verl.bench.delta_profile import default_profile
-    from tensorhub_verl.bench.modes_roles import delta_versions
+    from tensorhub_dev.bench.modes_roles import delta_versions
 
     v1, v2 = delta_versions(8, 1e-6, tensors=4)
     assert list(v1) == list(v2) == [f"layers.{i}.weight" for i in range(4)]
@@ -155,7 +155,7 @@ def test_delta_flag_takes_no_value_and_refuses_elastic(capsys):
 def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
     """The roles of `bench modes --delta` as plain processes on loopback (no lab, no root): the trainer publishes
     v1, v2 and the deltas; each variant's reader holds v1 first, then updates to v2 as its variant says."""
-    from tensorhub_verl.bench.modes import _DELTA_READS, DELTA_VARIANTS, LabProcess, _ROLES
+    from tensorhub_dev.bench.modes import _DELTA_READS, DELTA_VARIANTS, LabProcess, _ROLES
 
     pytest.importorskip("nixl_cu12" if importlib.util.find_spec("nixl_cu12") else "nixl_cu13", reason="no NIXL build installed")
     env, stop = {"UCX_TLS": "tcp"}, tmp_path / "stop"

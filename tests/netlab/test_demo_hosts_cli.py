@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.netlab.verl_modes import mode_job, mode_lab
+from tensorhub_dev.netlab.verl_modes import mode_job, mode_lab
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -42,13 +42,13 @@ def test_mode_labs_put_the_replicas_on_two_racks_or_in_the_second_dc(tmp_path):
 
 
 def test_the_elastic_lab_puts_the_joining_node_beside_the_replicas_outside_the_job(tmp_path):
-    from tensorhub_verl.netlab.verl_modes import elastic_joiner, elastic_secrets
+    from tensorhub_dev.netlab.verl_modes import elastic_joiner, elastic_secrets
 
     lab = mode_lab("elastic", 4)
     racks = {r.name: r.hosts for r in lab.spec.datacenters[0].racks}
     assert racks == {"r0": ("d0r0h0",), "r1": ("d0r1h0", "d0r1h1", "d0r1h2")}
     assert lab.rollout_hosts == ("d0r1h0", "d0r1h1") and lab.elastic_host == "d0r1h2"
-    from tensorhub_verl.demo.task import TaskFiles
+    from tensorhub_dev.demo.task import TaskFiles
 
     task = TaskFiles(*(tmp_path / name for name in ("model", "train", "val", "reward")))
     job = mode_job(task=task, out_dir=tmp_path, mode="elastic", hosts=4, variant="tensorhub", steps=8)
@@ -66,7 +66,7 @@ def test_the_elastic_lab_puts_the_joining_node_beside_the_replicas_outside_the_j
 
 
 def test_the_elastic_nodes_status_becomes_its_first_pull_and_the_ones_that_followed():
-    from tensorhub_verl.netlab.verl_elastic import summary
+    from tensorhub_dev.netlab.verl_elastic import summary
 
     assert summary(None, host="h", started_after_step=None)["first"] is None
     first = {"version": 3, "pull_s": 0.2, "stall_s": 0.3, "sources": {"job-rollout-0-0": 1000}}
@@ -78,7 +78,7 @@ def test_the_elastic_nodes_status_becomes_its_first_pull_and_the_ones_that_follo
 
 
 def test_the_summary_counts_the_trainers_copies_per_version_and_compares_the_variants():
-    from tensorhub_verl.netlab.verl_modes import compare, summarize
+    from tensorhub_dev.netlab.verl_modes import compare, summarize
 
     step = {"step": 1, "version": 1, "reward_mean": 0.1, "stall_s": 0.4, "pull_s": 0.2, "bytes": 3000,
             "peer_fraction": 0.5}
@@ -96,8 +96,8 @@ def test_the_summary_counts_the_trainers_copies_per_version_and_compares_the_var
 def test_the_model_size_option_reaches_the_tiny_models_config(tmp_path):
     import json
 
-    from tensorhub_verl.demo.grpo import main
-    from tensorhub_verl.demo.task import ModelSize, build_task
+    from tensorhub_dev.demo.grpo import main
+    from tensorhub_dev.demo.task import ModelSize, build_task
 
     size = ModelSize.parse("256,512,3")
     task = build_task(tmp_path / "task", size=size, train_prompts=4, val_prompts=2)

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tensorhub_verl.bench import modes
-from tensorhub_verl.netlab import DatacenterSpec, Lab, LabSpec, RackSpec
+from tensorhub_dev.bench import modes
+from tensorhub_dev.netlab import DatacenterSpec, Lab, LabSpec, RackSpec
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from tensorhub_verl.netlab import Lab, LabSpec, NetlabError, cleanup_stale, ip_netns_names
-from tensorhub_verl.netlab.measure import measure_flows, measure_nixl
+from tensorhub_dev.netlab import Lab, LabSpec, NetlabError, cleanup_stale, ip_netns_names
+from tensorhub_dev.netlab.measure import measure_flows, measure_nixl
 
 pytestmark = pytest.mark.netns
 
@@ -84,7 +84,7 @@ def test_unknown_host_is_a_typed_error(no_leftovers):
 
 
 def test_cleanup_stale_removes_a_killed_runs_lab(no_leftovers, tmp_path):
-    code = ("import sys, time; from tensorhub_verl.netlab import Lab, LabSpec;"
+    code = ("import sys, time; from tensorhub_dev.netlab import Lab, LabSpec;"
             "lab = Lab(LabSpec.uniform(dcs=2, hosts_per_rack=1)).build();"
             "print(lab.prefix, flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -103,7 +103,7 @@ def test_cleanup_stale_removes_a_killed_runs_lab(no_leftovers, tmp_path):
 
 
 def test_sigterm_on_the_cli_cleans_up(no_leftovers):
-    proc = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.netlab", "up", "--dcs", "2", "--hosts", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "tensorhub_dev.netlab", "up", "--dcs", "2", "--hosts", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:

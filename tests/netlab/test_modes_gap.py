@@ -2,7 +2,7 @@
 
 import pytest
 
-from tensorhub_verl.bench import modes_gap
+from tensorhub_dev.bench import modes_gap
 
 P = {"size_mb": 64.0, "chunk_mb": 2.0, "nic_mbit": 200.0, "wan_mbit": 100.0}
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tensorhub_verl.netlab.lab import Lab
-from tensorhub_verl.netlab.ray_cluster import LabRayCluster
-from tensorhub_verl.netlab.verl_job import ROLLOUT_HOST, TRAINER_HOST, two_dc_spec
+from tensorhub_dev.netlab.lab import Lab
+from tensorhub_dev.netlab.ray_cluster import LabRayCluster
+from tensorhub_dev.netlab.verl_job import ROLLOUT_HOST, TRAINER_HOST, two_dc_spec
 from tensorhub_verl.settings import PLATFORM_ENV, PLATFORM_NAME
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tensorhub_verl.bench.reader_cpu import profile_shares
+from tensorhub_dev.bench.reader_cpu import profile_shares
 
 
 def test_samples_go_to_the_first_part_their_stack_names_and_waiting_leaves_are_left_out(tmp_path):

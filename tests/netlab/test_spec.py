@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.netlab.spec import DatacenterSpec, LabSpec, RackSpec, plan_lab, tbf_args
+from tensorhub_dev.netlab.spec import DatacenterSpec, LabSpec, RackSpec, plan_lab, tbf_args
 
 
 def test_uniform_two_dc_plan_addresses_and_router():

@@ -11,11 +11,11 @@ import json
 import pytest
 import trustme
 
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.testing.tiny_model import float32_bytes
-from tensorhub_verl.netlab.spec import plan_lab
-from tensorhub_verl.netlab.verl_job import ROLLOUT_HOST, TRAINER_HOST, run_across_two_dcs, two_dc_spec
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.task import build_task
+from tensorhub_verl.bench.tiny_model import float32_bytes
+from tensorhub_dev.netlab.spec import plan_lab
+from tensorhub_dev.netlab.verl_job import ROLLOUT_HOST, TRAINER_HOST, run_across_two_dcs, two_dc_spec
 from tests.requires import require
 
 require("vllm", reason="the rollout replica is a vLLM engine (CPU build)")

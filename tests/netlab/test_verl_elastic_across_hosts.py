@@ -13,10 +13,10 @@ import signal
 
 import pytest
 
-from tensorhub_verl.demo import hosts
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.testing.leftovers import MARKER_ENV, new_marker, wait_none_with_marker
-from tensorhub_verl.testing.tiny_model import float32_bytes
+from tensorhub_dev.demo import hosts
+from tensorhub_dev.demo.task import build_task
+from tensorhub_dev.testing.leftovers import MARKER_ENV, new_marker, wait_none_with_marker
+from tensorhub_verl.bench.tiny_model import float32_bytes
 from tests.requires import require
 
 require("vllm", reason="the replica and the elastic node are vLLM engines (CPU build)")

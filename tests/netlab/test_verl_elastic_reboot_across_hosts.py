@@ -16,9 +16,9 @@ import signal
 
 import pytest
 
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.netlab.verl_modes import run_variant
-from tensorhub_verl.testing.leftovers import MARKER_ENV, new_marker, wait_none_with_marker
+from tensorhub_dev.demo.task import build_task
+from tensorhub_dev.netlab.verl_modes import run_variant
+from tensorhub_dev.testing.leftovers import MARKER_ENV, new_marker, wait_none_with_marker
 from tests.requires import require
 
 require("vllm", reason="the replica and the elastic node are vLLM engines (CPU build)")

@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.netlab.verl_job import TRAINER_HOST, run_on_lab
-from tensorhub_verl.netlab.verl_modes import ROLLOUT_RESOURCE, mode_lab
-from tensorhub_verl.testing.tiny_model import float32_bytes
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.progress import read_metrics
+from tensorhub_dev.demo.task import build_task
+from tensorhub_dev.netlab.verl_job import TRAINER_HOST, run_on_lab
+from tensorhub_dev.netlab.verl_modes import ROLLOUT_RESOURCE, mode_lab
+from tensorhub_verl.bench.tiny_model import float32_bytes
 from tests.netlab.test_verl_across_hosts import ROLLOUT_CLASSES, TRAINER_CLASSES
 from tests.requires import require
 

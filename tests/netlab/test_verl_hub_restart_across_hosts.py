@@ -14,12 +14,12 @@ import json
 
 import pytest
 
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.netlab.verl_faults import HubRestart
-from tensorhub_verl.netlab.verl_job import TRAINER_HOST, run_on_lab
-from tensorhub_verl.netlab.verl_modes import ROLLOUT_RESOURCE, mode_lab
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.progress import read_metrics
+from tensorhub_dev.demo.task import build_task
+from tensorhub_dev.netlab.verl_faults import HubRestart
+from tensorhub_dev.netlab.verl_job import TRAINER_HOST, run_on_lab
+from tensorhub_dev.netlab.verl_modes import ROLLOUT_RESOURCE, mode_lab
 from tests.requires import require
 
 require("vllm", reason="the rollout replicas are vLLM engines (CPU build)")

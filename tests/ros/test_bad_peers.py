@@ -6,7 +6,7 @@ import signal
 import pytest
 
 import tensorhub_verl as th
-from tensorhub_verl.bench.soak_roles import impostor
+from tensorhub_dev.bench.soak_roles import impostor
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.planes import factory
@@ -37,7 +37,7 @@ def test_peers_with_unusable_metadata_cost_a_re_plan(hub, roles):
 
 @pytest.fixture
 def quick_hub():
-    server = th.start_hub(config=th.HubConfig(worker_timeout_s=3.0, heartbeat_s=0.5, suspect_s=2.0))
+    server = th.start_hub(config=th.HubConfig(worker_timeout_s=3.0, heartbeat_s=0.5, suspect_s=2.0, plane="tcp"))
     yield server
     server.stop()
 
@@ -56,9 +56,10 @@ def test_a_frozen_holder_costs_about_one_heartbeat_timeout_not_a_read_timeout(qu
             os.kill(frozen["pid"], signal.SIGSTOP)
             stopped.append(True)
 
-    # The plane the holders picked (UCX_TLS=tcp: TCP streams), so that the reader can read from them.
+    # The hub's plane, which the holders took (TCP streams), so that the reader can read from them.
     transport = GatedPlane("reader-agent", on_read=freeze_h1,
-                               inner=factory.create(ClientConfig().plane, "reader", hub.url, 30.0))
+                           inner=factory.create(ClientConfig().plane, "reader", hub.url, 30.0,
+                                                 hub_plane=hub.state.plane))
     # A read timeout far beyond the fetch timeout, and no straggler cut-off (a frozen holder looks like one:
     # test_a_straggler_holder_...): only the hub's verdict on h1 can save this fetch.
     client = Client(hub.url, "reader", plane=transport,

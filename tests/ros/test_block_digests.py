@@ -133,6 +133,7 @@ def test_digests_computed_on_the_gpu_equal_the_cpus():
     assert block_digests(chunks, m.tensors, gpu) == block_digests(chunks, m.tensors, cpu)
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_tp_rank_reading_from_a_holder_that_serves_the_wrong_slices_reads_them_elsewhere(hub, roles):
     chunk = 16 << 10
     config = ClientConfig.from_fields(window=4, transport="tcp")

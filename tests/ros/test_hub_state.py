@@ -360,28 +360,50 @@ def test_a_restarted_hub_never_reissues_the_lease_ids_of_the_instance_before_it(
 
 def test_a_joiner_is_named_the_nearest_holders_of_the_newest_versions_whose_planes_check_grants():
     """Registration's reply names likely sources so the joiner connects early, but only workers whose data
-    plane checks a grant on every read (for them the metadata is an address, not a capability), only holders
-    of a model's newest version, nearest first, at most as many as asked, never the joiner itself."""
+    plane checks a grant on every read (for them the metadata is an address, not a capability), that served
+    reads at the address they registered from, only holders of a model's newest version, nearest first, at
+    most as many as asked, never the joiner itself."""
+    from tensorhub_verl.ros.planes import tcp_wire
+
     state, _ = make_state()
     key = base64.b64encode(bytes(32)).decode()
 
-    def join(worker, dc, node, preconnect=0, grant=True, credential=""):
+    def metadata(worker, host="127.0.0.1", port=4000):
+        return base64.b64encode(tcp_wire.encode_metadata(f"{worker}-agent", host, port)).decode()
+
+    def join(worker, dc, node, preconnect=0, grant=True, credential="", host="127.0.0.1", port=4000):
         return state.register_worker(msg.RegisterWorker(
             worker=worker, location=msg.LocationMsg(dc=dc, node=node), agent_name=f"{worker}-agent",
-            agent_metadata_b64="bWV0YQ==", grant_key_b64=key if grant else None, preconnect=preconnect), credential)
+            agent_metadata_b64=metadata(worker, host, port), grant_key_b64=key if grant else None,
+            preconnect=preconnect), credential, registered_from="127.0.0.1")
+
+    def served(worker):  # readers read good bytes from it (as ReadDesk._land books a landed lease)
+        state.registry.get(worker).served_at_metadata += 4096
 
     credentials = {}
     for worker, dc, node, grant, version in [("stale", "dc0", "n1", True, 1), ("far", "dc1", "n0", True, 2),
-                                             ("near", "dc0", "n1", True, 2), ("nixl", "dc0", "n1", False, 2)]:
+                                             ("near", "dc0", "n1", True, 2), ("nixl", "dc0", "n1", False, 2),
+                                             ("silent", "dc0", "n1", True, 2)]:
         credentials[worker] = join(worker, dc, node, grant=grant).credential
         publish(state, worker, manifest(version=version))
+    for worker in ("stale", "far", "near", "nixl"):
+        served(worker)
+    join("elsewhere", "dc0", "n1", host="10.9.9.9")
+    publish(state, "elsewhere", manifest(version=2))
+    served("elsewhere")  # served, but its metadata names an address it did not register from
     assert [p.worker for p in join("joiner", "dc0", "n2", preconnect=4).peers] == ["near", "far"]
     assert [(p.agent_name, p.agent_metadata_b64) for p in join("one", "dc0", "n2", preconnect=1).peers] == \
-        [("near-agent", "bWV0YQ==")]
+        [("near-agent", metadata("near"))]
     assert join("unasked", "dc0", "n2").peers == []
     assert join("unchecked", "dc0", "n2", preconnect=4, grant=False).peers == []
     again = join("near", "dc0", "n1", preconnect=4, credential=credentials["near"])  # e.g. after a hub restart
     assert [p.worker for p in again.peers] == ["far"]
+    # New metadata (another port): what it served before says nothing about the new address.
+    join("far", "dc1", "n0", credential=credentials["far"], port=22)
+    assert [p.worker for p in join("later", "dc0", "n2", preconnect=4).peers] == ["near"]
     join("newer", "dc1", "n5")
-    publish(state, "newer", manifest(version=3))  # named at once: no registration may see the set before it
+    publish(state, "newer", manifest(version=3))
+    served("newer")  # named at once: no registration may see the set before it
     assert [p.worker for p in join("after", "dc0", "n2", preconnect=4).peers] == ["newer"]
+
+

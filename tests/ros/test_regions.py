@@ -158,7 +158,8 @@ def test_unpublish_drains_every_region(regions):
 def test_tensorhub_hub_regions_starts_a_hub_per_region_and_prints_the_list(tmp_path):
     url_file = tmp_path / "hub.url"
     launcher = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--regions", "dc0/r0,dc0/r1",
-                                 "--port", "0", "--url-file", str(url_file)], stdout=subprocess.DEVNULL)
+                                 "--port", "0", "--plane", "tcp", "--url-file", str(url_file)],
+                                stdout=subprocess.DEVNULL)
     children = []
     try:
         deadline = time.monotonic() + 60

@@ -51,8 +51,8 @@ def test_a_run_from_a_holder_that_changed_its_bytes_is_read_around(hub, roles, p
         assert set(stats.sources) == {"good"}
         assert stats.corrupt_reads >= 1  # the tamperer's bytes were read, caught, and read again elsewhere
         holders = {h["holder"]: h for h in reader.status()["models"]["policy"][0]["holders"]}
-        # One reader's report keeps that reader off the copy; quarantine takes two (test_integrity.py).
-        assert not holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
+        # A report of the copy's own job quarantines it, never the last good copy (test_integrity.py).
+        assert holders["tamperer"]["quarantined"] and not holders["good"]["quarantined"]
 
 
 class _Counted:

@@ -53,7 +53,9 @@ def test_a_two_shard_hub_serves_the_published_bytes(shards):
     reader = _connect(shards, "reader")
     try:
         weights = make_weights(3, 2.0)
-        manifests = trainer.publish("policy", 1, weights)
+        published = trainer.publish("policy", 1, weights)  # the whole version's; its shares: one per shard
+        assert sorted(t.name for t in published.tensors) == sorted(weights) and published.layout == "hf"
+        manifests = published.shares
         # Each shard holds a non-empty share of whole tensors; together, every tensor once.
         names = [[spec.name for spec in m.tensors] for m in manifests]
         assert all(names) and sorted(sum(names, [])) == sorted(weights)
@@ -157,8 +159,11 @@ def test_a_shard_restarted_mid_fetch_loses_nothing(shards, roles):
         fetch.join(120)
         assert "stats" in result, "the fetch did not survive the shard's restart"
         assert digest(result["stats"].buffers) == published["digest"]
-        # Shard 1 learnt the trainer's share and the reader's copy again from their re-registrations.
-        assert reader.shards[1].versions("policy", "hf@1/2") == {1: ["reader", "trainer"]}
+        # Shard 1 learnt the trainer's share and the reader's copy again from their re-registrations. The reader's
+        # copy there began with chunks it only announced to the new instance: it holds it, but serves none of it.
+        assert reader.shards[1].versions("policy", "hf@1/2") == {1: ["trainer"]}
+        states = {h["holder"]: h["state"] for v in reader.shards[1].status()["models"]["policy"] for h in v["holders"]}
+        assert states == {"trainer": "active", "reader": "held"}
     finally:
         reader.close()
         gated.close()
@@ -167,7 +172,7 @@ def test_a_shard_restarted_mid_fetch_loses_nothing(shards, roles):
 def test_tensorhub_hub_shards_starts_and_stops_its_shard_processes(tmp_path):
     url_file = tmp_path / "hub.url"
     launcher = subprocess.Popen([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--shards", "2", "--port", "0",
-                                 "--url-file", str(url_file)], stdout=subprocess.DEVNULL)
+                                 "--plane", "tcp", "--url-file", str(url_file)], stdout=subprocess.DEVNULL)
     children = []
     try:
         deadline = time.monotonic() + 60

@@ -156,6 +156,7 @@ def test_aligned_slices_read_no_edges():
         assert plan.edge_bytes == 0 and all(ChunkChecker(m, plan, {0: sl}).checks(c) for c in plan.pieces)
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_tp_rank_reading_the_trainers_row_shards_from_a_rank_that_serves_wrong_rows_reads_them_elsewhere(hub,
                                                                                                           roles):
     chunk = 16 << 10
@@ -175,6 +176,7 @@ def test_a_tp_rank_reading_the_trainers_row_shards_from_a_rank_that_serves_wrong
     assert "rank-1" not in stats.sources and "honest" in stats.sources
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_tp3_rank_reading_from_a_holder_with_a_wrong_byte_at_its_slice_edge_reads_it_elsewhere(hub, roles):
     chunk = 16 << 10
     config = ClientConfig.from_fields(window=4, transport="tcp")

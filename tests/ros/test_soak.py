@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tensorhub_verl.bench import soak
+from tensorhub_dev.bench import soak
 from tensorhub_verl.errors import ConfigError
 
 

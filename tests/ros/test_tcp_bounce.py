@@ -122,3 +122,42 @@ def test_bounce_buffer_sizes_are_checked():
         ClientConfig.from_fields(transport="tcp", tcp_bounce_bytes=16)
     config = ClientConfig.from_fields(transport="tcp", tcp_bounce_bytes=1 << 20)
     assert config.plane.tcp.bounce_bytes == 1 << 20
+
+
+def test_a_storage_that_shrank_after_registration_serves_no_range_past_its_live_end(planes):
+    """FSDP frees a parameter's storage with ``resize_(0)`` between steps: a read granted on the size the storage
+    had at registration must be refused, not served by a view that grows the storage again."""
+    holder, reader = planes
+    served = torch.ones(4096, dtype=torch.uint8)
+    holder.register([served])
+    addr = served.data_ptr()
+    storage = served.untyped_storage()
+    assert holder._resolve(addr, 4096) is not None
+    storage.resize_(0)
+    assert holder._resolve(addr, 4096) is None and holder._resolve(addr, 1) is None
+    assert storage.nbytes() == 0, "resolving the range must not grow the storage back"
+    into = torch.zeros(4096, dtype=torch.uint8)
+    reader.register([into])
+    token = grants.sign(holder.grant_key, 1, grants.expiry_ms(30), [(addr, 4096)])
+    wake = threading.Event()
+    handle = reader.start_read("bounce-holder", [Copy(into.data_ptr(), 0, "DRAM", addr, 0, "DRAM", 4096)],
+                               Grant(token), wake=wake)
+    assert wake.wait(30)
+    assert reader.poll(handle) is ReadState.FAILED and storage.nbytes() == 0
+    assert torch.equal(into, torch.zeros(4096, dtype=torch.uint8))
+    reader.release(handle)
+
+
+def test_the_bounce_view_refuses_ranges_outside_the_live_storage():
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from tensorhub_verl.ros.planes.tcp_bounce import view
+
+    tensor = torch.arange(64, dtype=torch.uint8)
+    storage = tensor.untyped_storage()
+    ref, base = StorageWeakRef(storage), storage.data_ptr()
+    assert torch.equal(view(ref, base, base + 8, 8), tensor[8:16])
+    assert view(ref, base, base + 60, 8) is None and view(ref, base, base - 1, 2) is None
+    storage.resize_(16)
+    assert view(ref, base, base + 8, 8) is None or storage.data_ptr() == base  # moved: refused
+    assert view(ref, base, base + 16, 1) is None and storage.nbytes() == 16

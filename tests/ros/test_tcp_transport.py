@@ -74,6 +74,7 @@ def test_the_tcp_plane_declares_what_it_needs():
         plane.close()
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_fetch_over_tcp_moves_the_same_bytes_from_every_holder(hub, roles):
     published = roles(tcp_holder, hub.url, "trainer", 3, 4.0).result(120)
     with th.connect(hub.url, "reader-1", transport="tcp", window=4) as first:
@@ -92,10 +93,15 @@ def _connections_to(pid: int) -> int:
                if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in listening)
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_joiner_connects_to_the_newest_versions_holder_at_registration_before_its_first_fetch(hub, roles):
     """The hub names likely sources in the registration's reply (the TCP plane's metadata is only an address),
-    so a joiner's first fetch does not wait for its connections (bench transport's first read)."""
+    so a joiner's first fetch does not wait for its connections (bench transport's first read). Only a holder
+    that already served good reads at its address is named (test_trust_peers.py): a first reader makes it one."""
     published = roles(tcp_holder, hub.url, "trainer", 3, 1.0).result(120)
+    with th.connect(hub.url, "first", transport="tcp") as first:
+        assert digest(first.fetch("policy", 1, hold=False).buffers) == published["digest"]
+    wait_until(lambda: _connections_to(published["pid"]) == 0, 10, "the first reader's connections end with it")
     # The cold joiner registers first; the joiner's own connections, made from its registration's reply, mark
     # the moment by which the cold one would have connected too: no sleep decides the negative.
     with th.connect(hub.url, "late-joiner", transport="tcp", preconnect_peers=0) as cold, \
@@ -174,6 +180,7 @@ def test_a_read_of_several_ranges_reports_its_bytes_landed_in_order(bare):
     reader.release(handle)
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_fetch_over_tcp_is_driven_by_its_reads_not_by_polling(hub, roles):
     """The fetch loop sleeps until a read lands or an exchange returns: with a poll interval longer than the
     fetch's timeout, it can only finish if its reads wake it."""
@@ -231,6 +238,7 @@ def test_grants_cover_exact_ranges_until_they_expire():
     assert grants.check(key, "garbage", [], now=0) == "malformed grant"
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_the_hub_signs_grants_only_for_holders_that_gave_it_a_key(hub, roles):
     roles(tcp_holder, hub.url, "tcp-trainer", 1, 1.0).result(120)
     reader = TcpPlane("grant-reader", "127.0.0.1")
@@ -267,6 +275,7 @@ def test_a_dead_peer_fails_reads_with_read_error(bare, roles):
         assert time.monotonic() < deadline
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_holder_killed_mid_fetch_costs_a_re_plan(hub, roles):
     doomed = roles(tcp_holder, hub.url, "h1", 5, 4.0).result(120)
     survivor = roles(tcp_holder, hub.url, "h2", 5, 4.0).result(120)
@@ -415,10 +424,12 @@ def test_one_grant_never_yields_more_bytes_than_it_signs(bare):
     granted = [(info["addr"], 65536)]
     grant = grants.sign(info["key"], 1, grants.expiry_ms(30), granted)
     with socket.create_connection(_holder_address(info), timeout=10) as s:
+        wire.expect_hello(s, "bare-holder", "the holder")
         s.sendall(_raw_request(grant, granted, granted * 1024))
         status, length = wire.REPLY.unpack(wire.recv_exact(s, wire.REPLY.size))
         assert status == wire.REFUSED and b"overlap" in wire.recv_exact(s, length)
     with socket.create_connection(_holder_address(info), timeout=10) as s:  # the honest form still works
+        wire.expect_hello(s, "bare-holder", "the holder")
         s.sendall(_raw_request(grant, granted, []))
         status, length = wire.REPLY.unpack(wire.recv_exact(s, wire.REPLY.size))
         assert status == wire.OK and length == 65536
@@ -458,6 +469,7 @@ def test_idle_strangers_cannot_fill_a_holders_connection_slots(bare):
             s.close()
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
     """A token holder registers with TCP-plane metadata naming some other host's port (here an SSH port
     elsewhere): the hub refuses it, so no joiner is ever told to connect there. Its own address passes."""
@@ -471,7 +483,7 @@ def test_a_worker_cannot_advertise_another_hosts_address_to_joiners(hub):
         metadata = base64.b64encode(tcp_wire.encode_metadata(f"{worker}-agent", host, 22)).decode()
         return raw.post(msg.REGISTER_PATH, msg.RegisterWorker(
             worker=worker, location=msg.LocationMsg(), agent_name=f"{worker}-agent", agent_metadata_b64=metadata,
-            grant_key_b64=base64.b64encode(grants.new_key()).decode(), preconnect=4), msg.WorkerAck)
+            grant_key_b64=base64.b64encode(grants.new_key()).decode(), preconnect=4, plane="tcp"), msg.WorkerAck)
 
     with pytest.raises(errors.InvalidRequest, match="not the address this worker registered from"):
         register("liar", "192.0.2.44")
@@ -491,6 +503,7 @@ class _RecordingTcp(TcpPlane):
         return super()._start_read(peer, copies, grant, wake)
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_an_unpublished_holding_refuses_reads_whose_grants_have_not_expired(hub):
     """A reader keeps the grants of a fetch it completed and replays them after the holder unpublished that
     version (the grants' TTL has not run out): the holder serves none of those bytes any more."""
@@ -598,6 +611,7 @@ class _CountingTcp(TcpPlane):
         super().release(handle)
 
 
+@pytest.mark.parametrize("hub", ["tcp"], indirect=True)
 def test_a_seed_over_tcp_posts_every_wan_lease_at_once_in_order(hub):
     """Over TCP a seed does not hold WAN leases back (``wan_reads_posted``): it posts all of them in order on one
     stream, which sends them back to back, and reads nothing across the WAN on the shared streams."""

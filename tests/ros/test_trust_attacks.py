@@ -142,7 +142,8 @@ def test_a_holder_that_only_announced_its_chunks_is_no_copy_for_the_trainers_unp
         liar.post("/v1/fetch/begin", msg.BeginFetch(**key, digest=published.digest, regions=[msg.RegionMsg(
             addr=1 << 20)], have=list(range(len(published.chunks())))), msg.BeginFetchReply)
         liar.post("/v1/fetch/end", msg.EndFetch(**key, ok=True, hold=True), msg.EndFetchAck)
-        assert _holders(trainer)["liar"]["state"] == "active"  # it may serve: readers check what it sends
+        assert _holders(trainer)["liar"]["state"] == "held", "announced chunks never make a source"
+        assert trainer.versions("policy") == {1: ["trainer"]}
         trainer.unpublish("policy", 1)
         assert trainer.preserved_bytes == published.nbytes, "the liar was counted as a copy: v1 would be lost"
         assert _holders(trainer)["trainer~cpu"]["state"] == "active"

@@ -16,8 +16,8 @@ JOB = "the-trainers-own-job-key"
 WEIGHTS = {"w": torch.arange(4096, dtype=torch.float32)}
 
 
-def _hub(**limits):
-    return th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5, limits=HubLimits(**limits)))
+def _hub(plane="auto", **limits):
+    return th.start_hub(token=TOKEN, config=th.HubConfig(heartbeat_s=0.5, limits=HubLimits(**limits), plane=plane))
 
 
 def _publish(client, req: msg.Publish) -> None:
@@ -80,7 +80,7 @@ def test_a_freed_worker_id_is_never_given_to_another_job():
 
 # ------------------------------------------------------------ 8. NIXL metadata only to the job's own
 def test_nixl_metadata_goes_only_to_workers_of_the_holders_job():
-    hub = _hub()
+    hub = _hub(plane="nixl")
     try:
         with th.connect(hub.url, "trainer", token=TOKEN, job_key=JOB, transport="nixl",
                         chunk_bytes=4096) as trainer:
@@ -101,7 +101,7 @@ def test_nixl_metadata_goes_only_to_workers_of_the_holders_job():
     finally:
         hub.stop()
     # One plane per hub: on a TCP hub, whose holders check a signed grant per read, a worker of another job reads.
-    tcp_hub = _hub()
+    tcp_hub = _hub(plane="tcp")
     try:
         with th.connect(tcp_hub.url, "trainer", token=TOKEN, job_key=JOB, transport="tcp",
                         chunk_bytes=4096) as trainer, \

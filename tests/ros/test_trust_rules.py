@@ -26,17 +26,22 @@ def test_a_model_belongs_to_its_first_publishers_job_unless_a_rule_names_its_own
         OwnerRule.parse("policy")
 
 
-def test_one_readers_reports_keep_only_that_reader_off_a_copy_two_quarantine_it():
+def test_a_report_quarantines_a_copy_only_on_its_own_jobs_word():
     evidence = CorruptionEvidence(hold_s=10.0)
-    assert not evidence.report(KEY, "holder", "reader-a", vouched=True, now=0.0)
-    assert not evidence.report(KEY, "holder", "reader-a", vouched=True, now=1.0)  # the same reader again
-    assert evidence.excluded(KEY, "holder", "reader-a", 1.0)
-    assert not evidence.excluded(KEY, "holder", "reader-b", 1.0)
-    assert evidence.report(KEY, "holder", "reader-b", vouched=True, now=2.0)
-    assert evidence.excluded(KEY, "holder", "reader-c", 2.0) and evidence.quarantined(KEY, "holder", 2.0)
+    # Another job's reports, however many workers send them: only that job's readers read elsewhere.
+    for reader in ("stranger-a", "stranger-b", "stranger-c"):
+        assert not evidence.report(KEY, "holder", reader, "job-x", "job-owner", protected=False, now=0.0)
+    assert evidence.excluded(KEY, "holder", "stranger-d", "job-x", 1.0), "the whole reporting job reads elsewhere"
+    assert not evidence.excluded(KEY, "holder", "rollout", "job-owner", 1.0) and not evidence.quarantined(
+        KEY, "holder", 1.0)
+    # Its own job's word quarantines it for everyone, unless it is the last vouched copy of a retained version.
+    assert not evidence.report(KEY, "holder", "rollout", "job-owner", "job-owner", protected=True, now=1.0)
+    assert evidence.excluded(KEY, "holder", "rollout", "job-owner", 1.0), "the reporter itself reads elsewhere"
+    assert not evidence.excluded(KEY, "holder", "rollout-2", "job-owner", 1.0)
+    assert evidence.report(KEY, "holder", "rollout", "job-owner", "job-owner", protected=False, now=2.0)
+    assert evidence.excluded(KEY, "holder", "anyone", "job-y", 2.0) and evidence.quarantined(KEY, "holder", 2.0)
     evidence.expire(20.0)
-    assert not evidence.excluded(KEY, "holder", "reader-a", 20.0)
-    assert evidence.report(KEY, "copy", "reader-a", vouched=False, now=0.0), "an unvouched copy: one report"
+    assert not evidence.excluded(KEY, "holder", "stranger-d", "job-x", 20.0)
 
 
 def test_neither_an_announced_copy_nor_a_quarantined_one_counts_as_a_copy():
@@ -56,8 +61,8 @@ def test_neither_an_announced_copy_nor_a_quarantined_one_counts_as_a_copy():
     assert must_preserve(), "the liar read nothing through the hub"
     publish(state, "mirror", m)
     assert not must_preserve(), "an owner's copy counts"
-    for reader in ("r1", "r2"):
-        state.quarantine.evidence.report(KEY, "mirror", reader, vouched=True, now=state._clock())
+    state.quarantine.evidence.report(KEY, "mirror", "r1", "default", "default", protected=False,
+                                     now=state._clock())
     assert must_preserve(), "a quarantined copy does not"
     with pytest.raises(InvalidRequest, match="active; only a fetch begun"):
         state.end_fetch(msg.EndFetch(worker="mirror", holder="mirror", model="policy", version=1, layout="hf",

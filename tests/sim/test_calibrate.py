@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.sim import calibrate as cal
-from tensorhub_verl.sim.calibrate import LabWorkload, binomial_parents, compare, lab_cluster, simulate_lab
+from tensorhub_dev.sim import calibrate as cal
+from tensorhub_dev.sim.calibrate import LabWorkload, binomial_parents, compare, lab_cluster, simulate_lab
 
 MIB = 1 << 20
 
@@ -87,7 +87,7 @@ def test_a_lab_runs_params_give_back_the_workload_it_ran():
     """The bench's JSON params carry process knobs too (progress, timeouts); the simulator keeps the workload."""
     from dataclasses import asdict
 
-    from tensorhub_verl.bench.modes import LabBenchParams
+    from tensorhub_dev.bench.modes import LabBenchParams
 
     bench = LabBenchParams(rollouts=3, size_mb=16, progress="pump", broadcast=False)
     assert LabWorkload.from_params(asdict(bench)) == LabWorkload(rollouts=3, size_mb=16)

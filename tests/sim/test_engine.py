@@ -7,8 +7,8 @@ import math
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.sim.engine import FlowSim, SimulationStuck
-from tensorhub_verl.sim.topology import GBIT, build_cluster
+from tensorhub_dev.sim.engine import FlowSim, SimulationStuck
+from tensorhub_dev.sim.topology import GBIT, build_cluster
 
 
 def _sim(**kw):

@@ -9,14 +9,14 @@ import pytest
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.planner import PlannerConfig
-from tensorhub_verl.sim import cli
-from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.hub import HubQueue, HubRequest
-from tensorhub_verl.sim.hub_costs import MEASURED, MIB, HubCosts, calibrate_hub
-from tensorhub_verl.sim.modes import FREE_HUB, ModeParams, run_all, standalone
-from tensorhub_verl.sim.swarm import Swarm, shard_chunks
-from tensorhub_verl.sim.tensorhub import TensorHub
-from tensorhub_verl.sim.topology import build_cluster
+from tensorhub_dev.sim import cli
+from tensorhub_dev.sim.engine import FlowSim
+from tensorhub_dev.sim.hub import HubQueue, HubRequest
+from tensorhub_dev.sim.hub_costs import MEASURED, MIB, HubCosts, calibrate_hub
+from tensorhub_dev.sim.modes import FREE_HUB, ModeParams, run_all, standalone
+from tensorhub_dev.sim.swarm import Swarm, shard_chunks
+from tensorhub_dev.sim.tensorhub import TensorHub
+from tensorhub_dev.sim.topology import build_cluster
 
 GB = 1e9
 SMALL = dict(racks=4, nodes_per_rack=4, rollouts=6, holders=4, joiners=2, chunks=8, weights_gb=10.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.sim.maxmin import max_min_rates
+from tensorhub_dev.sim.maxmin import max_min_rates
 
 
 def test_two_flows_sharing_one_link_get_half_each():

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tensorhub_verl.errors import ConfigError
-from tensorhub_verl.sim import cli
-from tensorhub_verl.sim.modes import ModeParams, run_all, standalone
+from tensorhub_dev.sim import cli
+from tensorhub_dev.sim.modes import ModeParams, run_all, standalone
 
 SMALL = dict(racks=4, nodes_per_rack=4, rollouts=6, holders=4, joiners=2, chunks=8, weights_gb=10.0)
 

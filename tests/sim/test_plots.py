@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorhub_verl.sim import plots
-from tensorhub_verl.sim.calibrate import LabWorkload, simulate_lab
+from tensorhub_dev.sim import plots
+from tensorhub_dev.sim.calibrate import LabWorkload, simulate_lab
 from tests.requires import require
 
 

@@ -8,10 +8,10 @@ import pytest
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.planner import PlannerConfig
-from tensorhub_verl.sim.engine import FlowSim
-from tensorhub_verl.sim.swarm import PullFromSource, Relay, Swarm, chain_parents, shard_chunks, tree_parents
-from tensorhub_verl.sim.tensorhub import TensorHub
-from tensorhub_verl.sim.topology import build_cluster
+from tensorhub_dev.sim.engine import FlowSim
+from tensorhub_dev.sim.swarm import PullFromSource, Relay, Swarm, chain_parents, shard_chunks, tree_parents
+from tensorhub_dev.sim.tensorhub import TensorHub
+from tensorhub_dev.sim.topology import build_cluster
 
 GB = 1e9
 

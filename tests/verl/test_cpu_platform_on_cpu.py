@@ -75,8 +75,8 @@ CPU_PLATFORM = textwrap.dedent("""
 
 
 def _job(tmp_path, algorithm: str, trainer_mode: str):
-    from tensorhub_verl.demo.job import TinyJob
-    from tensorhub_verl.demo.task import TaskFiles
+    from tensorhub_dev.demo.job import TinyJob
+    from tensorhub_dev.demo.task import TaskFiles
 
     task = TaskFiles(model_dir=tmp_path / "m", train_file=tmp_path / "t.parquet", val_file=tmp_path / "v.parquet",
                      reward_file=tmp_path / "r.py")

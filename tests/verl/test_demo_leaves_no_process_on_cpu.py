@@ -1,7 +1,7 @@
 """The demo's elastic phase leaves nothing behind: after ``tensorhub demo`` returns, no process it started (verl's
 trainer, Ray's cluster and workers, the replicas' vLLM engines, the elastic node ``tensorhub attach-vllm`` and
 its engine core) is still alive, children re-parented to init included. Found by a marker in the environment of
-everything the demo starts (``tensorhub_verl.testing.leftovers`` scans /proc)."""
+everything the demo starts (``tensorhub_dev.testing.leftovers`` scans /proc)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import signal
 
 import pytest
 
-from tensorhub_verl.demo.grpo import run
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.testing.leftovers import MARKER_ENV, new_marker, wait_none_with_marker, with_marker
+from tensorhub_dev.demo.grpo import run
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.task import build_task
+from tensorhub_dev.testing.leftovers import MARKER_ENV, new_marker, wait_none_with_marker, with_marker
 from tests.requires import require
 
 require("vllm", reason="the rollout replicas and the elastic node are vLLM engines (CPU build)")

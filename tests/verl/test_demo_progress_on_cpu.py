@@ -2,7 +2,7 @@
 
 import json
 
-from tensorhub_verl.demo.progress import read_metrics, read_steps
+from tensorhub_dev.demo.progress import read_metrics, read_steps
 
 
 def _write(path, records, partial=""):

@@ -75,7 +75,7 @@ def test_the_trainer_publishes_to_every_region_of_a_hub_of_regions():
     from tensorhub_verl.ros.client.regional_client import RegionalClient
     from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
 
-    hubs = [th.start_hub(), th.start_hub()]
+    hubs = [th.start_hub(plane="tcp"), th.start_hub(plane="tcp")]
     spec = f"dc0/r0={hubs[0].url},dc0/r1={hubs[1].url}"
     engine = TensorHubCheckpointEngine(bucket_size=1, is_master=True, job="regions", node="t0",
                                        **_th(spec, relay_fanout=1, transport="tcp"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 import ray
@@ -91,7 +93,7 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
 
     import torch
 
-    from tensorhub_verl.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
+    from tensorhub_dev.netlab.verl_faults import HUB_PROCESS_TITLE, process_title
     from tensorhub_verl.ros.client.client import Client
     from tensorhub_verl.ros.client.config import ClientConfig
     from tensorhub_verl.verl.hub_actor import hub_restarts, job_credentials
@@ -120,6 +122,20 @@ def test_a_killed_hub_actor_comes_back_on_its_url_and_token_and_its_holders_re_r
         # The new instance knew nothing; the trainer's client re-registered its holding on its next heartbeat.
         wait_until(lambda: client.versions("policy").get(1) == ["trainer"], 60,
                    "the holding was not re-registered with the restarted hub")
+        # The job's owner rule came back with the actor's arguments: a token holder of another job publishes
+        # neither the job's model nor any form of it (an adapter, a delta) on the restarted hub.
+        from tensorhub_verl.errors import NotModelOwner
+        from tests.ros.outsiders import Outsider
+
+        published = client.publish("policy", 2, {"w": torch.arange(1024, dtype=torch.float32)})
+        mallory = Outsider(url, token, "mallory", job_key="another-job", plane=None, allow_plain_http=True)
+        try:
+            for model in ("policy", "policy.lora", "policy.delta"):
+                with pytest.raises(NotModelOwner):
+                    mallory.publish_copy(dataclasses.replace(published, model=model, version=2**62))
+        finally:
+            mallory.close()
+        assert client.latest("policy") == 2
     finally:
         if client is not None:
             client.close()

@@ -52,7 +52,7 @@ def test_adapter_publisher_copies_and_keeps_the_newest():
         pub = AdapterPublisher(client, model="policy", keep=2, unpublish_timeout_s=10)
         live = torch.ones(2, 4)
         for v in (1, 2, 3):
-            metrics = pub.publish(v, {A: live}, CFG)
+            metrics = pub.publish(v, {A: live}, CFG, base_version=0)
             live.add_(1)  # the optimizer moves the parameter; published versions must not change
         assert pub.held_versions == [2, 3] and sorted(client.versions(adapter_model("policy"))) == [2, 3]
         assert metrics["tensorhub/adapter_bytes"] == metrics["tensorhub/publish_bytes"] > 2 * 4 * 4
@@ -61,7 +61,7 @@ def test_adapter_publisher_copies_and_keeps_the_newest():
         tensors, cfg = unpack_adapter(stats.buffers)
         assert torch.equal(tensors[A], torch.full((2, 4), 2.0)) and cfg["r"] == 2
         with pytest.raises(errors.InvalidRequest):
-            pub.publish(4, {"model.norm.weight": live}, CFG)
+            pub.publish(4, {"model.norm.weight": live}, CFG, base_version=0)
     finally:
         client.close()
         hub.stop()

@@ -143,7 +143,7 @@ def value_model(tmp_path):
     """A tiny model's directory and its config as verl's HFModelConfig builds it from override_config."""
     from transformers import AutoConfig
 
-    from tensorhub_verl.testing.tiny_model import build_tiny_model
+    from tensorhub_verl.bench.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128,
                                  num_layers=1, num_heads=2, num_kv_heads=1)

@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from tensorhub_verl.demo.grpo import run
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics
-from tensorhub_verl.demo.task import build_task
+from tensorhub_dev.demo.grpo import run
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.progress import read_metrics
+from tensorhub_dev.demo.task import build_task
 from tests.requires import require
 
 require("vllm", reason="the rollout replicas are vLLM engines (CPU build)")
@@ -36,7 +36,7 @@ def starting_adapter(model_dir: str, out_dir) -> str:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from tensorhub_verl.testing.tiny_model import load_hf_model
+    from tensorhub_verl.bench.tiny_model import load_hf_model
 
     model = get_peft_model(load_hf_model(model_dir), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
                                                                 lora_dropout=0.0))

@@ -1,7 +1,7 @@
 """verl's own trainer, for real, through TensorHub: ``python -m verl.trainer.main_ppo`` on CPU.
 
 No fakes: Ray, FSDP2 trainer ranks over gloo, two vLLM replicas (vLLM's CPU build, float32), the hub as a
-Ray actor, NIXL/UCX transfers; the tiny model and the toy task are built locally (``tensorhub_verl.demo``).
+Ray actor, NIXL/UCX transfers; the tiny model and the toy task are built locally (``tensorhub_dev.demo``).
 Each step's metrics come from verl's own "file" logger.
 """
 
@@ -12,11 +12,11 @@ import math
 
 import pytest
 
-from tensorhub_verl.demo.grpo import run
-from tensorhub_verl.demo.job import TinyJob
-from tensorhub_verl.demo.progress import read_metrics
-from tensorhub_verl.demo.task import build_task
-from tensorhub_verl.testing.tiny_model import float32_bytes
+from tensorhub_dev.demo.grpo import run
+from tensorhub_dev.demo.job import TinyJob
+from tensorhub_dev.demo.progress import read_metrics
+from tensorhub_dev.demo.task import build_task
+from tensorhub_verl.bench.tiny_model import float32_bytes
 from tests.requires import require
 
 require("vllm", reason="the rollout replicas are vLLM engines (CPU build)")

@@ -24,7 +24,7 @@ def loc(node: str) -> dict[str, str]:
 def tiny_models(tmp_path_factory) -> dict[str, str]:
     """{'llama': dir, 'qwen2': dir}: 2 layers, hidden 128, float32 safetensors, a 300-token byte-level BPE
     (300 is not a multiple of 64, so vLLM pads the vocab: the mapping's padding path is exercised)."""
-    from tensorhub_verl.testing.tiny_model import build_tiny_model
+    from tensorhub_verl.bench.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny_models")
     return {arch: str(build_tiny_model(root / arch, arch=arch, bpe_vocab=300, seed=1)) for arch in ("llama", "qwen2")}

@@ -20,8 +20,8 @@ from tests.requires import require
 
 require("vllm")
 
-from tensorhub_verl.testing.engine_proc import EngineError, EngineProcess, EngineSpec, running_engines
-from tensorhub_verl.testing.tiny_model import ARCHITECTURES, build_tiny_model, greedy_mismatch
+from tensorhub_verl.vllm.engine_proc import EngineError, EngineProcess, EngineSpec, running_engines
+from tensorhub_verl.bench.tiny_model import ARCHITECTURES, build_tiny_model, greedy_mismatch
 from tensorhub_verl.vllm.results import HolderStatus
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 

@@ -28,8 +28,8 @@ from tests.requires import require
 require("vllm")
 
 import tensorhub_verl as th
-from tensorhub_verl.testing.engine_proc import ENGINE_ENV
-from tensorhub_verl.testing.leftovers import wait_gone
+from tensorhub_verl.vllm.engine_proc import ENGINE_ENV
+from tensorhub_dev.testing.leftovers import wait_gone
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.toy_run import N_NEW, PROMPTS, ToyRun
 

@@ -9,7 +9,7 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.testing.tiny_model import random_hf_weights
+from tensorhub_verl.bench.tiny_model import random_hf_weights
 from tensorhub_verl.vllm.buckets import plan_buckets
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_verl.vllm.layout import DecoderShape, hf_views, layout_name, vllm_param_shapes
@@ -144,7 +144,7 @@ def test_checkpoint_names_of_a_fused_moe_model(tmp_path):
     from safetensors.torch import load_file
 
     from tensorhub_verl.hf_names import checkpoint_state_dict
-    from tensorhub_verl.testing.tiny_model import build_tiny_model, load_hf_model
+    from tensorhub_verl.bench.tiny_model import build_tiny_model, load_hf_model
 
     d = build_tiny_model(tmp_path / "moe", arch="qwen3_moe", bpe_vocab=300, seed=1)
     model = load_hf_model(d)

@@ -20,10 +20,10 @@ from tests.requires import require
 require("vllm")
 
 import tensorhub_verl as th
-from tensorhub_verl.testing.engine_proc import EngineError, EngineSpec, running_engines
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_verl.vllm.engine_proc import EngineError, EngineSpec, running_engines
+from tensorhub_dev.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import layout_name
-from tensorhub_verl.testing.tiny_model import hf_state_dict, toy_training_step
+from tensorhub_verl.bench.tiny_model import hf_state_dict, toy_training_step
 from tests.vllm.conftest import loc
 from tests.vllm.toy_run import N_NEW, PROMPTS
 

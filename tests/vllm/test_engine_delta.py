@@ -24,8 +24,8 @@ import tensorhub_verl as th
 from tensorhub_verl.ros.client.delta_chunks import encode_delta
 from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER, delta_layout
 from tensorhub_verl.ros.wire.integrity import tensor_digests
-from tensorhub_verl.testing.engine_proc import EngineSpec, running_engines
-from tensorhub_verl.testing.tiny_model import hf_greedy, hf_state_dict, load_hf_model
+from tensorhub_verl.vllm.engine_proc import EngineSpec, running_engines
+from tensorhub_verl.bench.tiny_model import hf_greedy, hf_state_dict, load_hf_model
 from tensorhub_verl.verl.digest import differing
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.conftest import loc

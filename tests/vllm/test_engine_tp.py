@@ -16,7 +16,7 @@ from tests.requires import require
 
 require("vllm")
 
-from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
+from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
 from tensorhub_verl.vllm.layout import layout_name
 from tests.vllm.conftest import loc
 from tests.vllm.test_engine import outputs

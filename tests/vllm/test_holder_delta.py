@@ -10,7 +10,7 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl import errors
 from tensorhub_verl.ros.wire.delta_form import delta_layout
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_dev.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_verl.vllm.layout import hf_views
 from tests.vllm.test_holder import LAYOUT, SHAPE, hf_version, loader, new_params

@@ -11,7 +11,7 @@ import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_dev.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import hf_views, layout_name, vllm_param_shapes
 from tests.vllm.test_holder import SHAPE, hf_version
 

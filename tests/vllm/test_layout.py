@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import ConfigError, ManifestMismatch
-from tensorhub_verl.testing.tiny_model import random_hf_weights
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm, vllm_to_hf
+from tensorhub_verl.bench.tiny_model import random_hf_weights
+from tensorhub_dev.testing.layout_oracle import hf_to_vllm, vllm_to_hf
 from tensorhub_verl.vllm.layout import DecoderShape, hf_views, layout_name, parse_layout_name, vllm_param_shapes
 
 pytestmark = pytest.mark.vllm

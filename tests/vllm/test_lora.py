@@ -19,8 +19,8 @@ from tests.requires import require
 require("vllm")
 require("peft")
 
-from tensorhub_verl.testing.engine_proc import EngineSpec, running_engines
-from tensorhub_verl.testing.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
+from tensorhub_verl.vllm.engine_proc import EngineSpec, running_engines
+from tensorhub_verl.bench.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
 from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.vllm.lora import ADAPTER_LAYOUT, adapter_bytes, adapter_model, pack_adapter
 from tests.vllm.conftest import loc
@@ -57,7 +57,7 @@ class LoraRun:
 
         toy_training_step(self.peft, self.tok, version, lr=0.05)
         tensors = {n: t.detach().clone() for n, t in get_peft_model_state_dict(self.peft).items()}
-        self.adapters[version] = pack_adapter(tensors, self.peft.peft_config["default"])
+        self.adapters[version] = pack_adapter(tensors, self.peft.peft_config["default"], base_version=0)
         self.client.publish(adapter_model("policy"), version, self.adapters[version], layout=ADAPTER_LAYOUT)
         merged = copy.deepcopy(self.peft).merge_and_unload()
         self.refs[version] = [hf_greedy(merged, p, N_NEW) for p in PROMPTS]
@@ -144,7 +144,7 @@ def test_adapter_the_engine_cannot_serve_is_refused_and_nothing_changes(e1, run,
     from peft.utils.save_and_load import get_peft_model_state_dict
 
     tensors = {n: t.detach().clone() for n, t in get_peft_model_state_dict(wide).items()}
-    trainer.publish(adapter_model("policy"), 9, pack_adapter(tensors, wide.peft_config["default"]),
+    trainer.publish(adapter_model("policy"), 9, pack_adapter(tensors, wide.peft_config["default"], base_version=0),
                     layout=ADAPTER_LAYOUT)
     with pytest.raises(Exception, match="ConfigError.*rank 16 is greater than max_lora_rank 8"):
         e1.request("lora_update", 120, version=9)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorhub_verl.bench.pause_copy import measure
+from tensorhub_dev.bench.pause_copy import measure
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(180)]
 

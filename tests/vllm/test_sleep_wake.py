@@ -18,8 +18,8 @@ require("vllm")
 
 import tensorhub_verl as th
 from tensorhub_verl import errors
-from tensorhub_verl.testing.engine_proc import EngineProcess, EngineSpec
-from tensorhub_verl.testing.layout_oracle import hf_to_vllm
+from tensorhub_verl.vllm.engine_proc import EngineProcess, EngineSpec
+from tensorhub_dev.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import layout_name
 from tensorhub_verl.vllm.results import HolderStatus, SleepStatus
 from tests.vllm.conftest import loc

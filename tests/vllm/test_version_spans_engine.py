@@ -28,7 +28,7 @@ APPLY_AFTER = 8
 def _child(conn, model_dir: str, hub_url: str) -> None:
     import asyncio
 
-    from tensorhub_verl.testing.engine_proc import ENGINE_ENV
+    from tensorhub_verl.vllm.engine_proc import ENGINE_ENV
 
     os.environ.update(ENGINE_ENV)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
@@ -40,7 +40,7 @@ def _child(conn, model_dir: str, hub_url: str) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         import tensorhub_verl.vllm.extension  # noqa: F401  (prepares this process before the model loads)
-        from tensorhub_verl.testing.engine_proc import engine_kwargs
+        from tensorhub_verl.vllm.engine_proc import engine_kwargs
         from tensorhub_verl.vllm import version_spans, version_truth
 
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model_dir), enable_prefix_caching=False))
@@ -106,7 +106,7 @@ def _child(conn, model_dir: str, hub_url: str) -> None:
 
 @pytest.fixture(scope="module")
 def straddle(tiny_models, hub, trainer):
-    from tensorhub_verl.testing.tiny_model import hf_state_dict, load_hf_model
+    from tensorhub_verl.bench.tiny_model import hf_state_dict, load_hf_model
 
     weights = hf_state_dict(load_hf_model(tiny_models["qwen2"]))
     v2 = dict(weights)

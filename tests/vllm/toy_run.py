@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from tensorhub_verl.testing.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
+from tensorhub_verl.bench.tiny_model import hf_greedy, hf_state_dict, load_hf_model, toy_training_step
 
 PROMPTS = [[84, 259, 221, 81, 85, 73, 17, 40], [5, 200, 31, 99, 150]]
 N_NEW = 12

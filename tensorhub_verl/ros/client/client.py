@@ -105,14 +105,15 @@ class Client:
         stays registered when this one unpublishes."""
         self._closed = False
         timeouts, access = self.config.timeouts, self.config.hub
-        self._plane = plane or factory.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s)
+        self._hub = HubClient(hub_url, token, timeouts.request_timeout_s, timeouts.hub_retry_s,
+                              on_new_instance=self._reregister, ca_file=access.tls_ca_file,
+                              allow_plain_http=access.allow_plain_http, job_key=access.job_key)
         try:
-            self._hub = HubClient(hub_url, token, timeouts.request_timeout_s, timeouts.hub_retry_s,
-                                  on_new_instance=self._reregister, ca_file=access.tls_ca_file,
-                                  allow_plain_http=access.allow_plain_http, job_key=access.job_key)
+            # The hub chooses the plane (planes/one_plane.py): a client left on 'auto' takes the hub's.
+            self._plane = plane or factory.create(self.config.plane, worker, hub_url, timeouts.read_timeout_s,
+                                                  hub_plane=self._hub_plane())
         except BaseException:
-            if plane is None:  # a plane passed in stays its caller's to close
-                self._plane.close()
+            self._hub.close()
             raise
         self.hub_url = self._hub.url
         try:
@@ -219,7 +220,7 @@ class Client:
         if not (_is_int(rank) and _is_int(ranks) and 0 <= rank < ranks <= msg.MAX_ROW_SHARDS):
             raise errors.InvalidRequest(f"publish_shard needs 0 <= rank < ranks <= {msg.MAX_ROW_SHARDS}, got "
                                         f"rank {rank!r} of {ranks!r}")
-        full = _full_specs(specs)
+        full = full_specs(specs)
         pieces = _check_tensors(pieces)
         _check_pieces(pieces, full, rank, ranks)
         tensors = {spec.name: pieces[spec.name] for spec in full}
@@ -432,6 +433,23 @@ class Client:
                 self._held[(self.worker, *key)] = _Publication(self.worker, manifest, tensors)
         return stats
 
+    # ----------------------------------------------- seams for the forms built over several clients
+    # ShardedClient and RegionalClient hold one Client per hub process over one data plane; they use these, never
+    # a Client's private names.
+    def through_restart(self, call, deadline: float):
+        """``call`` (a query of this client's hub), retried through a restart of the hub as ``fetch`` is."""
+        return self._through_restart(call, deadline)
+
+    def register_again(self) -> None:
+        """Registers this worker with the hub again: after memory registered on a shared plane changed the plane's
+        metadata (NIXL), so that this hub hands the new metadata to readers."""
+        self._register_worker()
+
+    def share_plane_with(self, siblings: Sequence["Client"]) -> None:
+        """The other clients of this worker over the same data plane: memory this client stops serving stays
+        registered while a sibling still holds it."""
+        self._siblings = tuple(other for other in siblings if other is not self)
+
     def _through_restart(self, call, deadline: float):
         """Runs ``call``, retrying a VersionNotFound met within _RESTART_GRACE_S of a hub restart: the
         version's holders may not have re-registered with the new instance yet."""
@@ -553,6 +571,10 @@ class Client:
                 self._plane.load_peer(peer.agent_name, base64.b64decode(peer.agent_metadata_b64, validate=True))
             except (ReadError, binascii.Error, ValueError) as e:
                 logger.info("%s: not connecting early to %s: %s", self.worker, peer.worker, e)
+
+    def _hub_plane(self) -> str | None:
+        """The hub's data plane when this client's plane is left on 'auto' (None: it names its own)."""
+        return self._hub.plane() if self.config.plane.kind == "auto" else None
 
     def _first_registration(self) -> msg.WorkerAck:
         """A worker restarted under its old id waits until the hub frees the id (the old process's heartbeat
@@ -766,7 +788,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _full_specs(specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]]) -> tuple[TensorSpec, ...]:
+def full_specs(specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]]) -> tuple[TensorSpec, ...]:
     """The whole tensors' specs from name -> (shape, dtype), as every rank must pass them alike."""
     if not isinstance(specs, Mapping) or not specs:
         raise errors.InvalidRequest("publish_shard needs specs: a non-empty dict of name -> (full shape, dtype)")

@@ -16,7 +16,26 @@ logger = logging.getLogger("tensorhub_verl.ros.client.client_group")
 def link_siblings(clients: Sequence[Client]) -> None:
     """Memory one client stops serving stays registered on the shared plane while a sibling still holds it."""
     for client in clients:
-        client._siblings = tuple(other for other in clients if other is not client)
+        client.share_plane_with(clients)
+
+
+def merged_status(statuses: Sequence[dict]) -> dict:
+    """One status (``messages.StatusReply`` as JSON data, as ``Client.status`` returns) of several hub processes:
+    each model's versions as every hub lists them (a sharded hub's shares appear under their share layouts), every
+    worker once (as the hub that saw it last reports it), the reads in flight and revoked summed."""
+    out = {"hub_instance": ",".join(s["hub_instance"] for s in statuses), "workers": {}, "models": {},
+           "leases_in_flight": 0, "leases_revoked": 0, "sweeps": 0}
+    for status in statuses:
+        for worker, seen in status["workers"].items():
+            if worker not in out["workers"] or seen["last_seen_s"] < out["workers"][worker]["last_seen_s"]:
+                out["workers"][worker] = seen
+        for model, versions in status["models"].items():
+            out["models"].setdefault(model, []).extend(versions)
+        for field in ("leases_in_flight", "leases_revoked", "sweeps"):
+            out[field] += status.get(field, 0)
+    for versions in out["models"].values():
+        versions.sort(key=lambda v: (v["version"], v["layout"]))
+    return out
 
 
 def results_of(futures: Sequence[Future]) -> list:

@@ -167,7 +167,7 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         raise errors.InvalidRequest("fetch(have=...) needs into: the buffers that hold version `have`")
     started = time.monotonic()
     deadline = started + (timeout or client.config.timeouts.fetch_timeout_s)
-    manifest = client._through_restart(lambda: client.manifest(model, version, layout), deadline)
+    manifest = client.through_restart(lambda: client.manifest(model, version, layout), deadline)
     check_buffers(manifest, into)
     tensors = {spec.name: into[spec.name] for spec in manifest.tensors}
     if have >= manifest.version:

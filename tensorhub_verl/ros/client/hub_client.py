@@ -116,6 +116,10 @@ class HubClient:
         return self._call("GET", path, None, reply, params, timeout)
 
     # ------------------------------------------------------------ queries: no worker identity needed
+    def plane(self) -> str:
+        """The data plane every worker of this hub uses (``planes/one_plane.py``)."""
+        return self.get(msg.HUB_INFO_PATH, msg.HubInfo).plane
+
     def versions(self, model: str, layout: str | None = None) -> dict[int, list[str]]:
         """The versions of ``model`` that some holder has (in ``layout``; None: in any layout) -> holders."""
         params = {"model": model} | ({"layout": layout} if layout else {})
@@ -286,3 +290,17 @@ def _error_of(status: int, content: bytes) -> errors.TensorHubError:
     if cls is errors.ManifestMismatch:
         return errors.ManifestMismatch(body.detail, tensor=body.tensor)
     return cls(f"{body.detail} (HTTP {status})" if cls is errors.InvalidRequest else body.detail)
+
+
+def hub_plane_for(config, hub_url: str, token: str | None) -> str | None:
+    """The plane a client with ``config`` (a ``ClientConfig``) creates for the hub at ``hub_url``: the hub's, asked
+    once, when the config leaves the plane on 'auto'; None when the config names one."""
+    if config.plane.kind != "auto":
+        return None
+    access = config.hub
+    hub = HubClient(hub_url, token, config.timeouts.request_timeout_s, config.timeouts.hub_retry_s,
+                    ca_file=access.tls_ca_file, allow_plain_http=access.allow_plain_http, job_key=access.job_key)
+    try:
+        return hub.plane()
+    finally:
+        hub.close()

@@ -40,13 +40,15 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
-from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, results_of
+from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.client.hub_client import hub_plane_for
 from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
-from tensorhub_verl.ros.wire.regions import (commit_layout, parse_regions, region_of, relay_children, relay_layout,
-                                             relay_parents, relays_from_here)
+from tensorhub_verl.ros.wire.regions import (commit_layout, complete_holders, parse_regions, region_of,
+                                             relay_children, relay_layout, relay_parents, relay_wanted,
+                                             relays_from_here)
 from tensorhub_verl.ros.wire.topology import Location
 
 logger = logging.getLogger("tensorhub_verl.ros.client.regional_client")
@@ -71,8 +73,9 @@ class RegionalClient:
         self._children = relay_children(list(self.regions), fanout)
         self._token = token
         self._own_plane = plane is None
-        self._plane = plane or factory.create(self.config.plane, worker, next(iter(self.regions.values())),
-                                               self.config.timeouts.read_timeout_s)
+        first = next(iter(self.regions.values()))
+        self._plane = plane or factory.create(self.config.plane, worker, first, self.config.timeouts.read_timeout_s,
+                                               hub_plane=hub_plane_for(self.config, first, token))
         self._lock = threading.Lock()
         self._clients: dict[str, Client] = {}
         self._fetched: dict[str, list[int]] = {}
@@ -91,8 +94,8 @@ class RegionalClient:
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
-                chunk_bytes: int | None = None, verified: Manifest | None = None, shard_group: str | None = None,
-                shard_count: int = 1) -> Manifest:
+                chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1,
+                verified: Manifest | None = None) -> Manifest:
         """Publishes to every region; the version becomes visible in a region only once every region holds it.
         Returns the manifest (the same in every region).
 
@@ -124,7 +127,9 @@ class RegionalClient:
                                                               commit_layout(layout), None, _GROUP, 2))
         return first
 
-    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], **kwargs) -> Manifest:
+    def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], *,
+                      specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]], rank: int, ranks: int,
+                      layout: str = "hf", group: str = "shards", chunk_bytes: int | None = None) -> Manifest:
         """Row shards are published to one hub process only (``Client.publish_shard``)."""
         raise errors.ConfigError(f"{self.worker}: publishing row shards (an FSDP rank's rows) to a hub of regions is "
                                  f"not supported; publish whole tensors from one rank (verl: tensorhub.staging with "
@@ -136,8 +141,16 @@ class RegionalClient:
         with self._lock:
             return sum(client.preserved_bytes for client in self._clients.values())
 
-    def unpublish(self, model: str, version: int, layout: str = "hf", timeout: float | None = None) -> None:
-        """Returns once no read of this worker's copy is in flight in any region."""
+    def unpublish(self, model: str, version: int, layout: str | None = None, timeout: float | None = None) -> None:
+        """Returns once no read of this worker's copy is in flight in any region (``layout`` None: every layout
+        this worker holds the version in, as ``Client.unpublish``)."""
+        if layout is None:
+            layouts = sorted({lay for m, v, lay in self.holdings() if (m, v) == (model, version)})
+            if not layouts:
+                raise errors.VersionNotFound(f"{self.worker} holds no version {version} of {model!r} in any region")
+            for lay in layouts:
+                self.unpublish(model, version, lay, timeout)
+            return
         with self._lock:
             clients = dict(self._clients)
             marker = self._markers.pop((model, version, layout), None)
@@ -190,9 +203,11 @@ class RegionalClient:
             self._relay(stats)
         return stats
 
-    def fetch_slices(self, model: str, version: int | str = "latest", **kwargs) -> FetchStats:
-        version = self._await_relay(model, version, kwargs.get("layout", "hf"))
-        stats = self.home.fetch_slices(model, version, **kwargs)
+    def fetch_slices(self, model: str, version: int | str = "latest", *, into: Mapping[str, torch.Tensor],
+                     slices: Mapping[str, Any] | None = None, layout: str = "hf",
+                     timeout: float | None = None) -> FetchStats:
+        version = self._await_relay(model, version, layout)
+        stats = self.home.fetch_slices(model, version, into=into, slices=slices, layout=layout, timeout=timeout)
         self._note_fetched(model, stats.version)
         return stats
 
@@ -216,7 +231,14 @@ class RegionalClient:
         return sorted({h for c in clients for h in c.holdings()
                        if not h[2].endswith((commit_layout(""), relay_layout("")))})
 
-    def status(self) -> dict[str, dict]:
+    def status(self) -> dict:
+        """The status of the regions' hubs this worker talks to, as one (``client_group.merged_status``); a
+        region's own: ``region_status``."""
+        with self._lock:
+            names = list(self._clients)
+        return merged_status(self._each(names, lambda name, client: client.status()))
+
+    def region_status(self) -> dict[str, dict]:
         """Each region's hub status, for the regions this worker talks to."""
         with self._lock:
             clients = dict(self._clients)
@@ -255,7 +277,7 @@ class RegionalClient:
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
-                client._register_worker()
+                client.register_again()
 
     def _note_fetched(self, model: str, version: int) -> None:
         with self._lock:
@@ -288,13 +310,11 @@ class RegionalClient:
         m = stats.manifest
         marker_layout = relay_layout(m.layout)
         try:
-            if not relays_from_here(self.worker, _sources(self.home.status(), m.model, m.version, m.layout)):
+            if not relays_from_here(self.worker, complete_holders(self.home.status(), m.model, m.version, m.layout)):
                 return
 
             def relay_to(name: str, client: Client) -> None:
-                # Only where the version is visible (committed), and not yet passed on by another reader.
-                if m.version in client.versions(m.model, m.layout) and \
-                        m.version not in client.versions(m.model, marker_layout):
+                if relay_wanted(m.version, client.versions(m.model, m.layout), client.versions(m.model, marker_layout)):
                     client.relay(m, stats.buffers)
                     with self._lock:
                         marker = self._markers.setdefault((m.model, m.version, marker_layout),
@@ -322,9 +342,3 @@ class RegionalClient:
         """``call`` on each named region's client at once; the results in order. Waits for every call, then
         raises the first failure."""
         return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])
-
-
-def _sources(status: dict, model: str, version: int, layout: str) -> list[str]:
-    """The active, complete holders of a version in a hub's ``status()``."""
-    return [h["holder"] for v in status["models"].get(model, ()) if (v["version"], v["layout"]) == (version, layout)
-            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]

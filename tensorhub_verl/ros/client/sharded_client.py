@@ -26,11 +26,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client.client import Client, _full_specs
+from tensorhub_verl.ros.client.client import Client, full_specs
 from tensorhub_verl.ros.client.config import ClientConfig
-from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, results_of
+from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers
+from tensorhub_verl.ros.client.hub_client import hub_plane_for
 from tensorhub_verl.ros.planes import factory
 from tensorhub_verl.ros.planes.base import DataPlane
 from tensorhub_verl.ros.client.shares import MAX_SHARDS, share_layout, split
@@ -53,7 +54,8 @@ class ShardedClient:
         self.config = config or ClientConfig()
         self._own_plane = plane is None
         self._plane = plane or factory.create(self.config.plane, worker, hub_urls[0],
-                                               self.config.timeouts.read_timeout_s)
+                                               self.config.timeouts.read_timeout_s,
+                                               hub_plane=hub_plane_for(self.config, hub_urls[0], token))
         self.shards: list[Client] = []
         try:
             for url in hub_urls:
@@ -62,6 +64,7 @@ class ShardedClient:
             self._close_shards(5.0)
             raise
         link_siblings(self.shards)
+        self.location = self.shards[0].location
         self.hub_urls = [client.hub_url for client in self.shards]
         # Calls on different versions may run at once (as on a Client); each takes one thread per shard.
         self._pool = ThreadPoolExecutor(4 * len(self.shards), thread_name_prefix=f"tensorhub-shards-{worker}")
@@ -70,31 +73,41 @@ class ShardedClient:
     def count(self) -> int:
         return len(self.shards)
 
+    @property
+    def preserved_bytes(self) -> int:
+        """Bytes this worker copied to CPU memory over its life (``Client.preserved_bytes``), on every shard."""
+        return sum(client.preserved_bytes for client in self.shards)
+
     def _layout(self, layout: str, index: int) -> str:
         return share_layout(layout, index, self.count)
 
     # --------------------------------------------------------------------------------- publish
     def publish(self, model: str, version: int, tensors: Mapping[str, torch.Tensor], layout: str = "hf",
                 chunk_bytes: int | None = None, shard_group: str | None = None, shard_count: int = 1,
-                verified: Sequence[Manifest] | None = None) -> list[Manifest]:
-        """``Client.publish`` of each shard's share of ``tensors``; returns the shares' manifests in shard order
-        (``verified``: such a list, e.g. ``FetchStats.manifest`` of a sharded fetch)."""
+                verified: Manifest | None = None) -> Manifest:
+        """``Client.publish`` of each shard's share of ``tensors``; returns the whole version's manifest, whose
+        ``shares`` are the shares' manifests in shard order (``verified``: such a manifest, e.g.
+        ``FetchStats.manifest`` of a sharded fetch)."""
+        if verified is not None and len(verified.shares) != self.count:
+            raise errors.ManifestMismatch(f"verified= holds {len(verified.shares)} shares' manifests; this hub has "
+                                          f"{self.count} shards: pass the manifest a fetch through them returned")
         groups = self._split([(name, t.numel() * t.element_size()) for name, t in tensors.items()])
         self._register(tensors.values())
-        return self._each(lambda i, client: client.publish(
+        return Manifest.of_shares(self._each(lambda i, client: client.publish(
             model, version, {name: tensors[name] for name in groups[i]}, self._layout(layout, i), chunk_bytes,
-            shard_group, shard_count, verified=verified[i] if verified else None))
+            shard_group, shard_count, verified=verified.shares[i] if verified else None)), layout)
 
     def publish_shard(self, model: str, version: int, pieces: Mapping[str, torch.Tensor], *,
                       specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]], rank: int, ranks: int,
-                      layout: str = "hf", group: str = "shards", chunk_bytes: int | None = None) -> list[Manifest]:
-        """``Client.publish_shard`` of each shard's share; every rank splits the same full specs alike."""
-        groups = self._split([(spec.name, spec.nbytes) for spec in _full_specs(specs)])
+                      layout: str = "hf", group: str = "shards", chunk_bytes: int | None = None) -> Manifest:
+        """``Client.publish_shard`` of each shard's share; every rank splits the same full specs alike. Returns the
+        whole version's manifest (``shares``: the shares' manifests in shard order)."""
+        groups = self._split([(spec.name, spec.nbytes) for spec in full_specs(specs)])
         self._register(pieces.values())
-        return self._each(lambda i, client: client.publish_shard(
+        return Manifest.of_shares(self._each(lambda i, client: client.publish_shard(
             model, version, {name: pieces[name] for name in groups[i] if name in pieces},
             specs={name: specs[name] for name in groups[i]}, rank=rank, ranks=ranks,
-            layout=self._layout(layout, i), group=group, chunk_bytes=chunk_bytes))
+            layout=self._layout(layout, i), group=group, chunk_bytes=chunk_bytes)), layout)
 
     def unpublish(self, model: str, version: int, layout: str | None = None, timeout: float | None = None) -> None:
         """Returns once no read of this worker's copy is in flight on any shard."""
@@ -106,8 +119,8 @@ class ShardedClient:
         """Every shard's manifest of one version, in shard order; VersionNotFound unless all shards have it."""
         version = self._resolve(model, version, layout)
         deadline = time.monotonic() + self.config.timeouts.request_timeout_s
-        # Through a shard's restart: its holders re-register on their next heartbeat (Client._through_restart).
-        found: list[Manifest | None] = self._each(lambda i, client: _or_none(lambda: client._through_restart(
+        # Through a shard's restart: its holders re-register on their next heartbeat (Client.through_restart).
+        found: list[Manifest | None] = self._each(lambda i, client: _or_none(lambda: client.through_restart(
             lambda: client.manifest(model, version, self._layout(layout, i)), deadline)))
         missing = [i for i, m in enumerate(found) if m is None]
         if missing:
@@ -115,6 +128,11 @@ class ShardedClient:
                 f"{model} v{version} ({layout}) is not on hub shard(s) {missing} of {self.count} yet: a version is "
                 f"visible once every shard has its share; wait_for_version waits for that")
         return found
+
+    def manifest(self, model: str, version: int | str = "latest", layout: str = "hf") -> Manifest:
+        """The whole version's manifest (every tensor; ``shares``: each shard's manifest of its share, in shard
+        order), as ``Client.manifest``; VersionNotFound unless all shards have it."""
+        return Manifest.of_shares(self.manifests(model, version, layout), layout)
 
     def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", mode: str = "auto",
                       chunk_bytes: int | None = None) -> list:
@@ -206,8 +224,9 @@ class ShardedClient:
         each = [{(m, v, lay.rsplit("@", 1)[0]) for m, v, lay in client.holdings()} for client in self.shards]
         return sorted(set.intersection(*each))
 
-    def status(self) -> list[dict]:
-        return self._each(lambda i, client: client.status())
+    def status(self) -> dict:
+        """Every shard's status as one (``client_group.merged_status``): each share under its share layout."""
+        return merged_status(self._each(lambda i, client: client.status()))
 
     # ------------------------------------------------------------------------------ lifecycle
     def close(self, timeout: float = 30.0) -> None:
@@ -232,7 +251,7 @@ class ShardedClient:
         """Registers memory on the shared plane up front; where that changed the plane's metadata (NIXL), every
         shard learns the new metadata, not only the shard whose call registered it."""
         if self._plane.register(list(tensors)):
-            self._each(lambda i, client: client._register_worker())
+            self._each(lambda i, client: client.register_again())
 
     def _resolve(self, model: str, version: int | str, layout: str) -> int:
         if version != "latest":
@@ -294,8 +313,9 @@ def merged_delta(parts: list):
 
 
 def _merged(stats: list[FetchStats], layout: str, seconds: float) -> FetchStats:
-    """One FetchStats for the shares' fetches; ``manifest``: the shares' manifests in shard order (what
-    ``ShardedClient.publish(verified=...)`` takes), when every share was fetched whole."""
+    """One FetchStats for the shares' fetches; ``manifest``: the whole version's, its ``shares`` the shares'
+    manifests in shard order (what ``ShardedClient.publish(verified=...)`` takes), when every share was fetched
+    whole."""
     first = stats[0]
     out = FetchStats(first.model, first.version, layout, seconds=seconds)
     for s in stats:
@@ -310,5 +330,5 @@ def _merged(stats: list[FetchStats], layout: str, seconds: float) -> FetchStats:
         for source, nbytes in s.sources.items():
             out.sources[source] = out.sources.get(source, 0) + nbytes
     if all(s.manifest is not None for s in stats):
-        out.manifest = [s.manifest for s in stats]
+        out.manifest = Manifest.of_shares([s.manifest for s in stats], layout)
     return out

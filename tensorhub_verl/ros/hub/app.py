@@ -255,6 +255,10 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
     def healthz() -> dict:
         return {"ok": True, "hub_instance": state.instance}
 
+    @app.get(msg.HUB_INFO_PATH)
+    def hub_info() -> msg.HubInfo:
+        return msg.HubInfo(hub_instance=state.instance, plane=state.plane)
+
     keyless_refused = token is not None and not state.config.allow_keyless
 
     @app.post(msg.REGISTER_PATH)
@@ -268,10 +272,11 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
                 f"Give every worker of one job the same secret key (ClientConfig.job_key, $TENSORHUB_JOB_KEY; "
                 f"a verl job makes one itself), or start the hub with --allow-keyless "
                 f"(HubConfig.allow_keyless) on a cluster where every token holder is one job")
-        problem = _advertised_address_problem(req, request.client.host if request.client else None)
+        registered_from = request.client.host if request.client else None
+        problem = _advertised_address_problem(req, registered_from)
         if problem is not None:
             raise errors.InvalidRequest(problem)
-        return state.register_worker(req, credential, job_key)
+        return state.register_worker(req, credential, job_key, registered_from)
 
     @app.post(HEARTBEAT_PATH)
     async def heartbeat(credential: Credential = "",

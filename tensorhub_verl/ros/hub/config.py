@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.ros.hub.limits import HubLimits
+from tensorhub_verl.ros.planes.one_plane import AUTO, known_planes
 from tensorhub_verl.ros.hub.ownership import OwnerRule
 from tensorhub_verl.ros.hub.planner import PlannerConfig
 
@@ -34,6 +36,10 @@ class HubConfig:
     """Plan a reader on a holder whose data plane checks no grant (NIXL: its metadata lets a peer READ and WRITE
     the registered memory) only when both are workers of one job (``ownership.py``); readers of other jobs read
     from holders on a granted plane (TCP). False: any registered reader, as before."""
+    plane: str = "auto"
+    """The data plane of every worker of this hub ('nixl' or 'tcp'; ``planes/one_plane.py``): a worker that
+    declares another is refused. 'auto': chosen when the hub starts, by the rule a client's 'auto' follows for
+    the hub's URL (``planes/factory.choose``); clients left on 'auto' take the hub's plane."""
     allow_keyless: bool = False
     """With a token: admit workers that register without a job key (``ClientConfig.job_key``); they all share
     one default job, so each may read the others' NIXL memory, take their shard ranks and publish their models.
@@ -46,3 +52,5 @@ class HubConfig:
     def __post_init__(self) -> None:
         rules = tuple(r if isinstance(r, OwnerRule) else OwnerRule.parse(r) for r in self.owners)
         object.__setattr__(self, "owners", rules)
+        if self.plane != AUTO and self.plane not in known_planes():
+            raise ConfigError(f"HubConfig.plane must be 'auto' or one of {known_planes()}, got {self.plane!r}")

@@ -67,3 +67,20 @@ def _reliable_row_shards(record: VersionRecord, asking: str, registry: Registry,
 def _reliable(quarantine: Quarantine, key: Key, holding: Holding, now: float) -> bool:
     """A copy the hub may count on: it knows where its bytes came from, and no readers found them bad."""
     return holding.vouched and not quarantine.quarantined(key, holding.holder, now)
+
+
+def last_vouched_copy(record: VersionRecord, holding: Holding, quarantine: Quarantine, now: float) -> bool:
+    """Whether ``holding`` is the last vouched source of some of ``record``'s bytes: it is active and vouched,
+    and no other active, vouched, unquarantined holding of the same layout holds what it holds (a complete copy;
+    for a row shard, a complete copy or another holding of the same rank). Corruption reports alone never
+    quarantine such a copy (``corruption.py``)."""
+    if holding.state != HoldingState.ACTIVE or not holding.vouched:
+        return False
+    key = (record.manifest.model, record.manifest.version, record.manifest.layout)
+    for other in record.holdings.values():
+        if other.holder == holding.holder or other.state != HoldingState.ACTIVE or not _reliable(quarantine, key,
+                                                                                                 other, now):
+            continue
+        if other.chunks is None or (holding.shard_rank is not None and other.shard_rank == holding.shard_rank):
+            return False
+    return True

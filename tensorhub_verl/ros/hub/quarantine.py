@@ -2,7 +2,8 @@
 
 Two kinds: a source whose read failed is *suspect* for ``suspect_s`` (no new reads unless it proves alive by a
 heartbeat); a copy whose bytes failed readers' digest checks is kept off by ``corruption.CorruptionEvidence``
-(one reader's report: off for that reader; independent reports, or one of an unvouched copy: off for all).
+(its own job's report: off for all, unless it is the last complete vouched copy of a retained version; another
+job's report: off for that job's readers).
 """
 
 from __future__ import annotations
@@ -46,19 +47,21 @@ class Quarantine:
         readers may be planned on it now)."""
         return self._suspect_until.pop(worker, None) is not None
 
-    def report_corrupt(self, key: Key, holder: str, worker: str, reader: str, vouched: bool, now: float) -> bool:
-        """A reader found bytes of ``holder`` (on ``worker``) that fail the publisher's digest: a holder that
-        changed its tensor after publishing, a reader that claimed chunks it never verified, or a reader that
-        lies. Returns whether that copy is now quarantined for everyone."""
+    def report_corrupt(self, key: Key, holder: str, worker: str, holder_job: str, reader: str, reader_job: str,
+                       protected: bool, now: float) -> bool:
+        """A reader found bytes of ``holder`` (on ``worker``, of ``holder_job``) that fail the publisher's digest:
+        a holder that changed its tensor after publishing, a reader that claimed chunks it never verified, or a
+        reader that lies. ``protected``: the last complete vouched copy of a retained version. Returns whether
+        that copy is now quarantined for everyone (``corruption.py``)."""
         self.corrupt_reads[worker] += 1
-        return self.evidence.report(key, holder, reader, vouched, now)
+        return self.evidence.report(key, holder, reader, reader_job, holder_job, protected, now)
 
     def quarantined(self, key: Key, holder: str, now: float) -> bool:
         return self.evidence.quarantined(key, holder, now)
 
-    def excluded(self, key: Key, holder: str, reader_worker: str, now: float) -> bool:
-        """Whether the planner keeps ``reader_worker`` off this copy."""
-        return self.evidence.excluded(key, holder, reader_worker, now)
+    def excluded(self, key: Key, holder: str, reader_worker: str, reader_job: str, now: float) -> bool:
+        """Whether the planner keeps ``reader_worker`` (of ``reader_job``) off this copy."""
+        return self.evidence.excluded(key, holder, reader_worker, reader_job, now)
 
     def next_end(self, now: float) -> float | None:
         """When the earliest suspicion after ``now`` ends (None: none): a waiting reader may be planned on it then."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from typing import AbstractSet, Iterator
+from typing import AbstractSet, Callable, Iterator
 
 from tensorhub_verl.errors import NotOwner
 from tensorhub_verl.ros.wire import messages as msg
@@ -17,6 +17,7 @@ from tensorhub_verl.ros.wire.delta_form import is_delta_layout
 from tensorhub_verl.ros.hub.changes import Wake
 from tensorhub_verl.ros.hub.chunk_index import candidate_stride, candidates_for
 from tensorhub_verl.ros.hub.leases import Leases
+from tensorhub_verl.ros.hub.preserve import last_vouched_copy
 from tensorhub_verl.ros.hub.quarantine import Quarantine
 from tensorhub_verl.ros.hub.records import Holding, Key, VersionRecord, WorkerRecord
 from tensorhub_verl.ros.hub.registry import Registry
@@ -32,11 +33,13 @@ logger = logging.getLogger("tensorhub_verl.ros.hub")
 
 class ReadDesk:
     def __init__(self, registry: Registry, leases: Leases, quarantine: Quarantine, planner: PlannerConfig,
-                 lease_ttl_s: float, nixl_within_job: bool):
+                 lease_ttl_s: float, nixl_within_job: bool, retained: Callable[[str], list[int]] = lambda m: []):
         self.registry, self.leases, self.quarantine = registry, leases, quarantine
         self.delta_bytes: dict[str, int] = {}
         """model -> bytes of its delta forms read by readers (``delta_form.py``), over the hub's life."""
         self.planner, self.lease_ttl_s, self.nixl_within_job = planner, lease_ttl_s, nixl_within_job
+        self.retained = retained
+        """model -> its versions inside the retention window (``Retention.retained``)."""
 
     def may_get_metadata(self, reader_job: str, source: WorkerRecord) -> bool:
         """Whether a reader of ``reader_job`` may be planned on ``source``, which hands it its data-plane metadata
@@ -82,9 +85,9 @@ class ReadDesk:
                 h = record.holdings.get(name)
                 worker = self.registry.get(h.worker) if h is not None else None
                 views[name] = None
-                if worker is not None and h.state not in ("draining", "pending") \
+                if worker is not None and h.state not in ("draining", "pending", "held") \
                         and self.may_get_metadata(reader_job, worker) \
-                        and not self.quarantine.excluded(key, name, holding.worker, now):
+                        and not self.quarantine.excluded(key, name, holding.worker, reader_job, now):
                     # A ranged reader's partly read chunks are never served (the index leaves them out too).
                     chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks
                     views[name] = HolderView(name, worker.location, chunks, book.reads_from(key, name),
@@ -234,7 +237,7 @@ class ReadDesk:
                 self._land(record, holding, lease, sorted(set(failure.landed) & set(lease.chunks)))
             source = record.holdings.get(lease.source)
             if source is not None and failure.corrupt:
-                self._report_corrupt(req.worker, lease, source, now)
+                self._report_corrupt(req.worker, lease, record, source, now)
             if source is not None:
                 self.quarantine.read_failed(source.worker, now)
                 logger.warning("read of chunk %d from %s failed (%s); re-planning", lease.chunk, lease.source,
@@ -283,16 +286,27 @@ class ReadDesk:
             worker = self.registry.get(source.worker)
             if worker is not None:
                 worker.bytes_served += nbytes
+                worker.served_at_metadata += nbytes
 
-    def _report_corrupt(self, reader: str, lease: Lease, source: Holding, now: float) -> None:
+    def _report_corrupt(self, reader: str, lease: Lease, record: VersionRecord, source: Holding,
+                        now: float) -> None:
         """The reporter reads that chunk elsewhere and is never planned on that copy again; the copy is
-        quarantined on independent evidence (corruption.py)."""
-        quarantined = self.quarantine.report_corrupt(lease.key, lease.source, source.worker, reader, source.vouched,
-                                                     now)
-        outcome = "that reader reads it elsewhere" if not quarantined else \
-            f"quarantining that copy of {lease.key} for {self.quarantine.quarantine_s:.0f} s"
-        logger.error("reader %s found chunk %d from %s (worker %s) corrupt; %s", reader, lease.chunk,
-                     lease.source, source.worker, outcome)
+        quarantined for everyone only on its own job's word, and never when it is the last complete vouched
+        copy of a retained version (corruption.py)."""
+        reader_job = self.registry.require(reader).job
+        holder_worker = self.registry.get(source.worker)
+        holder_job = holder_worker.job if holder_worker is not None else ""
+        protected = lease.key[1] in self.retained(lease.key[0]) and last_vouched_copy(record, source,
+                                                                                      self.quarantine, now)
+        quarantined = self.quarantine.report_corrupt(lease.key, lease.source, source.worker, holder_job, reader,
+                                                     reader_job, protected, now)
+        outcome = f"quarantining that copy of {lease.key} for {self.quarantine.quarantine_s:.0f} s" if quarantined \
+            else "that reader reads it elsewhere" if reader_job == holder_job else \
+            f"job {reader_job!r} (not the copy's) reads it elsewhere"
+        logger.error("reader %s found chunk %d from %s (worker %s) corrupt; %s%s", reader, lease.chunk,
+                     lease.source, source.worker, outcome,
+                     " (the last vouched copy of a retained version: reports alone never quarantine it)"
+                     if protected else "")
 
 
 def _needs(holding: Holding, total: int, pulling: AbstractSet[int]):

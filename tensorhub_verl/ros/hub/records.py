@@ -30,6 +30,10 @@ class HoldingState(str, enum.Enum):
     """Serves every chunk it holds; counts as a holder of the version."""
     DRAINING = "draining"
     """Being unpublished: no new reads, waits for those in flight."""
+    HELD = "held"
+    """A finished fetch that began with chunks the reader only announced (``BeginFetch.have``): the hub never
+    saw those bytes land, so the copy is its worker's to use, unpublish and release, but never a source, never
+    listed among the version's holders and never counted as a copy."""
 
     def __str__(self) -> str:
         return self.value
@@ -56,6 +60,11 @@ class WorkerRecord:
     """The job its registration's job key admits it to (``ownership.job_of``)."""
     plane: str = "nixl"
     """Its data plane (``RegisterWorker.plane``): one per hub (``planes/one_plane.py``)."""
+    registered_from: str | None = None
+    """The address its registration came from (None: unknown, e.g. a hub driven without HTTP)."""
+    served_at_metadata: int = 0
+    """Bytes readers read from it, and found good, since it last changed its data-plane metadata: only a worker
+    that served reads at the address it advertises is named to joiners as a peer to connect to early."""
 
     def __post_init__(self) -> None:
         if self.awake_at_seen is None:
@@ -83,9 +92,9 @@ class Holding:
     them booked, instead of calling them revoked for chunks the hub already counts."""
     vouched: bool = True
     """Whether the hub knows where these bytes came from: a publish by the model's owner, or a fetch whose
-    every chunk the hub saw read through its own leases. An unvouched copy (a non-owner's publish, or a fetch
-    that began with chunks it only announced in ``BeginFetch.have``) serves reads, which readers check, but
-    never counts as a reliable copy, and one corruption report quarantines it."""
+    every chunk the hub saw read through its own leases. An unvouched copy never counts as a reliable copy: a
+    non-owner's publish serves reads, which readers check; a fetch that began with chunks it only announced in
+    ``BeginFetch.have`` never serves those chunks, and ends ``held``, never a source."""
 
     def complete(self, total: int) -> bool:
         """A filling reader has every chunk it reads."""

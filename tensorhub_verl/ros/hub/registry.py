@@ -19,7 +19,7 @@ from tensorhub_verl.errors import NotOwner, UnknownWorker
 from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.hub.records import WorkerRecord
 from tensorhub_verl.ros.hub.ownership import job_of
-from tensorhub_verl.ros.planes.one_plane import check_one_plane
+from tensorhub_verl.ros.planes.one_plane import check_hub_plane
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +33,10 @@ class Admission:
 
 
 class Registry:
-    def __init__(self, instance: str, worker_timeout_s: float):
+    def __init__(self, instance: str, worker_timeout_s: float, plane: str = "nixl"):
         self.instance = instance
+        self.plane = plane
+        """The hub's data plane: every worker registers with it (``planes/one_plane.py``)."""
         self.worker_timeout_s = worker_timeout_s
         self._workers: dict[str, WorkerRecord] = {}
         self._id_jobs: dict[str, str] = {}
@@ -59,13 +61,13 @@ class Registry:
         return record
 
     def admit(self, req: msg.RegisterWorker, credential: str, job_key: str) -> Admission:
-        """Checks a registration (one data plane per hub, the live id's credential, the id's job) and returns
+        """Checks a registration (the hub's data plane, the live id's credential, the id's job) and returns
         what to record; changes nothing but the id's job binding on its first registration.
 
         A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
         anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
         old = self._workers.get(req.worker)
-        check_one_plane(req.worker, req.plane, {w: r.plane for w, r in self._workers.items() if w != req.worker})
+        check_hub_plane(req.worker, req.plane, self.plane)
         if old is not None and not same_secret(old.credential_hash, credential):
             raise NotOwner(f"worker id {req.worker!r} is held by a live worker; re-registering it needs "
                            f"that worker's credential (the id frees {self.worker_timeout_s:g} s after "

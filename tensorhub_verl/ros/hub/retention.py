@@ -77,7 +77,7 @@ class Retention:
             if key[1] in retained or key[1] > visible[0]:
                 continue
             for holding in record.holdings.values():
-                if holding.state == HoldingState.ACTIVE:
+                if holding.state in (HoldingState.ACTIVE, HoldingState.HELD):
                     self._release_of.setdefault(holding.worker, {})[key] = msg.HoldingKey(
                         model=key[0], version=key[1], layout=key[2])
                     self._release_workers.setdefault(model, set()).add(holding.worker)

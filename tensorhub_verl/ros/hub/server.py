@@ -65,7 +65,6 @@ class HubServer:
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"TLS {what} file {path} does not exist")
         self.tls = tls_cert is not None
-        self.state = HubState(config)
         open_files = raise_open_files_limit()
         backlog = listen_backlog(open_files)
         self._socket = _listen(host, port, backlog)
@@ -73,6 +72,11 @@ class HubServer:
         # it every response waits for a delayed ACK (~40 ms per request).
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._socket.getsockname()[:2]
+        try:
+            self.state = HubState(config, hub_url=self.url)  # its plane's 'auto' resolves for this URL
+        except BaseException:
+            self._socket.close()
+            raise
         token = resolve_token(token)
         app = create_app(self.state, token=token, max_body_bytes=max_body_bytes)
         limits = connection_limits or ConnectionLimits()
@@ -196,10 +200,13 @@ class _ProbedServer(uvicorn.Server):
 def start_hub(host: str = "127.0.0.1", port: int = 0, token: str | None = None,
               config: HubConfig | None = None, tls_cert: str | os.PathLike | None = None,
               tls_key: str | os.PathLike | None = None, owners: tuple[str, ...] | None = None,
-              connection_limits: ConnectionLimits | None = None) -> HubServer:
+              connection_limits: ConnectionLimits | None = None, plane: str | None = None) -> HubServer:
     """Starts an embedded hub in background threads; ``hub.url`` to connect, ``hub.stop()`` to end it.
-    ``owners``: "MODEL_GLOB=WORKER_GLOB" rules (``HubConfig.owners``), e.g. ``("policy=trainer-*",)``."""
+    ``owners``: "MODEL_GLOB=WORKER_GLOB" rules (``HubConfig.owners``), e.g. ``("policy=trainer-*",)``; ``plane``:
+    the data plane of its workers (``HubConfig.plane``)."""
     if owners is not None:
         config = dataclasses.replace(config or HubConfig(), owners=tuple(owners))
+    if plane is not None:
+        config = dataclasses.replace(config or HubConfig(), plane=plane)
     return HubServer(host, port, token, config, tls_cert=tls_cert, tls_key=tls_key,
                      connection_limits=connection_limits).start()

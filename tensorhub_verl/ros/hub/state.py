@@ -82,6 +82,8 @@ from tensorhub_verl.ros.hub.limits import PreparedVersion, check_regions, check_
 from tensorhub_verl.ros.hub.liveness import StallMeter
 from tensorhub_verl.ros.wire.manifest import Manifest, check_same_tensors
 from tensorhub_verl.ros.hub.ownership import Owners
+from tensorhub_verl.ros.planes.one_plane import hub_plane
+from tensorhub_verl.ros.planes.tcp_wire import advertises_own_address
 from tensorhub_verl.ros.hub.planner import unservable
 from tensorhub_verl.ros.hub.shard_digests import merge_shard_digests
 from tensorhub_verl.ros.wire.topology import Location
@@ -94,8 +96,12 @@ Ack = TypeVar("Ack", bound=msg.DrainAck)
 
 
 class HubState:
-    def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: HubConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 hub_url: str = "http://127.0.0.1"):
+        """``hub_url``: where the hub serves (its plane's 'auto' resolves for it, ``planes/one_plane.py``)."""
         self.config = config = config or HubConfig()
+        self.plane = hub_plane(config.plane, hub_url)
+        """The data plane every worker of this hub uses."""
         self.instance = uuid.uuid4().hex[:12]
         self.sweeps = 0
         """Upkeep passes made (``sweep``), in ``status()``: tests and operators see the sweeper run."""
@@ -104,14 +110,14 @@ class HubState:
         """Ticked by the server's event-loop probe: silence while the hub itself was stalled is not the workers'."""
         self._lock = threading.RLock()
         self.changes = Changes(self._lock)
-        self.registry = Registry(self.instance, config.worker_timeout_s)
+        self.registry = Registry(self.instance, config.worker_timeout_s, self.plane)
         self.store = VersionStore()
         self.retention = Retention(config.keep_versions)
         self.shard_groups = ShardGroups()
         self.leases = Leases()
         self.quarantine = Quarantine(config.quarantine_s, config.suspect_s)
         self.reads = ReadDesk(self.registry, self.leases, self.quarantine, config.planner, config.lease_ttl_s,
-                              config.nixl_within_job)
+                              config.nixl_within_job, retained=lambda model: self.retention.retained(model, self.store))
         self.owners = Owners(config.owners)
         self.fetch_times = FetchTimes()
         self.flips = FlipBook()
@@ -127,9 +133,10 @@ class HubState:
 
     # ----------------------------------------------------------------------------------- workers
     def register_worker(self, req: msg.RegisterWorker, credential: str = "",
-                        job_key: str = "") -> msg.WorkerAck:
+                        job_key: str = "", registered_from: str | None = None) -> msg.WorkerAck:
         """Registers (or re-registers) a worker; the reply carries its credential. ``job_key``: the secret
-        that admits it to its job (``ownership.py``); empty: the hub's default job.
+        that admits it to its job (``ownership.py``); empty: the hub's default job. ``registered_from``: the
+        address the registration came from.
 
         A live id is re-registered only with its credential (a worker refreshing its data-plane metadata);
         anyone else gets NotOwner until that worker leaves or misses its heartbeats."""
@@ -142,12 +149,15 @@ class HubState:
                             req.worker, old.agent_name, req.agent_name)
                 self._drop_worker(req.worker)
                 old = None
+            same_address = old is not None and (old.agent_metadata_b64, old.registered_from) == (
+                req.agent_metadata_b64, registered_from)
             record = WorkerRecord(
                 worker=req.worker, location=Location(**req.location.model_dump()), spot=req.spot,
                 agent_name=req.agent_name, agent_metadata_b64=req.agent_metadata_b64, last_seen=now,
                 bytes_served=old.bytes_served if old else 0, credential_hash=hash_secret(admitted.secret),
                 grant_key=base64.b64decode(req.grant_key_b64) if req.grant_key_b64 else b"",
-                awake_at_seen=now - self.stall.stalled(), job=admitted.job, plane=req.plane)
+                awake_at_seen=now - self.stall.stalled(), job=admitted.job, plane=req.plane,
+                registered_from=registered_from, served_at_metadata=old.served_at_metadata if same_address else 0)
             self.registry.put(record)
             for holding in self.store.holdings_of(req.worker):
                 holding.generation = next(self._ids)  # readers must reload the agent metadata
@@ -158,9 +168,13 @@ class HubState:
     def _likely_sources(self, joiner: WorkerRecord, count: int) -> list[msg.PeerMsg]:
         """Up to ``count`` other workers holding the newest version of some model, nearest to ``joiner`` first
         (ties in random order, so joiners spread over equally near holders): whom it most likely reads from
-        first. Only workers whose data plane checks a grant on every read: their metadata is just an address."""
+        first. Only workers whose data plane checks a grant on every read (their metadata is just an address),
+        that served reads readers found good since they last set that metadata, at the address they registered
+        from: a joiner never opens a connection where a worker's self-chosen metadata alone points it."""
         candidates = [r for w in self.retention.newest_holders(self.store)
-                      if w != joiner.worker and (r := self.registry.get(w)) is not None and r.grant_key]
+                      if w != joiner.worker and (r := self.registry.get(w)) is not None and r.grant_key
+                      and r.served_at_metadata > 0 and advertises_own_address(r.agent_metadata_b64,
+                                                                              r.registered_from)]
         candidates.sort(key=lambda r: (joiner.location.distance(r.location), secrets.randbits(32)))
         return [msg.PeerMsg(worker=r.worker, agent_name=r.agent_name, agent_metadata_b64=r.agent_metadata_b64)
                 for r in candidates[:count]]
@@ -214,7 +228,7 @@ class HubState:
         if release is None:
             release = self.retention.release_for(worker, self.store)
         return msg.WorkerAck(worker=worker, hub_instance=self.instance, heartbeat_s=self.config.heartbeat_s,
-                             release=release)
+                             release=release, plane=self.plane)
 
     def _holdings_changed(self, *models: str) -> None:
         """Called wherever a holding appears, turns active, or goes: retention and waiters look again."""
@@ -455,6 +469,12 @@ class HubState:
             record.index.leave(holding)  # planned no more as a partial holder: it holds all, or drains
             if req.ok:
                 self.fetch_times.add(req.model, req.seconds)
+            if req.ok and req.hold and not holding.vouched:
+                # Chunks it only announced: the hub cannot tell whether it holds the version at all. Its own
+                # copy to use and unpublish, never a source and never counted as one.
+                holding.state, holding.chunks = HoldingState.HELD, None
+                self._holdings_changed(req.model)
+                return msg.EndFetchAck(drained=True, inflight=0)
             if req.ok and req.hold:
                 holding.state, holding.chunks = HoldingState.ACTIVE, None
                 record.index.enter(holding)  # a complete holder now

@@ -11,9 +11,9 @@ than TCP. Otherwise the wire between hosts is TCP, and TCP streams beat UCX's em
 (docs/measurements.md), on CUDA hosts too: the TCP plane moves GPU memory through pinned bounce buffers, whose
 device copies run far above any TCP link's speed (docs/gpu.md). The price there: peers on the same host also
 read over loopback TCP instead of CUDA IPC; a job whose readers mostly share a host with their source can set
-``PlaneConfig.kind='nixl'``. Every worker of one hub must use the same plane:
-the hub refuses a worker whose plane differs from its other workers' (``errors.PlaneMismatch``), so pick
-``PlaneConfig.kind`` explicitly on clusters whose hosts differ.
+``PlaneConfig.kind='nixl'``. Every worker of one hub uses the hub's plane (``HubConfig.plane``,
+``planes/one_plane.py``): a client on ``auto`` asks the hub which, and the hub refuses a worker that declares
+another (``errors.PlaneMismatch``).
 """
 
 from __future__ import annotations
@@ -77,9 +77,18 @@ def choose(transport: str, hub_url: str) -> tuple[str, str]:
     return "tcp", "no RDMA, peers on other hosts"
 
 
-def create(config: PlaneConfig, worker: str, hub_url: str, io_timeout_s: float) -> DataPlane:
-    """The plane ``config`` asks for (``auto``: ``choose``), named uniquely for this process."""
-    name, why = choose(config.kind, hub_url)
+def create(config: PlaneConfig, worker: str, hub_url: str, io_timeout_s: float,
+           hub_plane: str | None = None) -> DataPlane:
+    """The plane ``config`` asks for, named uniquely for this process. ``auto``: ``hub_plane`` (the plane the hub
+    says its workers use, ``planes/one_plane.py``) when given, else ``choose``."""
+    if config.kind == "auto" and hub_plane is not None:
+        if hub_plane not in _PLANES:
+            raise errors.PlaneMismatch(f"the hub's data plane {hub_plane!r} is not one this client has "
+                                       f"({', '.join(_PLANES)}): run the hub and its workers at the same "
+                                       f"tensorhub_verl version", plane="auto", hub_plane=hub_plane)
+        name, why = hub_plane, "the hub's plane"
+    else:
+        name, why = choose(config.kind, hub_url)
     module, class_name = _PLANES[name]
     plane_class = getattr(importlib.import_module(module), class_name)
     logger.info("%s: %s data plane (%s)", worker, name, why)

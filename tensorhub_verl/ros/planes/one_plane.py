@@ -1,26 +1,48 @@
-"""One data plane per hub: a reader can read only from holders on its own plane (NIXL metadata means nothing to
-a TCP reader, and the reverse), so a hub whose workers mixed planes would have readers re-planning around every
-holder of the other plane until their fetches failed. The hub therefore refuses, at registration, a worker whose
-declared plane differs from its other live workers' planes."""
+"""One data plane per hub, chosen by the hub: a reader can read only from holders on its own plane (NIXL metadata
+means nothing to a TCP reader, and the reverse), so every worker of a hub uses the hub's plane.
+
+The hub's configuration names it (``HubConfig.plane``); ``auto`` resolves once, when the hub starts, by the same
+rule a client's ``auto`` follows for that hub's URL (``planes/factory.choose``: NIXL for a loopback hub, RDMA
+devices or a UCX_TLS beyond TCP; else TCP). It never depends on which worker registers first: a worker declaring
+another plane, or one this hub does not know, is refused at registration (``PlaneMismatch``), and a client left on
+``auto`` asks the hub for its plane (``GET /v1/hub``) before it creates one.
+"""
 
 from __future__ import annotations
 
-from typing import Mapping
+from tensorhub_verl.errors import ConfigError, PlaneMismatch
 
-from tensorhub_verl.errors import PlaneMismatch
+AUTO = "auto"
 
 
-def check_one_plane(worker: str, plane: str, others: Mapping[str, str]) -> None:
-    """Raises PlaneMismatch when ``plane`` differs from a plane of ``others`` (the hub's other live workers:
-    worker id -> its plane)."""
-    differing = {other_plane: other for other, other_plane in others.items() if other_plane != plane}
-    if not differing:
+def known_planes() -> tuple[str, ...]:
+    """The registered data planes' names (``planes/factory.py``)."""
+    from tensorhub_verl.ros.planes.factory import plane_names
+
+    return plane_names()
+
+
+def hub_plane(configured: str, hub_url: str) -> str:
+    """The plane of a hub configured with ``configured`` (a plane name or ``auto``) and serving ``hub_url``."""
+    if configured == AUTO:
+        from tensorhub_verl.ros.planes.factory import choose
+
+        return choose(AUTO, hub_url)[0]
+    if configured not in known_planes():
+        raise ConfigError(f"the hub's data plane must be 'auto' or one of {known_planes()}, got {configured!r}")
+    return configured
+
+
+def check_hub_plane(worker: str, plane: str, hub: str) -> None:
+    """Raises PlaneMismatch when ``plane`` (what ``worker`` declares) is not ``hub`` (the hub's plane)."""
+    if plane == hub:
         return
-    other_plane, example = sorted(differing.items())[0]
+    known = known_planes()
+    what = f"an unknown data plane {plane!r} (known: {', '.join(known)})" if plane not in known else \
+        f"the {plane!r} data plane"
     raise PlaneMismatch(
-        f"worker {worker!r} registers with the {plane!r} data plane, but this hub's other workers use "
-        f"{other_plane!r} (e.g. {example!r}); all workers of one hub must use one plane. Set the same plane on "
-        f"every worker: ClientConfig(plane=PlaneConfig(kind={other_plane!r})) or connect(..., "
-        f"transport={other_plane!r}); in a verl job tensorhub.transport={other_plane}, and tensorhub attach-vllm "
-        f"--transport {other_plane} (the default 'auto' picks per host: NIXL with RDMA or a loopback hub, "
-        f"else TCP)", plane=plane, hub_plane=other_plane)
+        f"worker {worker!r} registers with {what}, but this hub's plane is {hub!r}: every worker of a hub uses "
+        f"the hub's plane, which the hub's configuration chooses (HubConfig.plane, tensorhub hub --plane). Leave "
+        f"the worker's transport on 'auto' (it then asks the hub) or set it to {hub!r}: "
+        f"ClientConfig(plane=PlaneConfig(kind={hub!r})) or connect(..., transport={hub!r}); in a verl job "
+        f"tensorhub.transport={hub}, and tensorhub attach-vllm --transport {hub}", plane=plane, hub_plane=hub)

@@ -170,8 +170,17 @@ class _Peer:
             self._down = (time.monotonic() + _DOWN_S, f"peer {self.agent} at {self.address[0]}:{self.address[1]} "
                                                       f"is unreachable: {e}")
             raise
-        self._down = None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The holder speaks first: nothing goes to a port that is not this peer's data plane.
+        wire.block_with_timeout(sock, self._connect_timeout_s)
+        where = f"{self.address[0]}:{self.address[1]}"
+        try:
+            wire.expect_hello(sock, self.agent, where)
+        except ConnectionError as e:
+            sock.close()
+            self._down = (time.monotonic() + _DOWN_S, f"peer {self.agent} at {where} is unreachable: {e}")
+            raise
+        self._down = None
         wire.block_with_timeout(sock, self._io_timeout_s)
         return sock
 
@@ -322,7 +331,7 @@ class TcpPlane(DataPlane[_Read]):
         self._registered: list[_Registration] = []
         self._peers: dict[str, tuple[bytes, _Peer]] = {}
         self._server = ReadServer(host, self.grant_key, self._resolve, bounces=self.bounces,
-                                  io_timeout_s=io_timeout_s, name=f"tensorhub-tcp-{agent_name}")
+                                  io_timeout_s=io_timeout_s, name=f"tensorhub-tcp-{agent_name}", agent=agent_name)
 
     def register(self, tensors: Iterable[torch.Tensor]) -> bool:
         """Records the tensors' storages as servable (CPU or CUDA memory) and as places reads may land; the

@@ -29,11 +29,19 @@ from tensorhub_verl.ros.planes.config import DEFAULT_BOUNCE_BYTES
 
 def view(storage: StorageWeakRef, base: int, addr: int, nbytes: int) -> torch.Tensor | None:
     """A uint8 tensor over ``nbytes`` at ``addr`` of the storage that starts at ``base``, holding the storage
-    alive while it is used; None once the storage is freed."""
+    alive while it is used; None once the storage is freed, moved, or too short for the range now.
+
+    The range is checked against the live storage, not the size it had at registration: a storage may shrink
+    or move after it was registered (FSDP frees a parameter's storage with ``resize_(0)`` between steps), and
+    ``set_`` past its end would grow it, so a read would serve (or a reader write) bytes that are no longer
+    the registered tensor's."""
     live = torch.UntypedStorage._new_with_weak_ptr(storage.cdata)
     if live is None:
         return None
-    return torch.empty(0, dtype=torch.uint8, device=live.device).set_(live, addr - base, (nbytes,))
+    offset = addr - base
+    if live.data_ptr() != base or offset < 0 or nbytes < 0 or offset + nbytes > live.nbytes():
+        return None
+    return torch.empty(0, dtype=torch.uint8, device=live.device).set_(live, offset, (nbytes,))
 
 
 class Bounces:

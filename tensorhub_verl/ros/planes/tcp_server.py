@@ -35,11 +35,13 @@ class ReadServer:
     def __init__(self, host: str, key: bytes, resolve: Callable[[int, int], "memoryview | torch.Tensor | None"],
                  *, bounces: Bounces | None = None, io_timeout_s: float = 30.0, idle_timeout_s: float = 600.0,
                  first_request_s: float = 5.0, max_connections: int = 256, max_per_peer: int = 64,
-                 name: str = "tensorhub-tcp"):
+                 name: str = "tensorhub-tcp", agent: str = ""):
         """``resolve(addr, nbytes)``: the span, when it lies in registered, live memory of this process: a byte
         view of CPU memory, sent as it is, or a uint8 tensor (GPU memory), sent through a bounce buffer from
         ``bounces``; else None."""
         self._key = key
+        self._hello = wire.encode_hello(agent)
+        """Sent first on every connection: readers check it names the agent they meant before sending anything."""
         self._resolve = resolve
         self._bounces = bounces or Bounces()
         self._io_timeout_s = io_timeout_s
@@ -84,6 +86,8 @@ class ReadServer:
     def _serve(self, conn: socket.socket, peer) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self._first_request_s)
+            conn.sendall(self._hello)
             # A stranger proves itself with a valid request soon; a reader's pooled connection then idles between
             # requests for longer.
             wait_s = self._first_request_s

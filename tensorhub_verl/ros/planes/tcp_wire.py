@@ -1,5 +1,6 @@
 """The TCP data plane's frames, and raw-memory views, shared by its server (holder) and its reader.
 
+    holder -> reader   HELLO    magic "THH1" | agent length u16 | agent, utf-8    (once, when it accepts)
     reader -> holder   REQUEST  magic "THR2" | grant length u16 | granted u32 | wanted u32 | grant
                                 | granted (addr u64, length u64)* | wanted (addr u64, length u64)*
     holder -> reader   REPLY    status u8 | length u64 | the wanted ranges' bytes, in order (status OK)
@@ -9,11 +10,17 @@ One request is one lease's read: a chunk, or a run of chunks. ``granted`` are th
 signs (the chunks' segments, merged where contiguous); ``wanted`` the parts of them the reader reads (a
 tensor-parallel rank's slice, a run's merged ranges that differ from the signed ones), each inside one granted
 range; none: all of the granted ranges. A connection carries one request at a time, many in a row.
+
+The holder speaks first: a reader sends nothing on a connection until the hello names the agent it meant to
+reach. An address and port come from a worker's own metadata; a port there that is some other service (another
+process's data plane, an SSH server) never gets a request frame, whatever the metadata says.
 Integers are big-endian. No pickle, no JSON on this path: fixed structs, sizes capped before anything is read.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ctypes
 import ipaddress
 import json
@@ -32,6 +39,9 @@ MAX_REASON = 4096
 RECV_PIECE = 1 << 20
 """Largest single recv_into: a cancelled read stops writing the reader's buffer within one piece."""
 METADATA_PREFIX = b"tensorhub-tcp/1\n"
+HELLO_MAGIC = b"THH1"
+HELLO = struct.Struct("!4sH")
+MAX_AGENT = 256
 
 
 def memory(addr: int, nbytes: int) -> memoryview:
@@ -72,6 +82,28 @@ def recv_into_exact(sock: socket.socket, view: memoryview, progress: Callable[[i
             progress(n)
 
 
+def encode_hello(agent: str) -> bytes:
+    name = agent.encode()[:MAX_AGENT]
+    return HELLO.pack(HELLO_MAGIC, len(name)) + name
+
+
+def expect_hello(sock: socket.socket, agent: str, where: str) -> None:
+    """Reads a holder's hello and checks that it names ``agent``; ConnectionError otherwise (the caller then
+    sends nothing on this connection). The socket's timeout bounds the wait: a service that never speaks first
+    costs one timeout."""
+    try:
+        magic, length = HELLO.unpack(recv_exact(sock, HELLO.size))
+    except (TimeoutError, OSError) as e:
+        raise ConnectionError(f"{where} sent no TensorHub hello ({e}): not agent {agent!r}'s TCP data plane; "
+                              f"nothing was sent to it") from e
+    if magic != HELLO_MAGIC or length > MAX_AGENT:
+        raise ConnectionError(f"{where} is not a TensorHub TCP data plane (no hello): nothing was sent to it")
+    name = recv_exact(sock, length).decode("utf-8", errors="replace")
+    if name != agent[:MAX_AGENT]:
+        raise ConnectionError(f"{where} serves agent {name!r}, not {agent!r}: the metadata names another "
+                              f"process's port; nothing was sent to it")
+
+
 def encode_metadata(agent_name: str, host: str, port: int) -> bytes:
     return METADATA_PREFIX + json.dumps({"agent": agent_name, "host": host, "port": port}).encode()
 
@@ -110,6 +142,16 @@ def advertised_host_problem(metadata: bytes, registered_from: str | None) -> str
     return (f"the TCP plane's advertised address {host} is not the address this worker registered from "
             f"({registered_from}): peers would connect to a host that is not this worker. Set "
             f"TcpConfig.host to this host's address on the route to the hub")
+
+
+def advertises_own_address(metadata_b64: str, registered_from: str | None) -> bool:
+    """Whether base64 ``metadata_b64`` is TCP-plane metadata naming exactly the address its worker registered
+    from (the port is the worker's word; whether it is its data plane shows in the reads it served)."""
+    try:
+        _agent, host, _port = decode_metadata(base64.b64decode(metadata_b64, validate=True))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return False
+    return registered_from is not None and host == registered_from
 
 
 def _local_addresses() -> set[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -109,6 +109,17 @@ class Manifest:
     """The algorithm of ``chunk_digests`` and ``block_digests`` (``lindigest.ALGORITHM``); "" without digests."""
     block_digests: tuple[TensorBlocks, ...] = ()
     """Per-tensor block digests that check ranged reads of chunks read in part; empty: those are unchecked."""
+    shares: tuple["Manifest", ...] = ()
+    """A version split over the shards of a hub run as several processes (``ShardedClient``): each shard's
+    manifest of its share, in shard order, which carry the chunk maps and digests; this manifest lists every
+    tensor of the version (``tensors``) and describes no chunk map of its own. Empty: one hub's manifest."""
+
+    @staticmethod
+    def of_shares(shares: Sequence["Manifest"], layout: str) -> "Manifest":
+        """The whole version's manifest in ``layout`` from its shares' manifests (in shard order)."""
+        first = shares[0]
+        return Manifest(first.model, first.version, layout, tuple(t for m in shares for t in m.tensors),
+                        first.chunk_bytes, shares=tuple(shares))
 
     @property
     def nbytes(self) -> int:

@@ -35,6 +35,7 @@ JOB_KEY_HEADER = "X-TensorHub-Job-Key"
 """Sent with a registration only: the secret that admits the worker to its job, whose members alone create
 versions of the job's models (``ownership.py``). Absent: the hub's default job."""
 REGISTER_PATH = "/v1/workers/register"
+HUB_INFO_PATH = "/v1/hub"
 HOLDER_SEPARATOR = "~"
 """A worker's holders are named ``<worker>`` or ``<worker>~<suffix>`` (e.g. its CPU archive ``w~cpu``), so
 worker ids may not contain it: no worker can publish under a holder name that belongs to another."""
@@ -139,8 +140,8 @@ class RegisterWorker(Strict):
     """How many likely sources the reply should name (``WorkerAck.peers``), so the worker connects to them
     before its first fetch needs them. Named only between workers whose data planes check grants."""
     plane: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_-]+$")] = "nixl"
-    """The worker's data plane (``planes/factory.py``: 'nixl' or 'tcp'). Every worker of one hub uses the same
-    one: the hub refuses a worker whose plane differs from its other live workers' (``PlaneMismatch``)."""
+    """The worker's data plane (``planes/factory.py``: 'nixl' or 'tcp'). Every worker of one hub uses the hub's
+    plane (``HubConfig.plane``): the hub refuses a worker that declares another (``PlaneMismatch``)."""
 
 
 class WorkerAck(Reply):
@@ -155,6 +156,16 @@ class WorkerAck(Reply):
     peers: list["PeerMsg"] = []
     """Set in the reply to a registration only: up to ``RegisterWorker.preconnect`` workers that hold the newest
     version of some model, nearest first: the sources a worker that just joined most likely reads from."""
+    plane: str = ""
+    """The hub's data plane (``planes/one_plane.py``)."""
+
+
+class HubInfo(Reply):
+    """``GET /v1/hub``: what a client needs before it registers."""
+
+    hub_instance: str
+    plane: str
+    """The data plane every worker of this hub uses: a client on 'auto' creates this one."""
 
 
 class PeerMsg(Reply):

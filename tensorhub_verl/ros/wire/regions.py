@@ -100,3 +100,17 @@ def relays_from_here(worker: str, holders: Sequence[str]) -> bool:
     (no standby, relay or archive holder); readers that complete at once agree on them."""
     own = sorted(h for h in holders if HOLDER_SEPARATOR not in h)
     return worker in own[:RELAYS_PER_REGION]
+
+
+def complete_holders(status: Mapping, model: str, version: int, layout: str) -> list[str]:
+    """The active, complete holders of a version in a hub's status (``StatusReply`` as a dict): the holders among
+    which ``relays_from_here`` picks a region's relays."""
+    return [h["holder"] for v in status["models"].get(model, ()) if (v["version"], v["layout"]) == (version, layout)
+            for h in v["holders"] if h["state"] == "active" and h["chunks"] == v["chunks"]]
+
+
+def relay_wanted(version: int, visible: Mapping[int, object], relayed: Mapping[int, object]) -> bool:
+    """Whether a relay passes ``version`` on to a child region whose hub lists ``visible`` versions of the layout
+    and ``relayed`` versions of its relay marker: only where the version is visible (committed there) and no
+    other reader has passed it on yet."""
+    return version in visible and version not in relayed

@@ -15,15 +15,16 @@ def test_a_failed_read_makes_its_source_suspect_until_it_proves_alive_or_the_tim
     assert not q.suspect("s", 23.5) and q.next_end(23.5) is None
 
 
-def test_two_readers_reports_quarantine_a_vouched_copy_for_everyone():
+def test_the_copys_own_job_quarantines_it_another_job_keeps_only_itself_off():
     q = Quarantine(quarantine_s=300.0, suspect_s=3.0)
-    assert q.report_corrupt(KEY, "h", "hw", "r1", vouched=True, now=0.0) is False
-    assert q.excluded(KEY, "h", "r1", 1.0) and not q.excluded(KEY, "h", "r2", 1.0)
-    assert q.report_corrupt(KEY, "h", "hw", "r2", vouched=True, now=1.0) is True
+    assert q.report_corrupt(KEY, "h", "hw", "job-a", "r1", "job-b", protected=False, now=0.0) is False
+    assert q.excluded(KEY, "h", "r2", "job-b", 1.0) and not q.excluded(KEY, "h", "r3", "job-a", 1.0)
+    assert q.report_corrupt(KEY, "h", "hw", "job-a", "r3", "job-a", protected=False, now=1.0) is True
     assert q.quarantined(KEY, "h", 2.0) and q.corrupt_reads == {"hw": 2}
     assert q.expire(302.0) is True and not q.quarantined(KEY, "h", 302.0)
 
 
-def test_one_report_quarantines_an_unvouched_copy():
+def test_the_last_vouched_copy_is_never_quarantined_by_reports():
     q = Quarantine(quarantine_s=300.0, suspect_s=3.0)
-    assert q.report_corrupt(KEY, "h", "hw", "r1", vouched=False, now=0.0) is True
+    assert q.report_corrupt(KEY, "h", "hw", "job-a", "r1", "job-a", protected=True, now=0.0) is False
+    assert not q.quarantined(KEY, "h", 1.0) and q.excluded(KEY, "h", "r1", "job-a", 1.0)

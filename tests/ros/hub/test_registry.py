@@ -59,11 +59,14 @@ def test_a_freed_id_stays_with_the_job_that_first_registered_it():
     assert registry.admit(_req("w"), "", "job-a-key").job == job_of("job-a-key")
 
 
-def test_a_second_plane_is_refused_at_registration():
-    registry = Registry("hub1", worker_timeout_s=10.0)
-    _admit(registry, "a", plane="tcp")
+def test_a_plane_other_than_the_hubs_is_refused_at_registration():
+    registry = Registry("hub1", worker_timeout_s=10.0, plane="tcp")
     with pytest.raises(PlaneMismatch):
-        registry.admit(_req("b", plane="nixl"), "", "")
+        registry.admit(_req("first", plane="nixl"), "", "")  # the first worker chooses nothing
+    _admit(registry, "a", plane="tcp")
+    for plane in ("nixl", "zzz"):
+        with pytest.raises(PlaneMismatch):
+            registry.admit(_req("b", plane=plane), "", "")
 
 
 def test_silence_discounts_the_hubs_own_stall():

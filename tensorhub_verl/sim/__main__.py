@@ -1,5 +1,0 @@
-import sys
-
-from tensorhub_verl.sim.cli import main
-
-sys.exit(main())
