@@ -132,7 +132,7 @@ def _sparse_pair(percent: float = 1.0):
 
 
 def _count_digested(monkeypatch) -> list[int]:
-    """Counts the bytes the chunk digest reads (every full digest of a chunk goes through ``lindigest.span``)."""
+    """Counts the bytes the chunk digest reads (a chunk's full digest goes through ``lindigest.span``)."""
     seen = []
     span = lindigest.span
 
@@ -192,7 +192,8 @@ def test_a_write_that_lands_in_the_wrong_place_is_caught_and_its_words_restored(
     def stray(changes, data):  # writes the changes, and one word beside the last of them
         write(changes, data)
         if not strays:
-            at = int(changes.positions[-1]) * 2 + 2 if int(changes.positions[-1]) * 2 + 2 < data.numel() else 0
+            at = int(changes.positions[-1]) * 2 + 2
+            at = at if at < data.numel() else 0
             data[at] ^= 0x40
             strays.append(at)
 

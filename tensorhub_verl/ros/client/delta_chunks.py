@@ -142,11 +142,11 @@ class ApplyResult:
     applied: list[int] = field(default_factory=list)
     """Chunks whose payload was applied and whose bytes now match the target digest."""
     bad_base: list[int] = field(default_factory=list)
-    """Chunks whose bytes were not the declared base: they hold the bytes they held before (restored, when the
-    payload was written)."""
+    """Chunks whose bytes were not the declared base (or took a write astray): they hold the bytes they held
+    before, the words the payload wrote being restored."""
     bad_target: list[int] = field(default_factory=list)
-    """Chunks whose payload did not apply, or does not give the target digest from the declared base: left
-    untouched."""
+    """Chunks whose payload did not apply, or does not give the target digest from bytes that are the declared
+    base: they hold the bytes they held before (never written, or restored)."""
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -169,7 +169,7 @@ DERIVE_MAX_CHANGED = 0.05
 about as much as digesting the chunk: its base is digested before writing instead."""
 
 
-def _derivable(target: Manifest, header: DeltaHeader, k: int) -> bool:
+def _derivable(header: DeltaHeader, k: int) -> bool:
     """Whether chunk ``k`` of the header gets its target digest derived from its declared base digest (linear
     digest, few changed elements) rather than its base digested before writing."""
     return (header.digest_algorithm == lindigest.ALGORITHM and header.encodings[k] != SAME
@@ -188,10 +188,11 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
        not written (``bad_target``, unless the chunk's bytes, digested then, are not the declared base:
        ``bad_base``). A chunk with many changes, or a digest that is not linear, has its base digested before
        writing instead (``bad_base`` on a mismatch, nothing written);
-    3. it is written, then digested in full with the unchanged (``SAME``) chunks: a chunk that does not have the
+    3. it is written, then digested in full with the unchanged (``SAME``) chunks: a chunk without the
        target digest is restored to the bytes it held (the decoded changes name every word written) and is
        ``bad_base`` where the payload was checked against the declared base (the reader's bytes, or a write,
-       were wrong), ``bad_target`` where the base itself checked out.
+       were wrong), ``bad_target`` where the base itself checked out; an unchanged chunk without it is
+       ``bad_base``.
 
     So a chunk that fails a check holds the bytes it held when this returns."""
     started = time.monotonic()
@@ -199,7 +200,7 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
     first = header.first_chunk
     chunks = target.chunks()[first:first + len(header.encodings)]
     flats = [_flat(t) for t in tensors]
-    derived = {c.index for c in chunks if _derivable(target, header, c.index - first)}
+    derived = {c.index for c in chunks if _derivable(header, c.index - first)}
     pre = {c.index for c in chunks if header.encodings[c.index - first] != SAME} - derived
     base_now = chunk_digests_of(target, tensors, pre)
     host = blob.device.type == "cpu"

@@ -161,7 +161,7 @@ def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes
         dev = changes.positions.device
         old = changes.old.reshape(-1).view(torch.int16)
         new = changes.new.reshape(-1).view(torch.int16)
-        if dev.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as lindigest does for host bytes
+        if dev.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as lindigest does
             pos = changes.positions.numpy()
             offs = pos * 2 if per == 1 else ((pos[:, None] * per + np.arange(per)[None]) * 2).reshape(-1)
             lanes = _word_lanes(grid, offs, old.numpy(), new.numpy(), np)
