@@ -1,5 +1,6 @@
 """The docs that describe the code name what exists: every verl patch module is listed in
-``patches/verl/README.md``, and every module ``docs/architecture.md``'s picture names is in the package."""
+``patches/verl/README.md``, every module ``docs/architecture.md`` names is in the package, and
+``docs/settings.md`` lists exactly the fields of the verl config."""
 
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ def test_the_patches_readme_lists_every_verl_patch():
 
 
 def test_every_module_the_architecture_names_exists():
-    # the picture and the names; the issue's checklist after them names old modules on purpose
-    text = (REPO / "docs" / "architecture.md").read_text().split("## Issue 23")[0]
+    text = (REPO / "docs" / "architecture.md").read_text()
     names = set(re.findall(r"\b([a-z_]+(?:/[a-z_]+)*\.py)\b", text))
     files = {p.relative_to(root).as_posix() for root in (PACKAGE, DEV) for p in root.rglob("*.py")}
     basenames = {Path(f).name for f in files}
@@ -32,17 +32,15 @@ def test_every_module_the_architecture_names_exists():
     assert missing == [], f"docs/architecture.md names modules that do not exist: {missing}"
 
 
-def test_every_line_the_checklist_cites_is_inside_its_file():
-    # "where it stands" cites ``path.py:N`` (or ``:N-M``, ``:N,M``); the finding column quotes the issue's old code
-    text = (REPO / "docs" / "architecture.md").read_text().split("## Issue 23")[1].split("## Size")[0]
-    stands = [row.rstrip(" |").rsplit(" | ", 1)[-1] for row in text.splitlines() if row.startswith("| ")]
-    files = [p for root in (PACKAGE, DEV, REPO / "tests") for p in root.rglob("*.py")]
-    cited = [(path, max(int(n) for n in re.findall(r"\d+", lines)))
-             for stand in stands for path, lines in re.findall(r"([a-z0-9_/]+\.py):(\d+(?:[-,]\d+)*)", stand)]
-    assert len(cited) > 20, cited
-    wrong = []
-    for path, line in cited:
-        matches = [f for f in files if f.as_posix().endswith("/" + path)]
-        if not any(len(f.read_text().splitlines()) >= line for f in matches):
-            wrong.append(f"{path}:{line}" + ("" if matches else " (no such file)"))
-    assert wrong == [], f"docs/architecture.md's checklist cites lines that do not exist: {wrong}"
+def test_the_settings_page_lists_every_field_of_the_verl_config():
+    import dataclasses
+
+    from tensorhub_verl.verl.config import TensorHubVerlConfig
+
+    fields = {f.name for f in dataclasses.fields(TensorHubVerlConfig)}
+    rows = re.findall(r"^\| (.*?) \|", (REPO / "docs" / "settings.md").read_text(), re.M)
+    listed = {name for cell in rows for name in re.findall(r"`([a-z_]+)`", cell)} - {"setting"}
+    assert fields - listed == set(), f"docs/settings.md lacks: {sorted(fields - listed)}"
+    assert listed - fields == set(), f"docs/settings.md lists fields that do not exist: {sorted(listed - fields)}"
+    readme = re.findall(r"^\| `([a-z_]+)` \|", (REPO / "README.md").read_text(), re.M)
+    assert readme and set(readme) <= fields, f"the README's settings table names unknown fields: {readme}"

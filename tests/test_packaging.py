@@ -74,9 +74,12 @@ def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
     assert found["package"] == str(site / "tensorhub_verl" / "__init__.py")
     assert found["conf"] == str(conf) and f"file://{conf}" in found["search_path"]
 
-    # Without the developer tools, `tensorhub demo` says where it lives and how to install it.
-    demo = subprocess.run([sys.executable, "-m", "tensorhub_verl.cli", "demo", "--steps", "1"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    # Without the developer tools, `tensorhub demo` says where it lives and how to install it. The test set-up
+    # installs dev/ into this interpreter (editable), so the child blocks its import as a wheel-only install lacks it.
+    no_dev = ("import sys; sys.modules['tensorhub_dev'] = None; from tensorhub_verl.cli import main; "
+              "sys.exit(main(['demo', '--steps', '1']))")
+    demo = subprocess.run([sys.executable, "-c", no_dev], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
     assert demo.returncode == 2 and "pip install -e dev/" in demo.stderr, demo.stderr[-2000:]
 
 

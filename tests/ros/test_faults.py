@@ -67,7 +67,9 @@ def test_a_hub_restart_mid_fetch_loses_nothing(roles):
         fetch.join(120)
         assert "stats" in result, "the fetch did not survive the hub restart"
         assert digest(result["stats"].buffers) == published["digest"]
-        assert sorted(client.versions("policy")[1]) == ["reader", "trainer"]  # both re-registered
+        # The trainer re-registered its copy. The reader's chunks from before the restart reach the new hub only
+        # as its own announcement, never through the hub's leases: it holds the version without serving it.
+        assert client.versions("policy")[1] == ["trainer"]
         client.close()
     finally:
         roles.stop_all()

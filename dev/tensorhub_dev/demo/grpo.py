@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tensorhub_dev.demo.job import TinyJob
 from tensorhub_dev.demo.progress import StepRow, read_steps
+from tensorhub_dev.demo.startup import LogTail, StartupWatch
 from tensorhub_verl.process_group import start_group, stop_group
 
 logger = logging.getLogger("tensorhub_dev.demo")
@@ -30,6 +31,11 @@ _COLUMNS = ("step", "version", "reward", "stall s", "pull s", "MB", "peer %", "s
 def _say(quiet: bool, text: str) -> None:
     if not quiet:
         print(text, flush=True)
+
+
+def _progress(started: float, text: str) -> None:
+    """One start-up line on stderr, with the seconds since the job started (stdout keeps the table and JSON)."""
+    print(f"  [{time.monotonic() - started:5.0f} s] {text}", file=sys.stderr, flush=True)
 
 
 def _print_row(row: StepRow) -> None:
@@ -59,8 +65,14 @@ def _elastic_status(port: int) -> dict | None:
         return None
 
 
-def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, timeout_s: float = 3600) -> dict:
-    """Runs the job to completion; returns the demo's JSON object."""
+def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, timeout_s: float = 3600,
+        progress: bool = True) -> dict:
+    """Runs the job to completion; returns the demo's JSON object.
+
+    With ``progress``, stderr gets a line as each part starts or becomes ready (Ray, verl's task runner, the hub,
+    the trainer's workers, each rollout replica, the first step, the elastic node), the seconds since the start
+    first; ``quiet`` only silences stdout's table.
+    """
     job.out_dir.mkdir(parents=True, exist_ok=True)
     for stale in (job.metrics_file, job.hub_url_file):
         stale.unlink(missing_ok=True)
@@ -68,6 +80,9 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
                 f"{job.replicas} rollout replicas, +tensorhub={job.mode}")
     _say(quiet, f"  log: {job.log_file}   (Ray and vLLM start-up takes 1-3 minutes on 2 cores)")
     started = time.monotonic()
+    watch, tail = StartupWatch(), LogTail(job.log_file)
+    if progress:
+        _progress(started, "starting verl's trainer (Ray, the hub, the trainer, the rollout replicas)")
     with open(job.log_file, "w") as log:
         # Killed outright, the demo still takes the job with it: the driver gets SIGTERM, and Ray's cluster
         # shares the driver's fate.
@@ -76,9 +91,16 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
     elastic: subprocess.Popen | None = None
     elastic_port = 18_000 + (job.steps % 1000)
     elastic_report = None
+    elastic_ready = False
     try:
         while True:
             done = trainer.poll() is not None
+            if progress and not watch.training:
+                events = [e for line in tail.new_lines() for e in watch.feed(line)]
+                if job.hub_url_file.exists() and job.hub_url_file.read_text().strip():
+                    events += watch.hub_ready(job.hub_url_file.read_text().strip())
+                for event in events:
+                    _progress(started, event)
             for row in read_steps(job.metrics_file, final=done)[len(rows):]:
                 if not rows and not quiet:
                     print(f"  first step after {time.monotonic() - started:.0f} s\n"
@@ -87,10 +109,16 @@ def run(job: TinyJob, *, quiet: bool = False, elastic_at: int | None = None, tim
                 if not quiet:
                     _print_row(row)
                 if elastic is not None:  # once per step: what the node serves and where it read from
-                    elastic_report = _elastic_status(elastic_port) or elastic_report
+                    report = _elastic_status(elastic_port)
+                    if progress and report and report.get("served") is not None and not elastic_ready:
+                        elastic_ready = True
+                        _progress(started, f"elastic node ready: serves version {report['served']}")
+                    elastic_report = report or elastic_report
                 if elastic_at is not None and elastic is None and row.step >= elastic_at:
                     elastic = _start_elastic_node(job, port=elastic_port)
                     _say(quiet, "  -- an elastic vLLM node joins (tensorhub attach-vllm) and pulls from its peers --")
+                    if progress and elastic is not None:
+                        _progress(started, f"elastic node starting (log: {job.out_dir / 'elastic_node.log'})")
             if done:
                 break
             if time.monotonic() - started > timeout_s:

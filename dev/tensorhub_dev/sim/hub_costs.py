@@ -14,7 +14,8 @@ is 0 and ``exchange_s`` is the cost of an exchange as the bench makes them (abou
 exchanges in its count, and an end (one request that books the last chunks and drops nothing from the plan)
 is charged as one exchange.
 
-    python -m tensorhub_dev.sim.hub_costs docs/control/after-sweep.txt     # the costs, JSON last
+    tensorhub bench control --chunks 256,1024,4096,12800 --readers 8 > control.txt
+    python -m tensorhub_dev.sim.hub_costs control.txt     # the costs, JSON last
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class HubCosts:
 
 
 MEASURED_EXCHANGE_S = 0.545e-3
-"""`tensorhub bench control` after issue 21's index (docs/control/after-sweep.txt, the 8-reader points: 0.51
-to 0.59 ms per exchange from 256 to 12,800 chunks, median 0.545 ms)."""
+"""`tensorhub bench control`'s 8-reader points with one chunk per lease (`--run-chunks 1`): 0.51 to 0.59 ms per
+exchange from 256 to 12,800 chunks, median 0.545 ms."""
 
 MEASURED = HubCosts(exchange_s=MEASURED_EXCHANGE_S, begin_s=MEASURED_EXCHANGE_S, end_s=MEASURED_EXCHANGE_S,
                     retry_s=0.02)

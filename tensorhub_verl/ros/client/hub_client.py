@@ -85,7 +85,7 @@ class HubClient:
         self.request_timeout_s = request_timeout_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._job_key = job_key
-        # urllib3 rather than httpx: it costs less CPU per request (docs/measurements.md), and a fetch makes one
+        # urllib3 rather than httpx: it costs less CPU per request (docs/benchmarks.md), and a fetch makes one
         # request per exchange. Its connections set TCP_NODELAY (without it a request's header and body writes
         # meet delayed ACKs on every call). One pooled connection per concurrent caller (the
         # fetch loop, its exchanges, the heartbeat); retries are this class's own (below), not urllib3's.

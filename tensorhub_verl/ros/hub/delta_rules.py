@@ -4,9 +4,10 @@ layout (a row shard's part: by that rank at least). Copies of a delta the hub al
 
 A delta whose payloads do not build its version (its publisher's base bytes were not its published base, or a
 codec fault) has the same bytes in every copy, each passing its chunk digests: only readers that apply it see
-it. Their reports (``report_bad_delta``) count as corruption evidence against the delta form itself, and once
-enough distinct readers report it (``corruption.py``) the hub stops listing it for the quarantine's time:
-readers then read the version in full."""
+it. Their reports (``report_bad_delta``) count as corruption evidence against the delta form itself, by the rules
+of ``corruption.py``: a report by a reader of the model's owning job (the job that vouched for the delta) makes
+the hub stop listing it for the quarantine's time, and readers then read the version in full; a report by
+another job withholds nothing from anyone else. Withholding a delta never loses data: the version stays."""
 
 from __future__ import annotations
 
@@ -43,11 +44,14 @@ FORM = "*delta-form"
 """The evidence entry of a delta form as a whole (no holder can be named so: ``*`` is not in a worker id)."""
 
 
-def report_bad_delta(quarantine: Quarantine, key: Key, reader: str, now: float) -> bool:
-    """Books ``reader``'s report against the delta ``key``; True when it is withheld from every reader now."""
+def report_bad_delta(quarantine: Quarantine, key: Key, reader: str, reader_job: str, owner_job: str,
+                     now: float) -> bool:
+    """Books ``reader``'s (of ``reader_job``) report against the delta ``key``, vouched for by ``owner_job`` (the
+    model's owning job; "" when the reader's job does not own it); True when it is withheld from every reader
+    now."""
     if parse_delta_layout(key[2]) is None:
         raise DeltaRefused(f"layout {key[2]!r} is not a delta: report corrupt chunks of a version through the fetch")
-    return quarantine.evidence.report(key, FORM, reader, True, now)
+    return quarantine.evidence.report(key, FORM, reader, reader_job, owner_job, False, now)
 
 
 def check_delta_listed(quarantine: Quarantine, key: Key, now: float) -> None:

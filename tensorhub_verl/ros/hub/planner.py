@@ -76,8 +76,7 @@ class PlannerConfig:
     chunks' WAN time, not one, to come back (with one, an answer slower than a chunk idled the WAN)."""
     first_complete_reads: int | None = None
     """Reads a reader that holds no chunk of the version yet may hold at once from one complete holder (rule 5;
-    None: only the fair share). Off by default: in the lab (8 readers of one trainer, docs/control-plane.md,
-    "Scatter at today's lag") 1 took the readers' wait for a first read from ~2 s to ~0.2 s summed, but their
+    None: only the fair share). Off by default: in the network lab (8 readers of one trainer) 1 took the readers' wait for a first read from ~2 s to ~0.2 s summed, but their
     reads then shared links more and the total did not move."""
     cooperative: bool = True
     """False turns ROS into the naive baseline: only complete holders serve, and no reader waits for a

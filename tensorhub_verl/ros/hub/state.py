@@ -527,11 +527,12 @@ class HubState:
     def report_bad_delta(self, req: msg.DeltaReport) -> msg.DeltaReportAck:
         """Books a reader's report that a delta does not build its version (``delta_rules.py``)."""
         with self._lock:
-            self.registry.require(req.worker)
+            job = self.registry.require(req.worker).job
             key = (req.model, req.version, req.layout)
             if self.store.get(key) is None:
                 raise VersionNotFound(f"no delta {req.layout!r} of {req.model!r} v{req.version} to report")
-            quarantined = report_bad_delta(self.quarantine, key, req.worker, self._clock())
+            owner_job = job if self.owners.owns(req.model, req.worker, job) else ""
+            quarantined = report_bad_delta(self.quarantine, key, req.worker, job, owner_job, self._clock())
             logger.error("reader %s found the delta %s of %s v%d does not build the version (%s)%s", req.worker,
                          req.layout, req.model, req.version, req.reason[:200],
                          "; withholding it from every reader" if quarantined else "")

@@ -72,7 +72,7 @@ class PlaneConfig:
 
     kind: str = "auto"
     """'nixl' (NIXL/UCX: RDMA, shared memory, GPU memory, or TCP), 'tcp' (TCP streams; CUDA memory through pinned
-    bounce buffers; close to a raw TCP flow where the link is the limit, docs/measurements.md), or 'auto'
+    bounce buffers; close to a raw TCP flow where the link is the limit, docs/benchmarks.md), or 'auto'
     (factory.py's docstring says how it picks).
     Every worker of one hub must use the same plane."""
     nixl: NixlConfig = field(default_factory=NixlConfig)

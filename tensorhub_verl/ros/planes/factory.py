@@ -8,7 +8,7 @@ imports it). A duplicate name and an unknown name raise.
 ``auto`` picks NIXL wherever it is faster than TCP streams: a loopback hub (every peer is on this host: UCX's
 shared memory and CUDA IPC beat any socket), RDMA devices (GPUDirect RDMA included), or a UCX_TLS that names more
 than TCP. Otherwise the wire between hosts is TCP, and TCP streams beat UCX's emulated GET over TCP
-(docs/measurements.md), on CUDA hosts too: the TCP plane moves GPU memory through pinned bounce buffers, whose
+(docs/benchmarks.md), on CUDA hosts too: the TCP plane moves GPU memory through pinned bounce buffers, whose
 device copies run far above any TCP link's speed (docs/gpu.md). The price there: peers on the same host also
 read over loopback TCP instead of CUDA IPC; a job whose readers mostly share a host with their source can set
 ``PlaneConfig.kind='nixl'``. Every worker of one hub uses the hub's plane (``HubConfig.plane``,

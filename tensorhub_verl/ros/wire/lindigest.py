@@ -27,7 +27,7 @@ warning says so.
 Host memory is digested with numpy in int64 (partial sums below 2**46), on the calling thread only: torch's CPU
 ops split each large op over its OpenMP threads, which then spin-wait for the next op, so on a host whose cores
 are busy (a rollout beside its peers) one chunk's digest cost several times the CPU of one thread doing it
-(``docs/control-plane.md``, "A reader's CPU per fetch"). Both ways give the same digest; tests pin each to
+(``docs/control-plane.md``, "A reader's own cost"). Both ways give the same digest; tests pin each to
 ``reference``.
 """
 

@@ -1,4 +1,7 @@
-"""Runs the 3-step separate_async job of test_verl_trainer_on_cpu and timestamps every log line."""
+"""Runs the 3-step separate_async job of tests/verl/test_verl_trainer_on_cpu.py and timestamps every log line.
+
+    PYTHONPATH=$PWD python scripts/verl_timeline.py OUT_DIR [STEPS] [HYDRA_OVERRIDE ...]   # OUT_DIR/ts.log
+"""
 import subprocess, sys, time
 from pathlib import Path
 from tensorhub_dev.demo.job import TinyJob

@@ -1,3 +1,7 @@
+"""Starts one vLLM CPU engine holder beside an embedded hub and prints how long each phase takes.
+
+    PYTHONPATH=$PWD python scripts/engine_start.py
+"""
 import sys, time, tempfile
 t0 = time.monotonic()
 from tensorhub_verl.bench.tiny_model import build_tiny_model
