@@ -5,8 +5,8 @@ reads v2 in full, through one embedded hub and the default data plane.
 
 A bf16 version of MIB MiB (default 64) whose step moves CHANGED_PERCENT (default 2) of its elements by one or two
 units in the last place, as small optimizer steps move bf16 weights. Prints the delta's size, bytes per changed
-element, the publisher's encode time, the reader's apply time (base digests, decode, write, target digests) and
-both fetches' times, then one JSON object.
+element, the publisher's encode time, the reader's apply time (decode, target digests derived from the base's,
+write, one digest pass) and both fetches' times, then one JSON object.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaRefused
+from tensorhub_verl.ros.client import delta_chunks
 from tensorhub_verl.ros.client.delta_chunks import apply_delta, chunk_dtype, encode_delta
+from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
 from tensorhub_verl.ros.wire.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
 from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
@@ -112,3 +114,96 @@ def test_a_chunk_whose_result_is_not_the_version_is_restored_to_its_base_bytes()
     assert torch.equal(into[mlp], v1["layers.0.mlp.weight"])  # every failed chunk holds its base bytes again
     others = [i for i in range(len(into)) if i != mlp]
     assert all(torch.equal(into[i], list(v2.values())[i]) for i in others)
+
+
+def _sparse_pair(percent: float = 1.0):
+    """v1 and v2 where ``percent`` of one matrix's bf16 elements move by one unit in the last place (as small
+    optimizer steps move them), and a second matrix does not change (its chunks are SAME)."""
+    g = torch.Generator().manual_seed(7)
+    v1 = {"w": torch.randn(512, 1024, generator=g).to(torch.bfloat16),
+          "u": torch.randn(128, 1024, generator=g).to(torch.bfloat16)}
+    v2 = {n: t.clone() for n, t in v1.items()}
+    words = v2["w"].view(-1).view(torch.int16)
+    moved = torch.randperm(words.numel(), generator=g)[: int(words.numel() * percent / 100)]
+    words[moved] += 1
+    m1, m2 = _manifest(1, v1), _manifest(2, v2)
+    header, blob, _ = encode_delta(m1, list(v1.values()), m2, list(v2.values()))
+    return v1, v2, m2, header, blob, moved
+
+
+def _count_digested(monkeypatch) -> list[int]:
+    """Counts the bytes the chunk digest reads (a chunk's full digest goes through ``lindigest.span``)."""
+    seen = []
+    span = lindigest.span
+
+    def counting(data, *args, **kwargs):
+        seen.append(data.numel())
+        return span(data, *args, **kwargs)
+
+    monkeypatch.setattr(lindigest, "span", counting)
+    return seen
+
+
+def test_apply_reads_each_chunk_in_full_once_when_few_elements_change(monkeypatch):
+    v1, v2, m2, header, blob, _ = _sparse_pair(1.0)
+    assert "same" in header.encodings and any(e not in ("same", "dense") for e in header.encodings)
+    seen = _count_digested(monkeypatch)
+    into = [t.clone() for t in v1.values()]
+    result = apply_delta(m2, header, blob, into)
+    assert not result.failed and all(torch.equal(a, b) for a, b in zip(into, v2.values()))
+    assert sum(seen) == m2.nbytes  # one full pass: changed and SAME chunks alike
+
+
+def test_a_dense_change_digests_its_base_before_writing(monkeypatch):
+    v1, v2, m2, header, blob, _ = _sparse_pair(20.0)
+    seen = _count_digested(monkeypatch)
+    into = [t.clone() for t in v1.values()]
+    result = apply_delta(m2, header, blob, into)
+    assert not result.failed and all(torch.equal(a, b) for a, b in zip(into, v2.values()))
+    changed = sum(c.nbytes for c in m2.chunks() if header.encodings[c.index] != "same")
+    assert sum(seen) == m2.nbytes + changed
+
+
+@pytest.mark.parametrize("where", ["unchanged word", "changed word"])
+def test_a_rotted_base_in_a_changed_chunk_is_restored_and_reported_as_bad_base(where):
+    v1, v2, m2, header, blob, moved = _sparse_pair(1.0)
+    into = [t.clone() for t in v1.values()]
+    flat = into[0].view(-1).view(torch.int16)
+    at = int(moved[0]) if where == "changed word" else \
+        next(i for i in range(flat.numel()) if not bool((moved == i).any()))
+    flat[at] += 3  # the reader's copy of v1 rots in a chunk that the step changes
+    rotted = [t.clone() for t in into]
+    result = apply_delta(m2, header, blob, into)
+    chunk = at * 2 // CHUNK
+    assert result.bad_base == [chunk] and not result.bad_target
+    assert "did not hold base version 1" in result.reasons[-1]
+    start, end = chunk * CHUNK // 2, (chunk + 1) * CHUNK // 2
+    assert torch.equal(flat[start:end], rotted[0].view(-1).view(torch.int16)[start:end])  # as it was
+    others = torch.ones(flat.numel(), dtype=torch.bool)
+    others[start:end] = False
+    assert torch.equal(flat[others], v2["w"].view(-1).view(torch.int16)[others])  # the rest is v2
+
+
+def test_a_write_that_lands_in_the_wrong_place_is_caught_and_its_words_restored(monkeypatch):
+    v1, v2, m2, header, blob, _ = _sparse_pair(1.0)
+    write = delta_chunks.write_changes
+    strays = []
+
+    def stray(changes, data):  # writes the changes, and one word beside the last of them
+        write(changes, data)
+        if not strays:
+            at = int(changes.positions[-1]) * 2 + 2
+            at = at if at < data.numel() else 0
+            data[at] ^= 0x40
+            strays.append(at)
+
+    monkeypatch.setattr(delta_chunks, "write_changes", stray)
+    into = [t.clone() for t in v1.values()]
+    result = apply_delta(m2, header, blob, into)
+    first = next(i for i, e in enumerate(header.encodings) if e != "same")
+    assert result.bad_base == [first] and not result.bad_target and len(result.failed) == 1
+    start, end = first * CHUNK, (first + 1) * CHUNK
+    got = into[0].view(-1).view(torch.uint8)[start:end].clone()
+    base = v1["w"].view(-1).view(torch.uint8)[start:end]
+    got[strays[0]] ^= 0x40  # every word the delta wrote holds its base value again; the stray one is re-read
+    assert torch.equal(got, base)

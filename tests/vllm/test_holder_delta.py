@@ -95,7 +95,11 @@ def test_delta_off_reads_the_version_in_full(rig):
     assert result.delta is None and result.bytes == m2.nbytes and same(params, v2)
 
 
-def test_a_rotted_base_chunk_is_re_read_in_full_and_the_engine_serves_the_version_exactly(rig):
+@pytest.mark.parametrize("param, row", [
+    ("model.layers.0.mlp.gate_up_proj.weight", 0),  # a chunk the step leaves alone: checked, never written
+    ("model.layers.0.self_attn.qkv_proj.weight", 5),  # beside q_proj's moved rows: written, then caught
+])
+def test_a_rotted_base_chunk_is_re_read_in_full_and_the_engine_serves_the_version_exactly(rig, param, row):
     trainer, engine = rig
     v1 = hf_version(51)
     v2 = stepped(v1, 3)
@@ -105,7 +109,7 @@ def test_a_rotted_base_chunk_is_re_read_in_full_and_the_engine_serves_the_versio
     trainer.publish("dpolicy", 22, v2)
     trainer.publish_delta("dpolicy", 22, 21)
     with torch.no_grad():
-        params["model.layers.0.mlp.gate_up_proj.weight"][0, 0] += 1.0  # the engine's base no longer is v21
+        params[param][row, 0] += 1.0  # the engine's base no longer is v21
 
     result = h.update(22)
     assert same(params, v2) and h.served == 22

@@ -2,8 +2,9 @@
 
 ``encode_delta`` diffs two versions of one layout chunk by chunk (``delta_codec.encode_chunk``) and packs the
 payloads into one blob beside a ``DeltaHeader``. ``apply_delta`` applies them in place into buffers that hold the
-base, checking each chunk's base digest before and its target digest after, restoring the base bytes of a chunk
-that fails; it returns the chunks that failed a check, which the caller re-reads in full.
+base, checking each payload against the declared base and target digests before writing and each written chunk's
+digest after, restoring the bytes of a chunk that fails; it returns the chunks that failed a check, which the
+caller re-reads in full.
 
 Pure of I/O: the client (``delta.py``) reads the delta form, calls this, and re-reads what failed.
 A chunk whose segments span tensors (tiny tensors share a chunk) is applied in a gathered copy and scattered
@@ -23,6 +24,8 @@ import torch
 from tensorhub_verl.errors import DeltaCorrupt
 from tensorhub_verl.ros.wire.delta_codec import ChunkChanges, decode_chunk, write_changes
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk as codec_encode
+from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.delta_digest import chunk_grid, target_digest_from_base
 from tensorhub_verl.ros.wire.delta_form import SAME, DeltaHeader
 from tensorhub_verl.ros.wire.integrity import shard_chunk_digests
 from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
@@ -139,9 +142,11 @@ class ApplyResult:
     applied: list[int] = field(default_factory=list)
     """Chunks whose payload was applied and whose bytes now match the target digest."""
     bad_base: list[int] = field(default_factory=list)
-    """Chunks whose bytes were not the declared base: left untouched."""
+    """Chunks whose bytes were not the declared base (or took a write astray): they hold the bytes they held
+    before, the words the payload wrote being restored."""
     bad_target: list[int] = field(default_factory=list)
-    """Chunks whose payload did not apply, or whose result does not match the target digest."""
+    """Chunks whose payload did not apply, or does not give the target digest from bytes that are the declared
+    base: they hold the bytes they held before (never written, or restored)."""
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -159,29 +164,55 @@ def chunk_digests_of(manifest: Manifest, tensors: Sequence[torch.Tensor], which:
                                [0] * len(manifest.tensors), which)
 
 
+DERIVE_MAX_CHANGED = 0.05
+"""Above this fraction of a chunk's elements changed, deriving its target digest from the changed words costs
+about as much as digesting the chunk: its base is digested before writing instead."""
+
+
+def _derivable(header: DeltaHeader, k: int) -> bool:
+    """Whether chunk ``k`` of the header gets its target digest derived from its declared base digest (linear
+    digest, few changed elements) rather than its base digested before writing."""
+    return (header.digest_algorithm == lindigest.ALGORITHM and header.encodings[k] != SAME
+            and header.changed[k] <= DERIVE_MAX_CHANGED * max(1, header.elements[k]))
+
+
 def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tensors: Sequence[torch.Tensor]
                 ) -> ApplyResult:
     """Applies a checked header's payloads (``delta_form.check_header``) in place into ``tensors`` (manifest
-    order), which should hold the base version. Per chunk: its bytes' digest must be the header's base digest
-    (else it is left untouched); its payload is decoded (``delta_codec.decode_chunk``: a malformed one is refused
-    before anything is written) and written; then the written chunks are digested, and any that does not have
-    the version's digest is restored to its base bytes (the decoded changes name every word written). So a chunk
-    that fails a check holds its base bytes when this returns."""
+    order), which should hold the base version, reading each chunk's bytes in full once where few of its
+    elements change. Per chunk:
+
+    1. its payload is decoded without writing (``delta_codec.decode_chunk``: a malformed one is refused);
+    2. the target digest follows from the header's base digest plus the decoded changes (the digest is linear,
+       ``delta_digest.target_digest_from_base``): a payload that does not give the header's target digest is
+       not written (``bad_target``, unless the chunk's bytes, digested then, are not the declared base:
+       ``bad_base``). A chunk with many changes, or a digest that is not linear, has its base digested before
+       writing instead (``bad_base`` on a mismatch, nothing written);
+    3. it is written, then digested in full with the unchanged (``SAME``) chunks: a chunk without the
+       target digest is restored to the bytes it held (the decoded changes name every word written) and is
+       ``bad_base`` where the payload was checked against the declared base (the reader's bytes, or a write,
+       were wrong), ``bad_target`` where the base itself checked out; an unchanged chunk without it is
+       ``bad_base``.
+
+    So a chunk that fails a check holds the bytes it held when this returns."""
     started = time.monotonic()
     result = ApplyResult()
     first = header.first_chunk
     chunks = target.chunks()[first:first + len(header.encodings)]
     flats = [_flat(t) for t in tensors]
-    base_now = chunk_digests_of(target, tensors, {c.index for c in chunks})
+    derived = {c.index for c in chunks if _derivable(header, c.index - first)}
+    pre = {c.index for c in chunks if header.encodings[c.index - first] != SAME} - derived
+    base_now = chunk_digests_of(target, tensors, pre)
     host = blob.device.type == "cpu"
     written: dict[int, tuple[Chunk, ChunkChanges]] = {}
+    same: list[int] = []
     for chunk in chunks:
         i, k = chunk.index, chunk.index - first
-        if base_now[i] != header.base_digests[k]:
-            result.bad_base.append(i)
-            continue
         if header.encodings[k] == SAME:
-            result.applied.append(i)
+            same.append(i)
+            continue
+        if i in pre and base_now[i] != header.base_digests[k]:
+            result.bad_base.append(i)
             continue
         data, is_view = _chunk_view(flats, chunk)
         part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
@@ -192,20 +223,40 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
             result.bad_target.append(i)
             result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
             continue
+        if i in derived and target_digest_from_base(header.base_digests[k], chunk_grid(chunk, target.tensors),
+                                                    changes) != header.target_digests[k]:
+            # Either the payload is wrong or the words it changes were not the base's: digesting the chunk
+            # (still unwritten) tells which.
+            if chunk_digests_of(target, tensors, {i})[i] != header.base_digests[k]:
+                result.bad_base.append(i)
+            else:
+                result.bad_target.append(i)
+                result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload does not give version "
+                                      f"{header.target_version}'s bytes; not written")
+            continue
         write_changes(changes, data)
         if not is_view:
             _scatter(flats, chunk, data)
         written[i] = (chunk, changes)
-    after = chunk_digests_of(target, tensors, set(written))
+    after = chunk_digests_of(target, tensors, {*written, *same})
+    for i in same:
+        if after[i] == header.target_digests[i - first]:
+            result.applied.append(i)
+        else:
+            result.bad_base.append(i)
     for i, (chunk, changes) in sorted(written.items()):
         if after[i] == header.target_digests[i - first]:
             result.applied.append(i)
             continue
         _restore(flats, chunk, changes)
+        if i in derived:  # the payload gives the target from the declared base: the base was not it
+            result.bad_base.append(i)
+            continue
         result.bad_target.append(i)
         result.reasons.append(f"chunk {i}: its {header.encodings[i - first]} payload does not give version "
                               f"{header.target_version}'s bytes; restored")
     if result.bad_base:
+        result.bad_base.sort()
         result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
                               f"(first: chunk {result.bad_base[0]})")
     result.applied.sort()

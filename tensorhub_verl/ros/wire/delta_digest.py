@@ -135,10 +135,11 @@ def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
             # per weight group first: |sum of a group's delta * B| < 2**47, exact in float64's bincount
             a, b = lindigest._TABLES.host(top)
             delta = new[lo:hi].astype(np.int64) - old[lo:hi].astype(np.int64)
-            bw = delta[:, None] * b[word % lindigest.GROUP]
+            at = word % lindigest.GROUP
             lanes = []
-            for lane in range(lindigest.LANES):
-                sums = np.bincount(g, weights=bw[:, lane].astype(np.float64), minlength=top).astype(np.int64)
+            for lane in range(lindigest.LANES):  # a lane's B as one contiguous column: a cheap 1-D gather
+                bw = np.take(np.ascontiguousarray(b[:, lane]), at) * delta
+                sums = np.bincount(g, weights=bw.astype(np.float64), minlength=top).astype(np.int64)
                 lanes.append(int((((sums % lindigest.P) * a[:top, lane]) % lindigest.P).sum() % lindigest.P))
         else:
             a, b = lindigest._TABLES.get(offsets.device, top)
@@ -158,12 +159,14 @@ def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes
     if w % 2 == 0 and grid and _word_aligned(grid):
         per = w // 2
         dev = changes.positions.device
-        offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
         old = changes.old.reshape(-1).view(torch.int16)
         new = changes.new.reshape(-1).view(torch.int16)
-        if dev.type == "cpu" and delta_codec.HOST_NUMPY:
-            lanes = _word_lanes(grid, offs.numpy(), old.numpy(), new.numpy(), np)
+        if dev.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as lindigest does
+            pos = changes.positions.numpy()
+            offs = pos * 2 if per == 1 else ((pos[:, None] * per + np.arange(per)[None]) * 2).reshape(-1)
+            lanes = _word_lanes(grid, offs, old.numpy(), new.numpy(), np)
         else:
+            offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
             lanes = _word_lanes(grid, offs, old, new, torch)
         if changes.old_tail != changes.new_tail:
             k = len(changes.new_tail)
