@@ -70,19 +70,22 @@ class _HubCli:
     stop = kill
 
 
-class _Listener:
-    """A process on an address that is no hub: records every byte that reaches it, answers each request head
-    with a plausible reply (an impostor's best guess), or nothing (``answer=False``)."""
+class _Server:
+    """A listening socket on a thread of its own: each accepted connection goes to ``_accepted``; ``close``
+    stops and joins every thread it started."""
 
-    def __init__(self, host: str, port: int, answer: bool = True):
-        self.received = bytearray()
-        self.connections = 0
-        self._answer = answer
+    def __init__(self, host: str, port: int):
         self._sock = socket.create_server((host, port))
+        self.port = self._sock.getsockname()[1]
         self._sock.settimeout(0.2)
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def _spawn(self, target, *args) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(t)
+        t.start()
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -92,10 +95,37 @@ class _Listener:
                 continue
             except OSError:
                 return
-            self.connections += 1
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            self._threads.append(t)
-            t.start()
+            self._accepted(conn)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        for t in self._threads:
+            t.join(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Listener(_Server):
+    """A process on an address that is no hub: records every byte that reaches it, answers each request head
+    with a plausible reply (an impostor's best guess), or nothing (``answer=False``)."""
+
+    def __init__(self, host: str, port: int, answer: bool = True):
+        self.received = bytearray()
+        self.connections = 0
+        self._answer = answer
+        super().__init__(host, port)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        self.connections += 1
+        self._spawn(self._serve, conn)
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(0.2)
@@ -115,46 +145,20 @@ class _Listener:
                     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-tensorhub-instance: "
                                  b"impostor\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
 
-    def close(self) -> None:
-        self._stop.set()
-        self._sock.close()
-        for t in self._threads:
-            t.join(5)
 
-    def __enter__(self) -> "_Listener":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _Relay:
+class _Relay(_Server):
     """A TCP relay in front of a server that records what clients send through it (the server's own bytes
     are TLS here: this is where a plaintext token would be seen)."""
 
     def __init__(self, target_port: int):
         self.received = bytearray()
         self._target = target_port
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self._sock.settimeout(0.2)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
+        super().__init__("127.0.0.1", 0)
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self._target), timeout=5)
-            for a, b, record in ((client, server, True), (server, client, False)):
-                t = threading.Thread(target=self._pipe, args=(a, b, record), daemon=True)
-                self._threads.append(t)
-                t.start()
+    def _accepted(self, client: socket.socket) -> None:
+        server = socket.create_connection(("127.0.0.1", self._target), timeout=5)
+        for a, b, record in ((client, server, True), (server, client, False)):
+            self._spawn(self._pipe, a, b, record)
 
     def _pipe(self, a: socket.socket, b: socket.socket, record: bool) -> None:
         a.settimeout(0.2)
@@ -174,12 +178,6 @@ class _Relay:
         for s in (a, b):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._sock.close()
-        for t in self._threads:
-            t.join(5)
 
 
 def _wait_until(condition, timeout: float, what: str):
