@@ -44,6 +44,11 @@ def versions(count: int, seed: int = 0, rows: int = 8) -> list[dict[str, torch.T
     return out
 
 
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Whether every tensor of ``b`` equals ``a``'s tensor of that name."""
+    return all(torch.equal(a[name], b[name]) for name in b)
+
+
 def delta_trainer(results, control, hub_url, worker, count, location="dc=dc0,rack=r0,node=t"):
     """Publishes versions 1..count, each with its delta from the one before, and serves them until stopped."""
     client = th.connect(hub_url, worker, location, chunk_bytes=CHUNK, hub_retry_s=60.0)

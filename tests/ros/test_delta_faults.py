@@ -17,12 +17,8 @@ from tensorhub_verl.ros.client.delta_chunks import encode_delta
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
 from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER
 
-from tests.ros.delta_roles import CHUNK, delta_reader, digest, versions
+from tests.ros.delta_roles import CHUNK, delta_reader, digest, same_tensors as _same, versions
 from tests.ros.roles import GatedPlane, wait_until
-
-
-def _same(a, b) -> bool:
-    return all(torch.equal(a[name], b[name]) for name in b)
 
 
 def test_a_declared_base_that_is_not_what_the_buffers_hold_is_refused_before_any_byte_is_written(hub):

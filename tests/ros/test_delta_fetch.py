@@ -2,16 +2,11 @@
 delta, applies it in place and holds N exactly; one without N-1 reads N in full; the delta form is listed,
 served onward by the readers that fetched it, and counted in the hub's metrics."""
 
-import torch
 
 import tensorhub_verl as th
 from tensorhub_verl.ros.wire.delta_form import delta_layout
 
-from tests.ros.delta_roles import CHUNK, digest, versions
-
-
-def _same(a, b) -> bool:
-    return all(torch.equal(a[name], b[name]) for name in b)
+from tests.ros.delta_roles import CHUNK, digest, same_tensors as _same, versions
 
 
 def test_a_reader_holding_the_base_reads_only_the_delta_and_holds_the_version_exactly(hub):
