@@ -4,7 +4,9 @@
 
 - between two processes: one holds ``--size-mb`` of seeded random bytes registered on the device, the other
   READs them into its own registered buffer (on one GPU UCX should pick ``cuda_ipc``);
-- within one process: two agents, one READs the other's buffer (UCX should pick ``cuda_copy``).
+- within one process: two agents, one READs the other's buffer (UCX should pick ``cuda_copy``);
+- between two processes again with UCX's own defaults: TensorHub's agents get ``planes/nixl.UCX_DEFAULTS`` (CUDA
+  IPC reads turned on), UCX alone turns cuda_ipc's GET off on GPUs without NVLink and reads through TCP.
 
 Each: the first READ (it pays for the connection), then ``--repeats`` timed READs of the whole buffer, the bytes
 compared on the device, GB/s of the best. Run with ``UCX_PROTO_INFO=y`` to have UCX print the protocol and transport
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from tensorhub_verl.ros.planes.nixl import ucx_env, ucx_environment  # noqa: E402
 from tensorhub_verl.ros.planes.nixl_build import nixl_api  # noqa: E402
 
 _POLL_S = 0.0005
@@ -140,13 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here")
     nbytes = args.size_mb << 20
+    tensorhub = ucx_environment(None)
     out = {"probe": "nixl", "device": args.device, "size_mb": args.size_mb, "ucx_tls": os.environ.get("UCX_TLS"),
-           "nixl": nixl_api().__name__.split(".")[0], "cases": []}
-    for case in (two_processes, one_process):
+           "tensorhub_ucx_settings": tensorhub, "nixl": nixl_api().__name__.split(".")[0], "cases": []}
+    # TensorHub's agents get ``tensorhub`` (planes/nixl.UCX_DEFAULTS the environment leaves unset); the last case
+    # shows what UCX's own defaults pick for the same read.
+    cases = [(two_processes, tensorhub, "two processes"), (one_process, tensorhub, "one process"),
+             (two_processes, {}, "two processes, UCX's own defaults")]
+    for case, settings, label in cases:
         try:
-            row = case(nbytes, args.device, args.repeats, args.timeout)
-        except Exception as e:  # the other case still runs; the JSON says what failed
-            row = {"case": case.__name__.replace("_", " "), "error": f"{type(e).__name__}: {e}"}
+            with ucx_env(settings):  # UCX reads it when an agent is built; the spawned holder inherits it
+                row = {**case(nbytes, args.device, args.repeats, args.timeout), "case": label}
+        except Exception as e:  # the other cases still run; the JSON says what failed
+            row = {"case": label, "error": f"{type(e).__name__}: {e}"}
         out["cases"].append(row)
         print(json.dumps(row), flush=True)
     out["ok"] = all(row.get("bytes_equal") for row in out["cases"])

@@ -53,3 +53,15 @@ def test_the_nixl_plane_refuses_cuda_memory_it_cannot_move_and_registers_nothing
         assert plane.register([torch.zeros(1024)])  # host memory: no CUDA check
     finally:
         plane.close()
+
+
+def test_agents_get_cuda_ipc_reads_unless_the_environment_says_otherwise(monkeypatch):
+    """UCX 1.23 turns cuda_ipc's GET off where GPUs have no NVLink, and every read here is a GET: without the
+    setting a READ of another process's GPU memory falls back to TCP through host memory (seen on one H200)."""
+    from tensorhub_verl.ros.planes.nixl import ucx_environment
+
+    monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
+    assert ucx_environment(None)["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
+    monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "n")
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in ucx_environment("lo")
+    assert ucx_environment("lo")["UCX_NET_DEVICES"] == "lo"

@@ -87,7 +87,7 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
 
     nixl_api = load_nixl_api()  # raises with the real reason: a broken NIXL install is not "no backend"
     config = nixl_api.nixl_agent_config(enable_prog_thread=progress != "pump", backends=list(backends))
-    with _AGENT_CONFIG_LOCK, _ucx_env(ucx_environment(net_devices)):
+    with _AGENT_CONFIG_LOCK, ucx_env(ucx_environment(net_devices)):
         _quiet_nixl_logger()
         if progress != "events":
             return nixl_api.nixl_agent(agent_name, config)
@@ -106,26 +106,29 @@ def _new_agent(agent_name: str, backends: tuple[str, ...], progress: str, net_de
             nixl_api.nixlBind.nixlAgentConfig = binding_config
 
 
-TCP_DEFAULTS = {"UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
-"""UCX settings for its TCP transport unless the environment sets them. UCX emulates a GET over TCP with
-active messages of one segment each (8 KiB by default), copied on both sides; 512 KiB segments move a chunk
-in 64x fewer messages (the throughput of each segment size against a raw socket: docs/design.md, "Data plane
-without RDMA"). They touch only UCX's TCP transport, so they are set whatever wire UCX picks."""
+UCX_DEFAULTS = {"UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k",
+                "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+"""UCX settings unless the environment sets them, whatever wire UCX picks (each touches one transport).
+TCP: UCX emulates a GET over TCP with active messages of one segment each (8 KiB by default), copied on both
+sides; 512 KiB segments move a chunk in 64x fewer messages (the throughput of each segment size against a raw
+socket: docs/design.md, "Data plane without RDMA"). CUDA IPC: UCX 1.23 turns cuda_ipc's GET off on a node whose
+GPUs have no NVLink ("auto"), and a READ of another process's GPU memory then falls back to TCP through host
+memory; every read here is a GET, so it is turned on (on one H200 without NVLink: docs/gpu.md)."""
 
 
 def ucx_environment(net_devices: str | None) -> dict[str, str]:
-    """What to set while an agent is built: TCP_DEFAULTS the environment leaves unset, and the devices."""
-    settings = {name: value for name, value in TCP_DEFAULTS.items() if name not in os.environ}
+    """What to set while an agent is built: UCX_DEFAULTS the environment leaves unset, and the devices."""
+    settings = {name: value for name, value in UCX_DEFAULTS.items() if name not in os.environ}
     if net_devices is not None:
         settings["UCX_NET_DEVICES"] = net_devices
     return settings
 
 
 @contextlib.contextmanager
-def _ucx_env(settings: dict[str, str]):
+def ucx_env(settings: dict[str, str]):
     """Sets ``settings`` for the agents built inside (UCX reads its variables when it builds a context), then
-    restores the environment. Callers hold _AGENT_CONFIG_LOCK, so this process's agents never see each
-    other's settings."""
+    restores the environment. The plane's callers hold _AGENT_CONFIG_LOCK, so this process's agents never see
+    each other's settings."""
     before = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:

@@ -1,7 +1,7 @@
 """The TCP data plane: reads of peers' registered memory over plain TCP streams, for hosts without RDMA.
 
 UCX's TCP transport emulates a one-sided GET with active messages and segment copies on both sides, well below
-a raw socket's throughput even tuned (nixl.TCP_DEFAULTS; figures in docs/design.md). This
+a raw socket's throughput even tuned (nixl.UCX_DEFAULTS; figures in docs/design.md). This
 plane moves a chunk the way a raw socket does: the holder ``sendall``s it from the registered tensor, the reader
 ``recv_into``s it straight into its destination tensor.
 
