@@ -134,3 +134,20 @@ def test_the_client_does_not_import_the_hub():
             "print('tensorhub_verl.ros.hub.state' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_large_manifest_is_gzipped_for_clients_that_accept_it_and_read_back_the_same(api):
+    server, http = api
+    digests = [f"{i:016x}" for i in range(64)]
+    big = GOOD | {"chunk_bytes": 4096, "chunk_digests": digests,
+                  "tensors": [{"name": "w", "shape": [64 * 1024], "dtype": "float32", "nbytes": 64 * 4096}]}
+    assert http.post("/v1/publish", json={"worker": "w", "holder": "w", "manifest": big,
+                                          "regions": [{"addr": 4096}]}).json() == {"ok": True}
+    query = {"model": "m", "version": "1"}
+    zipped = http.get("/v1/manifest", params=query, headers={"accept-encoding": "gzip"})
+    plain = http.get("/v1/manifest", params=query, headers={"accept-encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip" and "content-encoding" not in plain.headers
+    assert int(zipped.headers["content-length"]) * 2 < int(plain.headers["content-length"])
+    assert zipped.json() == plain.json() and zipped.json()["chunk_digests"] == digests  # httpx inflates it
+    m = HubClient(server.url).get("/v1/manifest", msg.ManifestMsg, params=query)  # sends accept-encoding: gzip
+    assert m.chunk_digests == digests

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 
@@ -376,8 +376,10 @@ class Client:
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,
                    started: float, timeout: float | None,
-                   slices: Mapping[int, TensorSlice | None] | None = None) -> FetchStats:
-        """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion."""
+                   slices: Mapping[int, TensorSlice | None] | None = None,
+                   on_landed: Callable[[list[int]], None] | None = None) -> FetchStats:
+        """One fetch of ``tensors`` (manifest order; a ranged read's unread tensors are empty) to completion.
+        ``on_landed``: told the chunks that landed, checked, as they land (``ChunkFetcher``)."""
         model, layout = manifest.model, manifest.layout
         key = (model, manifest.version, layout)
         deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
@@ -414,7 +416,7 @@ class Client:
             fetch.fetcher = ChunkFetcher(self._plane, chunks, list(tensors.values()),
                                          lambda **kw: self._exchange(key, **kw), settings, stats,
                                          checker=ChunkChecker(manifest, plan, slices), plan=plan, first=first,
-                                         scratch=scratch[0] if scratch else None)
+                                         scratch=scratch[0] if scratch else None, on_landed=on_landed)
             fetch.have = fetch.fetcher.landed
             try:
                 fetch.fetcher.run()

@@ -27,7 +27,8 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.wire import messages as msg
-from tensorhub_verl.ros.client.delta_chunks import apply_delta, encode_delta
+from tensorhub_verl.ros.client.delta_chunks import ApplyResult, ChunkApply, encode_delta
+from tensorhub_verl.ros.client.delta_stream import DeltaStream
 from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers, shard_bytes, shard_chunks
@@ -88,6 +89,9 @@ class DeltaStats:
     reasons: list[str] = field(default_factory=list)
     """Why the delta was not used, or why chunks were re-read."""
     apply_seconds: float = 0.0
+    """Time spent applying (decode, write, digest), most of it while later chunks of the delta were on the wire."""
+    apply_after_wire_seconds: float = 0.0
+    """How long applying went on after the delta's last byte landed: what the apply added to the stall."""
 
     @property
     def changed_fraction(self) -> float:
@@ -174,29 +178,21 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         raise errors.InvalidRequest(f"into holds v{have} of {model!r}; v{manifest.version} is not newer: nothing "
                                     f"to fetch")
     own = _check_declared_base(client, model, have, layout, tensors)
+    if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
+        client._drain(own, timeout)
     delta = DeltaStats(have)
-    read = None if mode == "off" else _read_delta(client, manifest, have, tensors, hold, started, timeout, delta)
-    if read is None:  # no usable delta: N in full, as a reader without N-1 reads it
-        if own is not None:
-            client._drain(own, timeout)
+    read = None if mode == "off" else _read_delta(client, manifest, have, tensors, hold, started, timeout, delta,
+                                                  None if own is None else own.manifest)
+    if read is None:  # no usable delta (nothing of it written): N in full, as a reader without N-1 reads it
         stats = client._run_fetch(manifest, tensors, None, hold, started, timeout)
         stats.buffers, stats.manifest = dict(into), manifest
         delta.fallback_chunks, delta.fallback_bytes = len(manifest.chunks()), stats.bytes
         stats.delta = delta
         return stats
-    if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
-        client._drain(own, timeout)
-    ordered = list(tensors.values())
     stats = FetchStats(model, manifest.version, layout, chunks=len(manifest.chunks()))
     failed: list[int] = []
     delta.used = True
-    for header, blob, dstats in read:
-        try:
-            result = apply_delta(manifest, header, blob, ordered)
-        except Exception as e:  # a fault of the apply itself (device, memory): the buffers' state is unknown
-            raise errors.TransferFailed(
-                f"applying the delta of {model!r} v{manifest.version} from v{have} failed ({type(e).__name__}: {e}); "
-                f"into holds neither version now: fetch v{manifest.version} in full before using it") from e
+    for header, result, dstats in read:
         delta.apply_seconds += result.seconds
         delta.changed_elements += header.changed_elements
         delta.elements += header.total_elements
@@ -230,11 +226,12 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
 
 
 def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[str, torch.Tensor], hold: bool,
-                started: float, timeout: float | None,
-                delta: DeltaStats) -> list[tuple[DeltaHeader, torch.Tensor, FetchStats]] | None:
-    """Reads and checks the delta form from ``have`` to ``manifest``'s version (a version in row shards: every
-    rank's part); None (with the reason in ``delta``) when there is none or it cannot be used. Writes nothing
-    into ``tensors``."""
+                started: float, timeout: float | None, delta: DeltaStats,
+                base: Manifest | None) -> list[tuple[DeltaHeader, ApplyResult, FetchStats]] | None:
+    """Reads the delta form from ``have`` to ``manifest``'s version (a version in row shards: every rank's part)
+    and applies each chunk into ``tensors`` as its payload lands (``DeltaStream``); None (with the reason in
+    ``delta``) when there is none or it cannot be used, ``tensors`` then holding ``have`` as before. ``base``:
+    the manifest this client held ``have`` under, if it did (else the hub's is asked for)."""
     model, version, layout = manifest.model, manifest.version, manifest.layout
     ranks = manifest.row_shards
     parts = [(delta_layout(layout, have), range(len(manifest.chunks())))] if ranks == 1 else \
@@ -248,39 +245,68 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
         delta.reasons.append(f"no delta from v{have} to v{version} is published"
                              + ("" if ranks == 1 else f" by every one of its {ranks} row shards"))
         return None
-    try:
-        base = client.manifest(model, have, layout)
-    except errors.VersionNotFound:
-        base = None  # out of retention: the header's base digests are checked against into's bytes alone
+    base = base or _base_manifest(client, model, have, layout)
     device = next(iter(tensors.values())).device
-    read, held = [], []
+    ordered = list(tensors.values())
+    read, held, streams = [], [], []
     for dm, dl, chunks in forms:
         if {s.name for s in dm.tensors} != {HEADER, BLOB} or any(len(s.shape) != 1 or s.dtype != "uint8"
                                                                  for s in dm.tensors):
             delta.reasons.append(f"layout {dl!r} is not a delta form (uint8 {HEADER!r} and {BLOB!r})")
-            return _given_up(client, model, version, held, timeout)
+            return _given_up(client, model, version, held, streams, timeout)
         buffers = {spec.name: torch.empty(spec.shape, dtype=torch.uint8,
                                           device=device if spec.name == BLOB else "cpu") for spec in dm.tensors}
+        blob_bytes = buffers[BLOB].numel()
+
+        def open_header(raw: bytes, chunks=chunks, blob_bytes=blob_bytes) -> ChunkApply:
+            header = DeltaHeader.from_bytes(raw)
+            check_header(header, manifest, have, blob_bytes, base, chunks)
+            return ChunkApply(manifest, header, ordered)
+
+        stream = DeltaStream(dm, buffers, open_header, client.config.timeouts.fetch_timeout_s)
+        streams.append(stream)
         try:
-            dstats = client._run_fetch(dm, buffers, None, hold, started, timeout)
+            dstats = client._run_fetch(dm, buffers, None, hold, started, timeout, on_landed=stream.landed)
         except errors.TransferFailed as e:
             delta.reasons.append(f"the delta could not be read: {e}")
-            return _given_up(client, model, version, held, timeout)
+            return _given_up(client, model, version, held, streams, timeout)
+        except BaseException:
+            for st in streams:
+                st.abandon()
+            raise
+        landed = time.monotonic()
         if hold:
             held.append(dl)
         try:
-            header = DeltaHeader.from_bytes(buffers[HEADER].numpy().tobytes())
-            check_header(header, manifest, have, buffers[BLOB].numel(), base, chunks)
-        except errors.DeltaRefused as e:
-            delta.reasons.append(str(e))
-            logger.warning("%s: %s; reading v%d in full", client.worker, e, version)
-            return _given_up(client, model, version, held, timeout)
-        read.append((header, buffers[BLOB], dstats))
+            result = stream.close()
+        except errors.TransferFailed as e:  # a fault of the apply itself (device, memory): state unknown
+            raise errors.TransferFailed(
+                f"applying the delta of {model!r} v{version} from v{have} failed ({e}); into holds neither "
+                f"version now: fetch v{version} in full before using it") from e
+        if result is None:
+            delta.reasons.append(str(stream.refused))
+            logger.warning("%s: %s; reading v%d in full", client.worker, stream.refused, version)
+            return _given_up(client, model, version, held, streams, timeout)
+        delta.apply_after_wire_seconds += time.monotonic() - landed
+        read.append((stream.header, result, dstats))
     return read
 
 
-def _given_up(client: "Client", model: str, version: int, held: list[str], timeout: float | None) -> None:
-    """A delta not used: this reader serves none of its parts onward."""
+def _base_manifest(client: "Client", model: str, have: int, layout: str) -> Manifest | None:
+    """The hub's manifest of ``have``; None when it is out of retention (the header's base digests are then
+    checked against the buffers' bytes alone)."""
+    try:
+        return client.manifest(model, have, layout)
+    except errors.VersionNotFound:
+        return None
+
+
+def _given_up(client: "Client", model: str, version: int, held: list[str], streams: list[DeltaStream],
+              timeout: float | None) -> None:
+    """A delta not used: every chunk applied so far gets its base words back, and this reader serves none of
+    its parts onward."""
+    for stream in streams:
+        stream.abandon()
     for dl in held:
         _drop(client, model, version, dl, timeout)
     return None

@@ -25,7 +25,6 @@ from tensorhub_verl.errors import DeltaCorrupt
 from tensorhub_verl.ros.wire.delta_codec import ChunkChanges, decode_chunk, write_changes
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk as codec_encode
 from tensorhub_verl.ros.wire import lindigest
-from tensorhub_verl.ros.wire.delta_digest import chunk_grid, target_digest_from_base
 from tensorhub_verl.ros.wire.delta_form import SAME, DeltaHeader
 from tensorhub_verl.ros.wire.integrity import shard_chunk_digests
 from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
@@ -164,105 +163,104 @@ def chunk_digests_of(manifest: Manifest, tensors: Sequence[torch.Tensor], which:
                                [0] * len(manifest.tensors), which)
 
 
-DERIVE_MAX_CHANGED = 0.05
-"""Above this fraction of a chunk's elements changed, deriving its target digest from the changed words costs
-about as much as digesting the chunk: its base is digested before writing instead."""
+class ChunkApply:
+    """Applies a checked header's payloads (``delta_form.check_header``) chunk by chunk, in place, into
+    ``tensors`` (manifest order), which should hold the base version: each chunk is applied as soon as its
+    payload is there (``apply``), so a reader applies the first chunks while the later ones are on the wire.
+    Each chunk's bytes are read in full once. Per chunk:
 
+    1. its payload is decoded without writing (``delta_codec.decode_chunk``: a malformed one is refused,
+       ``bad_target``, nothing written);
+    2. the changes are written and the chunk is digested: with the target digest it is applied;
+    3. without it, the words written are put back (the decoded changes name every word written and the base's
+       word there) and the chunk is digested again to say why: with the declared base digest the payload is
+       wrong (``bad_target``), without it the reader's bytes were not the base, or a write went astray
+       (``bad_base``). An unchanged (``SAME``) chunk without the target digest is ``bad_base``.
 
-def _derivable(header: DeltaHeader, k: int) -> bool:
-    """Whether chunk ``k`` of the header gets its target digest derived from its declared base digest (linear
-    digest, few changed elements) rather than its base digested before writing."""
-    return (header.digest_algorithm == lindigest.ALGORITHM and header.encodings[k] != SAME
-            and header.changed[k] <= DERIVE_MAX_CHANGED * max(1, header.elements[k]))
+    So a chunk that fails a check holds the bytes it held before. ``undo`` puts back every chunk applied so far
+    (a delta abandoned part way, before its version is served); ``finish`` returns the ``ApplyResult``."""
+
+    def __init__(self, target: Manifest, header: DeltaHeader, tensors: Sequence[torch.Tensor]):
+        self._target, self._header = target, header
+        self.header = header
+        self._first = header.first_chunk
+        self.chunks = target.chunks()[self._first:self._first + len(header.encodings)]
+        """The header's chunks of the version's chunk map."""
+        self._flats = [_flat(t) for t in tensors]
+        self._rows = [lindigest.row_bytes(tuple(s.shape), s.nbytes) for s in target.tensors]
+        self._written: dict[int, tuple[Chunk, ChunkChanges]] = {}
+        self._done: set[int] = set()
+        self.result = ApplyResult()
+
+    def apply(self, blob: torch.Tensor, which: Sequence[int]) -> None:
+        """Applies chunks ``which`` (indices of the version's chunk map, each at most once) from ``blob``, whose
+        bytes for those chunks' payloads have landed."""
+        started = time.monotonic()
+        for i in which:
+            if i not in self._done:
+                self._done.add(i)
+                self._one(blob, self.chunks[i - self._first])
+        self.result.seconds += time.monotonic() - started
+
+    def undo(self) -> None:
+        """Puts back the base's words in every chunk written so far."""
+        for chunk, changes in self._written.values():
+            _restore(self._flats, chunk, changes)
+        self._written.clear()
+
+    def finish(self) -> ApplyResult:
+        result = self.result
+        for part in (result.applied, result.bad_base, result.bad_target):
+            part.sort()
+        if result.bad_base:
+            result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version "
+                                  f"{self._header.base_version} (first: chunk {result.bad_base[0]})")
+        return result
+
+    def _digest(self, chunk: Chunk) -> str:
+        acc = None
+        for s in chunk.segments:
+            part = lindigest.span(self._flats[s.tensor][s.offset:s.offset + s.length], s.offset, self._rows[s.tensor])
+            acc = part if acc is None else acc + part.to(acc.device)
+        return lindigest.many_to_hex([lindigest.zero() if acc is None else acc])[0]
+
+    def _one(self, blob: torch.Tensor, chunk: Chunk) -> None:
+        header, result = self._header, self.result
+        i, k = chunk.index, chunk.index - self._first
+        if header.encodings[k] == SAME:
+            (result.applied if self._digest(chunk) == header.target_digests[k] else result.bad_base).append(i)
+            return
+        data, is_view = _chunk_view(self._flats, chunk)
+        part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
+        payload = part.numpy() if blob.device.type == "cpu" else part.cpu().numpy()
+        try:
+            changes = decode_chunk(header.encodings[k], payload, data, dtype=chunk_dtype(self._target, chunk))
+        except (DeltaCorrupt, ValueError) as e:
+            result.bad_target.append(i)
+            result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
+            return
+        write_changes(changes, data)
+        if not is_view:
+            _scatter(self._flats, chunk, data)
+        if self._digest(chunk) == header.target_digests[k]:
+            result.applied.append(i)
+            self._written[i] = (chunk, changes)
+            return
+        _restore(self._flats, chunk, changes)
+        if self._digest(chunk) != header.base_digests[k]:
+            result.bad_base.append(i)
+            return
+        result.bad_target.append(i)
+        result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload does not give version "
+                              f"{header.target_version}'s bytes; restored")
 
 
 def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tensors: Sequence[torch.Tensor]
                 ) -> ApplyResult:
-    """Applies a checked header's payloads (``delta_form.check_header``) in place into ``tensors`` (manifest
-    order), which should hold the base version, reading each chunk's bytes in full once where few of its
-    elements change. Per chunk:
-
-    1. its payload is decoded without writing (``delta_codec.decode_chunk``: a malformed one is refused);
-    2. the target digest follows from the header's base digest plus the decoded changes (the digest is linear,
-       ``delta_digest.target_digest_from_base``): a payload that does not give the header's target digest is
-       not written (``bad_target``, unless the chunk's bytes, digested then, are not the declared base:
-       ``bad_base``). A chunk with many changes, or a digest that is not linear, has its base digested before
-       writing instead (``bad_base`` on a mismatch, nothing written);
-    3. it is written, then digested in full with the unchanged (``SAME``) chunks: a chunk without the
-       target digest is restored to the bytes it held (the decoded changes name every word written) and is
-       ``bad_base`` where the payload was checked against the declared base (the reader's bytes, or a write,
-       were wrong), ``bad_target`` where the base itself checked out; an unchanged chunk without it is
-       ``bad_base``.
-
-    So a chunk that fails a check holds the bytes it held when this returns."""
-    started = time.monotonic()
-    result = ApplyResult()
-    first = header.first_chunk
-    chunks = target.chunks()[first:first + len(header.encodings)]
-    flats = [_flat(t) for t in tensors]
-    derived = {c.index for c in chunks if _derivable(header, c.index - first)}
-    pre = {c.index for c in chunks if header.encodings[c.index - first] != SAME} - derived
-    base_now = chunk_digests_of(target, tensors, pre)
-    host = blob.device.type == "cpu"
-    written: dict[int, tuple[Chunk, ChunkChanges]] = {}
-    same: list[int] = []
-    for chunk in chunks:
-        i, k = chunk.index, chunk.index - first
-        if header.encodings[k] == SAME:
-            same.append(i)
-            continue
-        if i in pre and base_now[i] != header.base_digests[k]:
-            result.bad_base.append(i)
-            continue
-        data, is_view = _chunk_view(flats, chunk)
-        part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
-        payload = part.numpy() if host else part.cpu().numpy()
-        try:
-            changes = decode_chunk(header.encodings[k], payload, data, dtype=chunk_dtype(target, chunk))
-        except (DeltaCorrupt, ValueError) as e:
-            result.bad_target.append(i)
-            result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
-            continue
-        if i in derived and target_digest_from_base(header.base_digests[k], chunk_grid(chunk, target.tensors),
-                                                    changes) != header.target_digests[k]:
-            # Either the payload is wrong or the words it changes were not the base's: digesting the chunk
-            # (still unwritten) tells which.
-            if chunk_digests_of(target, tensors, {i})[i] != header.base_digests[k]:
-                result.bad_base.append(i)
-            else:
-                result.bad_target.append(i)
-                result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload does not give version "
-                                      f"{header.target_version}'s bytes; not written")
-            continue
-        write_changes(changes, data)
-        if not is_view:
-            _scatter(flats, chunk, data)
-        written[i] = (chunk, changes)
-    after = chunk_digests_of(target, tensors, {*written, *same})
-    for i in same:
-        if after[i] == header.target_digests[i - first]:
-            result.applied.append(i)
-        else:
-            result.bad_base.append(i)
-    for i, (chunk, changes) in sorted(written.items()):
-        if after[i] == header.target_digests[i - first]:
-            result.applied.append(i)
-            continue
-        _restore(flats, chunk, changes)
-        if i in derived:  # the payload gives the target from the declared base: the base was not it
-            result.bad_base.append(i)
-            continue
-        result.bad_target.append(i)
-        result.reasons.append(f"chunk {i}: its {header.encodings[i - first]} payload does not give version "
-                              f"{header.target_version}'s bytes; restored")
-    if result.bad_base:
-        result.bad_base.sort()
-        result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
-                              f"(first: chunk {result.bad_base[0]})")
-    result.applied.sort()
-    result.bad_target.sort()
-    result.seconds = time.monotonic() - started
-    return result
+    """Applies every chunk of a checked header whose blob has landed in full (``ChunkApply``)."""
+    applier = ChunkApply(target, header, tensors)
+    applier.apply(blob, [c.index for c in applier.chunks])
+    return applier.finish()
 
 
 def _restore(flats: Sequence[torch.Tensor], chunk: Chunk, changes: ChunkChanges) -> None:
@@ -274,4 +272,4 @@ def _restore(flats: Sequence[torch.Tensor], chunk: Chunk, changes: ChunkChanges)
         _scatter(flats, chunk, data)
 
 
-__all__ = ["ApplyResult", "EncodeStats", "apply_delta", "chunk_digests_of", "chunk_dtype", "encode_delta"]
+__all__ = ["ApplyResult", "ChunkApply", "EncodeStats", "apply_delta", "chunk_digests_of", "chunk_dtype", "encode_delta"]

@@ -202,9 +202,12 @@ class ChunkFetcher:
     def __init__(self, transport: DataPlane, chunks: tuple[Chunk, ...], local: list[torch.Tensor],
                  exchange: Callable[..., msg.ExchangeReply], settings: FetchSettings, stats: FetchStats,
                  checker: ChunkChecker | None = None, plan: ReadPlan | None = None,
-                 first: msg.ExchangeReply | None = None, scratch: torch.Tensor | None = None):
+                 first: msg.ExchangeReply | None = None, scratch: torch.Tensor | None = None,
+                 on_landed: Callable[[list[int]], None] | None = None):
         """``first``: the assignments that came with the fetch's begin (``BeginFetchReply.first``), if any.
-        ``scratch``: where the plan's edges land (``block_edges.py``), ``plan.edge_bytes`` bytes."""
+        ``scratch``: where the plan's edges land (``block_edges.py``), ``plan.edge_bytes`` bytes.
+        ``on_landed``: called on this fetch's thread with the chunks of each read as they are booked (landed,
+        checked, not revoked: their bytes no longer change); it should hand them on and return at once."""
         self._transport = transport
         self._first = first
         self._chunks = chunks
@@ -219,6 +222,7 @@ class ChunkFetcher:
         self._views: list | None = None
         """Byte views of ``local``, made when a landed chunk is first checked."""
         self._exchange = exchange
+        self._on_landed = on_landed
         self._settings = settings
         self.stats = stats
         self.landed: set[int] = set()
@@ -517,6 +521,8 @@ class ChunkFetcher:
                 continue
             worker, counted = run.source.worker, self._spans.counted_bytes
             self.landed.update(run.intact)
+            if self._on_landed is not None and run.intact:
+                self._on_landed(list(run.intact))
             self.stats.landings.append((run.started, run.intact, run.landed_at, worker))
             nbytes = sum(counted(chunk) for chunk in run.intact)
             self.stats.bytes += nbytes

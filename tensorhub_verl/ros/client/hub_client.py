@@ -83,7 +83,8 @@ class HubClient:
             raise errors.ConfigError(f"cannot load CA file {ca_file}: {e}") from e
         self.url = url.rstrip("/")
         self.request_timeout_s = request_timeout_s
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # gzip: the hub compresses its large replies (manifests) for clients that accept it (urllib3 inflates them).
+        self._headers = {"accept-encoding": "gzip"} | ({"Authorization": f"Bearer {token}"} if token else {})
         self._job_key = job_key
         # urllib3 rather than httpx: it costs less CPU per request (docs/benchmarks.md), and a fetch makes one
         # request per exchange. Its connections set TCP_NODELAY (without it a request's header and body writes

@@ -18,6 +18,7 @@ without the lock (``HubState.heartbeat_unlocked``), in front of FastAPI (``fetch
 from __future__ import annotations
 
 import base64
+import gzip
 import hmac
 import json
 import logging
@@ -328,10 +329,14 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
         with state.acting_as(req.worker, credential):
             return state.end_fetch(req)
 
-    @app.get("/v1/manifest")
-    async def manifest(model: str = Query(min_length=1, max_length=256), version: str = Query("latest", max_length=40),
-                       layout: str = Query("hf", min_length=1, max_length=256)) -> msg.ManifestMsg:
-        return manifest_to_msg(await off_loop(state.manifest, model, _version_arg(version), layout))
+    # A manifest is the largest reply most readers get (a digest per chunk and per block): gzipped for clients
+    # that accept it, as every reader in another datacenter than the hub fetches it across the WAN.
+    @app.get("/v1/manifest", response_model=msg.ManifestMsg)
+    async def manifest(request: Request, model: str = Query(min_length=1, max_length=256),
+                       version: str = Query("latest", max_length=40),
+                       layout: str = Query("hf", min_length=1, max_length=256)) -> Response:
+        reply = manifest_to_msg(await off_loop(state.manifest, model, _version_arg(version), layout))
+        return _json_reply(reply.model_dump_json().encode(), request.headers.get("accept-encoding", ""))
 
     @app.get("/v1/versions")
     def versions(model: str = Query(min_length=1, max_length=256),
@@ -375,6 +380,18 @@ def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | 
     if len(req.agent_metadata_b64) > 8192:  # far larger than any TCP metadata: another plane's
         return None
     return advertised_host_problem(base64.b64decode(req.agent_metadata_b64), registered_from)
+
+
+GZIP_MIN_BYTES = 1024
+"""Replies from this size up are gzipped where the client accepts it (smaller ones gain less than their header)."""
+
+
+def _json_reply(body: bytes, accept_encoding: str) -> Response:
+    """JSON bytes as a reply, gzipped when large enough and ``accept_encoding`` lists gzip."""
+    if len(body) >= GZIP_MIN_BYTES and "gzip" in accept_encoding.lower():
+        return Response(gzip.compress(body, 6), media_type="application/json",
+                        headers={"content-encoding": "gzip", "vary": "accept-encoding"})
+    return Response(body, media_type="application/json")
 
 
 def _version_arg(version: str) -> int | str:

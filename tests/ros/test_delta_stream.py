@@ -1,0 +1,131 @@
+"""A delta applied while it lands (``DeltaStream``), without processes: the delta form's chunks are copied into
+its buffers one at a time, as a fetch lands them, and the stream is told of each. Each chunk of the version is
+applied once its payload is whole; a bad payload in the middle leaves that chunk at its base bytes; a delta
+abandoned part way is undone; a refused header writes nothing."""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from tensorhub_verl.errors import DeltaRefused
+from tensorhub_verl.ros.client.delta_chunks import ChunkApply, encode_delta
+from tensorhub_verl.ros.client.delta_stream import DeltaStream
+from tensorhub_verl.ros.wire.delta_codec import encode_chunk
+from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER
+from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
+from tensorhub_verl.ros.wire.manifest import build_manifest
+
+from tests.waits import wait_until
+
+CHUNK = 64 << 10
+FORM_CHUNK = 4096
+
+
+def _manifest(version, weights):
+    m = build_manifest("policy", version, "hf", weights, CHUNK)
+    return dataclasses.replace(m, chunk_digests=chunk_digests(m.chunks(), list(weights.values())),
+                               digest_algorithm=ALGORITHM)
+
+
+def _delta(candidates=None):
+    """v1 and v2 of one bf16 matrix in 16 chunks (5% of its elements one unit in the last place apart), the
+    delta form's tensors, its manifest in 4 KiB chunks, and v2's manifest."""
+    g = torch.Generator().manual_seed(3)
+    v1 = {"w": torch.randn(512, 1024, generator=g).to(torch.bfloat16)}
+    v2 = {"w": v1["w"].clone()}
+    words = v2["w"].view(-1).view(torch.int16)
+    words[torch.randperm(words.numel(), generator=g)[: words.numel() // 20]] += 1
+    m1, m2 = _manifest(1, v1), _manifest(2, v2)
+    encode = encode_chunk if candidates is None else functools.partial(encode_chunk, candidates=candidates)
+    header, blob, _ = encode_delta(m1, [v1["w"]], m2, [v2["w"]], encode)
+    form = {HEADER: torch.frombuffer(bytearray(header.to_bytes()), dtype=torch.uint8), BLOB: blob}
+    dm = build_manifest("policy", 2, "delta/hf@1", form, FORM_CHUNK)
+    return v1, v2, m2, header, form, dm
+
+
+def _land(dm, form, buffers, stream, chunk):
+    """Copies one chunk of the delta form into its buffers and tells the stream, as a fetch does."""
+    names = [s.name for s in dm.tensors]
+    for s in dm.chunks()[chunk].segments:
+        name = names[s.tensor]
+        buffers[name][s.offset:s.offset + s.length] = form[name][s.offset:s.offset + s.length]
+    stream.landed([chunk])
+
+
+def _chunk_words(t, k):
+    words = t.view(-1).view(torch.int16)
+    return words[k * CHUNK // 2:(k + 1) * CHUNK // 2]
+
+
+def _stream(m2, header, form, dm, into):
+    buffers = {name: torch.zeros_like(t) for name, t in form.items()}
+    return DeltaStream(dm, buffers, lambda raw: ChunkApply(m2, header, [into["w"]]), 30.0), buffers
+
+
+def test_chunks_are_applied_while_later_ones_are_still_to_land():
+    v1, v2, m2, header, form, dm = _delta()
+    into = {"w": v1["w"].clone()}
+    stream, buffers = _stream(m2, header, form, dm, into)
+    count = len(dm.chunks())
+    assert count >= 8
+    half = count // 2
+    for d in range(half):
+        _land(dm, form, buffers, stream, d)
+    first = header.first_chunk
+    # The chunks whose payload lies in the landed half are applied before the rest of the delta lands.
+    wait_until(lambda: torch.equal(_chunk_words(into["w"], first), _chunk_words(v2["w"], first)), 10.0,
+               "the first chunk applied while half of the delta is still to land")
+    last = len(m2.chunks()) - 1
+    assert torch.equal(_chunk_words(into["w"], last), _chunk_words(v1["w"], last))  # its payload has not landed
+    for d in range(half, count):
+        _land(dm, form, buffers, stream, d)
+    result = stream.close()
+    assert not result.failed and len(result.applied) == len(m2.chunks())
+    assert torch.equal(into["w"].view(torch.int16), v2["w"].view(torch.int16))
+
+
+@pytest.mark.parametrize("candidates", [("xor",), None])
+def test_a_bad_payload_in_the_middle_leaves_that_chunk_at_its_base_bytes_and_the_rest_at_the_version(candidates):
+    v1, v2, m2, header, form, dm = _delta(candidates)
+    middle = len(m2.chunks()) // 2
+    at = header.offsets[middle] + header.lengths[middle] // 2
+    form[BLOB][at] ^= 0x5A  # garbled after its digests were taken: decodes to other words, or not at all
+    into = {"w": v1["w"].clone()}
+    stream, buffers = _stream(m2, header, form, dm, into)
+    for d in reversed(range(len(dm.chunks()))):  # landing order is the fetch's, not the blob's
+        _land(dm, form, buffers, stream, d)
+    result = stream.close()
+    assert result.failed == [middle] and result.bad_target == [middle]
+    for k in range(len(m2.chunks())):
+        want = v1 if k == middle else v2
+        assert torch.equal(_chunk_words(into["w"], k), _chunk_words(want["w"], k)), k
+
+
+def test_a_delta_abandoned_part_way_puts_back_every_chunk_it_applied():
+    v1, v2, m2, header, form, dm = _delta()
+    into = {"w": v1["w"].clone()}
+    stream, buffers = _stream(m2, header, form, dm, into)
+    for d in range(len(dm.chunks()) // 2):
+        _land(dm, form, buffers, stream, d)
+    first = header.first_chunk
+    wait_until(lambda: torch.equal(_chunk_words(into["w"], first), _chunk_words(v2["w"], first)), 10.0,
+               "a chunk applied")
+    stream.abandon()  # the delta's read failed: the reader goes on to read v2 in full from v1
+    assert torch.equal(into["w"].view(torch.int16), v1["w"].view(torch.int16))
+
+
+def test_a_refused_header_writes_nothing():
+    v1, _, m2, header, form, dm = _delta()
+    into = {"w": v1["w"].clone()}
+    buffers = {name: torch.zeros_like(t) for name, t in form.items()}
+
+    def refuse(raw):
+        raise DeltaRefused("the delta's base is v0, not v1")
+
+    stream = DeltaStream(dm, buffers, refuse, 30.0)
+    for d in range(len(dm.chunks())):
+        _land(dm, form, buffers, stream, d)
+    assert stream.close() is None and "not v1" in str(stream.refused)
+    assert torch.equal(into["w"].view(torch.int16), v1["w"].view(torch.int16))
