@@ -190,6 +190,8 @@ def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
     for variant in ("tensorhub", "delta_from_trainer"):
         d = got[variant]["delta"]
         assert d["used"] and d["fallback_chunks"] == 0 and d["delta_bytes"] == got[variant]["bytes"] <= ready["delta_bytes"] * 1.01
+        # (b) does the apply TensorHub does (the same client code: decode, write, digest), timed the same way.
+        assert d["apply_s"] > 0 and 0 <= d["apply_after_wire_s"] <= got[variant]["seconds"]
     for variant in ("tensorhub_full", "pull_from_trainer"):
         assert not got[variant]["delta"]["used"] and got[variant]["bytes"] >= ready["bytes"]
     assert set(got["delta_from_trainer"]["sources"]) == {"trainer"} == set(got["pull_from_trainer"]["sources"])

@@ -201,7 +201,9 @@ def _summary(fetched: list[dict]) -> dict:
                         "delta_bytes": sum(d["delta_bytes"] for d in deltas),
                         "fallback_chunks": sum(d["fallback_chunks"] for d in deltas),
                         "apply_s": [d["apply_s"] for d in deltas],
-                        "transfer_total_s": sum(f["seconds"] - d["apply_s"] for f, d in zip(fetched, deltas)),
+                        "apply_after_wire_s": [d["apply_after_wire_s"] for d in deltas],
+                        "transfer_total_s": sum(f["seconds"] - d["apply_after_wire_s"]
+                                                for f, d in zip(fetched, deltas)),
                         "reasons": sorted({r for d in deltas for r in d["reasons"]})[:4]}
     return out
 
@@ -298,8 +300,9 @@ WAN_OVER_DELTA_GOAL = 1.05
 
 
 def _transfer(run: dict) -> float:
-    """A variant's stall summed over readers less the time they spent applying a delta (decode, write and the
-    digest checks, on the readers' CPUs): the part that the network and the plan set."""
+    """A variant's stall summed over readers less the time their apply of a delta (decode, write and the digest
+    checks, on the readers' CPUs) went on after its last byte landed: the part that the network and the plan
+    set (the rest of the apply overlaps the wire)."""
     return run["delta"]["transfer_total_s"] if "delta" in run else run["total_s"]
 
 

@@ -166,6 +166,9 @@ def _delta_reader(a: argparse.Namespace) -> None:
         # v1 in these buffers before the clock starts: held (and served) when it is this reader's own model; a
         # baseline reader's model is only the trainer's, so it keeps v1's bytes (the same tensors) unheld.
         client.fetch(base, 1, into=buffers, hold=base == a.model, timeout=a.timeout)
+        # A rollout that has updated before has the delta path (and its codec) loaded: the timed update, in every
+        # variant alike, does not include importing it.
+        import tensorhub_verl.ros.client.delta  # noqa: F401
         _say(event="ready")
         wait_file(a.go, a.timeout)
         started, t0 = time.time(), time.monotonic()
@@ -179,6 +182,7 @@ def _delta_reader(a: argparse.Namespace) -> None:
              cpu_s=_cpu_s() - cpu0, timeline=timeline, t0=t0, location=a.location, window=a.window,
              delta={"used": d.used, "delta_bytes": d.delta_bytes, "changed_fraction": d.changed_fraction,
                     "fallback_chunks": d.fallback_chunks, "apply_s": round(d.apply_seconds, 3),
+                    "apply_after_wire_s": round(d.apply_after_wire_seconds, 3),
                     "reasons": d.reasons[:3]})
         if a.hold:
             wait_file(a.stop, a.timeout)
