@@ -2,6 +2,7 @@
 clients written against the untyped replies read, and the client parses the same bodies with the same models."""
 
 import asyncio
+import base64
 import json
 
 import httpx
@@ -55,8 +56,9 @@ def test_replies_keep_their_json_shape(api):
     client = HubClient(server.url)
     try:
         typed = client.get("/v1/status", msg.StatusReply).model_dump()
-        for reply in (typed, status):
+        for reply in (typed, status):  # both counted live: the sweeper may run between the two calls
             reply["workers"]["w"].pop("last_seen_s")
+            reply.pop("sweeps")
         assert typed == status
         assert client.versions("m") == {1: ["w"]} and client.wait("m", None, "hf", 0) == 1
         assert client.wait("m", 1, "hf", 0) is None
@@ -151,3 +153,28 @@ def test_a_large_manifest_is_gzipped_for_clients_that_accept_it_and_read_back_th
     assert zipped.json() == plain.json() and zipped.json()["chunk_digests"] == digests  # httpx inflates it
     m = HubClient(server.url).get("/v1/manifest", msg.ManifestMsg, params=query)  # sends accept-encoding: gzip
     assert m.chunk_digests == digests
+
+
+def test_a_first_exchange_that_brings_a_sources_metadata_is_gzipped(api):
+    server, http = api
+    meta = base64.b64encode(b"ucx-address " * 300).decode()  # a data-plane metadata blob of 3.6 KB
+    holder = httpx.Client(base_url=server.url, timeout=10)
+    reader = httpx.Client(base_url=server.url, timeout=10)
+    try:
+        for client, name, blob in ((holder, "h", meta), (reader, "r", "AAAA")):
+            joined = client.post("/v1/workers/register", json={"worker": name, "location": {"node": name},
+                                                               "agent_name": f"{name}-agent",
+                                                               "agent_metadata_b64": blob})
+            client.headers[CREDENTIAL_HEADER] = joined.json()["credential"]
+        assert holder.post("/v1/publish", json={"worker": "h", "holder": "h", "manifest": GOOD,
+                                                "regions": [{"addr": 4096}]}).json() == {"ok": True}
+        digest = manifest_from_msg(msg.ManifestMsg.model_validate(GOOD)).digest
+        begin = {"worker": "r", "holder": "r", "model": "m", "version": 1, "layout": "hf", "digest": digest,
+                 "regions": [{"addr": 8192}], "want": 1}
+        zipped = reader.post("/v1/fetch/begin", json=begin, headers={"accept-encoding": "gzip"})
+        assert zipped.headers["content-encoding"] == "gzip"
+        assert int(zipped.headers["content-length"]) * 3 < len(zipped.content)  # httpx inflates it
+        assert zipped.json()["first"]["sources"][0]["agent_metadata_b64"] == meta
+    finally:
+        holder.close()
+        reader.close()

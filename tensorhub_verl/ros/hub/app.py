@@ -18,7 +18,6 @@ without the lock (``HubState.heartbeat_unlocked``), in front of FastAPI (``fetch
 from __future__ import annotations
 
 import base64
-import gzip
 import hmac
 import json
 import logging
@@ -37,7 +36,8 @@ from tensorhub_verl.ros.wire import hub_proof
 from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.errors import UnknownFetch, UnknownWorker
 from tensorhub_verl.ros.hub.state_calls import StateCalls
-from tensorhub_verl.ros.hub.fetch_routes import HEARTBEAT_PATH, FetchRoutes, error_body, invalid_detail, status_of
+from tensorhub_verl.ros.hub.fetch_routes import HEARTBEAT_PATH, FetchRoutes, error_body, gzipped, invalid_detail, \
+    status_of
 from tensorhub_verl.ros.hub.fetch_routes import heartbeat as hot_heartbeat
 from tensorhub_verl.ros.hub.state import HubState
 from tensorhub_verl.ros.wire.hub_proof import HELLO_PATH
@@ -330,7 +330,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
             return state.end_fetch(req)
 
     # A manifest is the largest reply most readers get (a digest per chunk and per block): gzipped for clients
-    # that accept it, as every reader in another datacenter than the hub fetches it across the WAN.
+    # that accept it (``fetch_routes.GZIP_MIN_BYTES``).
     @app.get("/v1/manifest", response_model=msg.ManifestMsg)
     async def manifest(request: Request, model: str = Query(min_length=1, max_length=256),
                        version: str = Query("latest", max_length=40),
@@ -382,15 +382,11 @@ def _advertised_address_problem(req: msg.RegisterWorker, registered_from: str | 
     return advertised_host_problem(base64.b64decode(req.agent_metadata_b64), registered_from)
 
 
-GZIP_MIN_BYTES = 1024
-"""Replies from this size up are gzipped where the client accepts it (smaller ones gain less than their header)."""
-
-
 def _json_reply(body: bytes, accept_encoding: str) -> Response:
-    """JSON bytes as a reply, gzipped when large enough and ``accept_encoding`` lists gzip."""
-    if len(body) >= GZIP_MIN_BYTES and "gzip" in accept_encoding.lower():
-        return Response(gzip.compress(body, 6), media_type="application/json",
-                        headers={"content-encoding": "gzip", "vary": "accept-encoding"})
+    """JSON bytes as a reply, gzipped where ``fetch_routes.gzipped`` says."""
+    packed = gzipped(body, accept_encoding)
+    if packed is not None:
+        return Response(packed, media_type="application/json", headers={"content-encoding": "gzip"})
     return Response(body, media_type="application/json")
 
 

@@ -19,6 +19,7 @@ as FastAPI checked it (1 to 256 characters, else 422 ``InvalidRequest``).
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 from urllib.parse import parse_qsl
@@ -35,7 +36,20 @@ from tensorhub_verl.ros.wire.messages import CREDENTIAL_HEADER
 
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _CREDENTIAL_MAX = 256
+_ACCEPT_ENCODING = b"accept-encoding"
 _JSON = (b"content-type", b"application/json")
+_GZIP = (b"content-encoding", b"gzip")
+GZIP_MIN_BYTES = 1024
+"""Replies from this size up (a manifest, a first exchange that brings a source's data-plane metadata) are gzipped
+for clients that accept it: readers in another datacenter than the hub get them across the WAN. Smaller ones
+gain less than the compression costs."""
+
+
+def gzipped(body: bytes, accept_encoding: str) -> bytes | None:
+    """``body`` gzipped when it is large enough and ``accept_encoding`` (the request's header) lists gzip."""
+    if len(body) < GZIP_MIN_BYTES or "gzip" not in accept_encoding.lower():
+        return None
+    return gzip.compress(body, 6)
 
 
 def status_of(exc: errors.TensorHubError, table: list[tuple[type, int]]) -> int:
@@ -145,11 +159,12 @@ class FetchRoutes:
         route = ROUTES.get(path)
         if route is None and path != HEARTBEAT_PATH:
             return await self.app(scope, receive, send)
-        credential = b""
+        credential, accept = b"", b""
         for name, value in scope.get("headers") or ():
             if name == _CREDENTIAL:
                 credential = value
-                break
+            elif name == _ACCEPT_ENCODING:
+                accept = value
         if len(credential) > _CREDENTIAL_MAX:
             return await _answer(send, 422, _invalid(f"{CREDENTIAL_HEADER}: longer than {_CREDENTIAL_MAX} "
                                                      "characters"))
@@ -165,7 +180,9 @@ class FetchRoutes:
             reply = await handler(self.state, self.off_loop, req, credential.decode("latin-1"))
         except errors.TensorHubError as exc:
             return await _answer(send, status_of(exc, self.statuses), error_body(exc))
-        await _answer(send, 200, reply.model_dump_json().encode())
+        body = reply.model_dump_json().encode()
+        packed = gzipped(body, accept.decode("latin-1"))
+        await _answer(send, 200, body if packed is None else packed, zipped=packed is not None)
 
     async def _heartbeat(self, scope, send, credential: str) -> None:
         worker = _query_worker(scope.get("query_string", b""))
@@ -195,7 +212,7 @@ async def _read_body(receive) -> bytes:
     return b"".join(parts)
 
 
-async def _answer(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [_JSON, (b"content-length", str(len(body)).encode())]})
+async def _answer(send, status: int, body: bytes, zipped: bool = False) -> None:
+    headers = [_JSON, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, _GZIP] if zipped else headers})
     await send({"type": "http.response.body", "body": body})
