@@ -206,7 +206,8 @@ class _Pass:
                 whole = x[:, plan.head:plan.head + plan.k * GROUP].reshape(m * plan.k, GROUP)
                 sources.append((whole @ b).reshape(m, plan.k, LANES))
             if len(plan.run_index):
-                sources.append(np.einsum("mrl,rlc->mrc", x[:, plan.run_index], plan.run_b))
+                runs = x[:, plan.run_index].transpose(1, 0, 2)  # [runs, m, longest]: one matmul per run
+                sources.append(np.matmul(runs, plan.run_b).transpose(1, 0, 2))
         if len(plan.lone_cols):
             v = u8.numpy()[:, plan.lone_cols].astype(np.int64)
             v[:, :plan.lone_high] = np.where(v[:, :plan.lone_high] >= 128, v[:, :plan.lone_high] - 256,
@@ -217,8 +218,11 @@ class _Pass:
         weighted = raw * self.a[rows[:, None] * self.groups + plan.group[None]] % P
         if plan.moves:
             weighted = weighted[:, plan.source] * plan.sign[None, :, None]
-        ids = ((rows // self.band - self.first_band) * self.windows)[:, None] + plan.window[None]
-        np.add.at(self.out, ids.reshape(-1), weighted.reshape(-1, LANES))
+        bands = rows // self.band
+        starts = np.flatnonzero(np.diff(bands, prepend=-1))  # the batch's rows by band (contiguous)
+        per_band = np.add.reduceat(weighted, starts, axis=0)  # each band's entries below 2**62
+        ids = ((bands[starts] - self.first_band) * self.windows)[:, None] + plan.window[None]
+        np.add.at(self.out, ids.reshape(-1), per_band.reshape(-1, LANES))
         self.out %= P
 
     def _device_rect(self, u8: torch.Tensor, row0: int, plan: _Plan) -> None:
