@@ -57,7 +57,7 @@ def cells(data: torch.Tensor, offset: int, rb: int, cuts: Sequence[int] = (),
     return _Pass(data, offset, rb, cuts, band_rows, host).run()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Plan:
     """What to compute of a rect of ``width`` bytes at byte column ``col`` of every row (the same for each row):
     made on the host once per shape, from the grid geometry alone.
@@ -231,7 +231,8 @@ class _Pass:
         t = _device_arrays(plan, dev, dt)
         sources = []
         if plan.words:
-            x = lindigest._as_words(u8[:, plan.lo:plan.lo + 2 * plan.words]).to(dt, memory_format=torch.contiguous_format)
+            x = lindigest._as_words(u8[:, plan.lo:plan.lo + 2 * plan.words])
+            x = x.to(dt, memory_format=torch.contiguous_format)
             if plan.k:
                 whole = x[:, plan.head:plan.head + plan.k * GROUP].contiguous().view(m * plan.k, GROUP)
                 y = whole @ self.b if dt == torch.float64 else (whole[..., None] * self.b).sum(1)
