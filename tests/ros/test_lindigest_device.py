@@ -164,3 +164,22 @@ def test_a_large_digest_launches_few_ops_and_reads_nothing_back_until_the_end(mo
     assert blocks.total <= 80 * len(chunks), blocks.seen
     for ops in (whole, linear, blocks):
         assert "aten._local_scalar_dense.default" not in ops.seen and "aten.nonzero.default" not in ops.seen
+
+
+def test_the_digest_bench_measures_the_device_path_here_and_prints_json_last():
+    """``bench.digest --device-path`` on the CPU: the torch path's figures and its ops per GiB, JSON last; the host
+    path is the default again after it."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tensorhub_verl.bench.digest", "--size-mb", "8", "--repeats", "1",
+                           "--devices", "cpu", "--device-path"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["cpu_path"] == "torch" and result["linear_cpu_gbps"] > 0 and result["blocks_cpu_gbps"] > 0
+    assert 0 < result["ops_per_gib_linear_cpu"] <= 40 * 128 and 0 < result["ops_per_gib_blocks_cpu"] <= 80 * 128
+    from tensorhub_verl.bench import digest
+
+    digest.run(1, 1, 1, devices=["cpu"], device_path=True)
+    assert lindigest.HOST_NUMPY is True
