@@ -183,3 +183,13 @@ def test_the_digest_bench_measures_the_device_path_here_and_prints_json_last():
 
     digest.run(1, 1, 1, devices=["cpu"], device_path=True)
     assert lindigest.HOST_NUMPY is True
+
+
+def test_the_self_check_catches_batched_products_that_round(monkeypatch):
+    """A device whose batched float64 products lose bits (as an emulated double GEMM could) fails the self-check,
+    though its plain matmul is exact: the cells' products are checked too."""
+    cpu = torch.device("cpu")
+    assert lindigest._check_matmul(cpu)
+    einsum = torch.einsum
+    monkeypatch.setattr(torch, "einsum", lambda *args: einsum(*args).to(torch.float32).to(torch.float64))
+    assert not lindigest._check_matmul(cpu)

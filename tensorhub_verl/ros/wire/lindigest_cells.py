@@ -38,7 +38,7 @@ import torch
 from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.lindigest import GROUP, LANES, P
 
-__all__ = ["cells"]
+__all__ = ["cells", "device_cells", "host_cells"]
 
 
 def cells(data: torch.Tensor, offset: int, rb: int, cuts: Sequence[int] = (),
@@ -53,8 +53,22 @@ def cells(data: torch.Tensor, offset: int, rb: int, cuts: Sequence[int] = (),
         raise ValueError(f"window cuts must be distinct, sorted and inside a row of {rb} bytes, got {cuts}")
     if band_rows is not None and band_rows < 1:
         raise ValueError(f"band_rows must be a positive number of rows or None, got {band_rows}")
-    host = data.device.type == "cpu" and lindigest.HOST_NUMPY
-    return _Pass(data, offset, rb, cuts, band_rows, host).run()
+    if data.device.type == "cpu" and lindigest.HOST_NUMPY:
+        return host_cells(data, offset, rb, cuts, band_rows)
+    return device_cells(data, offset, rb, cuts, band_rows)
+
+
+def host_cells(data: torch.Tensor, offset: int, rb: int, cuts: tuple[int, ...],
+               band_rows: int | None) -> torch.Tensor:
+    """``cells`` of host bytes in numpy int64 on the calling thread (arguments already checked)."""
+    return _Pass(data, offset, rb, cuts, band_rows, host=True).run()
+
+
+def device_cells(data: torch.Tensor, offset: int, rb: int, cuts: tuple[int, ...], band_rows: int | None,
+                 exact_matmul: bool | None = None) -> torch.Tensor:
+    """``cells`` with torch ops on ``data``'s device (arguments already checked); ``exact_matmul`` None: the
+    device's self-check decides between float64 products and int64 ones."""
+    return _Pass(data, offset, rb, cuts, band_rows, host=False, exact_matmul=exact_matmul).run()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -153,7 +167,7 @@ class _Pass:
     ``lindigest.span``; a row longer than a batch in runs of columns), a batch of rows of each at a time."""
 
     def __init__(self, data: torch.Tensor, offset: int, rb: int, cuts: tuple[int, ...], band_rows: int | None,
-                 host: bool):
+                 host: bool, exact_matmul: bool | None = None):
         self.data, self.offset, self.rb, self.cuts, self.host = data.detach(), offset, rb, cuts, host
         self.windows = len(cuts) + 1
         self.band = band_rows or (1 << 62)
@@ -166,7 +180,7 @@ class _Pass:
             self.a, _ = lindigest._TABLES.host(top)
             self.out = np.zeros((self.bands * self.windows, LANES), dtype=np.int64)
         else:
-            self.exact = lindigest._matmul_is_exact(data.device)
+            self.exact = lindigest._matmul_is_exact(data.device) if exact_matmul is None else exact_matmul
             self.a, b, b_int = lindigest._TABLES.get_exact(data.device, top)
             self.b = b if self.exact else b_int
             self.out = torch.zeros(self.bands * self.windows, LANES, dtype=torch.int64, device=data.device)
