@@ -4,10 +4,11 @@ what a row-shard rank pays for its cells of the block digests (``shard_blocks``:
 per GB of its own rows).
 
     python -m tensorhub_verl.bench.digest [--size-mb 256] [--threads 1] [--row-shards 2] [--devices cpu,cuda]
-                                          [--device-path]
+                                          [--device-path] [--device-batch-words N]
 
 ``--device-path`` sends CPU tensors down the torch ops a GPU runs (``lindigest.HOST_NUMPY = False``) instead of
-the host's numpy path, so a machine without a GPU measures that path too. For every device it also counts the
+the host's numpy path, so a machine without a GPU measures that path too; ``--device-batch-words`` sets how many
+words the device path converts at once (``lindigest.DEVICE_BATCH_WORDS``) for this run. For every device it also counts the
 torch ops one pass dispatches (``ops_per_gib_*``; views included): on a GPU each is a launch, so this is what
 bounds a digest there once the bytes move at tens of GB/s.
 
@@ -62,15 +63,17 @@ def _sync(device: str) -> None:
 
 
 def run(size_mb: int, repeats: int, threads: int, row_shards: int = 2, devices: list[str] | None = None,
-        device_path: bool = False) -> dict:
+        device_path: bool = False, device_batch_words: int | None = None) -> dict:
     """``devices``: where the digests run (None: the CPU, and CUDA where there is one); ``device_path``: CPU
-    tensors through the torch ops of the device path instead of numpy."""
-    host_numpy = lindigest.HOST_NUMPY
+    tensors through the torch ops of the device path instead of numpy; ``device_batch_words``: that path's
+    batch for this run (None: ``lindigest.DEVICE_BATCH_WORDS``)."""
+    saved = lindigest.HOST_NUMPY, lindigest.DEVICE_BATCH_WORDS
     lindigest.HOST_NUMPY = not device_path
+    lindigest.DEVICE_BATCH_WORDS = device_batch_words or lindigest.DEVICE_BATCH_WORDS
     try:
         return _run(size_mb, repeats, threads, row_shards, devices, device_path)
     finally:
-        lindigest.HOST_NUMPY = host_numpy
+        lindigest.HOST_NUMPY, lindigest.DEVICE_BATCH_WORDS = saved
 
 
 def _run(size_mb: int, repeats: int, threads: int, row_shards: int, devices: list[str] | None,
@@ -132,13 +135,18 @@ def main() -> None:
                         help="comma-separated, of cpu and cuda (default: cpu, and cuda where there is one)")
     parser.add_argument("--device-path", action="store_true",
                         help="CPU tensors through the torch ops a GPU runs, not numpy (to measure that path here)")
+    parser.add_argument("--device-batch-words", type=int, default=None,
+                        help="words the device path converts at once (default: lindigest.DEVICE_BATCH_WORDS)")
     args = parser.parse_args()
     devices = args.devices.split(",") if args.devices else None
     if devices and (bad := [d for d in devices if d not in ("cpu", "cuda")]):
         parser.error(f"unknown device {bad[0]!r}; choose from cpu, cuda")
+    if args.device_batch_words is not None and args.device_batch_words < 1024:
+        parser.error("--device-batch-words must be at least 1024 (one weight group)")
     if devices and "cuda" in devices and not torch.cuda.is_available():
         parser.error("--devices cuda needs a CUDA GPU, and torch sees none here")
-    result = run(args.size_mb, args.repeats, args.threads, args.row_shards, devices, args.device_path)
+    result = run(args.size_mb, args.repeats, args.threads, args.row_shards, devices, args.device_path,
+                 args.device_batch_words)
     for key, value in result.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     print(json.dumps(result))
