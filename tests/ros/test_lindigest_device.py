@@ -36,11 +36,19 @@ class _Ops(TorchDispatchMode):
         return sum(self.seen.values())
 
 
-@pytest.fixture(params=["numpy", "torch"])
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(params=["numpy", "torch", pytest.param("cuda", marks=_GPU)])
 def path(request, monkeypatch):
-    """Host tensors through numpy (the host path) or through the device path's torch ops."""
+    """Host tensors through numpy (the host path), host tensors through the device path's torch ops, or (with a
+    GPU) the bytes on the GPU."""
     monkeypatch.setattr(lindigest, "HOST_NUMPY", request.param == "numpy")
     return request.param
+
+
+def _on(path: str, t: torch.Tensor) -> torch.Tensor:
+    return t.cuda() if path == "cuda" else t
 
 
 def _cell_reference(data: bytes, offset: int, rb: int, lo: int, hi: int, r0: int, r1: int) -> str:
@@ -68,7 +76,7 @@ CASES = [  # (row bytes, offset, length, window cuts, band rows)
 def test_cells_equal_the_reference_cell_by_cell(path, rb, offset, length, cuts, band):
     data = torch.randint(0, 256, (length,), dtype=torch.uint8, generator=torch.Generator().manual_seed(rb))
     raw = bytes(data.tolist())
-    got = cells(data, offset, rb, cuts, band)
+    got = cells(_on(path, data), offset, rb, cuts, band).cpu()
     rows = band or (offset + length) // rb + 1
     first = offset // rb // rows
     edges = [0, *cuts, rb]
@@ -122,7 +130,8 @@ def test_block_digests_of_odd_layouts_equal_the_reference(path):
     segments = {t: [next(s for s in c.segments if s.tensor == t) for c in chunks if any(s.tensor == t
                                                                                      for s in c.segments)]
                 for t in range(len(m.tensors))}
-    for tb in block_digests(chunks, m.tensors, [weights[s.name] for s in m.tensors]):
+    ordered = [_on(path, weights[s.name]) for s in m.tensors]
+    for tb in block_digests(chunks, m.tensors, ordered):
         spec = m.tensors[tb.tensor]
         rb = lindigest.row_bytes(spec.shape, spec.nbytes)
         for k, seg in enumerate(segments[tb.tensor]):
@@ -137,8 +146,7 @@ def test_block_digests_of_odd_layouts_equal_the_reference(path):
                     a, b = max(j * w, seg.offset), min((j + 1) * w, seg.offset + seg.length)
                     want = lindigest.reference(data[a - seg.offset:b - seg.offset], a, rb) if a < b else ""
                 assert got == want, (spec.name, tb.dim, k, j)
-    assert {(tb.tensor, tb.dim) for tb in block_digests(chunks, m.tensors, [weights[s.name] for s in m.tensors])} \
-        >= {(0, 1), (2, 1), (3, 1)}
+    assert {(tb.tensor, tb.dim) for tb in block_digests(chunks, m.tensors, ordered)} >= {(0, 1), (2, 1), (3, 1)}
 
 
 def _ops(fn) -> _Ops:
