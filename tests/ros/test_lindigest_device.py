@@ -193,11 +193,28 @@ def test_the_digest_bench_measures_the_device_path_here_and_prints_json_last():
     assert lindigest.HOST_NUMPY is True
 
 
-def test_the_self_check_catches_batched_products_that_round(monkeypatch):
-    """A device whose batched float64 products lose bits (as an emulated double GEMM could) fails the self-check,
-    though its plain matmul is exact: the cells' products are checked too."""
+def test_the_self_check_catches_batched_products_that_round(monkeypatch, caplog):
+    """A device whose batched float64 products lose bits (as an emulated double GEMM could) fails the cells'
+    self-check though its plain matmul is exact, and its cells then use int64 products: the same lanes."""
+    from tensorhub_verl.ros.wire import lindigest_cells
+
     cpu = torch.device("cpu")
-    assert lindigest._check_matmul(cpu)
+    assert lindigest._check_matmul(cpu) and lindigest_cells._check_products(cpu)
+    data = torch.randint(0, 256, (9000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    want = cells(data, 3, 4097, (1, 2048, 2051), None)
     einsum = torch.einsum
     monkeypatch.setattr(torch, "einsum", lambda *args: einsum(*args).to(torch.float32).to(torch.float64))
-    assert not lindigest._check_matmul(cpu)
+    assert not lindigest_cells._check_products(cpu)
+    monkeypatch.setattr(lindigest, "HOST_NUMPY", False)
+    monkeypatch.setitem(lindigest_cells._EXACT, cpu, None)
+    with caplog.at_level("WARNING", logger="tensorhub_verl.ros.wire.lindigest_cells"):
+        assert torch.equal(cells(data, 3, 4097, (1, 2048, 2051), None), want)
+    assert lindigest_cells._EXACT[cpu] is False and "not exact" in caplog.text
+
+
+def test_cells_refuse_cuts_outside_the_row_or_out_of_order_and_bands_of_no_rows():
+    data = torch.zeros(64, dtype=torch.uint8)
+    for cuts, band, what in [((5, 3), None, "sorted"), ((0,), None, "inside a row"), ((16,), None, "inside a row"),
+                             ((4, 4), None, "distinct"), ((), 0, "positive number of rows")]:
+        with pytest.raises(ValueError, match=what):
+            cells(data, 0, 16, cuts, band)

@@ -20,7 +20,7 @@ float64 matmul whose every partial sum is an integer below 2**53 (|word| <= 2**1
 rest in int64 with every product below 2**62. The weight tables are made on the host (numpy, fixed seeds) and
 copied to the device once; no byte of data leaves its device, only the final scalars come to the host.
 A BLAS that does not compute float64 exactly (an emulated or reduced-precision double GEMM) would break that, so
-the first digest on each device checks the matmul path (and the batched products of ``lindigest_cells``) against
+the first digest on each device checks the matmul path (``lindigest_cells`` its batched products likewise) against
 the host's integer result on a fixed block of extreme and random words; on a mismatch that device uses int64
 multiply-and-sum instead (exact, slower), and a warning says so. A device digest takes up to
 ``DEVICE_BATCH_WORDS`` words per batch, so a GiB costs a few dozen torch ops, not one launch per MiB.
@@ -184,22 +184,21 @@ def _host_words(x: np.ndarray, row0: int, col0: int, groups: int) -> np.ndarray:
 
 def _check_matmul(device: torch.device) -> bool:
     """Whether ``device``'s float64 matmul gives the exact digest: a fixed block of words (the extremes of int16
-    and random ones, whole groups and parts of groups, several rows) against ``_host_words``, and the same bytes
-    cut into cells (``lindigest_cells``: its batched products of runs, windows cut inside groups and words)
-    against the host's cells."""
-    from tensorhub_verl.ros.wire import lindigest_cells  # it builds on this module
+    and random ones, whole groups and parts of groups, several rows) against ``_host_words``."""
+    want = _host_words(_CHECK_WORDS, 5, 7, 4)
+    got = _device_words(torch.from_numpy(_CHECK_WORDS).to(device), 5, 7, 4, exact_matmul=True).cpu().numpy()
+    return bool((want == got).all())
 
-    rng = np.random.default_rng(0x5EED)
-    x = rng.integers(-(1 << 15), 1 << 15, size=(3, 2 * GROUP + 37), dtype=np.int64).astype(np.int16)
+
+def _check_words() -> np.ndarray:
+    """The self-check's words: random ones, a group of the most negative and a group of the most positive."""
+    x = np.random.default_rng(0x5EED).integers(-(1 << 15), 1 << 15, size=(3, 2 * GROUP + 37)).astype(np.int16)
     x[0, :GROUP] = -(1 << 15)
     x[1, :GROUP] = (1 << 15) - 1
-    want = _host_words(x, 5, 7, 4)
-    got = _device_words(torch.from_numpy(x).to(device), 5, 7, 4, exact_matmul=True).cpu().numpy()
-    raw = torch.from_numpy(x).view(torch.uint8).reshape(-1)
-    layout = (13, 2 * GROUP + 6, (7, GROUP + 3, 2 * GROUP + 1), 2)  # offset, row bytes, window cuts, band rows
-    want_cells = lindigest_cells.host_cells(raw, *layout)
-    got_cells = lindigest_cells.device_cells(raw.to(device), *layout, exact_matmul=True).cpu()
-    return bool((want == got).all()) and torch.equal(want_cells, got_cells)
+    return x
+
+
+_CHECK_WORDS = _check_words()
 
 
 def _matmul_is_exact(device: torch.device) -> bool:

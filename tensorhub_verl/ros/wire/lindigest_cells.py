@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -39,6 +40,9 @@ from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.lindigest import GROUP, LANES, P
 
 __all__ = ["cells", "device_cells", "host_cells"]
+logger = logging.getLogger("tensorhub_verl.ros.wire.lindigest_cells")
+_EXACT: dict[torch.device, bool] = {}
+"""Per device: whether its batched float64 products passed ``_check_products``."""
 
 
 def cells(data: torch.Tensor, offset: int, rb: int, cuts: Sequence[int] = (),
@@ -69,6 +73,30 @@ def device_cells(data: torch.Tensor, offset: int, rb: int, cuts: tuple[int, ...]
     """``cells`` with torch ops on ``data``'s device (arguments already checked); ``exact_matmul`` None: the
     device's self-check decides between float64 products and int64 ones."""
     return _Pass(data, offset, rb, cuts, band_rows, host=False, exact_matmul=exact_matmul).run()
+
+
+def _products_are_exact(device: torch.device) -> bool:
+    """Whether cells on ``device`` may use float64 products: its matmul passed ``lindigest``'s self-check and its
+    batched products this module's; otherwise int64 products (exact, slower), with a warning."""
+    if not lindigest._matmul_is_exact(device):
+        return False
+    known = _EXACT.get(device)
+    if known is None:
+        known = _check_products(device)
+        if not known:
+            logger.warning("batched float64 products on %s are not exact: its block digests use int64 products "
+                           "instead (exact, slower)", device)
+        _EXACT[device] = known
+    return known
+
+
+def _check_products(device: torch.device) -> bool:
+    """Whether ``device``'s float64 products give the host's cells on the self-check's words (``lindigest``), cut
+    into windows inside groups and inside words, in bands of two rows."""
+    raw = torch.from_numpy(lindigest._CHECK_WORDS).view(torch.uint8).reshape(-1)
+    layout = (13, 2 * GROUP + 6, (7, GROUP + 3, 2 * GROUP + 1), 2)  # offset, row bytes, window cuts, band rows
+    want = host_cells(raw, *layout)
+    return torch.equal(want, device_cells(raw.to(device), *layout, exact_matmul=True).cpu())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -180,7 +208,7 @@ class _Pass:
             self.a, _ = lindigest._TABLES.host(top)
             self.out = np.zeros((self.bands * self.windows, LANES), dtype=np.int64)
         else:
-            self.exact = lindigest._matmul_is_exact(data.device) if exact_matmul is None else exact_matmul
+            self.exact = _products_are_exact(data.device) if exact_matmul is None else exact_matmul
             self.a, b, b_int = lindigest._TABLES.get_exact(data.device, top)
             self.b = b if self.exact else b_int
             self.out = torch.zeros(self.bands * self.windows, LANES, dtype=torch.int64, device=data.device)
