@@ -15,6 +15,7 @@ import textwrap
 import pytest
 from omegaconf import OmegaConf
 
+from tensorhub_dev.verl_cpu import EXTERNAL_MODULES_ENV, PLUGIN_MODULE
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.verl.patches.on_import import when_imported
 from tensorhub_verl.verl.trainer_modes import check_trainer_mode
@@ -88,6 +89,22 @@ NO_PLATFORM = textwrap.dedent("""
 """)
 
 
+def _dev_installed() -> bool:
+    """Whether dev/ is installed here (``pip install -e dev/``): its ``verl.plugins`` entry point is declared."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == PLUGIN_MODULE for ep in entry_points(group="verl.plugins"))
+
+
+def _harness_env() -> dict[str, str]:
+    """``VERL_PLATFORM=cpu``; where dev/ is installed, the harness comes through its entry point alone (the
+    session's ``VERL_USE_EXTERNAL_MODULES`` left out), else through that variable."""
+    env = dict(os.environ, VERL_PLATFORM="cpu")
+    if _dev_installed():
+        env.pop(EXTERNAL_MODULES_ENV, None)
+    return env
+
+
 def _job(tmp_path, algorithm: str, trainer_mode: str):
     from tensorhub_dev.demo.job import TinyJob
     from tensorhub_dev.demo.task import TaskFiles
@@ -110,8 +127,7 @@ def _composition_checks(tmp_path_factory) -> dict[str, Check]:
 def checks(request, tmp_path_factory):
     runs = fresh_processes(request, {
         "test_verl_on_the_cpu_platform_in_a_fresh_process": lambda: {
-            "cpu_platform": Check(argv=[sys.executable, "-c", CPU_PLATFORM],
-                                  env=dict(os.environ, VERL_PLATFORM="cpu"))},
+            "cpu_platform": Check(argv=[sys.executable, "-c", CPU_PLATFORM], env=_harness_env())},
         "test_without_the_setting_nothing_cpu_specific_is_applied": lambda: {
             "no_platform": Check(argv=[sys.executable, "-c", NO_PLATFORM],
                                  env={k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"})},

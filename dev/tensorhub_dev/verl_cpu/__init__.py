@@ -10,5 +10,27 @@ makes its trainers run on plain CPUs, apart from the product (which never import
 
 It is chosen by **one setting**, verl's own ``VERL_PLATFORM=cpu``: the ``verl.plugins`` entry point of dev/
 (``plugin``, loaded by every ``import verl`` where dev/ is installed) registers the platform and the patches in
-that case only, and does nothing otherwise. Importing this package itself has no side effect.
+that case only, and does nothing otherwise. Where dev/ is only on the path, not installed (an offline install:
+the tests find it through ``tests/conftest.py``), ``with_plugin`` names the plugin in verl's own
+``VERL_USE_EXTERNAL_MODULES``, which every ``import verl`` imports before any platform is resolved; the demo's
+job and the test session set it. Importing this package itself has no side effect.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PLUGIN_MODULE = "tensorhub_dev.verl_cpu.plugin"
+"""The module that registers the harness (dev/'s ``verl.plugins`` entry point ``tensorhub_cpu``)."""
+EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+"""verl's variable of modules to import at ``import verl`` (comma-separated)."""
+
+
+def with_plugin(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with the harness's plugin added to ``VERL_USE_EXTERNAL_MODULES`` (once)."""
+    modules = [m for m in environ.get(EXTERNAL_MODULES_ENV, "").split(",") if m]
+    return {**environ, EXTERNAL_MODULES_ENV: ",".join(modules if PLUGIN_MODULE in modules else
+                                                      [*modules, PLUGIN_MODULE])}
+
+
+__all__ = ["EXTERNAL_MODULES_ENV", "PLUGIN_MODULE", "with_plugin"]
