@@ -9,7 +9,7 @@ install trl". The actor's loader has no such argument and honours the override.
 
 The patch runs verl's own loader, unchanged, and replaces only that hard-coded argument by the
 implementation in the config (``eager`` on the CPU platform: ``+tensorhub_cpu=...`` presets set it and
-``cpu_job_check`` requires it). A job that asks for ``flash_attention_2`` (verl's default) takes verl's path
+``job_check`` requires it). A job that asks for ``flash_attention_2`` (verl's default) takes verl's path
 untouched.
 
 Guard: registered only on verl's CPU platform (``tensorhub_dev.verl_cpu.plugin``), and the replacement checks
