@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results += apply_patches(PATCH_MODULES, args.verl_version, now=True)
     for r in results:
-        print(f"{'APPLIED' if r.applied else 'SKIPPED'} {r.name}: {r.reason}")
+        # FITS: fits this verl, registered only where asked for (the placement patches); APPLIED: applied here.
+        state = ("FITS" if r.reason.startswith("fits") else "APPLIED") if r.applied else "SKIPPED"
+        print(f"{state} {r.name}: {r.reason}")
     return 1 if args.check and not all(r.applied for r in results) else 0
 
 
