@@ -23,11 +23,6 @@ if str(DEV) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DEV), os.environ.get("PYTHONPATH")]))
 
 from tensorhub_dev.testing.leftovers import Leftover, with_marker  # noqa: E402
-from tensorhub_dev.verl_cpu import with_plugin  # noqa: E402
-
-# verl's CPU harness in every verl process a test starts, also where dev/ is on the path but not installed (its
-# plugin does nothing unless VERL_PLATFORM=cpu).
-os.environ.update(with_plugin(os.environ))
 
 SESSION_ENV = "TENSORHUB_TEST_SESSION"
 GRACE_ENV = "TENSORHUB_TEST_GRACE_S"

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from omegaconf import OmegaConf
 
-from tensorhub_dev.verl_cpu import EXTERNAL_MODULES_ENV, PLUGIN_MODULE
+from tensorhub_dev.verl_cpu import EXTERNAL_MODULES_ENV, PLUGIN_MODULE, with_plugin
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.verl.patches.on_import import when_imported
 from tensorhub_verl.verl.trainer_modes import check_trainer_mode
@@ -97,12 +97,11 @@ def _dev_installed() -> bool:
 
 
 def _harness_env() -> dict[str, str]:
-    """``VERL_PLATFORM=cpu``; where dev/ is installed, the harness comes through its entry point alone (the
-    session's ``VERL_USE_EXTERNAL_MODULES`` left out), else through that variable."""
-    env = dict(os.environ, VERL_PLATFORM="cpu")
-    if _dev_installed():
-        env.pop(EXTERNAL_MODULES_ENV, None)
-    return env
+    """``VERL_PLATFORM=cpu``; where dev/ is installed, the harness comes through its entry point alone, else
+    (dev/ only on the path) through verl's ``VERL_USE_EXTERNAL_MODULES``, as the demo's job names it."""
+    env = {k: v for k, v in os.environ.items() if k != EXTERNAL_MODULES_ENV}
+    env["VERL_PLATFORM"] = "cpu"
+    return env if _dev_installed() else with_plugin(env)
 
 
 def _job(tmp_path, algorithm: str, trainer_mode: str):

@@ -12,8 +12,9 @@ It is chosen by **one setting**, verl's own ``VERL_PLATFORM=cpu``: the ``verl.pl
 (``plugin``, loaded by every ``import verl`` where dev/ is installed) registers the platform and the patches in
 that case only, and does nothing otherwise. Where dev/ is only on the path, not installed (an offline install:
 the tests find it through ``tests/conftest.py``), ``with_plugin`` names the plugin in verl's own
-``VERL_USE_EXTERNAL_MODULES``, which every ``import verl`` imports before any platform is resolved; the demo's
-job and the test session set it. Importing this package itself has no side effect.
+``VERL_USE_EXTERNAL_MODULES``, which every ``import verl`` imports before any platform is resolved (and fails
+without: every process of such a job must find dev/); the demo's job sets it. Importing this package itself has no
+side effect.
 """
 
 from __future__ import annotations
