@@ -166,7 +166,8 @@ class TensorHubVerlConfig:
     version_audit_dir: str | None = None
     """Directory where each rollout server appends one JSON line per generate call (request id, replica, the
     version spans its engine recorded, the label it gave) and each agent-loop client one per response (the spans
-    of all its calls, the label its sample carries): an audit trail for off-policy corrections. None: off."""
+    of all its calls, the label its sample carries), and one per change of the version a replica serves: an
+    audit trail for off-policy corrections. None: off."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
