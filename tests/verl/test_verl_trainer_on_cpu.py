@@ -252,58 +252,70 @@ def _serving_over_time(directory) -> list[set[int]]:
     return seen
 
 
-@pytest.fixture(scope="module")
-def lagging_fleet(task, tmp_path_factory):
-    """One fully_async run of three replicas with ``flip_together``, ``max_version_lag=1`` and
-    ``min_replica_fraction=0.5``, in which replica 2 is delayed on purpose: it applies nothing while the fleet
-    rolls out versions 2 and 3 (``tests/verl/lag_injection.py``, Ray's worker set-up hook in verl's trainer
-    actor; every engine, transfer and the hub are real)."""
-    from tests.verl.lag_injection import HOOK
+def _fully_async_with_a_replica_delayed(task, out, hook: str, replicas: int, *overrides: str) -> dict:
+    """One fully_async run in which a replica is delayed on purpose (``tests/verl/lag_injection.py``: Ray's worker
+    set-up hook changes only the updater in verl's trainer actor; the engines, transfers and hub are real)."""
+    from tests.verl.lag_injection import hook as hook_path
 
-    out = tmp_path_factory.mktemp("lagging_fleet")
     audit = out / "audit"
-    result, metrics = _run(task, out, steps=5, replicas=3, trainer_mode="fully_async", dtype_overrides=(
-        f"tensorhub.version_audit_dir={audit}", "tensorhub.rollout_staging=cpu", "tensorhub.flip_together=true",
-        "tensorhub.max_version_lag=1", "tensorhub.min_replica_fraction=0.5",
-        # requests that verl's load balancer sends to the held replica wait at its gate until it is released by
-        # the next update: the trainer must be able to fill its batches from the others meanwhile
+    result, _ = _run(task, out, steps=5, replicas=replicas, trainer_mode="fully_async", dtype_overrides=(
+        f"tensorhub.version_audit_dir={audit}", "tensorhub.min_replica_fraction=0.5",
+        # requests that verl's load balancer sends to a held replica wait at its gate until the next update
+        # releases it: the trainer fills its batches from the others meanwhile
         "async_training.partial_rollout=true", "async_training.staleness_threshold=2",
-        f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={HOOK}"))
+        f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={hook_path(hook)}", *overrides))
+    assert result["demo"] == "ok"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     synced = sorted((r["data"] for r in rows if "tensorhub/version" in r.get("data", {})),
                     key=lambda m: m["tensorhub/version"])
-    return {"result": result, "synced": synced, "audit": audit, "metrics_file": out / "metrics.jsonl"}
+    return {"synced": synced, "audit": audit, "applied": _applied_versions(out / "metrics.jsonl")}
 
 
-@pytest.mark.slow  # ~4 min, one run shared with the fleet flip test below
-def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(lagging_fleet):
-    """The default suite's versions: tests/verl/test_updater_on_cpu.py (the updater's hold and release, stub
-    servers over real holders) and tests/verl/test_version_labels_on_cpu.py (verl's real gate, patched)."""
-    from tests.verl.lag_injection import LAGGING_REPLICA
+@pytest.mark.slow  # ~5 min
+def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(task, tmp_path):
+    """``max_version_lag=1``; replica 1 applies nothing while versions 2 and 3 roll out: two behind at 3, it is
+    held (new requests wait at its gate, those in flight finish), released by the first version it applies (4),
+    and serves the newest from then on. The default suite's versions: tests/verl/test_updater_on_cpu.py (the
+    updater's hold and release, stub servers over real holders) and tests/verl/test_version_labels_on_cpu.py
+    (verl's real gate, patched)."""
+    from tests.verl.lag_injection import LAGGING
 
-    assert lagging_fleet["result"]["demo"] == "ok"
-    synced = lagging_fleet["synced"]
-    lag = f"tensorhub/version_lag/replica_{LAGGING_REPLICA}"
-    held = [m for m in synced if m.get("tensorhub/replicas_held") == 1 and m[lag] > 1]
-    assert held, [(m["tensorhub/version"], m.get(lag), m.get("tensorhub/replicas_held")) for m in synced]
-    after = [m for m in synced if m["tensorhub/version"] > held[0]["tensorhub/version"]]
-    # released by the first version it applies, and the requests that waited at its gate are counted
-    assert after and after[0]["tensorhub/replicas_held"] == 0 and after[0]["tensorhub/requests_held_back"] > 0, after
-    # caught up: at the last update every replica serves the newest version
-    last = synced[-1]
-    assert last["tensorhub/version_lag"] == 0 and last["tensorhub/replicas_updated"] == 3, last
-    # and the samples it served carry the versions it really served
-    _assert_samples_carry_their_engines_spans(lagging_fleet["audit"],
-                                              _applied_versions(lagging_fleet["metrics_file"]))
+    run = _fully_async_with_a_replica_delayed(task, tmp_path, "replica_1_misses_2_and_3", 2,
+                                              "tensorhub.max_version_lag=1")
+    by_version = {int(m["tensorhub/version"]): m for m in run["synced"]}
+    lag = f"tensorhub/version_lag/replica_{LAGGING}"
+    trace = {v: (m.get(lag), m.get("tensorhub/replicas_held"), m.get("tensorhub/requests_held_back"))
+             for v, m in by_version.items()}
+    assert by_version[2][lag] == 1 and by_version[2]["tensorhub/replicas_held"] == 0, trace  # within the bound
+    assert by_version[3][lag] == 2 and by_version[3]["tensorhub/replicas_held"] == 1, trace  # held
+    # released by the first version it applies; the requests that met its held gate are counted
+    assert by_version[4][lag] == 0 and by_version[4]["tensorhub/replicas_held"] == 0, trace
+    assert by_version[4]["tensorhub/requests_held_back"] > 0, trace
+    assert by_version[5]["tensorhub/version_lag"] == 0 and by_version[5]["tensorhub/replicas_updated"] == 2, trace
+    # every sample it served carries the versions it really served
+    _assert_samples_carry_their_engines_spans(run["audit"], run["applied"])
+    served = [rec["version"] for rec in sorted(_audit(run["audit"], f"serving-replica{LAGGING}"),
+                                               key=lambda r: r["time"])]
+    assert served[-2:] == [4, 5] and 2 not in served and 3 not in served, served
 
 
-@pytest.mark.slow  # shares the run above
-def test_the_fleet_flip_never_serves_three_versions_with_a_replica_behind(lagging_fleet):
-    """Replica 2's catch-up fails while the others would flip to a newer commit: they wait instead of making a
-    third version. The default suite's version: test_fleet_flip_on_cpu.py (stub servers over real holders, and
-    the flip order planner)."""
-    seen = _serving_over_time(lagging_fleet["audit"])
+@pytest.mark.slow  # ~5 min
+def test_the_fleet_flip_never_serves_three_versions_with_a_replica_behind(task, tmp_path):
+    """``flip_together``, three replicas; replica 2 applies nothing while version 2 rolls out. At version 3 it
+    catches up to 2 first, then the others flip to 3: the replicas' serving versions (audited inside each
+    replica's pause, at each switch) never number three, where replicas updating on their own would pass
+    through {1, 2, 3}. The default suite's version: test_fleet_flip_on_cpu.py (stub servers over real holders,
+    and the flip-order planner)."""
+    from tests.verl.lag_injection import STRAGGLER
+
+    run = _fully_async_with_a_replica_delayed(task, tmp_path, "replica_2_misses_2", 3,
+                                              "tensorhub.rollout_staging=cpu", "tensorhub.flip_together=true")
+    seen = _serving_over_time(run["audit"])
     assert seen and all(len(s) <= 2 for s in seen), seen
-    assert any(len(s) == 2 for s in seen), seen  # a replica really was behind the others
-    assert all(m["tensorhub/versions_served"] <= 2 for m in lagging_fleet["synced"])
-    assert any(m["tensorhub/flip_blocked"] == 1 for m in lagging_fleet["synced"])
+    assert {1, 2} in seen, seen  # replica 2 really was behind the others
+    by_version = {int(m["tensorhub/version"]): m for m in run["synced"]}
+    assert all(m["tensorhub/versions_served"] <= 2 for m in by_version.values()), by_version
+    straggler = [rec["version"] for rec in sorted(_audit(run["audit"], f"serving-replica{STRAGGLER}"),
+                                                  key=lambda r: r["time"])]
+    assert 2 in straggler, straggler  # its catch-up to the fleet's commit, before the others moved on
+    _assert_samples_carry_their_engines_spans(run["audit"], run["applied"])
