@@ -215,7 +215,7 @@ def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp
 
     A straddle needs requests in flight when a sync comes. Unbounded, the engines batch every request the
     rollouter submits and finish the whole run's prompts before the trainer's first step ends (every sync then
-    finds idle engines); ``max_num_seqs=2`` keeps most of them queued, so generation outlasts several syncs. The
+    finds idle engines); ``max_num_seqs=1`` keeps most of them queued, so generation outlasts several syncs. The
     default suite's shorter versions: tests/vllm/test_version_spans_engine.py (a real engine, an apply
     mid-generation) and tests/verl/test_version_labels_on_cpu.py (verl's resume loop and gate, patched)."""
     from tensorhub_verl.vllm.version_spans import from_wire
@@ -224,7 +224,7 @@ def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp
     result, metrics = _run(task, tmp_path, steps=4, trainer_mode="fully_async", dtype_overrides=(
         f"tensorhub.version_audit_dir={audit}", "async_training.partial_rollout=true",
         "async_training.staleness_threshold=3", "data.max_response_length=128",
-        "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.max_num_seqs=2"))
+        "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.max_num_seqs=1"))
     assert result["demo"] == "ok"
     samples = _assert_samples_carry_their_engines_spans(audit, _applied_versions(tmp_path / "metrics.jsonl"))
     straddles = [rec for rec in samples if len({s.version for s in from_wire(rec["spans"])}) > 1]
@@ -280,8 +280,12 @@ def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(task,
     (verl's real gate, patched)."""
     from tests.verl.lag_injection import LAGGING
 
-    run = _fully_async_with_a_replica_delayed(task, tmp_path, "replica_1_misses_2_and_3", 2,
-                                              "tensorhub.max_version_lag=1")
+    run = _fully_async_with_a_replica_delayed(
+        task, tmp_path, "replica_1_misses_2_and_3", 2, "tensorhub.max_version_lag=1",
+        # generation still running while the replica is held (else every prompt is done before), so that new
+        # requests meet its held gate
+        "data.max_response_length=64", "actor_rollout_ref.rollout.ignore_eos=true",
+        "actor_rollout_ref.rollout.max_num_seqs=2")
     by_version = {int(m["tensorhub/version"]): m for m in run["synced"]}
     lag = f"tensorhub/version_lag/replica_{LAGGING}"
     trace = {v: (m.get(lag), m.get("tensorhub/replicas_held"), m.get("tensorhub/requests_held_back"))
