@@ -292,9 +292,17 @@ def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(task,
              for v, m in by_version.items()}
     assert by_version[2][lag] == 1 and by_version[2]["tensorhub/replicas_held"] == 0, trace  # within the bound
     assert by_version[3][lag] == 2 and by_version[3]["tensorhub/replicas_held"] == 1, trace  # held
-    # released by the first version it applies; the requests that met its held gate are counted
+    # released by the first version it applies
     assert by_version[4][lag] == 0 and by_version[4]["tensorhub/replicas_held"] == 0, trace
-    assert by_version[4]["tensorhub/requests_held_back"] > 0, trace
+    # Held back: from its gate's hold to its release no request entered it, while the other replica kept
+    # admitting (requests already inside finished; verl's load balancer prefers the replica with fewer in flight,
+    # so new requests may or may not meet the held gate: tensorhub/requests_held_back counts those that did).
+    gate = sorted(_audit(run["audit"], f"hold-replica{LAGGING}"), key=lambda r: r["time"])
+    assert [g["held"] for g in gate] == [True, False], gate
+    held_at, released_at = gate[0]["time"], gate[1]["time"]
+    admitted = {r: [rec["admitted"] for rec in _audit(run["audit"], f"server-replica{r}")] for r in (0, 1)}
+    assert not [t for t in admitted[LAGGING] if held_at <= t < released_at], (held_at, released_at)
+    assert [t for t in admitted[1 - LAGGING] if held_at <= t < released_at], (held_at, released_at)
     assert by_version[5]["tensorhub/version_lag"] == 0 and by_version[5]["tensorhub/replicas_updated"] == 2, trace
     # every sample it served carries the versions it really served
     _assert_samples_carry_their_engines_spans(run["audit"], run["applied"])

@@ -14,7 +14,8 @@ them the labels:
   part): the spans of every part, offset by the tokens before it, and the label of the whole. Its audit line
   names each part's engine request id (``_vllm_request_id``), as the server's audit line does.
 - ``vLLMHttpServer.set_global_steps`` (called by the updater inside a replica's pause, after its apply): with
-  ``tensorhub.version_audit_dir`` set, one audit line per switch of the version the replica serves.
+  ``tensorhub.version_audit_dir`` set, one audit line per switch of the version the replica serves; the gate's
+  hold and release get one line each, and each response's line says when its request passed the gate.
 - Staleness bound (``tensorhub.max_version_lag``): ``th_hold_admission`` closes the server's submission gate
   without aborting anything (requests in flight finish; new ones wait at verl's gate, counted as held back)
   and reopens it; verl's own ``open_submission_gate`` (after every weight update) keeps a held gate closed.
@@ -102,13 +103,16 @@ def _patch_server(module) -> bool:
         signature = inspect.signature(original)
 
         async def generate(self, *args, **kwargs):
-            out = await original(self, *args, **kwargs)
+            request_id = signature.bind(self, *args, **kwargs).arguments["request_id"]
+            try:
+                out = await original(self, *args, **kwargs)
+            finally:
+                admitted = getattr(self, "_tensorhub_admitted", {}).pop(request_id, None)
             if not _server_uses_tensorhub(self):
                 return out
             from tensorhub_verl.vllm.version_spans import to_wire
             from tensorhub_verl.vllm.version_truth import take_spans
 
-            request_id = signature.bind(self, *args, **kwargs).arguments["request_id"]
             spans = take_spans(request_id)
             if spans is None:
                 return out
@@ -117,7 +121,7 @@ def _patch_server(module) -> bool:
             _audit(_audit_dir(self), f"server-replica{self.replica_rank}",
                    {"request_id": request_id, "replica": self.replica_rank, "spans": to_wire(spans),
                     "tokens": len(out.token_ids), "min": out.extra_fields["min_global_steps"],
-                    "max": out.extra_fields["max_global_steps"], "counter": counter})
+                    "max": out.extra_fields["max_global_steps"], "counter": counter, "admitted": admitted})
             return out
 
         generate.__signature__ = signature
@@ -127,7 +131,13 @@ def _patch_server(module) -> bool:
         async def _park_until_admitted(self, request_id):
             if getattr(self, "_tensorhub_hold", False) and self._submission_paused:
                 self._tensorhub_held_back = getattr(self, "_tensorhub_held_back", 0) + 1
-            return await original(self, request_id)
+            rejected = await original(self, request_id)
+            if rejected is None and _server_uses_tensorhub(self) and _audit_dir(self):
+                # when the request passed the gate, for the audit line of its response
+                if not hasattr(self, "_tensorhub_admitted"):
+                    self._tensorhub_admitted = {}
+                self._tensorhub_admitted[request_id] = time.time()
+            return rejected
 
         return _park_until_admitted
 
@@ -151,6 +161,10 @@ def _patch_server(module) -> bool:
                 self._resume_event.clear()
             elif was:
                 await self.open_submission_gate()
+            directory = _audit_dir(self) if _server_uses_tensorhub(self) else None
+            if directory:
+                _audit(directory, f"hold-replica{self.replica_rank}",
+                       {"replica": self.replica_rank, "held": bool(hold), "held_back": held_back})
             return {"held": bool(hold), "held_back": held_back}
 
         return th_hold_admission
@@ -158,10 +172,11 @@ def _patch_server(module) -> bool:
     def wrap_set_steps(original):
         async def set_global_steps(self, global_steps: int):
             out = await original(self, global_steps)
-            if _server_uses_tensorhub(self):
+            directory = _audit_dir(self) if _server_uses_tensorhub(self) else None
+            if directory:
                 # The updater calls this inside the replica's pause, after the apply: from here on the
                 # replica serves ``global_steps`` (the audit of what the fleet served when).
-                _audit(_audit_dir(self), f"serving-replica{self.replica_rank}",
+                _audit(directory, f"serving-replica{self.replica_rank}",
                        {"replica": self.replica_rank, "version": global_steps})
             return out
 
