@@ -91,7 +91,7 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
     assert result["plot"].endswith(".png")
     # Every sample is labelled by the spans its replica's engine recorded for it (matched by engine request id),
     # never by verl's counter alone: the audit lines of every server and every sample agree, one by one.
-    samples = _assert_samples_carry_their_engines_spans(audit, _applied_versions(tmp_path / "metrics.jsonl"))
+    samples = _assert_samples_carry_their_engines_spans(audit, _applied_versions(audit, tmp_path / "metrics.jsonl"))
     assert len(samples) >= 3 * PROMPTS_PER_STEP * GROUP_SIZE, len(samples)
 
 
@@ -201,10 +201,14 @@ def _assert_samples_carry_their_engines_spans(directory, applied: set[int]) -> l
     return samples
 
 
-def _applied_versions(metrics_file) -> set[int]:
-    """Every version the updater rolled out, from verl's metric lines (the initial sync's too)."""
+def _applied_versions(directory, metrics_file) -> set[int]:
+    """Every version a replica switched to (the servers' audit, the initial sync's version 0 too); each step's
+    version in verl's metrics is one of them."""
+    applied = {int(rec["version"]) for rec in _audit(directory, "serving-replica")}
     rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    return {int(r["data"]["tensorhub/version"]) for r in rows if "tensorhub/version" in r.get("data", {})}
+    stepped = {int(r["data"]["tensorhub/version"]) for r in rows if "tensorhub/version" in r.get("data", {})}
+    assert stepped and stepped <= applied, (stepped, applied)
+    return applied
 
 
 @pytest.mark.slow  # ~4 min: one fully_async run with partial rollouts, every assertion of version truth on it
@@ -226,7 +230,7 @@ def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp
         "async_training.staleness_threshold=3", "data.max_response_length=128",
         "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.max_num_seqs=1"))
     assert result["demo"] == "ok"
-    samples = _assert_samples_carry_their_engines_spans(audit, _applied_versions(tmp_path / "metrics.jsonl"))
+    samples = _assert_samples_carry_their_engines_spans(audit, _applied_versions(audit, tmp_path / "metrics.jsonl"))
     straddles = [rec for rec in samples if len({s.version for s in from_wire(rec["spans"])}) > 1]
     # A response aborted by a sync and resumed on the next version: two spans, min < max, split where the
     # first part ended.
@@ -268,7 +272,7 @@ def _fully_async_with_a_replica_delayed(task, out, hook: str, replicas: int, *ov
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     synced = sorted((r["data"] for r in rows if "tensorhub/version" in r.get("data", {})),
                     key=lambda m: m["tensorhub/version"])
-    return {"synced": synced, "audit": audit, "applied": _applied_versions(out / "metrics.jsonl")}
+    return {"synced": synced, "audit": audit, "applied": _applied_versions(audit, out / "metrics.jsonl")}
 
 
 @pytest.mark.slow  # ~5 min
