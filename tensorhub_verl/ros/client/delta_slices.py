@@ -1,0 +1,103 @@
+"""``Client.fetch_slices(..., have=...)``: a tensor-parallel rank that holds its slices of version N-1 reads N as
+the delta from it and applies only its part.
+
+    rank (into: its slices of N-1)                   hub / holders
+      ranged plan of its slices; each chunk's check: the sum of N's block digests its slices cover
+                                                      <-- the delta form (whole: it is small), each chunk checked
+      per chunk it touches: decode the whole chunk's payload onto its bytes, write its places
+      digest its bytes of every chunk it touches (changed or not) against N's block digests
+      failed chunks restored, then re-read in full (its slices of them) from verified holders of N
+
+Fail closed as ``fetch(have=...)``: a header that does not describe the reader's base and N's chunk map is
+refused before a byte is written; a chunk that fails its check is restored and re-read; when that re-read fails
+too, the error names the chunks that hold neither version. Slices that cover digest blocks only in part (a TP
+degree that is not a power of two) cannot be checked without the other ranks' bytes: those read N in full.
+The rank holds the delta form it read (whole, self-contained) and serves it onward; never the version, of
+which it holds parts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Mapping
+
+import torch
+
+from tensorhub_verl import errors
+from tensorhub_verl.ros.client.delta import DeltaStats, _read_delta, apply_and_reread, check_delta_args
+from tensorhub_verl.ros.client.delta_slice_apply import apply_delta_slices
+from tensorhub_verl.ros.client.fetcher import FetchStats
+from tensorhub_verl.ros.wire.integrity import ChunkChecker
+from tensorhub_verl.ros.wire.manifest import Manifest
+from tensorhub_verl.ros.wire.ranges import ReadPlan, TensorSlice
+
+if TYPE_CHECKING:
+    from tensorhub_verl.ros.client.client import Client
+
+def unchecked_slices(manifest: Manifest, plan: ReadPlan, checker: ChunkChecker) -> str:
+    """Why a delta cannot be checked on these slices ("" when every chunk they touch can be)."""
+    if plan.edges:
+        return ("the slices cover digest blocks in part (a TP degree that is not a power of two): their bytes of a "
+                "chunk cannot be checked without the other ranks'")
+    missing = [c for c in plan.pieces if not checker.checks(c)]
+    if missing:
+        return (f"{len(missing)} chunk(s) of the slices (first: {missing[0]}) have no digest of these slices "
+                f"(no block digests along their dims)")
+    return ""
+
+
+def fetch_slices_with_delta(client: "Client", model: str, version: int | str, into: Mapping[str, torch.Tensor],
+                            slices: Mapping[str, TensorSlice | tuple[int, int, int]], layout: str,
+                            timeout: float | None, have: int, mode: str = "auto") -> FetchStats:
+    """``Client.fetch_slices(..., have=...)``: reads ``version``'s slices as the delta from ``have`` where one is
+    published and checkable on them, else in full; ``into`` must hold ``have``'s slices."""
+    from tensorhub_verl.ros.client.client import _ranged
+
+    client._check_open()
+    check_delta_args(mode, have)
+    started = time.monotonic()
+    deadline = started + (timeout or client.config.timeouts.fetch_timeout_s)
+    manifest = client.through_restart(lambda: client.manifest(model, version, layout), deadline)
+    tensors, plan, by_index = _ranged(manifest, into, slices)
+    if have >= manifest.version:
+        raise errors.InvalidRequest(f"into holds v{have} of {model!r}; v{manifest.version} is not newer: nothing "
+                                    f"to fetch")
+    delta = DeltaStats(have)
+    checker = ChunkChecker(manifest, plan, by_index)
+    why = unchecked_slices(manifest, plan, checker)
+    read = None
+    if why:
+        delta.reasons.append(why)
+    elif mode != "off":
+        read = _read_delta(client, manifest, have, tensors, True, started, timeout, delta)
+    if read is None:  # N's slices in full, as a rank without N-1 reads them
+        stats = client._run_fetch(manifest, tensors, plan, False, started, timeout, by_index)
+        delta.fallback_chunks, delta.fallback_bytes = len(plan.pieces), stats.bytes
+        stats.buffers, stats.delta = dict(into), delta
+        return stats
+    try:
+        base = client.manifest(model, have, layout)
+        base_checker = ChunkChecker(base, plan, by_index) if base.digest == manifest.digest else None
+    except errors.VersionNotFound:
+        base_checker = None  # out of retention: a failed chunk counts as a wrong base
+    ordered = list(tensors.values())
+    stats = apply_and_reread(
+        client, manifest, have, read,
+        lambda header, blob: apply_delta_slices(manifest, header, blob, plan, ordered, checker, base_checker),
+        lambda failed: client._run_fetch(manifest, tensors, _sub_plan(plan, failed), False, started, timeout,
+                                         by_index),
+        delta, True, timeout)
+    stats.chunks = len(plan.pieces)
+    stats.seconds = time.monotonic() - started
+    stats.buffers, stats.delta = dict(into), delta
+    return stats
+
+
+def _sub_plan(plan: ReadPlan, chunks: list[int]) -> ReadPlan:
+    """The ranged read of ``plan`` restricted to ``chunks``."""
+    keep = frozenset(chunks)
+    return ReadPlan({c: plan.pieces[c] for c in sorted(keep)}, plan.whole & keep, plan.unserved & keep,
+                    plan.regions, plan.tensor_nbytes, plan.edges)
+
+
+__all__ = ["fetch_slices_with_delta", "unchecked_slices"]
