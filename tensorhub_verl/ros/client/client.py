@@ -374,15 +374,20 @@ class Client:
         re-read in full. The version's slices are read in full without such a delta, with ``delta="off"``, or
         when the slices cover digest blocks only in part. The reader holds (and serves) the delta form it read;
         ``stats.delta`` says what happened, as for ``fetch(have=...)``."""
-        if have is not None:
-            from tensorhub_verl.ros.client.delta_slices import fetch_slices_with_delta
-
-            return fetch_slices_with_delta(self, model, version, into, slices or {}, layout, timeout, have, delta)
         self._check_open()
+        if have is not None:
+            from tensorhub_verl.ros.client.delta import check_delta_args
+
+            check_delta_args(delta, have)
         started = time.monotonic()
         deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         tensors, plan, by_index = _ranged(manifest, into, slices or {})
+        if have is not None:
+            from tensorhub_verl.ros.client.delta_slices import fetch_slices_with_delta
+
+            return fetch_slices_with_delta(self, manifest, into, tensors, plan, by_index, started, timeout, have,
+                                           delta)
         return self._run_fetch(manifest, tensors, plan, False, started, timeout, by_index)
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,

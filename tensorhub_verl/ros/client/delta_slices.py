@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from tensorhub_verl import errors
-from tensorhub_verl.ros.client.delta import DeltaStats, _read_delta, apply_and_reread, check_delta_args
+from tensorhub_verl.ros.client.delta import DeltaStats, _read_delta, apply_and_reread
 from tensorhub_verl.ros.client.delta_slice_apply import apply_delta_slices
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.integrity import ChunkChecker
@@ -34,7 +34,7 @@ from tensorhub_verl.ros.wire.ranges import ReadPlan, TensorSlice
 if TYPE_CHECKING:
     from tensorhub_verl.ros.client.client import Client
 
-def unchecked_slices(manifest: Manifest, plan: ReadPlan, checker: ChunkChecker) -> str:
+def unchecked_slices(plan: ReadPlan, checker: ChunkChecker) -> str:
     """Why a delta cannot be checked on these slices ("" when every chunk they touch can be)."""
     if plan.edges:
         return ("the slices cover digest blocks in part (a TP degree that is not a power of two): their bytes of a "
@@ -46,25 +46,21 @@ def unchecked_slices(manifest: Manifest, plan: ReadPlan, checker: ChunkChecker) 
     return ""
 
 
-def fetch_slices_with_delta(client: "Client", model: str, version: int | str, into: Mapping[str, torch.Tensor],
-                            slices: Mapping[str, TensorSlice | tuple[int, int, int]], layout: str,
-                            timeout: float | None, have: int, mode: str = "auto") -> FetchStats:
-    """``Client.fetch_slices(..., have=...)``: reads ``version``'s slices as the delta from ``have`` where one is
-    published and checkable on them, else in full; ``into`` must hold ``have``'s slices."""
-    from tensorhub_verl.ros.client.client import _ranged
-
-    client._check_open()
-    check_delta_args(mode, have)
-    started = time.monotonic()
-    deadline = started + (timeout or client.config.timeouts.fetch_timeout_s)
-    manifest = client.through_restart(lambda: client.manifest(model, version, layout), deadline)
-    tensors, plan, by_index = _ranged(manifest, into, slices)
+def fetch_slices_with_delta(client: "Client", manifest: Manifest, into: Mapping[str, torch.Tensor],
+                            tensors: dict[str, torch.Tensor], plan: ReadPlan,
+                            by_index: Mapping[int, TensorSlice | None], started: float, timeout: float | None,
+                            have: int, mode: str = "auto") -> FetchStats:
+    """``Client.fetch_slices(..., have=...)`` once the version's manifest is known and the slices planned
+    (``tensors``, ``plan``, ``by_index``: the ranged read ``Client.fetch_slices`` made of ``into``): reads the version's slices as
+    the delta from ``have`` where one is published and checkable on them, else in full; ``into`` must hold
+    ``have``'s slices."""
+    model, layout = manifest.model, manifest.layout
     if have >= manifest.version:
         raise errors.InvalidRequest(f"into holds v{have} of {model!r}; v{manifest.version} is not newer: nothing "
                                     f"to fetch")
     delta = DeltaStats(have)
     checker = ChunkChecker(manifest, plan, by_index)
-    why = unchecked_slices(manifest, plan, checker)
+    why = unchecked_slices(plan, checker)
     read = None
     if why:
         delta.reasons.append(why)
