@@ -85,6 +85,10 @@ class DeltaStats:
     fallback_chunks: int = 0
     """Chunks of the version re-read in full after a failed check (all of them when the delta was not used)."""
     fallback_bytes: int = 0
+    full_chunks: int = 0
+    """Chunks read in full beside a used delta because it cannot be checked on them (a ranged reader's slices
+    that cover digest blocks in part): by design, not after a failed check."""
+    full_bytes: int = 0
     reasons: list[str] = field(default_factory=list)
     """Why the delta was not used, or why chunks were re-read."""
     apply_seconds: float = 0.0

@@ -313,6 +313,8 @@ def merged_delta(parts: list):
         out.elements += p.elements
         out.fallback_chunks += p.fallback_chunks
         out.fallback_bytes += p.fallback_bytes
+        out.full_chunks += p.full_chunks
+        out.full_bytes += p.full_bytes
         out.reasons.extend(p.reasons)
         out.apply_seconds += p.apply_seconds
     return out
