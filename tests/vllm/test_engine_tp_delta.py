@@ -56,7 +56,8 @@ def test_a_tp2_engine_applies_deltas_to_its_slices_and_serves_what_a_full_read_g
     run = Run(tiny_models["qwen2"], client)
     run.step(1)
     try:
-        with tp2(hub, tiny_models, "tp-d1") as t1:
+        # rot_weight reaches the ranks as a pickled function (a test-only hook; the engine's own calls are not)
+        with tp2(hub, tiny_models, "tp-d1", VLLM_ALLOW_INSECURE_SERIALIZATION="1") as t1:
             first = t1.update(1)
             assert first["delta_ranks"] == 0 and outputs(t1) == run.refs[1]
 
