@@ -240,12 +240,17 @@ def install(wheels: Path, site: Path, python: str) -> dict:
             "core_imports": "ok" if core.returncode == 0 else core.stderr[-2000:]}
 
 
+GPU_CASES_IN = ("tests/ros/test_lindigest_device.py", "tests/ros/test_block_digests.py", "tests/ros/test_delta_codec.py")
+"""Core test files with ``gpu``-marked cases; the check runs only those cases of them on a GPU."""
+
+
 def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> list[Step]:
     """The steps for ``device`` (cuda: the GPU host; cpu: the same steps in host memory)."""
     me = [python, str(Path(__file__).resolve())]
-    tests = ["tests/gpu"]
-    if device == "cpu":  # the GPU tests skip here: the CUDA guards' tests and the tier's collection test run too
-        tests += ["tests/ros/test_ucx_cuda.py", "tests/test_gpu_tier_collects.py"]
+    # The GPU tier's core part and the GPU cases of the core's own test files (digests, codec on the device).
+    tests, marks = ["tests/gpu", *GPU_CASES_IN], "gpu and not engine and not slow"
+    if device == "cpu":  # the GPU tests skip here: the CUDA guards' tests and the tier's collection test run instead
+        tests, marks = ["tests/gpu", "tests/ros/test_ucx_cuda.py", "tests/test_gpu_tier_collects.py"], "not engine and not slow"
     bench = [python, "-m", "tensorhub_verl.cli", "bench", "transport", "--device", device, "--readers", "1,4",
              "--size-mb", str(size_mb), "--repeats", "3", "--first-mb", "0", "--chunk-mb", "8"]
     return [
@@ -253,7 +258,7 @@ def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> li
         Step("env", [python, "scripts/gpu_env.py", "--device", device], 40),
         Step("probe", [python, "scripts/gpu_probe.py", "--device", device, "--size-mb", str(size_mb),
                        "--repeats", "3", "--timeout", "40"], 75, {"UCX_PROTO_INFO": "y"}),
-        Step("tests", [python, "-m", "pytest", *tests, "-m", "not engine and not slow", "-q", "-p", "no:cacheprovider",
+        Step("tests", [python, "-m", "pytest", *tests, "-m", marks, "-q", "-p", "no:cacheprovider",
                        "-o", "addopts=", "--timeout", "100", "-ra"], 120, {"TENSORHUB_CORE_ONLY": "1"}),
         Step("digest", [python, "-m", "tensorhub_verl.bench.digest", "--size-mb", str(size_mb), "--repeats", "3",
                         "--devices", device], 45),

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 import xxhash
 
-from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire import lindigest, lindigest_cells
 from tensorhub_verl.ros.wire.block_edges import block_span
 from tensorhub_verl.ros.wire.lindigest import ALGORITHM, row_bytes
 from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, TensorBlocks, TensorSpec
@@ -104,37 +104,65 @@ def block_digests(chunks: Iterable[Chunk], specs: Sequence[TensorSpec], tensors:
     """Every tensor's block digests along dim 0 (every tensor: a 0-dim one has one block) and, for a tensor of
     2+ dims whose grid rows are its dim-0 rows, along dim 1. Blocks are placed in the whole tensor.
 
+    One pass over each segment's bytes gives both dims (``lindigest_cells``): a dim-0 block is a band of grid
+    rows (or, on a grid of one row, a window of its columns), a dim-1 block a window of columns; the lanes of
+    every block come to the host in one copy per device.
+
     A row shard passes its pieces as ``tensors`` (piece ``i`` holds bytes from ``starts[i]`` of tensor ``i``) and
     its chunks as ``own``: it fills the cells of its own segments, "" for the other ranks' (``merge_blocks``
     collects the ranks' cells into the whole tensor's)."""
     chunks = list(chunks)
     seg_of = {t: sorted(per, key=per.get) for t, per in _segments(chunks).items()}
     by_chunk = {c.index: c for c in chunks}
-    out, lanes = [], []
+    out: list[tuple[int, int, int, list]] = []
+    lanes: dict[torch.device, list[torch.Tensor]] = {}
+    counts: dict[torch.device, int] = {}
+
+    def keep(values: torch.Tensor) -> tuple[torch.device, int]:
+        """Queue [k, LANES] lanes for the one copy to the host; the place of the first."""
+        dev = values.device
+        lanes.setdefault(dev, []).append(values)
+        at = counts.get(dev, 0)
+        counts[dev] = at + len(values)
+        return dev, at
+
     for t, spec in enumerate(specs):
         flat, rb = _flat(tensors[t]), row_bytes(spec.shape, spec.nbytes)
         base = 0 if starts is None else starts[t]
-        segs = [(next(s for s in by_chunk[c].segments if s.tensor == t), own is None or c in own)
-                for c in seg_of.get(t, [])]
-        for dim, nb in _block_dims(spec):
-            width = (spec.nbytes if dim == 0 else rb) // nb
-            cells: list[torch.Tensor | None] = []
-            for seg, mine in segs:
-                if not mine:
-                    cells.extend([None] * nb)
-                    continue
-                data = flat[seg.offset - base:seg.offset - base + seg.length]
-                for j in range(nb):
-                    lo, hi = j * width, (j + 1) * width
-                    if dim == 0:
-                        a, b = max(lo, seg.offset), min(hi, seg.offset + seg.length)
-                        cells.append(lindigest.span(data[a - seg.offset:b - seg.offset], a, rb) if a < b else None)
-                    else:
-                        cells.append(lindigest.span(data, seg.offset, rb, window=(lo, hi)))
-            out.append((t, dim, nb, cells))
-            lanes.extend(c for c in cells if c is not None)
-    texts = iter(lindigest.many_to_hex(lanes))
-    return tuple(TensorBlocks(t, dim, nb, tuple("" if c is None else next(texts) for c in cells))
+        dims = dict(_block_dims(spec))
+        one_row = rb >= spec.nbytes  # a grid of one row: dim-0 blocks are windows of its columns
+        width0 = spec.nbytes // dims[0]
+        if one_row:
+            band_rows, cuts = None, [j * width0 for j in range(1, dims[0])]
+        else:
+            band_rows, cuts = spec.shape[0] // dims[0], []
+        if 1 in dims:
+            cuts = [j * rb // dims[1] for j in range(1, dims[1])]  # dims[0] is 1 on a grid of one row
+        cells0: list = []
+        cells1: list = []
+        for c in seg_of.get(t, []):
+            seg = next(s for s in by_chunk[c].segments if s.tensor == t)
+            if own is not None and c not in own:
+                cells0.extend([None] * dims[0])
+                cells1.extend([None] * dims.get(1, 0))
+                continue
+            data = flat[seg.offset - base:seg.offset - base + seg.length]
+            grid = lindigest_cells.cells(data, seg.offset, rb, cuts, band_rows)
+            touched = [j for j in range(dims[0]) if j * width0 < seg.offset + seg.length and
+                       seg.offset < (j + 1) * width0]
+            per_block0 = grid[0] if one_row and dims[0] > 1 else grid.sum(1)
+            first = 0 if one_row else seg.offset // rb // band_rows  # the first band of ``grid``
+            dev, at = keep(per_block0)
+            cells0.extend((dev, at + j - first) if j in touched else None for j in range(dims[0]))
+            if 1 in dims:
+                dev, at = keep(grid.sum(0))
+                cells1.extend((dev, at + j) for j in range(dims[1]))
+        out.append((t, 0, dims[0], cells0))
+        if 1 in dims:
+            out.append((t, 1, dims[1], cells1))
+    values = {dev: torch.cat(parts).tolist() for dev, parts in lanes.items()}
+    return tuple(TensorBlocks(t, dim, nb, tuple("" if c is None else lindigest.to_hex(values[c[0]][c[1]])
+                                                for c in cells))
                  for t, dim, nb, cells in out)
 
 

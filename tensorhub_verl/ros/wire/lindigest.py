@@ -20,9 +20,10 @@ float64 matmul whose every partial sum is an integer below 2**53 (|word| <= 2**1
 rest in int64 with every product below 2**62. The weight tables are made on the host (numpy, fixed seeds) and
 copied to the device once; no byte of data leaves its device, only the final scalars come to the host.
 A BLAS that does not compute float64 exactly (an emulated or reduced-precision double GEMM) would break that, so
-the first digest on each device checks the matmul path against the host's integer result on a fixed block of
-extreme and random words; on a mismatch that device uses int64 multiply-and-sum instead (exact, slower), and a
-warning says so.
+the first digest on each device checks the matmul path (``lindigest_cells`` its batched products likewise) against
+the host's integer result on a fixed block of extreme and random words; on a mismatch that device uses int64
+multiply-and-sum instead (exact, slower), and a warning says so. A device digest takes up to
+``DEVICE_BATCH_WORDS`` words per batch, so a GiB costs a few dozen torch ops, not one launch per MiB.
 
 Host memory is digested with numpy in int64 (partial sums below 2**46), on the calling thread only: torch's CPU
 ops split each large op over its OpenMP threads, which then spin-wait for the next op, so on a host whose cores
@@ -46,7 +47,14 @@ LANES = 2
 GROUP = 1 << 10
 _B_BOUND = (1 << 21) - 1
 _BATCH_WORDS = 1 << 19
-"""Words converted to float64 at once (4 MiB of temporaries): bounds device memory and stays in CPU caches."""
+"""Host words converted to int64 at once (4 MiB of temporaries): stays in CPU caches."""
+DEVICE_BATCH_WORDS = 1 << 25
+"""Device words converted to float64 at once (256 MiB of temporaries, a quarter as many words for int64
+products): a GiB of bytes in a few dozen torch ops, so a digest is bound by the device's memory bandwidth rather
+than by launching ops, within a stated bound on what it borrows beside a training job."""
+HOST_NUMPY = True
+"""Host tensors through numpy (the default); False sends them down the torch path that device tensors take (tests
+and ``bench.digest --device-path`` run it on the CPU where there is no GPU)."""
 _SEEDS = (0x7E45_0A11_D16E_5701, 0x1B3C_9D2F_6A88_E4C3)
 logger = logging.getLogger("tensorhub_verl.ros.wire.lindigest")
 
@@ -137,7 +145,7 @@ def zero(device: torch.device | str = "cpu") -> torch.Tensor:
 def _words(words: torch.Tensor, row0: int, col0: int, groups: int) -> torch.Tensor:
     """Digest lanes of int16 ``words`` [rows, n] lying at grid rows ``row0``.. and word columns ``col0``..:
     numpy on this thread for host memory, torch ops on the device for the rest (see the module's docstring)."""
-    if words.device.type == "cpu":
+    if words.device.type == "cpu" and HOST_NUMPY:
         return torch.from_numpy(_host_words(words.detach().numpy(), row0, col0, groups))
     return _device_words(words, row0, col0, groups)
 
@@ -177,13 +185,20 @@ def _host_words(x: np.ndarray, row0: int, col0: int, groups: int) -> np.ndarray:
 def _check_matmul(device: torch.device) -> bool:
     """Whether ``device``'s float64 matmul gives the exact digest: a fixed block of words (the extremes of int16
     and random ones, whole groups and parts of groups, several rows) against ``_host_words``."""
-    rng = np.random.default_rng(0x5EED)
-    x = rng.integers(-(1 << 15), 1 << 15, size=(3, 2 * GROUP + 37), dtype=np.int64).astype(np.int16)
+    want = _host_words(_CHECK_WORDS, 5, 7, 4)
+    got = _device_words(torch.from_numpy(_CHECK_WORDS).to(device), 5, 7, 4, exact_matmul=True).cpu().numpy()
+    return bool((want == got).all())
+
+
+def _check_words() -> np.ndarray:
+    """The self-check's words: random ones, a group of the most negative and a group of the most positive."""
+    x = np.random.default_rng(0x5EED).integers(-(1 << 15), 1 << 15, size=(3, 2 * GROUP + 37)).astype(np.int16)
     x[0, :GROUP] = -(1 << 15)
     x[1, :GROUP] = (1 << 15) - 1
-    want = _host_words(x, 5, 7, 4)
-    got = _device_words(torch.from_numpy(x).to(device), 5, 7, 4, exact_matmul=True).cpu().numpy()
-    return bool((want == got).all())
+    return x
+
+
+_CHECK_WORDS = _check_words()
 
 
 def _matmul_is_exact(device: torch.device) -> bool:
@@ -199,59 +214,83 @@ def _matmul_is_exact(device: torch.device) -> bool:
 
 def _device_words(words: torch.Tensor, row0: int, col0: int, groups: int,
                   exact_matmul: bool | None = None) -> torch.Tensor:
-    """Digest lanes of int16 ``words`` [rows, n] on their device (torch ops).
+    """Digest lanes of int16 ``words`` [rows, n] on their device (torch ops), in [0, P).
 
-    Column by column range: a run of whole weight groups goes as one [rows * k, GROUP] matmul, a part of one
-    group as [rows, part] times that part of B; nothing is padded, so narrow rows cost what they hold.
-    ``exact_matmul`` None: the device's self-check decides between the float64 matmul and int64 products."""
+    A batch of up to ``DEVICE_BATCH_WORDS`` words at a time (whole rows, or a run of whole groups of one long
+    row), each in at most three parts: the rest of a group the batch starts inside, a run of whole groups as one
+    [rows * k, GROUP] matmul, and the start of a group it ends inside. Nothing is padded, so narrow rows cost
+    what they hold; the group weights A of a part are a strided view of the table, never a gather; nothing
+    reads a value back to the host. ``exact_matmul`` None: the device's self-check decides between the float64
+    matmul and int64 products."""
     rows, n = words.shape
-    acc = zero(words.device)
     if not rows or not n:
-        return acc
+        return zero(words.device)
     if exact_matmul is None:
         exact_matmul = _matmul_is_exact(words.device)
-    a, b, b_int = _TABLES.get_exact(words.device, (row0 + rows) * groups)
-    step = max(1, _BATCH_WORDS // n)
+    a, b, b_int = _TABLES.get_exact(words.device, (row0 + rows - 1) * groups + -(-(col0 + n) // GROUP))
+    cap = DEVICE_BATCH_WORDS if exact_matmul else max(GROUP, DEVICE_BATCH_WORDS // 4)  # int64: 4x the bytes
+    cols = max(GROUP, cap // GROUP * GROUP)
+    step = max(1, cap // min(n, cols))
+    parts = []
     for r in range(0, rows, step):
-        if not exact_matmul:
-            acc = (acc + _int64_rows(words[r:r + step], row0 + r, col0, groups, a, b_int)).remainder_(P)
-            continue
-        x = words[r:r + step].to(torch.float64)
-        m = x.shape[0]
-        first = torch.arange(row0 + r, row0 + r + m, device=words.device) * groups
+        x = words[r:r + step]
         c = 0
-        while c < n:
-            q, off = divmod(col0 + c, GROUP)
-            if off == 0 and n - c >= GROUP:
-                k = (n - c) // GROUP
-                y = x[:, c:c + k * GROUP].reshape(m * k, GROUP) @ b
-                g = (first[:, None] + (q + torch.arange(k, device=words.device))[None]).reshape(-1)
-                width = k * GROUP
-            else:
-                width = min(GROUP - off, n - c)
-                y = x[:, c:c + width] @ b[off:off + width]
-                g = first + q
-            acc = (acc + (y.to(torch.int64).remainder_(P) * a[g]).remainder_(P).sum(0)).remainder_(P)
-            c += width
-    return acc
+        while c < n:  # a long row in runs of whole groups, each ending on a group edge
+            end = min(n, (col0 + c + cols) // GROUP * GROUP - col0)
+            parts.extend(_batch_lanes(x[:, c:end], a, (row0 + r) * groups, groups, col0 + c,
+                                      b if exact_matmul else b_int))
+            c = end
+    return _total(parts, words.device)
 
 
-def _int64_rows(words: torch.Tensor, row0: int, col0: int, groups: int, a: torch.Tensor,
-                b_int: torch.Tensor) -> torch.Tensor:
-    """``_device_words`` of a batch of rows without float: each word times its B in int64 (products below 2**36,
-    a group's sum below 2**46), summed per group, then weighted by A as in the matmul path."""
-    x = words.to(torch.int64)
-    m, n = x.shape
-    first = torch.arange(row0, row0 + m, device=words.device) * groups
-    acc = zero(words.device)
-    c = 0
-    while c < n:
-        q, off = divmod(col0 + c, GROUP)
-        width = min(GROUP - off, n - c)
-        y = (x[:, c:c + width, None] * b_int[off:off + width][None]).sum(1)
-        acc = (acc + (y.remainder_(P) * a[first + q]).remainder_(P).sum(0)).remainder_(P)
-        c += width
-    return acc
+def _batch_lanes(x: torch.Tensor, a: torch.Tensor, first: int, groups: int, c0: int,
+                 b: torch.Tensor) -> list[torch.Tensor]:
+    """Lanes (not yet reduced mod P) of int16 ``x`` [m, w] at word column ``c0`` of grid rows whose first group is
+    A[first], one per part (see ``_device_words``); ``b`` float64 for the matmul, int64 for exact products."""
+    m, w = x.shape
+    q, off = divmod(c0, GROUP)
+    head = min(GROUP - off, w) if off else 0
+    k = (w - head) // GROUP
+
+    def weights(q: int, count: int) -> torch.Tensor:  # A[first + r * groups + q + j], a view [m, count, LANES]
+        return a.as_strided((m, count, LANES), (groups * LANES, LANES, 1), a.storage_offset() + (first + q) * LANES)
+
+    out = []
+    if head:
+        out.append(_weigh(_dot(x[:, :head], b[off:off + head]), weights(q, 1)[:, 0]))
+        q += 1
+    if k:
+        y = _dot(x[:, head:head + k * GROUP], b, whole_groups=True)
+        out.append(_weigh(y.view(m, k, LANES), weights(q, k)))
+        q += k
+    if head + k * GROUP < w:
+        out.append(_weigh(_dot(x[:, head + k * GROUP:], b[:w - head - k * GROUP]), weights(q, 1)[:, 0]))
+    return out
+
+
+def _dot(x: torch.Tensor, b: torch.Tensor, whole_groups: bool = False) -> torch.Tensor:
+    """int64 inner products of int16 rows ``x`` [m, w] with ``b`` [w, LANES] (``whole_groups``: of each of its
+    GROUP-word groups with ``b`` [GROUP, LANES]): a float64 matmul (every partial sum an integer below 2**53)
+    when ``b`` is float64, else int64 products summed."""
+    f = x.to(b.dtype, memory_format=torch.contiguous_format)
+    if whole_groups:
+        f = f.view(-1, GROUP)
+    if b.dtype == torch.float64:
+        return (f @ b).to(torch.int64)
+    return (f[..., None] * b).sum(-2)
+
+
+def _weigh(y: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Sum over groups of (y mod P) * A mod P: each term below 2**31, so sums of up to 2**32 of them fit int64."""
+    return (y.remainder_(P) * a).remainder_(P).reshape(-1, LANES).sum(0)
+
+
+def _total(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of lane tensors mod P, with as few ops as there are parts to add."""
+    if not parts:
+        return zero(device)
+    total = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+    return total.remainder(P)
 
 
 def _as_words(u8: torch.Tensor) -> torch.Tensor:
@@ -267,27 +306,27 @@ def rect(u8: torch.Tensor, row0: int, col0: int, rb: int) -> torch.Tensor:
     """Digest lanes of the bytes ``u8`` [rows, n] lying at grid rows ``row0``.. and byte columns ``col0``..
     of a grid with rows of ``rb`` bytes."""
     rows, n = u8.shape
-    acc = zero(u8.device)
     if not rows or not n:
-        return acc
+        return zero(u8.device)
     groups = _groups(rb)
     lo, hi = 0, n
+    parts = []
     if col0 % 2:  # a high byte without its low byte: 256 times its signed value
-        acc = acc + _words(u8[:, :1].view(torch.int8).to(torch.int16) * 256, row0, col0 // 2, groups)
+        parts.append(_words(u8[:, :1].view(torch.int8).to(torch.int16) * 256, row0, col0 // 2, groups))
         lo = 1
     if hi > lo and (col0 + n) % 2:  # a low byte without its high byte
-        acc = acc + _words(u8[:, hi - 1:hi].to(torch.int16), row0, (col0 + n) // 2, groups)
+        parts.append(_words(u8[:, hi - 1:hi].to(torch.int16), row0, (col0 + n) // 2, groups))
         hi -= 1
     if hi > lo:
-        acc = acc + _words(_as_words(u8[:, lo:hi]), row0, (col0 + lo) // 2, groups)
-    return acc.remainder_(P)
+        parts.append(_words(_as_words(u8[:, lo:hi]), row0, (col0 + lo) // 2, groups))
+    return _sum_reduced(parts, u8.device)
 
 
 def span(data: torch.Tensor, offset: int, rb: int, window: tuple[int, int] | None = None) -> torch.Tensor:
     """Digest lanes of flat uint8 ``data``: the tensor's bytes [offset, offset + len) on a grid of ``rb``-byte
     rows; with ``window`` (c0, c1), only those of its bytes whose column in their row is in [c0, c1)."""
     c0, c1 = window or (0, rb)
-    acc = zero(data.device)
+    parts = []
     pos, n = 0, data.numel()
     while pos < n:
         row, col = divmod(offset + pos, rb)
@@ -300,9 +339,14 @@ def span(data: torch.Tensor, offset: int, rb: int, window: tuple[int, int] | Non
             block, count = data[pos:pos + width].view(1, width), 1
         a, b = max(col, c0), min(col + width, c1)
         if a < b:
-            acc = acc + rect(block[:, a - col:b - col], row, a, rb)
+            parts.append(rect(block[:, a - col:b - col], row, a, rb))
         pos += count * width
-    return acc.remainder_(P)
+    return _sum_reduced(parts, data.device)
+
+
+def _sum_reduced(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum mod P of lane tensors each in [0, P): one of them as it is."""
+    return parts[0] if len(parts) == 1 else _total(parts, device)
 
 
 def to_hex(lanes: torch.Tensor | list[int]) -> str:
