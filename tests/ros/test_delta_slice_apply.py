@@ -13,12 +13,23 @@ from tensorhub_verl.ros.wire.integrity import ChunkChecker, block_digests, chunk
 from tensorhub_verl.ros.wire.manifest import build_manifest
 from tensorhub_verl.ros.wire.ranges import Runs, TensorSlice, plan_reads
 
-from tests.ros.delta_roles import versions
-
 SLICES = {"layers.0.mlp.weight": TensorSlice(0, 512, 512), "embed.weight": TensorSlice(1, 512, 512)}
 """Rank 1 of 2: rows of one matrix, columns of the other; the rest whole."""
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: the apply runs where the slices are")])]
+
+
+def _versions() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Two versions: bf16 matrices over many chunks, tiny tensors of other dtypes sharing one; a few rows move."""
+    g = torch.Generator().manual_seed(0)
+    v1 = {"embed.weight": torch.randn(512, 1024, generator=g).to(torch.bfloat16),
+          "layers.0.mlp.weight": torch.randn(1024, 1024, generator=g).to(torch.bfloat16),
+          "layers.0.norm.weight": torch.randn(1024, generator=g), "step": torch.tensor([1], dtype=torch.int64)}
+    v2 = {n: t.clone() for n, t in v1.items()}
+    v2["layers.0.mlp.weight"][500:530] += 0.01 * torch.randn(30, 1024, generator=g).to(torch.bfloat16)
+    v2["layers.0.norm.weight"][:4] += 1.0
+    v2["step"] += 1
+    return v1, v2
 
 
 def _manifest(version: int, weights):
@@ -40,7 +51,7 @@ def _rank(weights, m, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_rank_applies_its_part_and_a_rotted_slice_is_restored_and_reported(device):
-    v1, v2 = versions(2)
+    v1, v2 = _versions()
     v2["embed.weight"][:, 600:610] += 1.0  # in the rank's columns
     m1, m2 = _manifest(1, v1), _manifest(2, v2)
     order = [s.name for s in m2.tensors]
