@@ -9,7 +9,7 @@
 #   bash recipes/grpo_tiny_cpu_fully_async.sh rollout.total_rollout_steps=24 tensorhub.verify_digests=true
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-export VERL_PLATFORM=cpu                        # tensorhub_verl's CPU platform for verl: the one setting
+export VERL_PLATFORM=cpu                        # the CPU harness of dev/ (pip install -e dev/): the one setting
 tensorhub_preflight                             # lists the CPU platform's patches too
 
 WORK_DIR=${WORK_DIR:-"$(mktemp -d -t tensorhub-tiny-async-XXXX)"}

@@ -8,7 +8,7 @@
 #   bash recipes/ppo_tiny_cpu.sh trainer.total_training_steps=5 tensorhub.verify_digests=true
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-export VERL_PLATFORM=cpu                        # tensorhub_verl's CPU platform for verl: the one setting
+export VERL_PLATFORM=cpu                        # the CPU harness of dev/ (pip install -e dev/): the one setting
 tensorhub_preflight                             # lists the CPU platform's patches too (the critic's among them)
 
 WORK_DIR=${WORK_DIR:-"$(mktemp -d -t tensorhub-tiny-ppo-XXXX)"}

@@ -21,8 +21,8 @@ holds it."""
 
 PLATFORM_NAME = "cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
-"""``VERL_PLATFORM=cpu`` is verl's own platform override; ``tensorhub_verl.verl.cpu_platform`` registers the
-platform it names. A TensorHub job's runtime environment carries the driver's value to every worker on every
+"""``VERL_PLATFORM=cpu`` is verl's own platform override; the CPU harness of the developer tools
+(``tensorhub_dev.verl_cpu``, dev/) registers the platform it names. A TensorHub job's runtime environment carries the driver's value to every worker on every
 node, vLLM's processes included (``tensorhub_verl.verl.runtime_env``)."""
 
 

@@ -13,11 +13,16 @@ DEV = REPO / "dev" / "tensorhub_dev"
 
 
 def test_the_patches_readme_lists_every_verl_patch():
-    modules = {p.stem for p in (PACKAGE / "verl" / "patches").glob("verl_*.py")}
-    listed = set(re.findall(r"`(verl_[0-9_]+[a-z_]+)`", (REPO / "patches" / "verl" / "README.md").read_text()))
-    assert modules, "no patch modules found"
-    assert modules - listed == set(), f"patches missing from patches/verl/README.md: {sorted(modules - listed)}"
-    assert listed - modules == set(), f"the README lists patches that do not exist: {sorted(listed - modules)}"
+    """The product's patches in its first table, the CPU harness's (dev/) in the second, each in its own."""
+    text = (REPO / "patches" / "verl" / "README.md").read_text()
+    product_text, harness_text = text.split("## The CPU harness", 1)
+    for where, folder, section in (("product", PACKAGE / "verl" / "patches", product_text),
+                                   ("CPU harness", DEV / "verl_cpu" / "patches", harness_text)):
+        modules = {p.stem for p in folder.glob("verl_*.py")}
+        listed = set(re.findall(r"`(verl_[0-9_]+[a-z_]+)`", section))
+        assert modules, f"no {where} patch modules found"
+        assert modules - listed == set(), f"{where} patches missing from patches/verl/README.md: {sorted(modules - listed)}"
+        assert listed - modules == set(), f"the README lists {where} patches that do not exist: {sorted(listed - modules)}"
 
 
 def test_every_module_the_architecture_names_exists():

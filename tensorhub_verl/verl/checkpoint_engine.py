@@ -28,8 +28,6 @@ from typing import Any, AsyncGenerator
 
 import torch
 
-# First: registers verl's "cpu" platform before any verl module resolves its platform (VERL_PLATFORM=cpu).
-from tensorhub_verl.verl import cpu_platform  # noqa: F401  isort: skip
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 

@@ -10,12 +10,14 @@ NAME: nodes started with ``ray start --resources '{"NAME": 1}'``).
 ``tensorhub.helper_placement`` does the same for verl's helper actors: its task runner (``helper_actor_options``,
 applied by ``patches/verl_0_9_1_task_runner_placement``) and the agent-loop and reward-loop workers, which verl
 spreads round-robin over every node with a soft affinity (``helper_nodes`` narrows the nodes it spreads them over:
-``patches/verl_0_9_1_agent_loop_placement`` / ``verl_0_9_1_reward_loop_placement``).
+``patches/verl_0_9_1_helper_loop_placement``).
 
 The settings travel as ``TENSORHUB_TRAINER_PLACEMENT`` / ``TENSORHUB_ROLLOUT_PLACEMENT`` in the job's runtime
 environment (``placement_env``, added by ``patches/verl_0_9_1_runtime_env_settings`` from the job's config), so
 that every process that creates a pool (verl's task runner, fully_async's rollouter) sees them;
 ``patches/verl_0_9_1_pool_placement`` applies them to each placement group by the pool its name starts with.
+The placement patches are registered only in processes whose environment carries one of these variables
+(``patches.placement_asked``): a job that places nothing runs verl's placement code untouched.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ from tensorhub_verl.settings import PLATFORM_ENV
 PREFIX = "TENSORHUB_"
 PER_NODE = frozenset({*(f"TENSORHUB_{key.upper()}" for key in LABEL_KEYS), EXIT_WITH_PARENT_ENV})
 """Variables that describe one node or one process: never copied from the driver to other nodes."""
-VERL_NAMES = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", PLATFORM_ENV)
-"""verl's own variables that a TensorHub job's workers read (the per-step metrics file, the CPU platform)."""
+VERL_NAMES = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", PLATFORM_ENV, "VERL_USE_EXTERNAL_MODULES")
+"""verl's own variables that a TensorHub job's workers read (the per-step metrics file, the platform, the modules
+``import verl`` imports first)."""
 
 
 def job_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -15,6 +15,7 @@ import torch
 import tensorhub_verl as th
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.contract import CONTRACT_METHODS, WorkerClient
+from tensorhub_verl.ros.client.delta import DeltaPublished
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.client.regional_client import RegionalClient
 from tensorhub_verl.ros.client.sharded_client import ShardedClient
@@ -101,6 +102,51 @@ def test_publish_fetch_query_and_unpublish_return_the_same_types_on_every_form(h
         assert (model, 1, "hf") not in reader.holdings()
         with pytest.raises(th.errors.VersionNotFound):
             reader.unpublish(model, 1)  # no longer held: the same error on every form
+    finally:
+        reader.close()
+        trainer.close()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_publish_delta_returns_one_result_of_the_whole_version_on_every_form(hubs, form):
+    """``publish_delta`` returns one ``DeltaPublished`` of the whole version's delta on every form that serves
+    deltas (a hub of shards: its shares' results in ``shares``), and a reader holding the base reads the new
+    version as that delta; a hub of regions refuses with ``ConfigError``, publishing nothing, and its reader reads
+    the version in full."""
+    model = f"delta-{form}"
+    v1 = _weights(1)
+    v2 = {name: t.clone() for name, t in v1.items()}
+    for t in v2.values():
+        t.view(-1)[:5] += 1.0  # a few elements of every tensor change
+    trainer = _connect(form, hubs, "delta-trainer")
+    reader = _connect(form, hubs, "delta-reader", rack="r1")
+    try:
+        trainer.publish(model, 1, v1)
+        into = reader.manifest(model, 1).allocate()
+        reader.fetch(model, 1, into=into)
+        trainer.publish(model, 2, v2)
+        if form == "regional":
+            with pytest.raises(th.errors.ConfigError, match="hub of regions"):
+                trainer.publish_delta(model, 2, 1, mode="on")
+            assert trainer.versions(model, "delta/hf@1") == {}
+        else:
+            published = trainer.publish_delta(model, 2, 1, mode="on")
+            assert isinstance(published, DeltaPublished), type(published)
+            assert published.published and not published.reason
+            assert (published.model, published.version, published.base_version) == (model, 2, 1)
+            assert published.layout == "delta/hf@1"
+            assert published.version_bytes == sum(t.numel() * t.element_size() for t in v2.values())
+            assert published.changed_elements == 5 * len(v2) and published.elements == sum(t.numel() for t in v2.values())
+            assert len(published.shares) == (2 if form == "sharded" else 0)
+            if published.shares:  # the whole is the sum of its shares
+                assert all(isinstance(share, DeltaPublished) and share.published for share in published.shares)
+                assert published.bytes == sum(share.bytes for share in published.shares)
+        stats = reader.fetch(model, 2, into=into, have=1)
+        assert isinstance(stats, FetchStats) and stats.version == 2
+        assert all(torch.equal(into[name], t) for name, t in v2.items())
+        assert stats.delta.used is (form != "regional"), stats.delta.reasons
+        if form != "regional":
+            assert stats.bytes == published.bytes  # the delta form only
     finally:
         reader.close()
         trainer.close()

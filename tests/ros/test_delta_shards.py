@@ -26,13 +26,14 @@ def test_a_reader_of_a_sharded_hub_applies_each_shares_delta(shards):
     try:
         trainer.publish("policy", 1, v1)
         trainer.publish("policy", 2, v2)
-        published = trainer.publish_delta("policy", 2, 1)
-        assert [p.layout for p in published] == ["delta/hf@0/2@1", "delta/hf@1/2@1"]
+        published = trainer.publish_delta("policy", 2, 1)  # one result of the whole version; its shares inside
+        assert published.layout == "delta/hf@1" and published.published
+        assert [p.layout for p in published.shares] == ["delta/hf@0/2@1", "delta/hf@1/2@1"]
         into = {n: t.clone() for n, t in v1.items()}
         stats = reader.fetch("policy", 2, into=into, have=1)
         assert all(torch.equal(into[n], v2[n]) for n in v2)
         assert stats.delta.used and stats.delta.fallback_chunks == 0
-        assert stats.bytes == stats.delta.delta_bytes == sum(p.bytes for p in published if p.published)
+        assert stats.bytes == stats.delta.delta_bytes == published.bytes
         assert stats.bytes < sum(t.nbytes for t in v2.values()) / 4
         # A TP rank's slices of v1 (rows of one matrix, columns of another) take each share's delta too.
         slices = {"layers.0.mlp.weight": (0, 512, 512), "embed.weight": (1, 512, 512)}

@@ -1,11 +1,10 @@
-"""Each verl patch changes behaviour only for jobs that use TensorHub: a job with another backend (or off the
-CPU platform, for the CPU fixes) gets verl 0.9.1's own behaviour, a tensorhub job the patched one. In-process,
+"""Each verl patch changes behaviour only for jobs that use TensorHub: a job with another backend gets verl 0.9.1's
+own behaviour, a tensorhub job the patched one (the CPU harness's patches: tests/verl/test_cpu_platform_on_cpu.py). In-process,
 no Ray: the patches are applied to verl's real modules (or to a stand-in where verl's needs a running job)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import sys
@@ -136,49 +135,6 @@ def test_only_a_tensorhub_rollout_server_loads_our_extension_and_returns_results
     assert tensorhub_job._get_worker_extension_cls() == EXTENSION_QUALNAME
     results = asyncio.run(tensorhub_job.collective_rpc("th_status"))
     assert results == ["th_status on rank 0", "th_status on rank 1"]
-
-
-@pytest.fixture
-def value_model(tmp_path):
-    """A tiny model's directory and its config as verl's HFModelConfig builds it from override_config."""
-    from transformers import AutoConfig
-
-    from tensorhub_verl.bench.tiny_model import build_tiny_model
-
-    model_dir = build_tiny_model(tmp_path / "m", arch="qwen2", hidden_size=64, intermediate_size=128,
-                                 num_layers=1, num_heads=2, num_kv_heads=1)
-    config = AutoConfig.from_pretrained(str(model_dir), attn_implementation="eager")
-    config.num_labels = 1
-    return str(model_dir), config
-
-
-def test_off_the_cpu_platform_the_critic_loads_as_verl_ships_it(value_model, monkeypatch):
-    """verl 0.9.1 asks for flash_attention_2 whatever the config says; without flash-attn the load fails."""
-    import torch
-
-    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the patches
-    from verl.utils.model import load_valuehead_model
-
-    if importlib.util.find_spec("flash_attn") is not None:
-        pytest.skip("flash-attn is installed here: verl's own loader succeeds, there is no failure to keep")
-    monkeypatch.delenv("VERL_PLATFORM", raising=False)
-    with pytest.raises(Exception, match="flash|value head"):
-        load_valuehead_model(value_model[0], torch.float32, value_model[1], False)
-
-
-def test_on_the_cpu_platform_the_critic_honours_the_configured_attention(value_model, monkeypatch):
-    import torch
-    from transformers import PreTrainedModel
-
-    transformers_loader = PreTrainedModel.__dict__["from_pretrained"]
-    import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the patches
-    from verl.utils.model import load_valuehead_model
-
-    monkeypatch.setenv("VERL_PLATFORM", "cpu")
-    critic = load_valuehead_model(value_model[0], torch.float32, value_model[1], False)
-    assert critic.config._attn_implementation == "eager"
-    assert critic.score.weight.shape == (1, 64)  # a value head: one output per token
-    assert PreTrainedModel.__dict__["from_pretrained"] is transformers_loader  # transformers' method restored
 
 
 def test_only_a_tensorhub_job_forwards_the_drivers_settings_to_every_node(monkeypatch):

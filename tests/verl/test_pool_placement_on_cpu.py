@@ -4,14 +4,18 @@ without a cluster: the settings, their trip through the job's runtime environmen
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from omegaconf import OmegaConf
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.verl.config import TensorHubVerlConfig
+from tensorhub_verl.verl.patches import PLACEMENT_ENV, placement_asked
 from tensorhub_verl.verl.pool_placement import RESOURCE_SLIVER, placed_group_args, placement_env, pool_role
 
 BUNDLES = [{"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}]
@@ -62,19 +66,19 @@ def test_the_patch_adds_the_selector_to_verls_placement_group_call(monkeypatch):
     assert "bundle_label_selector" not in calls[1][1] and calls[1][0] == BUNDLES
 
 
-def test_a_tensorhub_jobs_runtime_environment_carries_its_placements_and_verls_call_is_patched():
-    import verl.single_controller.ray.base as base
+def test_a_tensorhub_jobs_runtime_environment_carries_its_placements():
+    """The variables that carry the placements are what asks for the placement patches in every worker
+    (``test_the_placement_patches_load_only_where_a_placement_is_set``)."""
     import verl.trainer.constants_ppo as constants
     from tensorhub_verl.verl.patches import verl_0_9_1_runtime_env_settings as patch
-    from tensorhub_verl.verl.patches.replace import is_replaced
 
     patch.apply(constants)  # already applied if the plugin loaded at `import verl`
-    assert is_replaced(base, "placement_group")  # applied when verl's module was imported
     job = {"actor_rollout_ref": {"rollout": {"checkpoint_engine": {"backend": "tensorhub"}}},
            "tensorhub": {"trainer_placement": "any", "rollout_placement": "label:tensorhub/dc=dc1"}}
     env_vars = constants.get_ppo_ray_runtime_env(OmegaConf.create(job))["env_vars"]
     assert env_vars["TENSORHUB_ROLLOUT_PLACEMENT"] == "label:tensorhub/dc=dc1"
     assert "TENSORHUB_TRAINER_PLACEMENT" not in env_vars
+    assert placement_asked(env_vars)
 
 
 NODES = [{"NodeID": "a", "Labels": {"tensorhub/node": "d0r0h0"}, "Resources": {"CPU": 2}},
@@ -132,3 +136,41 @@ def test_the_package_entry_point_runs_main_ppo_with_the_task_runner_patch_applie
     assert done.returncode == 0, done.stderr[-2000:]
     assert "applied verl patch verl_0_9_1_task_runner_placement" in done.stderr
     assert "trainer:" in done.stdout
+
+
+PLACEMENT_PATCHED = textwrap.dedent("""
+    import json
+    import verl.experimental.agent_loop.agent_loop as agent_loop
+    import verl.single_controller.ray.base as base
+    from tensorhub_verl.verl.patches.replace import is_replaced
+    print(json.dumps({"pools": is_replaced(base, "placement_group"),
+                      "helpers": type(agent_loop.ray).__name__ == "PlacedNodes"}))
+""")
+
+
+@pytest.mark.parametrize("placement", [None, "resource:th_roll"])
+def test_the_placement_patches_load_only_where_a_placement_is_set(placement):
+    """A process whose environment carries no placement (a job that places nothing) runs verl's placement code
+    untouched; one that carries a placement (a job's runtime environment with ``tensorhub.*_placement`` set) gets
+    both placement patches at ``import verl`` (fresh processes: the plugin decides when verl loads it)."""
+    env = {k: v for k, v in os.environ.items() if k not in PLACEMENT_ENV}
+    if placement:
+        env["TENSORHUB_ROLLOUT_PLACEMENT"] = placement
+    done = subprocess.run([sys.executable, "-c", PLACEMENT_PATCHED], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"pools": bool(placement), "helpers": bool(placement)}
+    assert ("applied verl patch verl_0_9_1_pool_placement" in done.stderr) is bool(placement)
+    assert "verl_0_9_1_task_runner_placement" not in done.stderr  # only python -m tensorhub_verl.verl.main_ppo
+
+
+def test_the_preflight_reports_every_placement_patch_whether_or_not_it_is_registered_here():
+    from tensorhub_verl.verl.patches import apply_all
+
+    assert not placement_asked({}) and not placement_asked({"TENSORHUB_HELPER_PLACEMENT": "any"})
+    assert placement_asked({"TENSORHUB_TRAINER_PLACEMENT": "label:k=v"})
+    results = {r.name: r for r in apply_all("0.9.1", environ={})}
+    for name in ("verl_0_9_1_pool_placement", "verl_0_9_1_helper_loop_placement", "verl_0_9_1_task_runner_placement"):
+        assert results[name].applied and "fits" in results[name].reason, results[name]
+    assert not [r for r in apply_all("0.8.0", environ={}) if r.applied]  # another verl: every patch is reported

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tensorhub_verl.errors import ConfigError
 from tensorhub_dev.demo.task import TaskFiles
+from tensorhub_dev.verl_cpu import with_plugin
 from tensorhub_verl.verl.hydra_searchpath import conf_dir
 from tensorhub_verl.settings import PLATFORM_ENV, PLATFORM_NAME
 
@@ -107,8 +108,9 @@ class TinyJob:
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
+        env = with_plugin(env)  # the CPU harness (tensorhub_dev.verl_cpu), whether or not dev/ is installed
         env.update({
-            PLATFORM_ENV: PLATFORM_NAME,                     # tensorhub_verl's CPU platform for verl
+            PLATFORM_ENV: PLATFORM_NAME,                     # verl on the CPU harness's platform
             "VERL_FILE_LOGGER_PATH": str(self.metrics_file),  # verl's "file" logger: one JSON line per step
             "HF_HUB_OFFLINE": "1",
             "RAY_AUTH_MODE": "disabled",

@@ -172,7 +172,7 @@ class Client:
         return manifest
 
     def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf",
-                      mode: str = "auto", chunk_bytes: int | None = None) -> "DeltaPublished":
+                      mode: str = "auto", chunk_bytes: int | None = None) -> DeltaPublished:
         """Publishes the delta ``base_version`` -> ``version`` of ``layout``, computed chunk by chunk where the
         bytes live (torch ops on their device) from what this client holds of both: publish ``version`` first
         and keep ``base_version`` published, its bytes unchanged, until this returns.

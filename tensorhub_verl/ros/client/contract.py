@@ -2,8 +2,9 @@
 processes) and ``RegionalClient`` (a hub process per region), whichever ``connect`` returns.
 
 One return type per call, whatever the form: ``publish`` and ``manifest`` return one ``Manifest`` of the whole
-version (a sharded hub's per-share manifests are its ``shares``), ``fetch`` one ``FetchStats``, ``status`` one hub
-status (``messages.StatusReply`` as JSON data; several hub processes' merged). Code written against this protocol
+version (a sharded hub's per-share manifests are its ``shares``), ``publish_delta`` one ``DeltaPublished`` of the
+whole version's delta (a sharded hub's per-share results are its ``shares``; a hub of regions refuses deltas with
+``ConfigError``), ``fetch`` one ``FetchStats``, ``status`` one hub status (``messages.StatusReply`` as JSON data; several hub processes' merged). Code written against this protocol
 (the vLLM holder, the verl backend) runs on every form; ``tests/ros/test_client_contract.py`` runs the same tests
 against each.
 """
@@ -14,6 +15,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from tensorhub_verl.ros.client.delta import DeltaPublished
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
 from tensorhub_verl.ros.wire.topology import Location
@@ -42,6 +44,10 @@ class WorkerClient(Protocol):
                       specs: Mapping[str, tuple[Sequence[int], torch.dtype | str]], rank: int, ranks: int,
                       layout: str = "hf", group: str = "shards", chunk_bytes: int | None = None) -> Manifest:
         """Holds this rank's rows of a version ``ranks`` workers hold together."""
+
+    def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", mode: str = "auto",
+                      chunk_bytes: int | None = None) -> DeltaPublished:
+        """Publishes the delta ``base_version`` -> ``version`` beside ``version`` (both held by this worker)."""
 
     def unpublish(self, model: str, version: int, layout: str | None = None, timeout: float | None = None) -> None:
         """Returns once no read of this worker's copy is in flight."""
@@ -78,6 +84,6 @@ class WorkerClient(Protocol):
         """Unpublishes everything (waiting for in-flight reads), then stops."""
 
 
-CONTRACT_METHODS = ("publish", "publish_shard", "unpublish", "manifest", "fetch", "fetch_slices", "versions",
-                    "latest", "wait_for_version", "holdings", "status", "close")
+CONTRACT_METHODS = ("publish", "publish_shard", "publish_delta", "unpublish", "manifest", "fetch", "fetch_slices",
+                    "versions", "latest", "wait_for_version", "holdings", "status", "close")
 """The calls of ``WorkerClient``, in the order above."""

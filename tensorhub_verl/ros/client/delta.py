@@ -63,12 +63,30 @@ class DeltaPublished:
     encodings: dict[str, int] = field(default_factory=dict)
     """encoding -> chunks encoded so."""
     seconds: float = 0.0
-    """Encoding time."""
+    """Encoding time (a hub of shards: the slowest share's; they encode at once)."""
     reason: str = ""
+    shares: tuple["DeltaPublished", ...] = ()
+    """A hub of shards: what each shard's share did, in shard order (empty with one hub process)."""
 
     @property
     def changed_fraction(self) -> float:
         return self.changed_elements / self.elements if self.elements else 0.0
+
+    @staticmethod
+    def of_shares(shares: "list[DeltaPublished]", layout: str) -> "DeltaPublished":
+        """What publishing the whole version's delta did, from its shares' results (in shard order), as the
+        delta form ``layout``: published when every share's delta was (a reader holding the base then reads the
+        whole version as deltas); ``reason`` names each share that published none, and why."""
+        first = shares[0]
+        encodings: dict[str, int] = {}
+        for share in shares:
+            for name, count in share.encodings.items():
+                encodings[name] = encodings.get(name, 0) + count
+        skipped = [f"share {i}: {share.reason}" for i, share in enumerate(shares) if not share.published]
+        return DeltaPublished(first.model, first.version, first.base_version, layout, not skipped,
+                              sum(s.bytes for s in shares), sum(s.version_bytes for s in shares),
+                              sum(s.changed_elements for s in shares), sum(s.elements for s in shares), encodings,
+                              max(s.seconds for s in shares), "; ".join(skipped), tuple(shares))
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.delta import DeltaPublished
 from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest
@@ -178,7 +179,8 @@ class RegionalClient:
                                      f"inside a region, or add its region to the hub")
         return self._client(self.region)
 
-    def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", **kwargs):
+    def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", mode: str = "auto",
+                      chunk_bytes: int | None = None) -> DeltaPublished:
         """Deltas are not published to a hub of regions: its readers read versions in full."""
         raise errors.ConfigError(f"{self.worker}: deltas are not published to a hub of regions (a hub process per "
                                  f"region); its readers read every version in full. Use one hub process (or a hub "

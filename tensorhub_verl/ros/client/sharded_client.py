@@ -28,6 +28,7 @@ import torch
 from tensorhub_verl import errors
 from tensorhub_verl.ros.client.client import Client, full_specs
 from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.delta import DeltaPublished
 from tensorhub_verl.ros.client.client_group import close_clients, link_siblings, merged_status, results_of
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers
@@ -135,10 +136,13 @@ class ShardedClient:
         return Manifest.of_shares(self.manifests(model, version, layout), layout)
 
     def publish_delta(self, model: str, version: int, base_version: int, layout: str = "hf", mode: str = "auto",
-                      chunk_bytes: int | None = None) -> list:
-        """``Client.publish_delta`` of each shard's share: a list of ``DeltaPublished`` in shard order."""
-        return self._each(lambda i, client: client.publish_delta(model, version, base_version,
-                                                                 self._layout(layout, i), mode, chunk_bytes))
+                      chunk_bytes: int | None = None) -> DeltaPublished:
+        """``Client.publish_delta`` of each shard's share; returns what the whole version's delta did (``shares``:
+        each share's result, in shard order; ``DeltaPublished.of_shares``)."""
+        parts = self._each(lambda i, client: client.publish_delta(model, version, base_version,
+                                                                  self._layout(layout, i), mode, chunk_bytes))
+        # The whole delta form's layout: the first share's, with its share suffix taken off the base layout.
+        return DeltaPublished.of_shares(parts, parts[0].layout.replace(self._layout(layout, 0), layout, 1))
 
     def fetch(self, model: str, version: int | str = "latest", into: Mapping[str, torch.Tensor] | None = None,
               layout: str = "hf", hold: bool = True, timeout: float | None = None, *, have: int | None = None,

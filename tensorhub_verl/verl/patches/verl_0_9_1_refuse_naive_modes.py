@@ -3,8 +3,7 @@
 Why: ``trainer/ppo/v1/trainer_base.py:382`` forces ``checkpoint_engine.backend = "naive"`` for the
 replicas it builds, so in the ``sync`` and ``colocate_async`` modes ``+tensorhub=...`` changes nothing and
 the user believes TensorHub moved the weights. ``PPOTrainer.__init__`` now checks the config first and
-raises ``ConfigError`` naming the modes that use the configured engine (and, on the CPU platform, the
-settings a CPU job needs: ``cpu_job_check``).
+raises ``ConfigError`` naming the modes that use the configured engine.
 """
 
 from __future__ import annotations
@@ -25,14 +24,9 @@ def apply(module) -> bool:
     def wrap(original):
         @functools.wraps(original)
         def __init__(self, config, *args, **kwargs):
-            from tensorhub_verl.settings import cpu_platform_selected
             from tensorhub_verl.verl.trainer_modes import check_trainer_mode
 
             check_trainer_mode(config)
-            if cpu_platform_selected():
-                from tensorhub_verl.verl.cpu_job_check import check_cpu_job
-
-                check_cpu_job(config)
             original(self, config, *args, **kwargs)
 
         return __init__

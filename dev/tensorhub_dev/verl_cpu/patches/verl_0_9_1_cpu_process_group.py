@@ -3,17 +3,17 @@
 Why: ``verl/utils/distributed.py:89`` builds ``f"cpu:gloo,{device}:{backend}"``, which on the CPU
 platform is ``cpu:gloo,cpu:gloo``, and torch refuses a device named twice. On CPU the group is plain
 ``cpu:gloo``. The engine workers bound the function by name at import, so their reference is replaced.
-Applied only when ``VERL_PLATFORM=cpu``.
+Registered only when ``VERL_PLATFORM=cpu`` (``tensorhub_dev.verl_cpu.plugin``).
 """
 
 from __future__ import annotations
 
 import functools
 
+from tensorhub_dev.verl_cpu.patches import CPU_MARK
 from tensorhub_verl.verl.patches.replace import replace_once
 
 VERL_VERSIONS = ("0.9.1",)
-CPU_ONLY = True
 TARGET = "verl.workers.engine_workers"
 
 
@@ -29,4 +29,4 @@ def apply(module) -> bool:
 
         return initialize_global_process_group_ray
 
-    return replace_once(module, "initialize_global_process_group_ray", wrap)
+    return replace_once(module, "initialize_global_process_group_ray", wrap, mark=CPU_MARK)

@@ -3,13 +3,12 @@
 Why: ``verl/workers/engine/fsdp/transformer_impl.py`` registers its engines for ``cuda`` and ``npu``
 only, so ``EngineRegistry.get_engine_cls`` raises "No engine registered for device='cpu'". The engines
 themselves are device-neutral (FSDP2 over gloo runs on CPU), so the same classes are registered for
-``cpu``. Applied only when ``VERL_PLATFORM=cpu``.
+``cpu``. Registered only when ``VERL_PLATFORM=cpu`` (``tensorhub_dev.verl_cpu.plugin``).
 """
 
 from __future__ import annotations
 
 VERL_VERSIONS = ("0.9.1",)
-CPU_ONLY = True
 TARGET = "verl.workers.engine.fsdp.transformer_impl"
 
 

@@ -11,8 +11,8 @@ What a CPU "device" means here:
   *logical* GPUs (``ray_kwargs.ray_init.num_gpus``), which are scheduling slots, not devices.
 - The rest (RNG, allocator, profiling, IPC) is a no-op or the CPU equivalent.
 
-verl code paths that are CUDA-only even with this platform are fixed by the version-pinned patches
-in ``tensorhub_verl.verl.patches`` that apply only when this platform is active.
+verl code paths that are CUDA-only even with this platform are fixed by the version-pinned patches in
+``tensorhub_dev.verl_cpu.patches``, which ``plugin`` applies only when this platform is selected.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class CpuDeviceModule(ModuleType):
     """
 
     def __init__(self) -> None:
-        super().__init__("tensorhub_verl.verl.cpu_device")
+        super().__init__("tensorhub_dev.verl_cpu.device")
 
     def __getattr__(self, name: str):
         return getattr(torch.cpu, name)

@@ -3,7 +3,7 @@
 Each of these fails late and obscurely on CPU otherwise (bf16 vLLM dies with "Illegal instruction" in CPU
 attention, sleep mode is refused by vLLM's CPU build, remove-padding needs flash-attn's kernels, ...). The
 Hydra presets ``+tensorhub_cpu=tiny_grpo`` (and ``tiny_ppo``, ``tiny_grpo_fully_async``) set all of them.
-A job with a critic (PPO: ``algorithm.adv_estimator=gae`` or ``critic.enable=True``) needs the same model
+``patches/verl_0_9_1_cpu_job_check`` runs the check when verl's trainer starts. A job with a critic (PPO: ``algorithm.adv_estimator=gae`` or ``critic.enable=True``) needs the same model
 settings for the critic's model.
 """
 

@@ -9,12 +9,12 @@ install trl". The actor's loader has no such argument and honours the override.
 
 The patch runs verl's own loader, unchanged, and replaces only that hard-coded argument by the
 implementation in the config (``eager`` on the CPU platform: ``+tensorhub_cpu=...`` presets set it and
-``cpu_job_check`` requires it). A job that asks for ``flash_attention_2`` (verl's default) takes verl's path
+``job_check`` requires it). A job that asks for ``flash_attention_2`` (verl's default) takes verl's path
 untouched.
 
-Guard: the loader sees only the model's config, not the job's, so the replacement acts only on verl's CPU
-platform (``VERL_PLATFORM=cpu``, read at call time), where flash-attn never exists; on other platforms verl's
-loader runs as shipped (install flash-attn there).
+Guard: registered only on verl's CPU platform (``tensorhub_dev.verl_cpu.plugin``), and the replacement checks
+``VERL_PLATFORM=cpu`` again at call time, where flash-attn never exists; on other platforms verl's loader runs as
+shipped (install flash-attn there).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from tensorhub_verl.verl.patches.guards import cpu_platform_selected
+from tensorhub_dev.verl_cpu.patches import CPU_MARK
+from tensorhub_verl.settings import cpu_platform_selected
 from tensorhub_verl.verl.patches.replace import replace_once
 
 VERL_VERSIONS = ("0.9.1",)
@@ -90,4 +91,4 @@ def apply(module) -> bool:
 
         return load_valuehead_model
 
-    return replace_once(module, "load_valuehead_model", wrap)
+    return replace_once(module, "load_valuehead_model", wrap, mark=CPU_MARK)
