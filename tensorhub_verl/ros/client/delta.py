@@ -21,13 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.wire import messages as msg
-from tensorhub_verl.ros.client.delta_chunks import apply_delta, encode_delta
+from tensorhub_verl.ros.client.delta_chunks import ApplyResult, apply_delta, encode_delta
 from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
 from tensorhub_verl.ros.client.fetcher import FetchStats
 from tensorhub_verl.ros.wire.manifest import Manifest, check_buffers, shard_bytes, shard_chunks
@@ -103,6 +103,10 @@ class DeltaStats:
     fallback_chunks: int = 0
     """Chunks of the version re-read in full after a failed check (all of them when the delta was not used)."""
     fallback_bytes: int = 0
+    full_chunks: int = 0
+    """Chunks read in full beside a used delta because it cannot be checked on them (a ranged reader's slices
+    that cover digest blocks in part): by design, not after a failed check."""
+    full_bytes: int = 0
     reasons: list[str] = field(default_factory=list)
     """Why the delta was not used, or why chunks were re-read."""
     apply_seconds: float = 0.0
@@ -172,15 +176,20 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
     return out
 
 
+def check_delta_args(mode: str, have: object) -> None:
+    """Raises on a delta mode or a declared base a delta read cannot take (before anything moves)."""
+    if mode not in DELTA_MODES:
+        raise errors.ConfigError(f"delta mode must be one of {DELTA_MODES}, got {mode!r}")
+    if not isinstance(have, int) or isinstance(have, bool) or have < 0:
+        raise errors.InvalidRequest(f"have must be the int version that into holds, got {have!r}")
+
+
 def fetch_with_delta(client: "Client", model: str, version: int | str, into: Mapping[str, torch.Tensor],
                      layout: str, hold: bool, timeout: float | None, have: int, mode: str = "auto") -> FetchStats:
     """``Client.fetch(..., have=...)``: reads ``version`` as the delta from ``have`` where one is published, else
     in full; ``into`` must hold ``have`` (see ``Client.fetch``)."""
     client._check_open()
-    if mode not in DELTA_MODES:
-        raise errors.ConfigError(f"delta mode must be one of {DELTA_MODES}, got {mode!r}")
-    if not isinstance(have, int) or isinstance(have, bool) or have < 0:
-        raise errors.InvalidRequest(f"have must be the int version that into holds, got {have!r}")
+    check_delta_args(mode, have)
     if into is None:
         raise errors.InvalidRequest("fetch(have=...) needs into: the buffers that hold version `have`")
     started = time.monotonic()
@@ -205,16 +214,39 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
     if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
         client._drain(own, timeout)
     ordered = list(tensors.values())
-    stats = FetchStats(model, manifest.version, layout, chunks=len(manifest.chunks()))
+    stats = apply_and_reread(client, manifest, have, read, lambda header, blob: apply_delta(manifest, header, blob,
+                                                                                            ordered),
+                             lambda failed: client._run_fetch(manifest, tensors, _chunk_plan(manifest, failed), False,
+                                                              started, timeout),
+                             delta, hold, timeout)
+    stats.chunks = len(manifest.chunks())
+    if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
+        client._hold(manifest, tensors)
+    stats.seconds = time.monotonic() - started
+    stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
+    return stats
+
+
+def apply_and_reread(client: "Client", manifest: Manifest, have: int,
+                     read: list[tuple[DeltaHeader, torch.Tensor, FetchStats]],
+                     apply: Callable[[DeltaHeader, torch.Tensor], ApplyResult],
+                     reread: Callable[[list[int]], FetchStats], delta: DeltaStats, holds_form: bool,
+                     timeout: float | None) -> FetchStats:
+    """Applies each part of a read delta form (``apply``: whole buffers or a reader's slices), then re-reads in
+    full (``reread``) every chunk that failed a check; the stats of both, ``delta`` filled in. A delta whose
+    payload does not give the version from a base that checked out is reported to the hub and, if this reader
+    holds it (``holds_form``), no longer served from here."""
+    model, version = manifest.model, manifest.version
+    stats = FetchStats(model, version, manifest.layout)
     failed: list[int] = []
     delta.used = True
     for header, blob, dstats in read:
         try:
-            result = apply_delta(manifest, header, blob, ordered)
+            result = apply(header, blob)
         except Exception as e:  # a fault of the apply itself (device, memory): the buffers' state is unknown
             raise errors.TransferFailed(
-                f"applying the delta of {model!r} v{manifest.version} from v{have} failed ({type(e).__name__}: {e}); "
-                f"into holds neither version now: fetch v{manifest.version} in full before using it") from e
+                f"applying the delta of {model!r} v{version} from v{have} failed ({type(e).__name__}: {e}); "
+                f"into holds neither version now: fetch v{version} in full before using it") from e
         delta.apply_seconds += result.seconds
         delta.changed_elements += header.changed_elements
         delta.elements += header.total_elements
@@ -223,27 +255,24 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         if result.bad_target:
             # Its base chunks checked out, so the delta itself is wrong (a publisher whose base bytes were not
             # its published base, or a codec fault): this reader does not serve it onward, and tells the hub.
-            _report(client, model, manifest.version, dstats.layout, result.reasons)
-            if hold:
-                _drop(client, model, manifest.version, dstats.layout, timeout)
+            _report(client, model, version, dstats.layout, result.reasons)
+            if holds_form:
+                _drop(client, model, version, dstats.layout, timeout)
         delta.delta_bytes += dstats.bytes
         _add(stats, dstats)
+    failed = sorted(set(failed))
     if failed:
         logger.warning("%s: %d chunk(s) of %s v%d failed the delta's checks (%s); re-reading them in full",
-                       client.worker, len(failed), model, manifest.version, "; ".join(delta.reasons))
+                       client.worker, len(failed), model, version, "; ".join(delta.reasons))
         try:
-            more = client._run_fetch(manifest, tensors, _chunk_plan(manifest, failed), False, started, timeout)
+            more = reread(failed)
         except errors.TensorHubError as e:
             raise errors.TransferFailed(
-                f"v{manifest.version} of {model!r}: {len(failed)} chunk(s) failed the delta's checks and could not "
-                f"be re-read in full ({e}); into holds v{manifest.version} except chunks {failed[:16]} (neither "
-                f"version): fetch v{manifest.version} in full before using it") from e
+                f"v{version} of {model!r}: {len(failed)} chunk(s) failed the delta's checks and could not be "
+                f"re-read in full ({e}); into holds v{version} except chunks {failed[:16]} (neither version): "
+                f"fetch v{version} in full before using it") from e
         delta.fallback_chunks, delta.fallback_bytes = len(failed), more.bytes
         _add(stats, more)
-    if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
-        client._hold(manifest, tensors)
-    stats.seconds = time.monotonic() - started
-    stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
     return stats
 
 
@@ -366,4 +395,4 @@ def _chunk_plan(manifest: Manifest, chunks: list[int]) -> ReadPlan:
                     full.tensor_nbytes)
 
 
-__all__ = ["DELTA_MODES", "DeltaPublished", "DeltaStats", "fetch_with_delta", "publish_delta"]
+__all__ = ["DELTA_MODES", "DeltaPublished", "DeltaStats", "apply_and_reread", "check_delta_args", "fetch_with_delta", "publish_delta"]
