@@ -157,7 +157,9 @@ class TensorHubVerlConfig:
     max_version_lag: int | None = None
     """Staleness bound: a replica serving a version more than this many behind the newest published stops
     admitting new requests (those in flight finish; new ones wait at its gate) until it has applied a newer one
-    (``tensorhub/version_lag/replica_<r>``, ``tensorhub/requests_held_back``). None: off."""
+    (``tensorhub/version_lag/replica_<r>``, ``tensorhub/requests_held_back``); replicas serving the newest
+    version any replica serves are never held. verl's load balancer still routes requests to a held replica: use
+    it where the trainer can fill a batch without them (fully_async, ``staleness_threshold`` >= 1). None: off."""
     flip_together: bool = False
     """Fleet flip (needs ``rollout_staging`` 'cpu' or 'gpu'): every replica stages the next version and reports it to
     the hub as staged and checked; replicas flip to it together once ``min_replica_fraction`` of them hold it, so the
@@ -166,7 +168,8 @@ class TensorHubVerlConfig:
     version_audit_dir: str | None = None
     """Directory where each rollout server appends one JSON line per generate call (request id, replica, the
     version spans its engine recorded, the label it gave) and each agent-loop client one per response (the spans
-    of all its calls, the label its sample carries): an audit trail for off-policy corrections. None: off."""
+    of all its calls, the label its sample carries), and one per change of the version a replica serves: an
+    audit trail for off-policy corrections. None: off."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

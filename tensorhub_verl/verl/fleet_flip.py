@@ -7,7 +7,8 @@ staged and checked, and flip to it together once the hub's rule (``ros/hub/flip_
    report (all replicas) ──> th_flip_report(serving, staged, failed) ──> books it, decides
    report again (all) ─────> th_flip_report ──────────────────────────> answers: flip_to, wave
    wave 1: catch-ups to the previous commit, pause-apply-resume each
-   wave 2: flips to the commit, pause-apply-resume each
+   wave 2: flips to the commit, pause-apply-resume each (flip_batches: oldest first, one by one where flipping
+           together could show three versions; none that a failed catch-up would make the third)
    the rest: drop their staged pull (keep serving)
    report after the flips ─────────────────────────────────────────────> status shows what each serves
 ```
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -90,13 +93,24 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
         except Exception as e:
             o.error = e
 
-    for wave in (1, 2):
-        await asyncio.gather(*(flip(i) for i, a in enumerate(answers)
-                               if a is not None and a["wave"] == wave and staged[i][0] is not None
-                               and staged[i][0].statuses is not None and a["flip_to"] == staged[i][0].version))
+    decided_flips = [(i, a["wave"], a["flip_to"]) for i, a in enumerate(answers)
+                     if a is not None and a["wave"] in (1, 2) and staged[i][0] is not None
+                     and staged[i][0].statuses is not None and a["flip_to"] == staged[i][0].version]
+    skipped: set[int] = set()
+    serving_now = [f["serving"] for f in fields]
+    for batch in flip_batches(decided_flips, serving_now):
+        if not batch.safe:
+            skipped.update(batch.replicas)
+            logger.warning("fleet flip of v%d: replicas %s keep v%s; flipping them to v%d now would make the fleet "
+                           "serve three versions (a catch-up before it failed)", version,
+                           [replicas[i].replica_rank for i in batch.replicas], batch.old, batch.target)
+            continue
+        await asyncio.gather(*(flip(i) for i in batch.replicas))
+        for i in batch.replicas:
+            serving_now[i] = fields[i]["serving"]
     for i, (s, _) in enumerate(staged):  # the rest drop what they staged and keep serving
         a = answers[i]
-        if s is not None and s.statuses is not None and (a is None or a["flip_to"] != s.version):
+        if s is not None and s.statuses is not None and (a is None or a["flip_to"] != s.version or i in skipped):
             try:
                 await asyncio.to_thread(s.updater.call, "th_abort")
             except Exception as e:
@@ -113,11 +127,49 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
             logger.warning("fleet flip of v%d: %s", version, decided["blocked"])
     served = {v for v in (f["serving"] for f in fields) if v is not None}
     metrics = {"tensorhub/flip_replicas": float(sum(o.version is not None and o.error is None for o in outcomes)),
-               "tensorhub/flip_blocked": float(bool(decided and decided["blocked"])),
+               "tensorhub/flip_blocked": float(bool(decided and decided["blocked"]) or bool(skipped)),
                "tensorhub/versions_served": float(len(served))}
     if decided is not None and decided["committed"] is not None:
         metrics["tensorhub/flip_committed"] = float(decided["committed"])
     return outcomes, metrics
+
+
+@dataclass(frozen=True, slots=True)
+class FlipBatch:
+    """Replicas flipped together from ``old`` to ``target`` (``safe`` False: they must not flip now)."""
+
+    replicas: tuple[int, ...]
+    old: int | None
+    target: int
+    safe: bool
+
+
+def flip_batches(flips: Sequence[tuple[int, int, int]], serving: list[int | None]) -> Iterator[FlipBatch]:
+    """Orders the hub's decided flips ``(replica index, wave, target)`` so the fleet never serves more than
+    ``MAX_SERVED`` versions at an instant, even when a flip before fails. ``serving[i]``: what replica ``i`` serves
+    now; read again before each batch, so the caller updates it as flips succeed.
+
+    Wave by wave (catch-ups first), oldest served version first. Replicas of one (old, target) pair flip together
+    when every instant of their flips keeps the fleet within the bound (what is served now plus ``target``); else
+    one by one, each only if what the others serve plus ``target`` is within it; a flip that would break it is
+    yielded unsafe (the hub's decision assumed a catch-up that did not happen). A pure planner: no I/O."""
+    from tensorhub_verl.ros.hub.flip_rule import MAX_SERVED
+
+    def key(f):
+        old = serving[f[0]]
+        return f[1], -1 if old is None else old, f[2]
+
+    groups: dict[tuple, list[int]] = {}
+    for f in sorted(flips, key=key):
+        groups.setdefault((f[1], serving[f[0]], f[2]), []).append(f[0])
+    for (_wave, old, target), members in groups.items():
+        now = {v for v in serving if v is not None}
+        if len(now | {target}) <= MAX_SERVED:
+            yield FlipBatch(tuple(members), old, target, True)
+            continue
+        for i in members:
+            others = {v for j, v in enumerate(serving) if j != i and v is not None}
+            yield FlipBatch((i,), old, target, len(others | {target}) <= MAX_SERVED)
 
 
 def _check_failed(replica: int, staged: Staged) -> BaseException:
@@ -128,4 +180,4 @@ def _check_failed(replica: int, staged: Staged) -> BaseException:
                           f"to it and this one keeps serving its version")
 
 
-__all__ = ["flip_fleet", "stage_target"]
+__all__ = ["FlipBatch", "flip_batches", "flip_fleet", "stage_target"]

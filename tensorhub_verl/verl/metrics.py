@@ -18,7 +18,8 @@ Keys (all floats, one value per weight update):
   new requests are held for staleness after this update, and requests that met a held gate since the last one.
 - ``tensorhub/flip_committed`` / ``tensorhub/flip_blocked`` / ``tensorhub/flip_replicas`` /
   ``tensorhub/versions_served`` (with ``flip_together``): the fleet's committed version, 1 when a newer staged one
-  waits (quorum, a failed check, or the two-version bound), replicas that flipped, versions served after the flip.
+  waits (quorum, a failed check, the two-version bound, or a flip held back after a failed catch-up), replicas
+  that flipped, versions served after the flip.
 - ``tensorhub/trainer_sources`` / ``tensorhub/trainer_share_max``: trainer workers read from, and the largest
   share of the trainer bytes one of them served (~1/N when N FSDP ranks each serve their shard).
 - ``tensorhub/publish_ranks``: trainer ranks that published (N with shards, 1 with gathered tensors).

@@ -194,9 +194,14 @@ class TensorHubUpdater:
     async def _bound_staleness(self, replicas: Sequence[Any], version: int) -> dict[str, float]:
         """``max_version_lag``: holds new requests at every replica more than that many versions behind
         ``version`` (its requests in flight finish) and releases the others; a held replica is released by
-        the first update it applies. Runs after every replica's update, so verl's own resume cannot undo it."""
+        the first update it applies. Replicas serving the newest version any replica serves are never held.
+        Runs after every replica's update, so verl's own resume cannot undo it."""
         self._held &= {r.replica_rank for r in replicas}  # removed replicas are forgotten
         stale = stale_replicas(version, self.served, self.config.max_version_lag)
+        # Never the replicas serving the fleet's newest version: while a version waits (a fleet flip held back),
+        # holding them too would stop all generation, and with it the trainer that makes the next version.
+        front = max((v for v in self.served.values() if v is not None), default=None)
+        stale = {r for r in stale if self.served.get(r) is None or self.served.get(r) != front}
         timeout = self.config.apply_timeout_s
         held_back = 0
         for replica in replicas:

@@ -188,6 +188,14 @@ class TensorHubWorkerExtension:
         return {"layout": h.config.layout, "in_place": h.maps_hf_in_place,
                 "params": {n: [list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in h.params.items()}}
 
+    def th_param_digests(self) -> dict:
+        """``{"version", "digests": {param: digest}}`` of this rank's parameters in the engine's own layout
+        (``integrity.tensor_digests``): two engines of one layout that serve one version have equal ones."""
+        from tensorhub_verl.ros.wire.integrity import tensor_digests
+
+        h = self._th()
+        return {"version": h.served, "digests": tensor_digests(h.params)}
+
     def th_param_checksum(self) -> dict:
         """Float64 sum of each parameter: a cheap fingerprint of what the engine serves (for tests)."""
         return {n: float(t.double().sum()) for n, t in self._th().params.items()}

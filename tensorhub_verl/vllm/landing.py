@@ -8,7 +8,8 @@ engine's loader in bounded buckets (``buckets.py``). A version read from 'hf' co
 floating-point byte of the parameters was written by it (``verify.poison`` before, ``verify.refuse_unwritten``
 after), or, read as a delta from the version they hold, only if every chunk of them then has the version's
 digest (the core's ``fetch(have=...)`` checks base, decoded target and written bytes, and re-reads in full any
-chunk that fails). Nothing here decides which version the parameters serve or registers them: ``EngineHolder``
+chunk that fails; a TP rank's ``fetch_slices(have=...)`` checks its slices of each chunk against the version's
+block digests). Nothing here decides which version the parameters serve or registers them: ``EngineHolder``
 does.
 """
 
@@ -74,10 +75,11 @@ class Landing:
 
     @property
     def applies_deltas(self) -> bool:
-        """A delta lands in the parameters: every HF tensor maps whole onto a view of them (TP=1). A TP>1 rank
-        holds slices of HF chunks, whose digests cover whole chunks; an engine loading through buckets holds no
-        HF bytes to apply to: both read versions in full."""
-        return self._config.delta != "off" and self._views is not None and not self._views.slices
+        """A delta lands in the parameters: every HF tensor maps onto a view of them, whole (TP=1) or as the
+        rank's slice of it (TP>1: the rank applies its part of each chunk and checks it against the version's
+        block digests). An engine loading through buckets holds no HF bytes to apply to: it reads versions in
+        full."""
+        return self._config.delta != "off" and self._views is not None
 
     def delta_published(self, version: int, base: int) -> bool:
         """Whether the delta ``base`` -> ``version`` of 'hf' is published (by every row shard: rank 0's part
@@ -163,11 +165,17 @@ class Landing:
         ``version``'s digest, digests every written chunk again, and re-reads in full, from verified holders of
         ``version``, every chunk that failed a check (``stats.delta`` says which and why). It raises only when
         that re-read fails too: the caller then restores ``have`` in full. On return every chunk of the views
-        has ``version``'s digest, and the parameters hold it in 'hf' and hold the delta form (peers read both)."""
+        has ``version``'s digest, and the parameters hold it in 'hf' and hold the delta form (peers read both).
+        A TP>1 rank applies only its slices of each chunk (``Client.fetch_slices(have=...)``), checked against
+        the sums of ``version``'s block digests they cover; it holds the delta form, never 'hf'."""
         cfg = self._config
         mode = "auto" if cfg.delta == "on" else cfg.delta  # a reader takes a delta whenever one is published
-        stats = self._client.fetch(cfg.model, version, into=targets, layout=HF_LAYOUT, hold=True,
-                                   timeout=cfg.fetch_timeout_s, have=have, delta=mode)
+        if self._views.slices:
+            stats = self._client.fetch_slices(cfg.model, version, into=targets, slices=self._views.slices,
+                                              layout=HF_LAYOUT, timeout=cfg.fetch_timeout_s, have=have, delta=mode)
+        else:
+            stats = self._client.fetch(cfg.model, version, into=targets, layout=HF_LAYOUT, hold=True,
+                                       timeout=cfg.fetch_timeout_s, have=have, delta=mode)
         with torch.no_grad():
             for pad in self._views.padding:
                 pad.zero_()

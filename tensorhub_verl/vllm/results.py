@@ -68,6 +68,9 @@ class DeltaOutcome(_Wire):
     fallback_chunks: int = 0
     """Chunks re-read in full after a failed check (every chunk when the delta was not used)."""
     fallback_bytes: int = 0
+    full_chunks: int = 0
+    """Chunks read in full beside the delta by design: a TP rank's slices cover their digest blocks in part."""
+    full_bytes: int = 0
     reasons: list[str] = field(default_factory=list)
     """Why the delta was not used, or why chunks were re-read."""
 
@@ -76,7 +79,8 @@ class DeltaOutcome(_Wire):
         """From a ``FetchStats.delta`` (``DeltaStats``)."""
         return cls(base_version=stats.base_version, used=stats.used, delta_bytes=stats.delta_bytes,
                    changed_fraction=stats.changed_fraction, fallback_chunks=stats.fallback_chunks,
-                   fallback_bytes=stats.fallback_bytes, reasons=list(stats.reasons))
+                   fallback_bytes=stats.fallback_bytes, full_chunks=stats.full_chunks, full_bytes=stats.full_bytes,
+                   reasons=list(stats.reasons))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -146,6 +150,8 @@ class UpdateResult(_Wire):
     delta_fallbacks: int = 0
     """Chunks the ranks re-read in full after a delta's failed check, or read in full because a delta they tried
     could not be used."""
+    delta_full_bytes: int = 0
+    """Bytes the ranks read in full beside a delta by design (``DeltaOutcome.full_bytes``; part of ``bytes``)."""
     delta_reasons: list[str] = field(default_factory=list)
     wan_bytes: dict[str, int] = field(default_factory=dict)
     """Datacenter -> bytes its ranks read from workers in other datacenters."""
@@ -166,6 +172,7 @@ class UpdateResult(_Wire):
                 res.delta_bytes += d.delta_bytes
                 res.changed_fraction = max(res.changed_fraction, d.changed_fraction)
                 res.delta_fallbacks += d.fallback_chunks
+                res.delta_full_bytes += d.full_bytes
                 res.delta_reasons += d.reasons
             if r.wan_bytes and r.dc is not None:
                 res.wan_bytes[r.dc] = res.wan_bytes.get(r.dc, 0) + r.wan_bytes

@@ -35,6 +35,17 @@ def test_a_reader_of_a_sharded_hub_applies_each_shares_delta(shards):
         assert stats.delta.used and stats.delta.fallback_chunks == 0
         assert stats.bytes == stats.delta.delta_bytes == published.bytes
         assert stats.bytes < sum(t.nbytes for t in v2.values()) / 4
+        # A TP rank's slices of v1 (rows of one matrix, columns of another) take each share's delta too.
+        slices = {"layers.0.mlp.weight": (0, 512, 512), "embed.weight": (1, 512, 512)}
+
+        def part(w):
+            return {n: (w[n].narrow(*slices[n]) if n in slices else w[n]).contiguous().clone() for n in w}
+
+        mine = part(v1)
+        with th.connect(url, "rank1", transport="tcp", hub_retry_s=60.0) as rank:
+            sliced = rank.fetch_slices("policy", 2, into=mine, slices=slices, have=1)
+        assert all(torch.equal(mine[n], t) for n, t in part(v2).items())
+        assert sliced.delta.used and sliced.delta.fallback_chunks == 0 and sliced.delta.delta_bytes > 0
     finally:
         reader.close()
         trainer.close()

@@ -83,3 +83,41 @@ def test_a_replica_behind_the_fleet_stages_the_fleets_version_first():
     assert stage_target(served=None, committed=3, newest=4) == 3
     assert stage_target(served=3, committed=3, newest=4) == 4
     assert stage_target(served=None, committed=None, newest=4) == 4
+
+
+def _plan(flips, serving, fail=()):
+    """Runs flip_batches as flip_fleet does: each safe batch flips (except replicas in ``fail``), and the versions
+    served are read again before the next; returns the batches and every set of versions served on the way."""
+    from tensorhub_verl.verl.fleet_flip import flip_batches
+
+    serving = list(serving)
+    batches, seen = [], [{v for v in serving if v is not None}]
+    for batch in flip_batches(flips, serving):
+        batches.append(batch)
+        if batch.safe:
+            moved = [i for i in batch.replicas if i not in fail]
+            # while a batch flips, some of its replicas may serve the old version and some the new one
+            seen.append({v for j, v in enumerate(serving) if j not in moved and v is not None} |
+                        ({batch.old, batch.target} if len(moved) > 1 else {batch.target}) - {None})
+            for i in moved:
+                serving[i] = batch.target
+            seen.append({v for v in serving if v is not None})
+    return batches, seen, serving
+
+
+def test_a_failed_catch_up_holds_back_the_flip_that_would_show_a_third_version():
+    # r2 serves 1 and catches up to 2 (wave 1); r0 and r1 flip 2 -> 3 (wave 2). The catch-up fails.
+    batches, seen, serving = _plan([(0, 2, 3), (1, 2, 3), (2, 1, 2)], [2, 2, 1], fail={2})
+    assert batches[0].replicas == (2,) and batches[0].safe  # catch-ups first
+    assert all(not b.safe for b in batches[1:]) and {i for b in batches[1:] for i in b.replicas} == {0, 1}
+    assert serving == [2, 2, 1] and all(len(s) <= 2 for s in seen), seen
+
+
+def test_replicas_flip_oldest_first_and_one_by_one_where_together_would_show_three_versions():
+    # Everyone flips to the commit 3; r2 is still on 1 (a catch-up that failed before): r2 moves first and alone.
+    batches, seen, serving = _plan([(0, 2, 3), (1, 2, 3), (2, 2, 3)], [2, 2, 1])
+    assert [(b.replicas, b.safe) for b in batches] == [((2,), True), ((0, 1), True)]
+    assert serving == [3, 3, 3] and all(len(s) <= 2 for s in seen), seen
+    # With no straggler the whole wave flips at once.
+    batches, _, serving = _plan([(0, 2, 4), (1, 2, 4), (2, 2, 4)], [3, 3, 3])
+    assert [(b.replicas, b.safe) for b in batches] == [((0, 1, 2), True)] and serving == [4, 4, 4]

@@ -168,6 +168,15 @@ def test_a_replica_beyond_max_version_lag_is_held_until_it_catches_up(rig):
     assert holds(1) == [True, False] and m3["tensorhub/requests_held_back"] == 0.0
     assert m2["tensorhub/requests_held_back"] == 2.0  # the stub reports 2 held back when asked to hold
 
+    # Every replica misses v34: all are behind, but those serving the fleet's newest version are never held
+    # (holding them would stop all generation, and the trainer with it).
+    good.fail_abort = lagging.fail_abort = True
+    from tensorhub_verl.errors import TransferFailed
+
+    with pytest.raises(TransferFailed, match="only 0/2 replicas applied version 34"):
+        manager.update_weights(global_steps=34)
+    assert holds(0) == [] and holds(1) == [True, False]
+
 
 def test_other_backends_keep_verls_sequence(monkeypatch):
     """The patch routes only backend == 'tensorhub'; verl's own path still runs for the others."""

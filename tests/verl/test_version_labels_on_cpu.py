@@ -37,9 +37,12 @@ class _ScriptedServer:
 
     def __init__(self, outputs):
         self.outputs = list(outputs)
+        self.request_ids: list[str] = []
         self.generate = self
 
     def remote(self, **kwargs):
+        self.request_ids.append(kwargs["request_id"])
+
         async def answer():
             return self.outputs.pop(0)
 
@@ -83,6 +86,9 @@ def test_a_partial_rollout_resumed_on_a_new_version_is_labelled_by_its_spans(tmp
     assert out.extra_fields["global_steps"] == 3
     (line,) = [json.loads(x) for f in tmp_path.glob("client-*.jsonl") for x in f.read_text().splitlines()]
     assert line["spans"] == [[2, 0, 5], [3, 5, 9]] and line["parts"] == [[[[2, 0, 5]], 5], [[[3, 0, 4]], 4]]
+    # each part named by the engine request id the server's own audit line names it by
+    assert len(line["engine_requests"]) == 2 and len(set(line["engine_requests"])) == 2
+    assert server.request_ids == line["engine_requests"]
 
 
 def test_another_backend_keeps_verls_labels():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tensorhub_verl as th
+from tensorhub_verl.ros.wire.delta_form import delta_layout
 from tensorhub_verl.vllm.holder import EngineHolder, HolderConfig
 from tensorhub_dev.testing.layout_oracle import hf_to_vllm
 from tensorhub_verl.vllm.layout import hf_views, layout_name, vllm_param_shapes
@@ -35,8 +36,8 @@ def rank_holder(hub, engine: str, rank: int, staging: str, node: str, views: boo
                         hf_views=hf_views(params, SHAPE, TP, rank) if views else None), params
 
 
-def same(params, v: int, rank: int) -> bool:
-    ref = hf_to_vllm(hf_version(v), SHAPE, TP, rank)
+def same(params, v: int, rank: int, hf: dict[str, torch.Tensor] | None = None) -> bool:
+    ref = hf_to_vllm(hf_version(v) if hf is None else hf, SHAPE, TP, rank)
     return all(torch.equal(params[n], ref[n]) for n in ref)
 
 
@@ -114,6 +115,50 @@ def test_each_tp_rank_reads_only_its_slices_from_hf(hub, trainer, staging):
         assert all(h.wait_published(30) for h, _ in ranks)  # the ranks publish after apply returns
         assert trainer.versions("policy", layout=LAYOUTS[1])[v] == [f"{engine}/rank1"]
         assert f"{engine}/rank0" not in trainer.versions("policy", layout="hf")[v]  # parts only: never hf
+    finally:
+        for holder, _ in ranks:
+            holder.close()
+            holder.client.close()
+
+
+@pytest.mark.parametrize("staging", ["none", "cpu"])
+def test_each_tp_rank_applies_its_part_of_a_delta_and_a_rotted_slice_is_re_read(hub, trainer, staging):
+    """Ranks serving N-1 read N as the delta (whatever the staging: it lands inside the pause) and apply only
+    their slices of each chunk, checked against N's block digests; a rank whose slice rotted re-reads the
+    chunks concerned in full and serves N exactly. The ranks hold the delta form and serve it onward."""
+    from tests.vllm.test_holder_delta import stepped
+
+    v = 401 if staging == "none" else 411
+    hf = {v: hf_version(v)}
+    hf[v + 1] = stepped(hf[v], 1)
+    hf[v + 2] = stepped(hf[v + 1], 2)
+    small = 16 << 10  # the tiny model spans several chunks: the vocabulary's (split off whole blocks) read in full
+    trainer.publish("policy", v, hf[v], chunk_bytes=small)
+    engine = f"tpd-{staging}"
+    ranks = [rank_holder(hub, engine, r, staging, "nd", views=True) for r in range(TP)]
+    try:
+        for h, _ in ranks:
+            assert h.update(v).delta is None
+        for step in (1, 2):
+            trainer.publish("policy", v + step, hf[v + step], chunk_bytes=small)
+            published = trainer.publish_delta("policy", v + step, v + step - 1)
+            assert published.published
+            if step == 2:
+                with torch.no_grad():
+                    ranks[1][1]["model.layers.0.self_attn.qkv_proj.weight"][3, 0] += 1.0  # rank 1's base rots
+            got = [h.update(v + step) for h, _ in ranks]
+            for r, (h, params) in enumerate(ranks):
+                assert same(params, v + step, r, hf[v + step]) and h.served == v + step
+                d = got[r].delta
+                assert got[r].source_layout == "hf" and d.used, d
+                if step == 2 and r == 1:
+                    assert d.fallback_chunks >= 1 and any("base" in x for x in d.reasons), d
+                else:
+                    assert d.fallback_chunks == 0 and d.delta_bytes == published.bytes, d
+                    assert got[r].bytes == d.delta_bytes + d.full_bytes < 0.5 * published.version_bytes, d
+        holders = trainer.versions("policy", layout=delta_layout("hf", v + 1))[v + 2]
+        assert {f"{engine}/rank0", f"{engine}/rank1"} <= set(holders)
+        assert trainer.versions("policy", layout=LAYOUTS[1])[v + 2] == [f"{engine}/rank1"]
     finally:
         for holder, _ in ranks:
             holder.close()

@@ -358,7 +358,7 @@ class Client:
 
     def fetch_slices(self, model: str, version: int | str = "latest", *, into: Mapping[str, torch.Tensor],
                      slices: Mapping[str, TensorSlice | tuple[int, int, int]] | None = None, layout: str = "hf",
-                     timeout: float | None = None) -> FetchStats:
+                     timeout: float | None = None, have: int | None = None, delta: str = "auto") -> FetchStats:
         """Reads only parts of a version: the tensors named in ``into`` (any subset), each whole or, where
         ``slices[name] = (dim, start, length)``, only ``full.narrow(dim, start, length)``, into the contiguous
         buffer ``into[name]`` of that shape (a view of a live parameter will do).
@@ -366,12 +366,28 @@ class Client:
         The same chunks as ``fetch``, planned by the hub and served by any holder of them; a chunk is read
         only for its selected bytes (``ranges.py``), so a tensor-parallel rank reads its slice and no more.
         Chunks read whole are checked against their digests and served to later readers; partly read ones
-        are neither. It never holds the version (``stats.bytes``: the bytes read)."""
+        are neither. It never holds the version (``stats.bytes``: the bytes read).
+
+        ``have``: the version whose slices ``into`` holds now. Where the delta from it is published, it is read
+        and only this reader's part applied (``delta_slices.py``): each chunk the slices touch is checked after
+        against the sum of the version's block digests the slices cover, and a chunk that fails is restored and
+        re-read in full. The version's slices are read in full without such a delta, with ``delta="off"``, or
+        when the slices cover digest blocks only in part. The reader holds (and serves) the delta form it read;
+        ``stats.delta`` says what happened, as for ``fetch(have=...)``."""
         self._check_open()
+        if have is not None:
+            from tensorhub_verl.ros.client.delta import check_delta_args
+
+            check_delta_args(delta, have)
         started = time.monotonic()
         deadline = started + (timeout or self.config.timeouts.fetch_timeout_s)
         manifest = self._through_restart(lambda: self.manifest(model, version, layout), deadline)
         tensors, plan, by_index = _ranged(manifest, into, slices or {})
+        if have is not None:
+            from tensorhub_verl.ros.client.delta_slices import fetch_slices_with_delta
+
+            return fetch_slices_with_delta(self, manifest, into, tensors, plan, by_index, started, timeout, have,
+                                           delta)
         return self._run_fetch(manifest, tensors, plan, False, started, timeout, by_index)
 
     def _run_fetch(self, manifest: Manifest, tensors: dict[str, torch.Tensor], plan: ReadPlan | None, hold: bool,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
@@ -104,6 +104,10 @@ class DeltaStats:
     fallback_chunks: int = 0
     """Chunks of the version re-read in full after a failed check (all of them when the delta was not used)."""
     fallback_bytes: int = 0
+    full_chunks: int = 0
+    """Chunks read in full beside a used delta because it cannot be checked on them (a ranged reader's slices
+    that cover digest blocks in part): by design, not after a failed check."""
+    full_bytes: int = 0
     reasons: list[str] = field(default_factory=list)
     """Why the delta was not used, or why chunks were re-read."""
     apply_seconds: float = 0.0
@@ -176,15 +180,20 @@ def publish_delta(client: "Client", model: str, version: int, base_version: int,
     return out
 
 
+def check_delta_args(mode: str, have: object) -> None:
+    """Raises on a delta mode or a declared base a delta read cannot take (before anything moves)."""
+    if mode not in DELTA_MODES:
+        raise errors.ConfigError(f"delta mode must be one of {DELTA_MODES}, got {mode!r}")
+    if not isinstance(have, int) or isinstance(have, bool) or have < 0:
+        raise errors.InvalidRequest(f"have must be the int version that into holds, got {have!r}")
+
+
 def fetch_with_delta(client: "Client", model: str, version: int | str, into: Mapping[str, torch.Tensor],
                      layout: str, hold: bool, timeout: float | None, have: int, mode: str = "auto") -> FetchStats:
     """``Client.fetch(..., have=...)``: reads ``version`` as the delta from ``have`` where one is published, else
     in full; ``into`` must hold ``have`` (see ``Client.fetch``)."""
     client._check_open()
-    if mode not in DELTA_MODES:
-        raise errors.ConfigError(f"delta mode must be one of {DELTA_MODES}, got {mode!r}")
-    if not isinstance(have, int) or isinstance(have, bool) or have < 0:
-        raise errors.InvalidRequest(f"have must be the int version that into holds, got {have!r}")
+    check_delta_args(mode, have)
     if into is None:
         raise errors.InvalidRequest("fetch(have=...) needs into: the buffers that hold version `have`")
     started = time.monotonic()
@@ -199,18 +208,48 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
     if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
         client._drain(own, timeout)
     delta = DeltaStats(have)
+    applied: dict[int, ApplyResult] = {}
     read = None if mode == "off" else _read_delta(client, manifest, have, tensors, hold, started, timeout, delta,
-                                                  None if own is None else own.manifest)
+                                                  None if own is None else own.manifest, applied)
     if read is None:  # no usable delta (nothing of it written): N in full, as a reader without N-1 reads it
         stats = client._run_fetch(manifest, tensors, None, hold, started, timeout)
         stats.buffers, stats.manifest = dict(into), manifest
         delta.fallback_chunks, delta.fallback_bytes = len(manifest.chunks()), stats.bytes
         stats.delta = delta
         return stats
-    stats = FetchStats(model, manifest.version, layout, chunks=len(manifest.chunks()))
+    # Each part was applied as it landed: apply_and_reread takes its result and re-reads what failed.
+    stats = apply_and_reread(client, manifest, have, read, lambda header, blob: applied[id(header)],
+                             lambda failed: client._run_fetch(manifest, tensors, _chunk_plan(manifest, failed), False,
+                                                              started, timeout),
+                             delta, hold, timeout)
+    stats.chunks = len(manifest.chunks())
+    if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
+        client._hold(manifest, tensors)
+    stats.seconds = time.monotonic() - started
+    stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
+    return stats
+
+
+def apply_and_reread(client: "Client", manifest: Manifest, have: int,
+                     read: list[tuple[DeltaHeader, torch.Tensor, FetchStats]],
+                     apply: Callable[[DeltaHeader, torch.Tensor], ApplyResult],
+                     reread: Callable[[list[int]], FetchStats], delta: DeltaStats, holds_form: bool,
+                     timeout: float | None) -> FetchStats:
+    """Applies each part of a read delta form (``apply``: whole buffers or a reader's slices), then re-reads in
+    full (``reread``) every chunk that failed a check; the stats of both, ``delta`` filled in. A delta whose
+    payload does not give the version from a base that checked out is reported to the hub and, if this reader
+    holds it (``holds_form``), no longer served from here."""
+    model, version = manifest.model, manifest.version
+    stats = FetchStats(model, version, manifest.layout)
     failed: list[int] = []
     delta.used = True
-    for header, result, dstats in read:
+    for header, blob, dstats in read:
+        try:
+            result = apply(header, blob)
+        except Exception as e:  # a fault of the apply itself (device, memory): the buffers' state is unknown
+            raise errors.TransferFailed(
+                f"applying the delta of {model!r} v{version} from v{have} failed ({type(e).__name__}: {e}); "
+                f"into holds neither version now: fetch v{version} in full before using it") from e
         delta.apply_seconds += result.seconds
         delta.changed_elements += header.changed_elements
         delta.elements += header.total_elements
@@ -219,37 +258,37 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         if result.bad_target:
             # Its base chunks checked out, so the delta itself is wrong (a publisher whose base bytes were not
             # its published base, or a codec fault): this reader does not serve it onward, and tells the hub.
-            _report(client, model, manifest.version, dstats.layout, result.reasons)
-            if hold:
-                _drop(client, model, manifest.version, dstats.layout, timeout)
+            _report(client, model, version, dstats.layout, result.reasons)
+            if holds_form:
+                _drop(client, model, version, dstats.layout, timeout)
         delta.delta_bytes += dstats.bytes
         _add(stats, dstats)
+    failed = sorted(set(failed))
     if failed:
         logger.warning("%s: %d chunk(s) of %s v%d failed the delta's checks (%s); re-reading them in full",
-                       client.worker, len(failed), model, manifest.version, "; ".join(delta.reasons))
+                       client.worker, len(failed), model, version, "; ".join(delta.reasons))
         try:
-            more = client._run_fetch(manifest, tensors, _chunk_plan(manifest, failed), False, started, timeout)
+            more = reread(failed)
         except errors.TensorHubError as e:
             raise errors.TransferFailed(
-                f"v{manifest.version} of {model!r}: {len(failed)} chunk(s) failed the delta's checks and could not "
-                f"be re-read in full ({e}); into holds v{manifest.version} except chunks {failed[:16]} (neither "
-                f"version): fetch v{manifest.version} in full before using it") from e
+                f"v{version} of {model!r}: {len(failed)} chunk(s) failed the delta's checks and could not be "
+                f"re-read in full ({e}); into holds v{version} except chunks {failed[:16]} (neither version): "
+                f"fetch v{version} in full before using it") from e
         delta.fallback_chunks, delta.fallback_bytes = len(failed), more.bytes
         _add(stats, more)
-    if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
-        client._hold(manifest, tensors)
-    stats.seconds = time.monotonic() - started
-    stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
     return stats
 
 
 def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[str, torch.Tensor], hold: bool,
-                started: float, timeout: float | None, delta: DeltaStats,
-                base: Manifest | None) -> list[tuple[DeltaHeader, ApplyResult, FetchStats]] | None:
-    """Reads the delta form from ``have`` to ``manifest``'s version (a version in row shards: every rank's part)
-    and applies each chunk into ``tensors`` as its payload lands (``DeltaStream``); None (with the reason in
-    ``delta``) when there is none or it cannot be used, ``tensors`` then holding ``have`` as before. ``base``:
-    the manifest this client held ``have`` under, if it did (else the hub's is asked for)."""
+                started: float, timeout: float | None, delta: DeltaStats, base: Manifest | None = None,
+                applied: dict[int, ApplyResult] | None = None
+                ) -> list[tuple[DeltaHeader, torch.Tensor, FetchStats]] | None:
+    """Reads and checks the delta form from ``have`` to ``manifest``'s version (a version in row shards: every
+    rank's part); None (with the reason in ``delta``) when there is none or it cannot be used, ``tensors`` then
+    holding ``have`` as before. ``base``: the manifest this client held ``have`` under, if it did (else the hub's
+    is asked for). Without ``applied`` nothing is written into ``tensors``; with it (whole buffers), each part is
+    applied into ``tensors`` as it lands (``DeltaStream``) and its ``ApplyResult`` stored under ``id(header)``;
+    a delta given up part way then gets every chunk applied so far put back to ``have``."""
     model, version, layout = manifest.model, manifest.version, manifest.layout
     ranks = manifest.row_shards
     parts = [(delta_layout(layout, have), range(len(manifest.chunks())))] if ranks == 1 else \
@@ -263,7 +302,11 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
         delta.reasons.append(f"no delta from v{have} to v{version} is published"
                              + ("" if ranks == 1 else f" by every one of its {ranks} row shards"))
         return None
-    base = base or _base_manifest(client, model, have, layout)
+    if base is None:
+        try:
+            base = client.manifest(model, have, layout)
+        except errors.VersionNotFound:
+            base = None  # out of retention: the header's base digests are checked against into's bytes alone
     device = next(iter(tensors.values())).device
     ordered = list(tensors.values())
     read, held, streams = [], [], []
@@ -274,17 +317,20 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
             return _given_up(client, model, version, held, streams, timeout)
         buffers = {spec.name: torch.empty(spec.shape, dtype=torch.uint8,
                                           device=device if spec.name == BLOB else "cpu") for spec in dm.tensors}
-        blob_bytes = buffers[BLOB].numel()
 
-        def open_header(raw: bytes, chunks=chunks, blob_bytes=blob_bytes) -> ChunkApply:
+        def checked(raw: bytes, chunks=chunks, blob_bytes=buffers[BLOB].numel()) -> DeltaHeader:
             header = DeltaHeader.from_bytes(raw)
             check_header(header, manifest, have, blob_bytes, base, chunks)
-            return ChunkApply(manifest, header, ordered)
+            return header
 
-        stream = DeltaStream(dm, buffers, open_header, client.config.timeouts.fetch_timeout_s)
-        streams.append(stream)
+        stream = None if applied is None else DeltaStream(
+            dm, buffers, lambda raw, checked=checked: ChunkApply(manifest, checked(raw), ordered),
+            client.config.timeouts.fetch_timeout_s)
+        if stream is not None:
+            streams.append(stream)
         try:
-            dstats = client._run_fetch(dm, buffers, None, hold, started, timeout, on_landed=stream.landed)
+            dstats = client._run_fetch(dm, buffers, None, hold, started, timeout,
+                                       on_landed=None if stream is None else stream.landed)
         except errors.TransferFailed as e:
             delta.reasons.append(f"the delta could not be read: {e}")
             return _given_up(client, model, version, held, streams, timeout)
@@ -295,6 +341,15 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
         landed = time.monotonic()
         if hold:
             held.append(dl)
+        if stream is None:
+            try:
+                header = checked(buffers[HEADER].numpy().tobytes())
+            except errors.DeltaRefused as e:
+                delta.reasons.append(str(e))
+                logger.warning("%s: %s; reading v%d in full", client.worker, e, version)
+                return _given_up(client, model, version, held, streams, timeout)
+            read.append((header, buffers[BLOB], dstats))
+            continue
         try:
             result = stream.close()
         except errors.TransferFailed as e:  # a fault of the apply itself (device, memory): state unknown
@@ -306,17 +361,9 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
             logger.warning("%s: %s; reading v%d in full", client.worker, stream.refused, version)
             return _given_up(client, model, version, held, streams, timeout)
         delta.apply_after_wire_seconds += time.monotonic() - landed
-        read.append((stream.header, result, dstats))
+        applied[id(stream.header)] = result
+        read.append((stream.header, buffers[BLOB], dstats))
     return read
-
-
-def _base_manifest(client: "Client", model: str, have: int, layout: str) -> Manifest | None:
-    """The hub's manifest of ``have``; None when it is out of retention (the header's base digests are then
-    checked against the buffers' bytes alone)."""
-    try:
-        return client.manifest(model, have, layout)
-    except errors.VersionNotFound:
-        return None
 
 
 def _given_up(client: "Client", model: str, version: int, held: list[str], streams: list[DeltaStream],
@@ -392,4 +439,4 @@ def _chunk_plan(manifest: Manifest, chunks: list[int]) -> ReadPlan:
                     full.tensor_nbytes)
 
 
-__all__ = ["DELTA_MODES", "DeltaPublished", "DeltaStats", "fetch_with_delta", "publish_delta"]
+__all__ = ["DELTA_MODES", "DeltaPublished", "DeltaStats", "apply_and_reread", "check_delta_args", "fetch_with_delta", "publish_delta"]

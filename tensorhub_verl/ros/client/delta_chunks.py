@@ -263,13 +263,46 @@ def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tenso
     return applier.finish()
 
 
+def decode_payload(target: Manifest, header: DeltaHeader, chunk: Chunk, blob: torch.Tensor, data: torch.Tensor,
+                   result: ApplyResult) -> ChunkChanges | None:
+    """What chunk ``chunk``'s payload changes in ``data`` (its bytes), without writing; None, with the chunk
+    counted ``bad_target`` and the reason, when the payload is refused."""
+    k = chunk.index - header.first_chunk
+    part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
+    payload = part.numpy() if blob.device.type == "cpu" else part.cpu().numpy()
+    try:
+        return decode_chunk(header.encodings[k], payload, data, dtype=chunk_dtype(target, chunk))
+    except (DeltaCorrupt, ValueError) as e:
+        result.bad_target.append(chunk.index)
+        result.reasons.append(f"chunk {chunk.index}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
+        return None
+
+
+def reverted(changes: ChunkChanges) -> ChunkChanges:
+    """The changes that write back the words ``changes`` overwrote."""
+    return dataclasses.replace(changes, old=changes.new, new=changes.old, old_tail=changes.new_tail,
+                               new_tail=changes.old_tail)
+
+
+def finish(result: ApplyResult, header: DeltaHeader, started: float) -> ApplyResult:
+    """Sorts ``result``'s chunks, says why the bad bases failed, and times it."""
+    if result.bad_base:
+        result.bad_base.sort()
+        result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
+                              f"(first: chunk {result.bad_base[0]})")
+    result.applied.sort()
+    result.bad_target.sort()
+    result.seconds = time.monotonic() - started
+    return result
+
+
 def _restore(flats: Sequence[torch.Tensor], chunk: Chunk, changes: ChunkChanges) -> None:
     """Writes back the base's words that ``changes`` overwrote."""
     data, is_view = _chunk_view(flats, chunk)
-    write_changes(dataclasses.replace(changes, old=changes.new, new=changes.old, old_tail=changes.new_tail,
-                                      new_tail=changes.old_tail), data)
+    write_changes(reverted(changes), data)
     if not is_view:
         _scatter(flats, chunk, data)
 
 
-__all__ = ["ApplyResult", "ChunkApply", "EncodeStats", "apply_delta", "chunk_digests_of", "chunk_dtype", "encode_delta"]
+__all__ = ["ApplyResult", "ChunkApply", "EncodeStats", "apply_delta", "chunk_digests_of", "chunk_dtype",
+           "decode_payload", "encode_delta", "finish", "reverted"]

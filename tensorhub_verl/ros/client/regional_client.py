@@ -196,10 +196,7 @@ class RegionalClient:
         version = self._await_relay(model, version, layout)
         stats = self.home.fetch(model, version, into, layout, hold, timeout)
         if have is not None:
-            from tensorhub_verl.ros.client.delta import DeltaStats
-
-            stats.delta = DeltaStats(have, fallback_chunks=stats.chunks, fallback_bytes=stats.bytes,
-                                     reasons=["a hub of regions serves no deltas: read in full"])
+            stats.delta = _in_full(have, stats)
         self._note_fetched(model, stats.version)
         if hold and self._children.get(self.region) and stats.manifest is not None:
             self._relay(stats)
@@ -207,9 +204,13 @@ class RegionalClient:
 
     def fetch_slices(self, model: str, version: int | str = "latest", *, into: Mapping[str, torch.Tensor],
                      slices: Mapping[str, Any] | None = None, layout: str = "hf",
-                     timeout: float | None = None) -> FetchStats:
+                     timeout: float | None = None, have: int | None = None, delta: str = "auto") -> FetchStats:
+        """From this worker's region. ``have``: read in full (no deltas on a hub of regions); ``stats.delta``
+        says so."""
         version = self._await_relay(model, version, layout)
         stats = self.home.fetch_slices(model, version, into=into, slices=slices, layout=layout, timeout=timeout)
+        if have is not None:
+            stats.delta = _in_full(have, stats)
         self._note_fetched(model, stats.version)
         return stats
 
@@ -344,3 +345,11 @@ class RegionalClient:
         """``call`` on each named region's client at once; the results in order. Waits for every call, then
         raises the first failure."""
         return results_of([self._pool.submit(lambda n=name: call(n, self._client(n))) for name in names])
+
+
+def _in_full(have: int, stats: FetchStats):
+    """The ``DeltaStats`` of a read that declared base ``have`` and moved the version in full."""
+    from tensorhub_verl.ros.client.delta import DeltaStats
+
+    return DeltaStats(have, fallback_chunks=stats.chunks, fallback_bytes=stats.bytes,
+                      reasons=["a hub of regions serves no deltas: read in full"])

@@ -174,8 +174,9 @@ class ShardedClient:
 
     def fetch_slices(self, model: str, version: int | str = "latest", *, into: Mapping[str, torch.Tensor],
                      slices: Mapping[str, Any] | None = None, layout: str = "hf",
-                     timeout: float | None = None) -> FetchStats:
-        """``Client.fetch_slices`` from the shards that hold the tensors named in ``into``."""
+                     timeout: float | None = None, have: int | None = None, delta: str = "auto") -> FetchStats:
+        """``Client.fetch_slices`` from the shards that hold the tensors named in ``into``. ``have``: each share
+        as ``Client.fetch_slices(have=...)``; the shares' ``DeltaStats`` are summed into ``stats.delta``."""
         started = time.monotonic()
         manifests = self.manifests(model, version, layout)
         known = {spec.name for m in manifests for spec in m.tensors}
@@ -189,8 +190,13 @@ class ShardedClient:
         stats = self._each(lambda i, client: client.fetch_slices(
             model, manifests[i].version, into={n: into[n] for n in wanted[i]},
             slices={n: slices[n] for n in wanted[i] if n in slices}, layout=self._layout(layout, i),
-            timeout=_left(started, timeout, self.config)) if wanted[i] else None)
-        return _merged([s for s in stats if s is not None], layout, time.monotonic() - started)
+            timeout=_left(started, timeout, self.config), **({} if have is None else {"have": have, "delta": delta}))
+            if wanted[i] else None)
+        read = [s for s in stats if s is not None]
+        out = _merged(read, layout, time.monotonic() - started)
+        if have is not None:
+            out.delta = merged_delta([s.delta for s in read])
+        return out
 
     # --------------------------------------------------------------------------------- queries
     def versions(self, model: str, layout: str = "hf") -> dict[int, list[str]]:
@@ -311,6 +317,8 @@ def merged_delta(parts: list):
         out.elements += p.elements
         out.fallback_chunks += p.fallback_chunks
         out.fallback_bytes += p.fallback_bytes
+        out.full_chunks += p.full_chunks
+        out.full_bytes += p.full_bytes
         out.reasons.extend(p.reasons)
         out.apply_seconds += p.apply_seconds
     return out

@@ -11,7 +11,11 @@ them the labels:
   ``[version, start, end]``, output tokens ``[start, end)``), ``min_global_steps`` / ``max_global_steps`` (the
   first and the last version that produced tokens) and ``global_steps`` (the last).
 - ``FullyAsyncLLMServerClient.generate`` (a partial rollout resumed after an abort, one engine request per
-  part): the spans of every part, offset by the tokens before it, and the label of the whole.
+  part): the spans of every part, offset by the tokens before it, and the label of the whole. Its audit line
+  names each part's engine request id (``_vllm_request_id``), as the server's audit line does.
+- ``vLLMHttpServer.set_global_steps`` (called by the updater inside a replica's pause, after its apply): with
+  ``tensorhub.version_audit_dir`` set, one audit line per switch of the version the replica serves; the gate's
+  hold and release get one line each, and each response's line says when its request passed the gate.
 - Staleness bound (``tensorhub.max_version_lag``): ``th_hold_admission`` closes the server's submission gate
   without aborting anything (requests in flight finish; new ones wait at verl's gate, counted as held back)
   and reopens it; verl's own ``open_submission_gate`` (after every weight update) keeps a held gate closed.
@@ -42,6 +46,9 @@ SPANS_KEY = "weight_versions"
 """The ``extra_fields`` key of a response's spans (a JSON string: numpy keeps it one object per sample)."""
 
 _parts: contextvars.ContextVar[list | None] = contextvars.ContextVar("tensorhub_version_parts", default=None)
+"""Within one resumed response: ``(spans, tokens)`` of each engine request, in order."""
+_part_ids: contextvars.ContextVar[list | None] = contextvars.ContextVar("tensorhub_version_part_ids", default=None)
+"""Within one resumed response: the engine request id of each part (what the server's audit names it by)."""
 
 
 def describe() -> str:
@@ -96,13 +103,16 @@ def _patch_server(module) -> bool:
         signature = inspect.signature(original)
 
         async def generate(self, *args, **kwargs):
-            out = await original(self, *args, **kwargs)
+            request_id = signature.bind(self, *args, **kwargs).arguments["request_id"]
+            try:
+                out = await original(self, *args, **kwargs)
+            finally:
+                admitted = getattr(self, "_tensorhub_admitted", {}).pop(request_id, None)
             if not _server_uses_tensorhub(self):
                 return out
             from tensorhub_verl.vllm.version_spans import to_wire
             from tensorhub_verl.vllm.version_truth import take_spans
 
-            request_id = signature.bind(self, *args, **kwargs).arguments["request_id"]
             spans = take_spans(request_id)
             if spans is None:
                 return out
@@ -111,7 +121,7 @@ def _patch_server(module) -> bool:
             _audit(_audit_dir(self), f"server-replica{self.replica_rank}",
                    {"request_id": request_id, "replica": self.replica_rank, "spans": to_wire(spans),
                     "tokens": len(out.token_ids), "min": out.extra_fields["min_global_steps"],
-                    "max": out.extra_fields["max_global_steps"], "counter": counter})
+                    "max": out.extra_fields["max_global_steps"], "counter": counter, "admitted": admitted})
             return out
 
         generate.__signature__ = signature
@@ -121,7 +131,13 @@ def _patch_server(module) -> bool:
         async def _park_until_admitted(self, request_id):
             if getattr(self, "_tensorhub_hold", False) and self._submission_paused:
                 self._tensorhub_held_back = getattr(self, "_tensorhub_held_back", 0) + 1
-            return await original(self, request_id)
+            rejected = await original(self, request_id)
+            if rejected is None and _server_uses_tensorhub(self) and _audit_dir(self):
+                # when the request passed the gate, for the audit line of its response
+                if not hasattr(self, "_tensorhub_admitted"):
+                    self._tensorhub_admitted = {}
+                self._tensorhub_admitted[request_id] = time.time()
+            return rejected
 
         return _park_until_admitted
 
@@ -145,11 +161,29 @@ def _patch_server(module) -> bool:
                 self._resume_event.clear()
             elif was:
                 await self.open_submission_gate()
+            directory = _audit_dir(self) if _server_uses_tensorhub(self) else None
+            if directory:
+                _audit(directory, f"hold-replica{self.replica_rank}",
+                       {"replica": self.replica_rank, "held": bool(hold), "held_back": held_back})
             return {"held": bool(hold), "held_back": held_back}
 
         return th_hold_admission
 
+    def wrap_set_steps(original):
+        async def set_global_steps(self, global_steps: int):
+            out = await original(self, global_steps)
+            directory = _audit_dir(self) if _server_uses_tensorhub(self) else None
+            if directory:
+                # The updater calls this inside the replica's pause, after the apply: from here on the
+                # replica serves ``global_steps`` (the audit of what the fleet served when).
+                _audit(directory, f"serving-replica{self.replica_rank}",
+                       {"replica": self.replica_rank, "version": global_steps})
+            return out
+
+        return set_global_steps
+
     changed = replace_once(cls, "generate", wrap_generate)
+    changed = replace_once(cls, "set_global_steps", wrap_set_steps) or changed
     changed = replace_once(cls, "_park_until_admitted", wrap_park) or changed
     changed = replace_once(cls, "open_submission_gate", wrap_open) or changed
     if not hasattr(cls, "th_hold_admission"):
@@ -172,18 +206,29 @@ def _patch_client(module) -> bool:
 
         return generate
 
+    def wrap_request_id(original):
+        def _vllm_request_id(self, request_id):
+            engine_request_id = original(self, request_id)
+            ids = _part_ids.get()
+            if ids is not None:
+                ids.append(engine_request_id)
+            return engine_request_id
+
+        return _vllm_request_id
+
     def wrap_whole(original):
         async def generate(self, request_id, **kwargs):
             if not job_uses_tensorhub(getattr(self, "config", None)):
                 return await original(self, request_id, **kwargs)
             from tensorhub_verl.vllm.version_spans import concat, from_wire, to_wire
 
-            token = _parts.set([])
+            token, ids_token = _parts.set([]), _part_ids.set([])
             try:
                 out = await original(self, request_id, **kwargs)
-                parts = _parts.get()
+                parts, ids = _parts.get(), _part_ids.get()
             finally:
                 _parts.reset(token)
+                _part_ids.reset(ids_token)
             if not parts or any(spans is None for spans, _ in parts):
                 return out  # an engine that recorded nothing: verl's labels stay
             spans = concat([from_wire(s) for s, _ in parts], [n for _, n in parts])
@@ -191,6 +236,7 @@ def _patch_client(module) -> bool:
             engine = self.config.actor_rollout_ref.rollout.checkpoint_engine
             _audit(_tensorhub_config(engine).version_audit_dir, "client",
                    {"request_id": str(request_id), "parts": [[json.loads(s), n] for s, n in parts],
+                    "engine_requests": ids if len(ids) == len(parts) else None,
                     "spans": to_wire(spans), "tokens": len(out.token_ids),
                     "min": out.extra_fields["min_global_steps"], "max": out.extra_fields["max_global_steps"]})
             return out
@@ -198,6 +244,7 @@ def _patch_client(module) -> bool:
         return generate
 
     changed = replace_once(base, "generate", wrap_part)
+    changed = replace_once(base, "_vllm_request_id", wrap_request_id) or changed
     return replace_once(resuming, "generate", wrap_whole) or changed
 
 
