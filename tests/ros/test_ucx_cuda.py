@@ -61,7 +61,9 @@ def test_agents_get_cuda_ipc_reads_unless_the_environment_says_otherwise(monkeyp
     from tensorhub_verl.ros.planes.nixl import ucx_environment
 
     monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
-    assert ucx_environment(None)["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
+    assert ucx_environment(None, cuda=True)["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
+    # Without a GPU UCX has no CUDA module and would warn that the setting is unused.
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in ucx_environment(None, cuda=False)
     monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "n")
-    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in ucx_environment("lo")
-    assert ucx_environment("lo")["UCX_NET_DEVICES"] == "lo"
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in ucx_environment("lo", cuda=True)
+    assert ucx_environment("lo", cuda=True)["UCX_NET_DEVICES"] == "lo"

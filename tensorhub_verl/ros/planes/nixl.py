@@ -116,9 +116,13 @@ GPUs have no NVLink ("auto"), and a READ of another process's GPU memory then fa
 memory; every read here is a GET, so it is turned on (on one H200 without NVLink: docs/gpu.md)."""
 
 
-def ucx_environment(net_devices: str | None) -> dict[str, str]:
-    """What to set while an agent is built: UCX_DEFAULTS the environment leaves unset, and the devices."""
-    settings = {name: value for name, value in UCX_DEFAULTS.items() if name not in os.environ}
+def ucx_environment(net_devices: str | None, cuda: bool | None = None) -> dict[str, str]:
+    """What to set while an agent is built: UCX_DEFAULTS the environment leaves unset, and the devices. The CUDA
+    settings only where ``cuda`` (None: torch sees a GPU): UCX without its CUDA module warns of each unused one."""
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    settings = {name: value for name, value in UCX_DEFAULTS.items()
+                if name not in os.environ and (cuda or not name.startswith("UCX_CUDA_"))}
     if net_devices is not None:
         settings["UCX_NET_DEVICES"] = net_devices
     return settings
