@@ -44,6 +44,21 @@ def versions(count: int, seed: int = 0, rows: int = 8) -> list[dict[str, torch.T
     return out
 
 
+def count_digested(monkeypatch) -> list[int]:
+    """Records the bytes each full chunk digest reads (a chunk's full digest goes through ``lindigest.span``)."""
+    from tensorhub_verl.ros.wire import lindigest
+
+    seen = []
+    span = lindigest.span
+
+    def counting(data, *args, **kwargs):
+        seen.append(data.numel())
+        return span(data, *args, **kwargs)
+
+    monkeypatch.setattr(lindigest, "span", counting)
+    return seen
+
+
 def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     """Whether every tensor of ``b`` equals ``a``'s tensor of that name."""
     return all(torch.equal(a[name], b[name]) for name in b)

@@ -26,6 +26,9 @@ def test_a_reader_holding_the_base_reads_only_the_delta_and_holds_the_version_ex
         assert stats.delta.used and stats.delta.fallback_chunks == 0 and not stats.delta.reasons
         assert stats.bytes == stats.delta.delta_bytes == published.bytes  # the delta form only
         assert stats.delta.changed_fraction == published.changed_fraction
+        # each chunk's base digested once: ahead, while the delta was on the wire, or on landing
+        chunks = len(r1.manifest("policy", 2).chunks())
+        assert stats.delta.base_digests_ahead + stats.delta.landed_digests == chunks
         # r1 holds v2 (from the delta) and the delta form; it no longer serves v1 from these buffers.
         assert r1.versions("policy", "hf") == {1: ["trainer"], 2: ["r1", "trainer"]}
         assert r1.versions("policy", "delta/hf@1") == {2: ["r1", "trainer"]}

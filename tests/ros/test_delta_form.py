@@ -8,14 +8,16 @@ import torch
 
 from tensorhub_verl.errors import DeltaRefused
 from tensorhub_verl.ros.client import delta_chunks
-from tensorhub_verl.ros.client.delta_chunks import apply_delta, chunk_dtype, encode_delta
+from tensorhub_verl.ros.client.delta_base import BaseDigests, disjoint
+from tensorhub_verl.ros.client.delta_chunks import ChunkApply, apply_delta, chunk_dtype, encode_delta
 from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
 from tensorhub_verl.ros.wire.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
 from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
 from tensorhub_verl.ros.wire.manifest import build_manifest
 
-from tests.ros.delta_roles import CHUNK, versions
+from tests.ros.delta_roles import CHUNK, count_digested, versions
+from tests.waits import wait_until
 
 
 def _manifest(version, weights):
@@ -131,23 +133,10 @@ def _sparse_pair(percent: float = 1.0):
     return v1, v2, m2, header, blob, moved
 
 
-def _count_digested(monkeypatch) -> list[int]:
-    """Counts the bytes the chunk digest reads (a chunk's full digest goes through ``lindigest.span``)."""
-    seen = []
-    span = lindigest.span
-
-    def counting(data, *args, **kwargs):
-        seen.append(data.numel())
-        return span(data, *args, **kwargs)
-
-    monkeypatch.setattr(lindigest, "span", counting)
-    return seen
-
-
 def test_apply_reads_each_chunk_in_full_once_when_few_elements_change(monkeypatch):
     v1, v2, m2, header, blob, _ = _sparse_pair(1.0)
     assert "same" in header.encodings and any(e not in ("same", "dense") for e in header.encodings)
-    seen = _count_digested(monkeypatch)
+    seen = count_digested(monkeypatch)
     into = [t.clone() for t in v1.values()]
     result = apply_delta(m2, header, blob, into)
     assert not result.failed and all(torch.equal(a, b) for a, b in zip(into, v2.values()))
@@ -156,7 +145,7 @@ def test_apply_reads_each_chunk_in_full_once_when_few_elements_change(monkeypatc
 
 def test_a_dense_change_also_reads_each_chunk_once(monkeypatch):
     v1, v2, m2, header, blob, _ = _sparse_pair(20.0)
-    seen = _count_digested(monkeypatch)
+    seen = count_digested(monkeypatch)
     into = [t.clone() for t in v1.values()]
     result = apply_delta(m2, header, blob, into)
     assert not result.failed and all(torch.equal(a, b) for a, b in zip(into, v2.values()))
@@ -183,26 +172,53 @@ def test_a_rotted_base_in_a_changed_chunk_is_restored_and_reported_as_bad_base(w
     assert torch.equal(flat[others], v2["w"].view(-1).view(torch.int16)[others])  # the rest is v2
 
 
-def test_a_write_that_lands_in_the_wrong_place_is_caught_and_its_words_restored(monkeypatch):
+def test_a_write_that_does_not_put_the_decoded_words_in_place_is_caught_and_its_words_restored(monkeypatch):
+    """The incremental check reads the changed words back after the write: a write that puts other words there
+    fails the target digest without a full pass over the chunk."""
     v1, v2, m2, header, blob, _ = _sparse_pair(1.0)
     write = delta_chunks.write_changes
-    strays = []
+    wrong = []
 
-    def stray(changes, data):  # writes the changes, and one word beside the last of them
+    def flipped(changes, data):  # writes the changes, then flips a bit of the last changed word
         write(changes, data)
-        if not strays:
-            at = int(changes.positions[-1]) * 2 + 2
-            at = at if at < data.numel() else 0
+        if not wrong:
+            at = int(changes.positions[-1]) * 2
             data[at] ^= 0x40
-            strays.append(at)
+            wrong.append(at)
 
-    monkeypatch.setattr(delta_chunks, "write_changes", stray)
+    monkeypatch.setattr(delta_chunks, "write_changes", flipped)
+    seen = count_digested(monkeypatch)
     into = [t.clone() for t in v1.values()]
     result = apply_delta(m2, header, blob, into)
     first = next(i for i, e in enumerate(header.encodings) if e != "same")
-    assert result.bad_base == [first] and not result.bad_target and len(result.failed) == 1
+    assert result.bad_target == [first] and not result.bad_base and len(result.failed) == 1
+    assert sum(seen) == m2.nbytes  # caught without digesting the written chunk again
     start, end = first * CHUNK, (first + 1) * CHUNK
-    got = into[0].view(-1).view(torch.uint8)[start:end].clone()
-    base = v1["w"].view(-1).view(torch.uint8)[start:end]
-    got[strays[0]] ^= 0x40  # every word the delta wrote holds its base value again; the stray one is re-read
-    assert torch.equal(got, base)
+    assert torch.equal(into[0].view(-1).view(torch.uint8)[start:end], v1["w"].view(-1).view(torch.uint8)[start:end])
+
+
+def test_buffers_that_alias_are_checked_in_full_after_each_write():
+    """Two tensors mapped onto the same bytes (a mapping bug): writing a's chunks changes b's bytes after b's
+    base was digested ahead. The base digest plus b's own change would then vouch for bytes that hold a's change
+    too; with buffers that alias, each written chunk is digested in full instead, and b's chunks fail."""
+    g = torch.Generator().manual_seed(5)
+    v1 = {"a": torch.randn(64, 512, generator=g).to(torch.bfloat16)}
+    v1["b"] = v1["a"].clone()
+    v2 = {n: t.clone() for n, t in v1.items()}
+    v2["a"].view(-1).view(torch.int16)[::97] += 1
+    v2["b"].view(-1).view(torch.int16)[1::89] += 1
+    m1, m2 = _manifest(1, v1), _manifest(2, v2)
+    header, blob, _ = encode_delta(m1, list(v1.values()), m2, list(v2.values()))
+    assert disjoint([t.view(-1) for t in v1.values()])
+    shared = v1["a"].clone()
+    into = [shared, shared.view(64, 512)]  # b maps onto a's bytes
+    assert not disjoint([t.view(-1) for t in into])
+    chunks = len(m2.chunks())
+    base = BaseDigests(m2, into, range(chunks), 30.0).start()
+    wait_until(lambda: base.ahead == chunks, 30.0, "every base chunk digested ahead")
+    applier = ChunkApply(m2, header, into, base)
+    applier.apply(blob, range(chunks))
+    result = applier.finish()
+    b_chunks = [c.index for c in m2.chunks() if c.segments[0].tensor == 1]
+    assert result.landed_digests >= chunks  # every written chunk digested in full after its write
+    assert result.bad_base == b_chunks  # b's bytes changed under it: restored, re-read in full

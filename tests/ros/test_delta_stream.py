@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from tensorhub_verl.errors import DeltaRefused
+from tensorhub_verl.ros.client import delta_chunks
+from tensorhub_verl.ros.client.delta_base import BaseDigests
 from tensorhub_verl.ros.client.delta_chunks import ChunkApply, encode_delta
 from tensorhub_verl.ros.client.delta_stream import DeltaStream
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
@@ -17,6 +19,7 @@ from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER
 from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
 from tensorhub_verl.ros.wire.manifest import build_manifest
 
+from tests.ros.delta_roles import count_digested
 from tests.waits import wait_until
 
 CHUNK = 64 << 10
@@ -129,3 +132,59 @@ def test_a_refused_header_writes_nothing():
         _land(dm, form, buffers, stream, d)
     assert stream.close() is None and "not v1" in str(stream.refused)
     assert torch.equal(into["w"].view(torch.int16), v1["w"].view(torch.int16))
+
+
+def _ahead(m2, into):
+    """Base digests started as a read starts, waited for until the worker has digested every chunk."""
+    chunks = len(m2.chunks())
+    base = BaseDigests(m2, [into["w"]], range(chunks), 30.0).start()
+    wait_until(lambda: base.ahead == chunks, 30.0, "every base chunk digested while the delta is in flight")
+    return base
+
+
+def test_base_chunks_digested_while_the_delta_is_in_flight_leave_no_full_pass_on_landing(monkeypatch):
+    v1, v2, m2, header, form, dm = _delta()
+    seen = count_digested(monkeypatch)
+    for ahead in (False, True):
+        seen.clear()
+        into = {"w": v1["w"].clone()}
+        base = _ahead(m2, into) if ahead else None
+        buffers = {name: torch.zeros_like(t) for name, t in form.items()}
+        stream = DeltaStream(dm, buffers, lambda raw: ChunkApply(m2, header, [into["w"]], base), 30.0)
+        for d in range(len(dm.chunks())):
+            _land(dm, form, buffers, stream, d)
+        result = stream.close()
+        if base is not None:
+            base.stop()
+        assert not result.failed and torch.equal(into["w"].view(torch.int16), v2["w"].view(torch.int16))
+        assert sum(seen) == m2.nbytes  # each chunk read in full once: ahead, or on landing
+        # on landing: a full pass per chunk (its base) without the worker, none with it (the target checked
+        # from the base digest and the changed words)
+        assert result.landed_digests == (0 if ahead else len(m2.chunks()))
+
+
+def test_a_base_that_differs_is_caught_before_a_byte_of_its_chunk_is_written(monkeypatch):
+    v1, v2, m2, header, form, dm = _delta()
+    into = {"w": v1["w"].clone()}
+    rotted = 3
+    _chunk_words(into["w"], rotted)[5] += 7  # the reader's copy of v1 rots in a chunk the step changes
+    before = _chunk_words(into["w"], rotted).clone()
+    writes = []
+    write = delta_chunks.write_changes
+
+    def recording(changes, data):
+        writes.append(data.data_ptr())
+        write(changes, data)
+
+    monkeypatch.setattr(delta_chunks, "write_changes", recording)
+    base = _ahead(m2, into)
+    buffers = {name: torch.zeros_like(t) for name, t in form.items()}
+    stream = DeltaStream(dm, buffers, lambda raw: ChunkApply(m2, header, [into["w"]], base), 30.0)
+    for d in range(len(dm.chunks())):
+        _land(dm, form, buffers, stream, d)
+    result = stream.close()
+    base.stop()
+    assert result.bad_base == [rotted] and not result.bad_target
+    assert _chunk_words(into["w"], rotted).data_ptr() not in writes  # never written, not written and restored
+    assert torch.equal(_chunk_words(into["w"], rotted), before)
+    assert len(writes) == len(m2.chunks()) - 1

@@ -27,6 +27,7 @@ import torch
 
 from tensorhub_verl import errors
 from tensorhub_verl.ros.wire import messages as msg
+from tensorhub_verl.ros.client.delta_base import BaseDigests
 from tensorhub_verl.ros.client.delta_chunks import ApplyResult, ChunkApply, encode_delta
 from tensorhub_verl.ros.client.delta_stream import DeltaStream
 from tensorhub_verl.ros.wire.delta_form import BLOB, HEADER, DeltaHeader, check_header, delta_layout
@@ -114,6 +115,11 @@ class DeltaStats:
     """Time spent applying (decode, write, digest), most of it while later chunks of the delta were on the wire."""
     apply_after_wire_seconds: float = 0.0
     """How long applying went on after the delta's last byte landed: what the apply added to the stall."""
+    base_digests_ahead: int = 0
+    """Chunks of ``into`` digested (checked as the base) while the delta was on the wire, before their payload
+    was applied."""
+    landed_digests: int = 0
+    """Chunks digested in full after their payload landed: the digest passes on the apply's critical path."""
 
     @property
     def changed_fraction(self) -> float:
@@ -251,6 +257,7 @@ def apply_and_reread(client: "Client", manifest: Manifest, have: int,
                 f"applying the delta of {model!r} v{version} from v{have} failed ({type(e).__name__}: {e}); "
                 f"into holds neither version now: fetch v{version} in full before using it") from e
         delta.apply_seconds += result.seconds
+        delta.landed_digests += result.landed_digests
         delta.changed_elements += header.changed_elements
         delta.elements += header.total_elements
         delta.reasons.extend(result.reasons)
@@ -302,11 +309,32 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
         delta.reasons.append(f"no delta from v{have} to v{version} is published"
                              + ("" if ranks == 1 else f" by every one of its {ranks} row shards"))
         return None
-    if base is None:
-        try:
-            base = client.manifest(model, have, layout)
-        except errors.VersionNotFound:
-            base = None  # out of retention: the header's base digests are checked against into's bytes alone
+    # Whole buffers applied as they land: their base chunks are digested from now on, while the delta is on the
+    # wire, so that a chunk's payload is applied on landing without a full pass (``ChunkApply``).
+    base_digests = None if applied is None else BaseDigests(
+        manifest, list(tensors.values()), range(len(manifest.chunks())),
+        client.config.timeouts.fetch_timeout_s).start()
+    try:
+        if base is None:
+            try:
+                base = client.manifest(model, have, layout)
+            except errors.VersionNotFound:
+                base = None  # out of retention: the header's base digests are checked against into's bytes alone
+        return _read_forms(client, manifest, have, tensors, hold, started, timeout, delta, base, applied, forms,
+                           base_digests)
+    finally:
+        if base_digests is not None:
+            base_digests.stop()
+            delta.base_digests_ahead = base_digests.ahead
+
+
+def _read_forms(client: "Client", manifest: Manifest, have: int, tensors: dict[str, torch.Tensor], hold: bool,
+                started: float, timeout: float | None, delta: DeltaStats, base: Manifest | None,
+                applied: dict[int, ApplyResult] | None, forms: list[tuple[Manifest, str, range]],
+                base_digests: BaseDigests | None) -> list[tuple[DeltaHeader, torch.Tensor, FetchStats]] | None:
+    """``_read_delta`` once the delta forms' manifests are known (``forms``: per part, its manifest, layout and
+    chunks of the version)."""
+    model, version = manifest.model, manifest.version
     device = next(iter(tensors.values())).device
     ordered = list(tensors.values())
     read, held, streams = [], [], []
@@ -324,7 +352,7 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
             return header
 
         stream = None if applied is None else DeltaStream(
-            dm, buffers, lambda raw, checked=checked: ChunkApply(manifest, checked(raw), ordered),
+            dm, buffers, lambda raw, checked=checked: ChunkApply(manifest, checked(raw), ordered, base_digests),
             client.config.timeouts.fetch_timeout_s)
         if stream is not None:
             streams.append(stream)

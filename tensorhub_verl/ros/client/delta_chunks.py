@@ -2,9 +2,10 @@
 
 ``encode_delta`` diffs two versions of one layout chunk by chunk (``delta_codec.encode_chunk``) and packs the
 payloads into one blob beside a ``DeltaHeader``. ``apply_delta`` applies them in place into buffers that hold the
-base, checking each payload against the declared base and target digests before writing and each written chunk's
-digest after, restoring the bytes of a chunk that fails; it returns the chunks that failed a check, which the
-caller re-reads in full.
+base, checking each chunk's bytes against the declared base digest before writing (``delta_base``) and the
+written chunk against the target digest after, incrementally (``delta_digest``: from the base digest and the
+changed words alone), restoring the bytes of a chunk that fails; it returns the chunks that failed a check,
+which the caller re-reads in full.
 
 Pure of I/O: the client (``delta.py``) reads the delta form, calls this, and re-reads what failed.
 A chunk whose segments span tensors (tiny tensors share a chunk) is applied in a gathered copy and scattered
@@ -22,9 +23,11 @@ from typing import Callable, Sequence
 import torch
 
 from tensorhub_verl.errors import DeltaCorrupt
+from tensorhub_verl.ros.client.delta_base import BaseDigests, chunk_digest, disjoint, flat_bytes
 from tensorhub_verl.ros.wire.delta_codec import ChunkChanges, decode_chunk, write_changes
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk as codec_encode
 from tensorhub_verl.ros.wire import lindigest
+from tensorhub_verl.ros.wire.delta_digest import chunk_grid, target_digest_from_base
 from tensorhub_verl.ros.wire.delta_form import SAME, DeltaHeader
 from tensorhub_verl.ros.wire.integrity import shard_chunk_digests
 from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
@@ -32,9 +35,7 @@ from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
 logger = logging.getLogger("tensorhub_verl.ros.delta")
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
-                                                                                  device=t.device)
+_flat = flat_bytes
 
 
 def chunk_dtype(manifest: Manifest, chunk: Chunk) -> torch.dtype:
@@ -148,6 +149,9 @@ class ApplyResult:
     base: they hold the bytes they held before (never written, or restored)."""
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    landed_digests: int = 0
+    """Chunks digested in full after their payload landed (their base digest was not made ahead): the digest
+    passes on the apply's critical path."""
 
     @property
     def failed(self) -> list[int]:
@@ -167,26 +171,44 @@ class ChunkApply:
     """Applies a checked header's payloads (``delta_form.check_header``) chunk by chunk, in place, into
     ``tensors`` (manifest order), which should hold the base version: each chunk is applied as soon as its
     payload is there (``apply``), so a reader applies the first chunks while the later ones are on the wire.
-    Each chunk's bytes are read in full once. Per chunk:
+    Each chunk's bytes are read in full once, before anything is written to it: by ``base`` (``BaseDigests``),
+    ahead when its worker was started as the delta's read began, else when the payload lands. Per chunk:
 
-    1. its payload is decoded without writing (``delta_codec.decode_chunk``: a malformed one is refused,
+    1. its base digest (the digest of the bytes it holds) is compared with the declared base digest: without
+       it the chunk is ``bad_base`` and nothing is written (an unchanged ``SAME`` chunk: with the target
+       digest, which a checked header makes the same, it is applied);
+    2. its payload is decoded without writing (``delta_codec.decode_chunk``: a malformed one is refused,
        ``bad_target``, nothing written);
-    2. the changes are written and the chunk is digested: with the target digest it is applied;
-    3. without it, the words written are put back (the decoded changes name every word written and the base's
-       word there) and the chunk is digested again to say why: with the declared base digest the payload is
-       wrong (``bad_target``), without it the reader's bytes were not the base, or a write went astray
-       (``bad_base``). An unchanged (``SAME``) chunk without the target digest is ``bad_base``.
+    3. the changes are written, the changed words read back, and the target digest checked incrementally:
+       base digest + ``delta_digest`` of the change from the base's words to the words read back, which must be
+       the target digest; without it the words written are put back (the decoded changes name every word
+       written and the base's word there) and the chunk is ``bad_target``.
+
+    The incremental check is exactly as strong as digesting the written chunk in full: the digest is linear,
+    the chunk's bytes are the base's (verified in step 1, and nothing writes the buffers in between) except at
+    the changed words, and those are read back after the write, so base digest + change is the digest of the
+    chunk's bytes as they are. That needs buffers that share no memory (so that writing one chunk cannot
+    change another's bytes) and a write confined to the changed words (``write_changes`` writes by their
+    positions alone). Buffers that alias (``delta_base.disjoint``: a mapping that put two tensors on the same
+    bytes) are checked as a plain full pass instead: each written chunk digested in full, and on a mismatch,
+    restored and digested again, without the base digest the chunk is ``bad_base``.
 
     So a chunk that fails a check holds the bytes it held before. ``undo`` puts back every chunk applied so far
     (a delta abandoned part way, before its version is served); ``finish`` returns the ``ApplyResult``."""
 
-    def __init__(self, target: Manifest, header: DeltaHeader, tensors: Sequence[torch.Tensor]):
+    def __init__(self, target: Manifest, header: DeltaHeader, tensors: Sequence[torch.Tensor],
+                 base: BaseDigests | None = None):
         self._target, self._header = target, header
         self.header = header
         self._first = header.first_chunk
         self.chunks = target.chunks()[self._first:self._first + len(header.encodings)]
         """The header's chunks of the version's chunk map."""
         self._flats = [_flat(t) for t in tensors]
+        self._base = base if base is not None else BaseDigests(
+            target, tensors, range(self._first, self._first + len(self.chunks)), 60.0)
+        """The base chunks' digests (a worker's, made while the delta was on the wire, or made on landing)."""
+        self._incremental = disjoint(self._flats)
+        """Whether a written chunk is checked from its base digest and changed words (else digested in full)."""
         self._rows = [lindigest.row_bytes(tuple(s.shape), s.nbytes) for s in target.tensors]
         self._written: dict[int, tuple[Chunk, ChunkChanges]] = {}
         self._done: set[int] = set()
@@ -217,18 +239,17 @@ class ChunkApply:
                                   f"{self._header.base_version} (first: chunk {result.bad_base[0]})")
         return result
 
-    def _digest(self, chunk: Chunk) -> str:
-        acc = None
-        for s in chunk.segments:
-            part = lindigest.span(self._flats[s.tensor][s.offset:s.offset + s.length], s.offset, self._rows[s.tensor])
-            acc = part if acc is None else acc + part.to(acc.device)
-        return lindigest.many_to_hex([lindigest.zero() if acc is None else acc])[0]
-
     def _one(self, blob: torch.Tensor, chunk: Chunk) -> None:
         header, result = self._header, self.result
         i, k = chunk.index, chunk.index - self._first
+        before = self._base.on_demand
+        digest = self._base.take(i)
+        result.landed_digests += self._base.on_demand - before
         if header.encodings[k] == SAME:
-            (result.applied if self._digest(chunk) == header.target_digests[k] else result.bad_base).append(i)
+            (result.applied if digest == header.target_digests[k] else result.bad_base).append(i)
+            return
+        if digest != header.base_digests[k]:
+            result.bad_base.append(i)  # nothing written
             return
         data, is_view = _chunk_view(self._flats, chunk)
         part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
@@ -242,17 +263,43 @@ class ChunkApply:
         write_changes(changes, data)
         if not is_view:
             _scatter(self._flats, chunk, data)
-        if self._digest(chunk) == header.target_digests[k]:
+        self._written[i] = (chunk, changes)
+        if self._target_digest(chunk, changes, data, k) == header.target_digests[k]:
             result.applied.append(i)
-            self._written[i] = (chunk, changes)
             return
+        del self._written[i]
         _restore(self._flats, chunk, changes)
-        if self._digest(chunk) != header.base_digests[k]:
-            result.bad_base.append(i)
+        if not self._incremental and self._full_digest(chunk) != header.base_digests[k]:
+            result.bad_base.append(i)  # a write astray: a buffer that aliases another
             return
         result.bad_target.append(i)
         result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload does not give version "
                               f"{header.target_version}'s bytes; restored")
+
+    def _full_digest(self, chunk: Chunk) -> str:
+        self.result.landed_digests += 1
+        return chunk_digest(self._flats, self._rows, chunk)
+
+    def _target_digest(self, chunk: Chunk, changes: ChunkChanges, data: torch.Tensor, k: int) -> str:
+        """The digest of the chunk as written: the verified base digest plus the change from the base's words to
+        the words read back from ``data`` at the changed places (buffers that alias: a full pass)."""
+        if not self._incremental:
+            return self._full_digest(chunk)
+        written = dataclasses.replace(changes, new=read_back(changes, data),
+                                      new_tail=data[changes.tail_offset:].cpu().numpy().tobytes()
+                                      if changes.new_tail else changes.new_tail)
+        return target_digest_from_base(self._header.base_digests[k], chunk_grid(chunk, self._target.tensors),
+                                       written)
+
+
+def read_back(changes: ChunkChanges, data: torch.Tensor) -> torch.Tensor:
+    """The words of ``data`` (a chunk's bytes) at ``changes``' positions, as ``changes.new`` holds them."""
+    w = changes.word_bytes
+    if data.device.type == "cpu":
+        words = data[:changes.tail_offset].numpy().view(changes.new.numpy().dtype)
+        return torch.from_numpy(words[changes.positions.numpy()])
+    offs = (changes.positions[:, None] * w + torch.arange(w, device=data.device)[None]).reshape(-1)
+    return data[offs].view(changes.new.dtype)
 
 
 def apply_delta(target: Manifest, header: DeltaHeader, blob: torch.Tensor, tensors: Sequence[torch.Tensor]

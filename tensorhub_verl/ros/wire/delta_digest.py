@@ -108,10 +108,9 @@ def _word_aligned(grid: Sequence[GridPiece]) -> bool:
 
 def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
     """``digest_change`` for whole words (int16 ``old`` / ``new`` at even chunk byte ``offsets``, increasing):
-    a word counts as its signed value. Piece by piece, so each piece's grid is a few scalars."""
+    a word counts as its signed value. Piece by piece, so each piece's grid is a few scalars. A word whose value
+    did not change adds nothing (its difference is 0): no word is filtered out."""
     host = xp is np
-    differ = old != new
-    offsets, old, new = offsets[differ], old[differ], new[differ]
     total = [0] * lindigest.LANES
     starts = [p.start for p in grid]
     if host:
@@ -122,20 +121,28 @@ def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
     n = offsets.size if host else offsets.numel()
     if n and int(cuts[-1]) != n:
         raise ValueError(f"a changed byte lies outside the chunk's {grid[-1].start + grid[-1].length} bytes")
+    group_shift = lindigest.GROUP.bit_length() - 1
     for k, piece in enumerate(grid):
         lo, hi = int(cuts[k]), int(cuts[k + 1])
         if lo == hi:
             continue
         off = offsets[lo:hi] + (piece.offset - piece.start)
-        row, word = off // piece.row_bytes, (off % piece.row_bytes) // 2
-        groups = lindigest._groups(piece.row_bytes)
-        g = row * groups + word // lindigest.GROUP
-        top = int(g.max()) + 1
+        rb = piece.row_bytes
+        groups = lindigest._groups(rb)
+        if rb % (2 * lindigest.GROUP) == 0 or piece.offset + piece.length <= rb:
+            # rows of whole groups (or all in row 0): a word's group is its tensor byte over a group's bytes
+            g = off >> (group_shift + 1)
+            at = (off >> 1) & (lindigest.GROUP - 1)
+        else:
+            row, col = (np.divmod(off, rb) if host else (off // rb, off % rb))
+            word = col >> 1
+            g = row * groups + (word >> group_shift)
+            at = word & (lindigest.GROUP - 1)
+        top = int(g[-1]) + 1  # offsets increase, so groups do
         if host:
             # per weight group first: |sum of a group's delta * B| < 2**47, exact in float64's bincount
             a, b = lindigest._TABLES.host(top)
             delta = new[lo:hi].astype(np.int64) - old[lo:hi].astype(np.int64)
-            at = word % lindigest.GROUP
             lanes = []
             for lane in range(lindigest.LANES):  # a lane's B as one contiguous column: a cheap 1-D gather
                 bw = np.take(np.ascontiguousarray(b[:, lane]), at) * delta
@@ -145,7 +152,7 @@ def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
             a, b = lindigest._TABLES.get(offsets.device, top)
             b = b.to(torch.int64)
             delta = new[lo:hi].to(torch.int64) - old[lo:hi].to(torch.int64)
-            weighted = (delta[:, None] * b[word % lindigest.GROUP]) % lindigest.P
+            weighted = (delta[:, None] * b[at]) % lindigest.P
             lanes = (((weighted * a[g]) % lindigest.P).sum(0) % lindigest.P).tolist()
         total = [(t + int(v)) % lindigest.P for t, v in zip(total, lanes)]
     return total
