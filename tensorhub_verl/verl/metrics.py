@@ -32,6 +32,10 @@ Keys (all floats, one value per weight update):
   rank reported; 0 when no delta was read).
 - ``tensorhub/delta_fallbacks``: chunks rollout workers read in full after a delta's check failed, or because a
   delta they tried could not be used (0 when every delta applied cleanly).
+- ``tensorhub/delta_full_bytes``: bytes rollout workers that tried a delta read in full instead: chunks re-read
+  after a failed check, the whole version when the delta could not be used, and chunks a TP rank's delta cannot
+  be checked on (its slices cover their digest blocks in part). For those workers ``tensorhub/bytes`` is
+  ``tensorhub/delta_bytes`` plus this.
 - ``tensorhub/wan_bytes``: bytes rollout workers read from workers of another datacenter (``dc`` labels), and
   ``tensorhub/wan_bytes/<dc>`` the part that crossed into datacenter ``<dc>``.
 - ``tensorhub/hub_restarts`` (set by the updater, when the job runs its own hub actor): times Ray restarted the
@@ -81,6 +85,7 @@ def update_metrics(*, version: int, publish: Iterable[Mapping[str, float]], upda
                                                 if u.delta_ranks and u.delta_ranks == len(u.rank_bytes)))
     out["tensorhub/changed_fraction"] = max((u.changed_fraction for u in updates), default=0.0)
     out["tensorhub/delta_fallbacks"] = float(sum(u.delta_fallbacks for u in updates))
+    out["tensorhub/delta_full_bytes"] = float(sum(u.delta_fallback_bytes + u.delta_full_bytes for u in updates))
     wan: dict[str, int] = {}
     for u in updates:
         for dc, n in u.wan_bytes.items():

@@ -161,8 +161,9 @@ class Landing:
     def _delta_in_place(self, version: int, have: int, targets: dict[str, torch.Tensor]):
         """``version`` as the delta from ``have`` into views of the parameters, which hold ``have``: only the
         changed elements are written. The core refuses a delta that does not name ``have`` before writing a
-        byte, leaves chunks whose bytes are not ``have``'s alone, writes a chunk only if its decoded result has
-        ``version``'s digest, digests every written chunk again, and re-reads in full, from verified holders of
+        byte, leaves chunks whose bytes are not ``have``'s alone (their base digests, made while the delta is on
+        the wire), checks each written chunk against ``version``'s digest (from its base digest and the changed
+        words read back), restores a chunk that fails, and re-reads in full, from verified holders of
         ``version``, every chunk that failed a check (``stats.delta`` says which and why). It raises only when
         that re-read fails too: the caller then restores ``have`` in full. On return every chunk of the views
         has ``version``'s digest, and the parameters hold it in 'hf' and hold the delta form (peers read both).

@@ -152,6 +152,9 @@ class UpdateResult(_Wire):
     could not be used."""
     delta_full_bytes: int = 0
     """Bytes the ranks read in full beside a delta by design (``DeltaOutcome.full_bytes``; part of ``bytes``)."""
+    delta_fallback_bytes: int = 0
+    """Bytes the ranks read in full after a delta's failed check, or because a delta they tried could not be used
+    (``DeltaOutcome.fallback_bytes``; part of ``bytes``)."""
     delta_reasons: list[str] = field(default_factory=list)
     wan_bytes: dict[str, int] = field(default_factory=dict)
     """Datacenter -> bytes its ranks read from workers in other datacenters."""
@@ -173,6 +176,7 @@ class UpdateResult(_Wire):
                 res.changed_fraction = max(res.changed_fraction, d.changed_fraction)
                 res.delta_fallbacks += d.fallback_chunks
                 res.delta_full_bytes += d.full_bytes
+                res.delta_fallback_bytes += d.fallback_bytes
                 res.delta_reasons += d.reasons
             if r.wan_bytes and r.dc is not None:
                 res.wan_bytes[r.dc] = res.wan_bytes.get(r.dc, 0) + r.wan_bytes

@@ -10,7 +10,6 @@ from tensorhub_verl.errors import DeltaRefused
 from tensorhub_verl.ros.client import delta_chunks
 from tensorhub_verl.ros.client.delta_base import BaseDigests, disjoint
 from tensorhub_verl.ros.client.delta_chunks import ChunkApply, apply_delta, chunk_dtype, encode_delta
-from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
 from tensorhub_verl.ros.wire.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
 from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests

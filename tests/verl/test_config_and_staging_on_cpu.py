@@ -142,17 +142,24 @@ def test_metrics_report_deltas_their_fallbacks_and_the_bytes_that_crossed_each_w
         return ApplyResult(worker=worker, version=7, applied=True, bytes=sum(sources.values()), sources=sources,
                            delta=delta, dc=dc, wan_bytes=sources.get("j-actor-0", 0) if dc == "dc1" else 0)
 
-    clean = DeltaOutcome(base_version=6, used=True, delta_bytes=40, changed_fraction=0.02)
+    clean = DeltaOutcome(base_version=6, used=True, delta_bytes=40, changed_fraction=0.02, full_chunks=1,
+                         full_bytes=8)  # a TP rank: one chunk its slices cannot check, read in full by design
     fell_back = DeltaOutcome(base_version=6, used=True, delta_bytes=40, changed_fraction=0.03, fallback_chunks=2,
                              fallback_bytes=16, reasons=["chunk 3: base digest differs"])
+    unused = DeltaOutcome(base_version=6, used=False, fallback_chunks=8, fallback_bytes=100,
+                          reasons=["no delta from v6 to v7 is published"])
     replicas = [UpdateResult.of_ranks([rank("j-rollout-0-0", "dc0", clean, {"j-actor-0": 40})], 1.0),
                 UpdateResult.of_ranks([rank("j-rollout-1-0", "dc1", fell_back, {"j-actor-0": 40, "j-rollout-2-0": 16})],
                                       1.0),
-                UpdateResult.of_ranks([rank("j-rollout-2-0", "dc1", None, {"j-rollout-1-0": 100})], 1.0)]
+                UpdateResult.of_ranks([rank("j-rollout-2-0", "dc1", None, {"j-rollout-1-0": 100})], 1.0),
+                UpdateResult.of_ranks([rank("j-rollout-3-0", "dc0", unused, {"j-actor-0": 100})], 1.0)]
     m = update_metrics(version=7, publish=[{"tensorhub/publish_delta_bytes": 40.0}], updates=replicas,
-                       stalls={0: 0.1, 1: 0.1, 2: 0.1}, served={0: 7, 1: 7, 2: 7})
+                       stalls={0: 0.1, 1: 0.1, 2: 0.1, 3: 0.1}, served={0: 7, 1: 7, 2: 7, 3: 7})
     assert m["tensorhub/delta_bytes"] == 80 and m["tensorhub/delta_replicas"] == 2
-    assert m["tensorhub/changed_fraction"] == 0.03 and m["tensorhub/delta_fallbacks"] == 2
+    assert m["tensorhub/changed_fraction"] == 0.03 and m["tensorhub/delta_fallbacks"] == 10
+    # read in full by design (8), re-read after a failed check (16), read in full because no delta could be used
+    # (100); replica 2 held no base and tried no delta
+    assert m["tensorhub/delta_full_bytes"] == 124
     # Only dc1's read from the trainer in dc0 crossed a WAN.
     assert m["tensorhub/wan_bytes"] == 40 and m["tensorhub/wan_bytes/dc1"] == 40 and "tensorhub/wan_bytes/dc0" not in m
     assert m["tensorhub/publish_delta_bytes"] == 40
