@@ -10,6 +10,7 @@ from tensorhub_verl.errors import DeltaRefused
 from tensorhub_verl.ros.client import delta_chunks
 from tensorhub_verl.ros.client.delta_base import BaseDigests, disjoint
 from tensorhub_verl.ros.client.delta_chunks import ChunkApply, apply_delta, chunk_dtype, encode_delta
+from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
 from tensorhub_verl.ros.wire.delta_form import DeltaHeader, check_header, delta_layout, delta_part, parse_delta_layout
 from tensorhub_verl.ros.wire.integrity import ALGORITHM, chunk_digests
@@ -221,3 +222,41 @@ def test_buffers_that_alias_are_checked_in_full_after_each_write():
     b_chunks = [c.index for c in m2.chunks() if c.segments[0].tensor == 1]
     assert result.landed_digests >= chunks  # every written chunk digested in full after its write
     assert result.bad_base == b_chunks  # b's bytes changed under it: restored, re-read in full
+
+
+@pytest.mark.parametrize("device", [
+    "cpu-torch",
+    pytest.param("cuda", marks=[pytest.mark.gpu,
+                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+])
+def test_device_buffers_are_checked_from_the_base_digest_with_torch_ops(monkeypatch, device):
+    """The device path (torch ops where the bytes lie): on a GPU, or on the CPU with numpy switched off. A good
+    delta applies with no full pass after landing; a rotted base is left unwritten; a wrong payload is caught."""
+    from tensorhub_verl.ros.wire import delta_codec
+
+    if device == "cpu-torch":
+        for module in (delta_codec, lindigest):
+            monkeypatch.setattr(module, "HOST_NUMPY", False)
+    dev = "cuda" if device == "cuda" else "cpu"
+    v1, v2, m2, header, blob, moved = _sparse_pair(1.0)
+    into = [t.to(dev) for t in v1.values()]
+    flat = into[0].view(-1).view(torch.int16)
+    flat[int(moved[0])] += 3  # rots a changed chunk's base
+    rotted = int(moved[0]) * 2 // CHUNK
+    bad = blob.clone()
+    wrong = next(k for k, e in enumerate(header.encodings) if e not in ("same", "dense") and k != rotted)
+    bad[header.offsets[wrong] + header.lengths[wrong] - 1] ^= 0x01  # a payload that builds other words
+    chunks = len(m2.chunks())
+    base = BaseDigests(m2, into, range(chunks), 30.0).start()
+    wait_until(lambda: base.ahead == chunks, 30.0, "every base chunk digested ahead")
+    applier = ChunkApply(m2, header, into, base)
+    applier.apply(bad.to(dev), range(chunks))
+    result = applier.finish()
+    assert result.bad_base == [rotted] and result.landed_digests == 0
+    assert result.bad_target == [wrong]
+    good = [c for c in range(chunks) if c not in result.failed]
+    for c in good:
+        start, end = c * CHUNK, (c + 1) * CHUNK
+        got = torch.cat([t.reshape(-1).view(torch.uint8) for t in into]).cpu()[start:end]
+        want = torch.cat([t.reshape(-1).view(torch.uint8) for t in v2.values()])[start:end]
+        assert torch.equal(got, want), c

@@ -24,6 +24,7 @@ import torch
 
 from tensorhub_verl.errors import DeltaCorrupt
 from tensorhub_verl.ros.client.delta_base import BaseDigests, chunk_digest, disjoint, flat_bytes
+from tensorhub_verl.ros.wire import delta_codec
 from tensorhub_verl.ros.wire.delta_codec import ChunkChanges, decode_chunk, write_changes
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk as codec_encode
 from tensorhub_verl.ros.wire import lindigest
@@ -295,7 +296,7 @@ class ChunkApply:
 def read_back(changes: ChunkChanges, data: torch.Tensor) -> torch.Tensor:
     """The words of ``data`` (a chunk's bytes) at ``changes``' positions, as ``changes.new`` holds them."""
     w = changes.word_bytes
-    if data.device.type == "cpu":
+    if data.device.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as the codec does
         words = data[:changes.tail_offset].numpy().view(changes.new.numpy().dtype)
         return torch.from_numpy(words[changes.positions.numpy()])
     offs = (changes.positions[:, None] * w + torch.arange(w, device=data.device)[None]).reshape(-1)
