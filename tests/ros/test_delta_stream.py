@@ -11,7 +11,7 @@ import torch
 
 from tensorhub_verl.errors import DeltaRefused
 from tensorhub_verl.ros.client import delta_chunks
-from tensorhub_verl.ros.client.delta_base import BaseDigests
+from tensorhub_verl.ros.client.delta_base import WORKER_NICENESS, BaseDigests
 from tensorhub_verl.ros.client.delta_chunks import ChunkApply, encode_delta
 from tensorhub_verl.ros.client.delta_stream import DeltaStream
 from tensorhub_verl.ros.wire.delta_codec import encode_chunk
@@ -188,3 +188,15 @@ def test_a_base_that_differs_is_caught_before_a_byte_of_its_chunk_is_written(mon
     assert _chunk_words(into["w"], rotted).data_ptr() not in writes  # never written, not written and restored
     assert torch.equal(_chunk_words(into["w"], rotted), before)
     assert len(writes) == len(m2.chunks()) - 1
+
+
+def test_the_base_worker_runs_below_the_reader_s_priority():
+    """The base pass is off the critical path: the fetch and the apply of landed chunks get the CPU first."""
+    import os
+
+    v1, _, m2, _, _, _ = _delta()
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    base = _ahead(m2, {"w": v1["w"].clone()})
+    base.stop()
+    assert base.worker_niceness == min(19, own + WORKER_NICENESS)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the reader's own threads keep theirs

@@ -16,6 +16,7 @@ else), which is what makes a digest taken ahead the digest of the bytes the payl
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Sequence
 
@@ -28,6 +29,9 @@ from tensorhub_verl.ros.wire.manifest import Chunk, Manifest
 logger = logging.getLogger("tensorhub_verl.ros.delta")
 
 _CLAIMED = object()
+WORKER_NICENESS = 10
+"""How much lower than its reader's threads the worker runs (Linux thread niceness): the fetch and the apply of
+chunks that have landed, which the reader waits for, get the CPU first; the worker takes what is left."""
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -73,6 +77,8 @@ class BaseDigests:
         """Chunks the worker digested (before their payload was asked for)."""
         self.on_demand = 0
         """Chunks ``take`` digested itself (the worker had not reached them)."""
+        self.worker_niceness: int | None = None
+        """The worker thread's niceness (None before it runs, or where threads have none)."""
 
     def start(self) -> "BaseDigests":
         """Starts digesting in a worker thread (returns self)."""
@@ -113,6 +119,7 @@ class BaseDigests:
                 raise errors.TransferFailed(f"the base digest worker did not stop within {self._timeout_s:.0f} s")
 
     def _work(self) -> None:
+        self.worker_niceness = _lower_priority(WORKER_NICENESS)
         for index in self._order:
             with self._cond:
                 if self._stopped:
@@ -130,6 +137,17 @@ class BaseDigests:
                 if not isinstance(got, BaseException):
                     self.ahead += 1
                 self._cond.notify_all()
+
+
+def _lower_priority(by: int) -> int | None:
+    """Raises the calling thread's niceness by ``by`` (Linux: each thread has its own); its niceness after, or
+    None where that cannot be done (the thread then runs as it was)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + by)
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except (AttributeError, OSError):
+        return None
 
 
 __all__ = ["BaseDigests", "chunk_digest", "disjoint", "flat_bytes"]
