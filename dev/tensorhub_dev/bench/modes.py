@@ -202,6 +202,8 @@ def _summary(fetched: list[dict]) -> dict:
                         "fallback_chunks": sum(d["fallback_chunks"] for d in deltas),
                         "apply_s": [d["apply_s"] for d in deltas],
                         "apply_after_wire_s": [d["apply_after_wire_s"] for d in deltas],
+                        "base_ahead": [d.get("base_ahead", 0) for d in deltas],
+                        "landed_digests": [d.get("landed_digests", 0) for d in deltas],
                         "transfer_total_s": sum(f["seconds"] - d["apply_after_wire_s"]
                                                 for f, d in zip(fetched, deltas)),
                         "reasons": sorted({r for d in deltas for r in d["reasons"]})[:4]}

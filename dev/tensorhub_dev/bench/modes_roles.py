@@ -183,6 +183,7 @@ def _delta_reader(a: argparse.Namespace) -> None:
              delta={"used": d.used, "delta_bytes": d.delta_bytes, "changed_fraction": d.changed_fraction,
                     "fallback_chunks": d.fallback_chunks, "apply_s": round(d.apply_seconds, 3),
                     "apply_after_wire_s": round(d.apply_after_wire_seconds, 3),
+                    "base_ahead": d.base_digests_ahead, "landed_digests": d.landed_digests,
                     "reasons": d.reasons[:3]})
         if a.hold:
             wait_file(a.stop, a.timeout)
