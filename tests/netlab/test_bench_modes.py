@@ -192,6 +192,8 @@ def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
         assert d["used"] and d["fallback_chunks"] == 0 and d["delta_bytes"] == got[variant]["bytes"] <= ready["delta_bytes"] * 1.01
         # (b) does the apply TensorHub does (the same client code: decode, write, digest), timed the same way.
         assert d["apply_s"] > 0 and 0 <= d["apply_after_wire_s"] <= got[variant]["seconds"]
+        # each of v1's chunks (1 MiB each) digested once as the base: ahead, or on landing
+        assert d["base_ahead"] + d["landed_digests"] == ready["bytes"] >> 20
     for variant in ("tensorhub_full", "pull_from_trainer"):
         assert not got[variant]["delta"]["used"] and got[variant]["bytes"] >= ready["bytes"]
     assert set(got["delta_from_trainer"]["sources"]) == {"trainer"} == set(got["pull_from_trainer"]["sources"])
