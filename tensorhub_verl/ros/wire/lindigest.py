@@ -46,8 +46,10 @@ P = (1 << 31) - 1
 LANES = 2
 GROUP = 1 << 10
 _B_BOUND = (1 << 21) - 1
-_BATCH_WORDS = 1 << 19
-"""Host words converted to int64 at once (4 MiB of temporaries): stays in CPU caches."""
+_BATCH_WORDS = 1 << 17
+"""Host words converted to int64 at once (1 MiB of temporaries): stays in a core's caches, and stays below the
+sizes that a worker thread's malloc arena hands back to the kernel after each batch (a digest off the main
+thread, such as a delta reader's base pass, would otherwise take a page fault per 4 KiB of every batch)."""
 DEVICE_BATCH_WORDS = 1 << 25
 """Device words converted to float64 at once (256 MiB of temporaries, a quarter as many words for int64
 products): a GiB of bytes in a few dozen torch ops, so a digest is bound by the device's memory bandwidth rather
