@@ -172,9 +172,46 @@ def test_a_rotted_base_in_a_changed_chunk_is_restored_and_reported_as_bad_base(w
     assert torch.equal(flat[others], v2["w"].view(-1).view(torch.int16)[others])  # the rest is v2
 
 
-def test_a_write_that_does_not_put_the_decoded_words_in_place_is_caught_and_its_words_restored(monkeypatch):
-    """The incremental check reads the changed words back after the write: a write that puts other words there
-    fails the target digest without a full pass over the chunk."""
+def test_a_write_that_lands_in_the_wrong_place_is_caught_and_its_words_restored(monkeypatch):
+    """A chunk whose base was not digested ahead is digested in full after its write: a stray word is caught."""
+    v1, v2, m2, header, blob, _ = _sparse_pair(1.0)
+    write = delta_chunks.write_changes
+    strays = []
+
+    def stray(changes, data):  # writes the changes, and one word beside the last of them
+        write(changes, data)
+        if not strays:
+            at = int(changes.positions[-1]) * 2 + 2
+            at = at if at < data.numel() else 0
+            data[at] ^= 0x40
+            strays.append(at)
+
+    monkeypatch.setattr(delta_chunks, "write_changes", stray)
+    into = [t.clone() for t in v1.values()]
+    result = apply_delta(m2, header, blob, into)
+    first = next(i for i, e in enumerate(header.encodings) if e != "same")
+    assert result.bad_base == [first] and not result.bad_target and len(result.failed) == 1
+    start, end = first * CHUNK, (first + 1) * CHUNK
+    got = into[0].view(-1).view(torch.uint8)[start:end].clone()
+    base = v1["w"].view(-1).view(torch.uint8)[start:end]
+    got[strays[0]] ^= 0x40  # every word the delta wrote holds its base value again; the stray one is re-read
+    assert torch.equal(got, base)
+
+
+
+def _applied_ahead(m2, header, blob, into):
+    """Applies every chunk with its base digested ahead (a worker started as the read starts, waited for)."""
+    chunks = len(m2.chunks())
+    base = BaseDigests(m2, into, range(chunks), 30.0).start()
+    wait_until(lambda: base.ahead == chunks, 30.0, "every base chunk digested ahead")
+    applier = ChunkApply(m2, header, into, base)
+    applier.apply(blob, range(chunks))
+    return applier.finish()
+
+
+def test_a_write_that_does_not_put_the_decoded_words_in_place_is_caught_from_the_words_read_back(monkeypatch):
+    """With the base digested ahead, the target check reads the changed words back after the write: a write
+    that puts other words there fails it without a full pass over the written chunk."""
     v1, v2, m2, header, blob, _ = _sparse_pair(1.0)
     write = delta_chunks.write_changes
     wrong = []
@@ -189,10 +226,10 @@ def test_a_write_that_does_not_put_the_decoded_words_in_place_is_caught_and_its_
     monkeypatch.setattr(delta_chunks, "write_changes", flipped)
     seen = count_digested(monkeypatch)
     into = [t.clone() for t in v1.values()]
-    result = apply_delta(m2, header, blob, into)
+    result = _applied_ahead(m2, header, blob, into)
     first = next(i for i, e in enumerate(header.encodings) if e != "same")
     assert result.bad_target == [first] and not result.bad_base and len(result.failed) == 1
-    assert sum(seen) == m2.nbytes  # caught without digesting the written chunk again
+    assert sum(seen) == m2.nbytes and result.landed_digests == 0  # the base pass alone
     start, end = first * CHUNK, (first + 1) * CHUNK
     assert torch.equal(into[0].view(-1).view(torch.uint8)[start:end], v1["w"].view(-1).view(torch.uint8)[start:end])
 
@@ -202,7 +239,7 @@ def test_buffers_that_alias_are_checked_in_full_after_each_write():
     base was digested ahead. The base digest plus b's own change would then vouch for bytes that hold a's change
     too; with buffers that alias, each written chunk is digested in full instead, and b's chunks fail."""
     g = torch.Generator().manual_seed(5)
-    v1 = {"a": torch.randn(64, 512, generator=g).to(torch.bfloat16)}
+    v1 = {"a": torch.randn(512, 1024, generator=g).to(torch.bfloat16)}
     v1["b"] = v1["a"].clone()
     v2 = {n: t.clone() for n, t in v1.items()}
     v2["a"].view(-1).view(torch.int16)[::97] += 1
@@ -211,16 +248,12 @@ def test_buffers_that_alias_are_checked_in_full_after_each_write():
     header, blob, _ = encode_delta(m1, list(v1.values()), m2, list(v2.values()))
     assert disjoint([t.view(-1) for t in v1.values()])
     shared = v1["a"].clone()
-    into = [shared, shared.view(64, 512)]  # b maps onto a's bytes
+    into = [shared, shared.view(512, 1024)]  # b maps onto a's bytes
     assert not disjoint([t.view(-1) for t in into])
-    chunks = len(m2.chunks())
-    base = BaseDigests(m2, into, range(chunks), 30.0).start()
-    wait_until(lambda: base.ahead == chunks, 30.0, "every base chunk digested ahead")
-    applier = ChunkApply(m2, header, into, base)
-    applier.apply(blob, range(chunks))
-    result = applier.finish()
     b_chunks = [c.index for c in m2.chunks() if c.segments[0].tensor == 1]
-    assert result.landed_digests >= chunks  # every written chunk digested in full after its write
+    assert len(b_chunks) >= 2 and all(len(c.segments) == 1 for c in m2.chunks())
+    result = _applied_ahead(m2, header, blob, into)
+    assert result.landed_digests >= len(m2.chunks())  # every written chunk digested in full after its write
     assert result.bad_base == b_chunks  # b's bytes changed under it: restored, re-read in full
 
 
@@ -246,15 +279,10 @@ def test_device_buffers_are_checked_from_the_base_digest_with_torch_ops(monkeypa
     bad = blob.clone()
     wrong = next(k for k, e in enumerate(header.encodings) if e not in ("same", "dense") and k != rotted)
     bad[header.offsets[wrong] + header.lengths[wrong] - 1] ^= 0x01  # a payload that builds other words
-    chunks = len(m2.chunks())
-    base = BaseDigests(m2, into, range(chunks), 30.0).start()
-    wait_until(lambda: base.ahead == chunks, 30.0, "every base chunk digested ahead")
-    applier = ChunkApply(m2, header, into, base)
-    applier.apply(bad.to(dev), range(chunks))
-    result = applier.finish()
+    result = _applied_ahead(m2, header, bad.to(dev), into)
     assert result.bad_base == [rotted] and result.landed_digests == 0
     assert result.bad_target == [wrong]
-    good = [c for c in range(chunks) if c not in result.failed]
+    good = [c for c in range(len(m2.chunks())) if c not in result.failed]
     for c in good:
         start, end = c * CHUNK, (c + 1) * CHUNK
         got = torch.cat([t.reshape(-1).view(torch.uint8) for t in into]).cpu()[start:end]

@@ -2,15 +2,16 @@
 landing without a full pass over the chunk's bytes.
 
     read of the delta starts                          payload of chunk k landed (apply thread)
-      worker thread: digest base chunk 0, 1, 2, ...     base digest of k: the worker's (waited for while it
-      of the reader's buffers, in order, each once      digests k), or made here when the worker has not
-      (claimed, so no chunk is digested twice)          reached k; then decode, write, incremental check
+      worker thread: digest base chunk 0, 1, 2, ...     k's base digest: the worker's (waited for while it
+      of the reader's buffers, in order, at a lower     digests k): decode, write, check incrementally;
+      priority, skipping chunks the applier took        or none yet (the applier takes k): decode, write,
+                                                        digest the written chunk in full
 
-Each chunk is digested at most once, by whichever thread claims it first: the worker, ahead, or the applier, on
-landing. The digests are plain digests of the bytes the buffers held when digested; the applier compares them
-with the delta's declared base digests. The caller promises that nothing writes the buffers between ``start``
-and the apply of each chunk (a reader's own buffers during its update; the holder contract forbids anyone
-else), which is what makes a digest taken ahead the digest of the bytes the payload is applied to.
+The worker and the applier never both read a chunk: whichever claims it first has it. The digests are plain
+digests of the bytes the buffers held when digested; the applier compares them with the delta's declared base
+digests. The caller promises that nothing writes the buffers between ``start`` and the apply of each chunk (a
+reader's own buffers during its update; the holder contract forbids anyone else), which is what makes a digest
+taken ahead the digest of the bytes the payload is applied to.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from tensorhub_verl.ros.wire.manifest import Chunk, Manifest
 logger = logging.getLogger("tensorhub_verl.ros.delta")
 
 _CLAIMED = object()
+"""The worker digests this chunk now."""
+_TAKEN = object()
+"""The applier took this chunk before the worker reached it."""
 WORKER_NICENESS = 10
 """How much lower than its reader's threads the worker runs (Linux thread niceness): the fetch and the apply of
 chunks that have landed, which the reader waits for, get the CPU first; the worker takes what is left."""
@@ -70,13 +74,12 @@ class BaseDigests:
         self._timeout_s = timeout_s
         self._cond = threading.Condition()
         self._done: dict[int, object] = {}
-        """chunk -> its digest (hex), ``_CLAIMED`` while a thread digests it, or the exception that failed it."""
+        """chunk -> its digest (hex), ``_CLAIMED`` while the worker digests it, ``_TAKEN`` once the applier took it
+        first, or the exception that failed the worker's digest."""
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.ahead = 0
-        """Chunks the worker digested (before their payload was asked for)."""
-        self.on_demand = 0
-        """Chunks ``take`` digested itself (the worker had not reached them)."""
+        """Chunks the worker digested (before their payload was applied)."""
         self.worker_niceness: int | None = None
         """The worker thread's niceness (None before it runs, or where threads have none)."""
 
@@ -87,27 +90,22 @@ class BaseDigests:
             self._thread.start()
         return self
 
-    def take(self, index: int) -> str:
-        """Chunk ``index``'s digest of the bytes the buffers hold now (or held when the worker digested them, if
-        nothing wrote them since): the worker's, waited for while it digests it, else made on this thread. After
-        ``take`` the worker never reads this chunk, so the caller may write it."""
+    def claim(self, index: int) -> str | None:
+        """Chunk ``index``'s base digest if the worker made it (waited for while the worker digests it), else
+        None. Either way the worker never reads the chunk afterwards, so the caller may write it; with None the
+        caller checks the chunk in full after writing."""
         with self._cond:
             got = self._done.get(index)
-            if got is None:
-                self._done[index] = _CLAIMED
-            else:
-                if not self._cond.wait_for(lambda: self._done[index] is not _CLAIMED, self._timeout_s):
-                    raise errors.TransferFailed(f"digesting base chunk {index} did not end within "
-                                                f"{self._timeout_s:.0f} s")
-                got = self._done[index]
-                if isinstance(got, BaseException):
-                    raise got
-                return got
-        digest = chunk_digest(self._flats, self._rows, self._chunks[index])
-        with self._cond:
-            self._done[index] = digest
-            self.on_demand += 1
-        return digest
+            if got is None or got is _TAKEN:
+                self._done[index] = _TAKEN
+                return None
+            if not self._cond.wait_for(lambda: self._done[index] is not _CLAIMED, self._timeout_s):
+                raise errors.TransferFailed(f"digesting base chunk {index} did not end within "
+                                            f"{self._timeout_s:.0f} s")
+            got = self._done[index]
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
     def stop(self) -> None:
         """Stops the worker after the chunk it digests (joins it, within the timeout)."""

@@ -151,8 +151,8 @@ class ApplyResult:
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
     landed_digests: int = 0
-    """Chunks digested in full after their payload landed (their base digest was not made ahead): the digest
-    passes on the apply's critical path."""
+    """Full chunk digests made after a chunk's payload landed (its base was not digested ahead, or it failed a
+    check): the digest passes on the apply's critical path."""
 
     @property
     def failed(self) -> list[int]:
@@ -172,18 +172,22 @@ class ChunkApply:
     """Applies a checked header's payloads (``delta_form.check_header``) chunk by chunk, in place, into
     ``tensors`` (manifest order), which should hold the base version: each chunk is applied as soon as its
     payload is there (``apply``), so a reader applies the first chunks while the later ones are on the wire.
-    Each chunk's bytes are read in full once, before anything is written to it: by ``base`` (``BaseDigests``),
-    ahead when its worker was started as the delta's read began, else when the payload lands. Per chunk:
+    Each chunk's bytes are read in full once: ahead, by ``base``'s worker (``delta_base.BaseDigests``, started
+    as the delta's read began), or, for a chunk the worker has not reached, after it is written. Per chunk:
 
-    1. its base digest (the digest of the bytes it holds) is compared with the declared base digest: without
-       it the chunk is ``bad_base`` and nothing is written (an unchanged ``SAME`` chunk: with the target
-       digest, which a checked header makes the same, it is applied);
+    1. with a base digest made ahead: without the declared base digest the chunk is ``bad_base`` and not a
+       byte is written (an unchanged ``SAME`` chunk: with the target digest, which a checked header makes the
+       same, it is applied);
     2. its payload is decoded without writing (``delta_codec.decode_chunk``: a malformed one is refused,
-       ``bad_target``, nothing written);
-    3. the changes are written, the changed words read back, and the target digest checked incrementally:
-       base digest + ``delta_digest`` of the change from the base's words to the words read back, which must be
-       the target digest; without it the words written are put back (the decoded changes name every word
-       written and the base's word there) and the chunk is ``bad_target``.
+       ``bad_target``, nothing written), and the changes are written;
+    3. with a base digest made ahead, the target digest is checked incrementally: the base digest plus
+       ``delta_digest`` of the change from the base's words to the words read back at the changed places must
+       be the target digest; without it the words written are put back (the decoded changes name every word
+       written and the base's word there) and the chunk is ``bad_target``;
+    4. without a base digest made ahead, the written chunk is digested in full: with the target digest it is
+       applied; without it its words are put back and it is digested again to say why: with the declared base
+       digest the payload is wrong (``bad_target``), without it the reader's bytes were not the base, or a
+       write went astray (``bad_base``).
 
     The incremental check is exactly as strong as digesting the written chunk in full: the digest is linear,
     the chunk's bytes are the base's (verified in step 1, and nothing writes the buffers in between) except at
@@ -191,8 +195,7 @@ class ChunkApply:
     chunk's bytes as they are. That needs buffers that share no memory (so that writing one chunk cannot
     change another's bytes) and a write confined to the changed words (``write_changes`` writes by their
     positions alone). Buffers that alias (``delta_base.disjoint``: a mapping that put two tensors on the same
-    bytes) are checked as a plain full pass instead: each written chunk digested in full, and on a mismatch,
-    restored and digested again, without the base digest the chunk is ``bad_base``.
+    bytes) are checked as in step 4 whatever the worker did.
 
     So a chunk that fails a check holds the bytes it held before. ``undo`` puts back every chunk applied so far
     (a delta abandoned part way, before its version is served); ``finish`` returns the ``ApplyResult``."""
@@ -209,7 +212,8 @@ class ChunkApply:
             target, tensors, range(self._first, self._first + len(self.chunks)), 60.0)
         """The base chunks' digests (a worker's, made while the delta was on the wire, or made on landing)."""
         self._incremental = disjoint(self._flats)
-        """Whether a written chunk is checked from its base digest and changed words (else digested in full)."""
+        """Whether a written chunk whose base was digested ahead is checked from its base digest and changed
+        words (else digested in full)."""
         self._rows = [lindigest.row_bytes(tuple(s.shape), s.nbytes) for s in target.tensors]
         self._written: dict[int, tuple[Chunk, ChunkChanges]] = {}
         self._done: set[int] = set()
@@ -243,13 +247,12 @@ class ChunkApply:
     def _one(self, blob: torch.Tensor, chunk: Chunk) -> None:
         header, result = self._header, self.result
         i, k = chunk.index, chunk.index - self._first
-        before = self._base.on_demand
-        digest = self._base.take(i)
-        result.landed_digests += self._base.on_demand - before
+        base = self._base.claim(i)
         if header.encodings[k] == SAME:
+            digest = base if base is not None else self._full_digest(chunk)
             (result.applied if digest == header.target_digests[k] else result.bad_base).append(i)
             return
-        if digest != header.base_digests[k]:
+        if base is not None and base != header.base_digests[k]:
             result.bad_base.append(i)  # nothing written
             return
         data, is_view = _chunk_view(self._flats, chunk)
@@ -264,14 +267,15 @@ class ChunkApply:
         write_changes(changes, data)
         if not is_view:
             _scatter(self._flats, chunk, data)
-        self._written[i] = (chunk, changes)
-        if self._target_digest(chunk, changes, data, k) == header.target_digests[k]:
+        incremental = base is not None and self._incremental
+        written = self._target_digest(chunk, changes, data, k) if incremental else self._full_digest(chunk)
+        if written == header.target_digests[k]:
             result.applied.append(i)
+            self._written[i] = (chunk, changes)
             return
-        del self._written[i]
         _restore(self._flats, chunk, changes)
-        if not self._incremental and self._full_digest(chunk) != header.base_digests[k]:
-            result.bad_base.append(i)  # a write astray: a buffer that aliases another
+        if not incremental and self._full_digest(chunk) != header.base_digests[k]:
+            result.bad_base.append(i)  # not the base, or a write astray
             return
         result.bad_target.append(i)
         result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload does not give version "
@@ -283,9 +287,7 @@ class ChunkApply:
 
     def _target_digest(self, chunk: Chunk, changes: ChunkChanges, data: torch.Tensor, k: int) -> str:
         """The digest of the chunk as written: the verified base digest plus the change from the base's words to
-        the words read back from ``data`` at the changed places (buffers that alias: a full pass)."""
-        if not self._incremental:
-            return self._full_digest(chunk)
+        the words read back from ``data`` at the changed places."""
         written = dataclasses.replace(changes, new=read_back(changes, data),
                                       new_tail=data[changes.tail_offset:].cpu().numpy().tobytes()
                                       if changes.new_tail else changes.new_tail)
