@@ -140,14 +140,19 @@ def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
             at = word & (lindigest.GROUP - 1)
         top = int(g[-1]) + 1  # offsets increase, so groups do
         if host:
-            # per weight group first: |sum of a group's delta * B| < 2**47, exact in float64's bincount
+            # per weight group first, counting groups from the piece's first (a chunk deep in a large tensor
+            # spans few of its groups): |sum of a group's delta * B| < 2**47, exact in float64's bincount
             a, b = lindigest._TABLES.host(top)
-            delta = new[lo:hi].astype(np.int64) - old[lo:hi].astype(np.int64)
+            g0 = int(g[0])
+            g = g - g0
+            delta = new[lo:hi].astype(np.float64)
+            delta -= old[lo:hi]  # |delta * B| < 2**37: exact in float64
             lanes = []
             for lane in range(lindigest.LANES):  # a lane's B as one contiguous column: a cheap 1-D gather
-                bw = np.take(np.ascontiguousarray(b[:, lane]), at) * delta
-                sums = np.bincount(g, weights=bw.astype(np.float64), minlength=top).astype(np.int64)
-                lanes.append(int((((sums % lindigest.P) * a[:top, lane]) % lindigest.P).sum() % lindigest.P))
+                bw = np.take(np.ascontiguousarray(b[:, lane]), at).astype(np.float64)
+                bw *= delta
+                sums = np.bincount(g, weights=bw, minlength=top - g0).astype(np.int64)
+                lanes.append(int((((sums % lindigest.P) * a[g0:top, lane]) % lindigest.P).sum() % lindigest.P))
         else:
             a, b = lindigest._TABLES.get(offsets.device, top)
             b = b.to(torch.int64)
