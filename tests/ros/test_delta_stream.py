@@ -200,3 +200,34 @@ def test_the_base_worker_runs_below_the_reader_s_priority():
     base.stop()
     assert base.worker_niceness == min(19, own + WORKER_NICENESS)
     assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the reader's own threads keep theirs
+
+
+def test_an_applier_that_catches_up_with_the_worker_takes_that_chunk_and_the_worker_turns_round(monkeypatch):
+    """Once the payloads overtake the base pass, the applier does not wait for the worker's chunk (the worker runs
+    at a lower priority): it takes that chunk, and the worker goes on from the last chunk backwards."""
+    import threading
+
+    from tensorhub_verl.ros.client import delta_base
+
+    v1, _, m2, _, _, _ = _delta()
+    chunks = len(m2.chunks())
+    order, inside, release = [], threading.Event(), threading.Event()
+    digest = delta_base.chunk_digest
+
+    def slow_at_two(flats, rows, chunk):
+        order.append(chunk.index)
+        if chunk.index == 2:
+            inside.set()
+            assert release.wait(30.0)
+        return digest(flats, rows, chunk)
+
+    monkeypatch.setattr(delta_base, "chunk_digest", slow_at_two)
+    base = BaseDigests(m2, [v1["w"].clone()], range(chunks), 30.0).start()
+    assert inside.wait(30.0)
+    assert base.claim(0) is not None and base.claim(1) is not None  # digested ahead
+    assert base.claim(2) is None  # the worker is on it: the applier takes it over without waiting
+    release.set()
+    wait_until(lambda: base.ahead == chunks - 1, 30.0, "the worker digests the rest")
+    base.stop()
+    assert order == [0, 1, 2, *range(chunks - 1, 2, -1)]  # turned round after chunk 2
+    assert all(base.claim(i) is not None for i in range(3, chunks))

@@ -2,16 +2,16 @@
 landing without a full pass over the chunk's bytes.
 
     read of the delta starts                          payload of chunk k landed (apply thread)
-      worker thread: digest base chunk 0, 1, 2, ...     k's base digest: the worker's (waited for while it
-      of the reader's buffers, in order, at a lower     digests k): decode, write, check incrementally;
-      priority, skipping chunks the applier took        or none yet (the applier takes k): decode, write,
-                                                        digest the written chunk in full
+      worker thread: digest base chunk 0, 1, 2, ...     k digested by the worker: decode, write, check the
+      of the reader's buffers, in order, at a lower     target incrementally;
+      priority, skipping chunks the applier took;       else (not reached, or being digested: the applier
+      turned round once the applier caught up           takes it): decode, write, digest the chunk in full
 
-The worker and the applier never both read a chunk: whichever claims it first has it. The digests are plain
-digests of the bytes the buffers held when digested; the applier compares them with the delta's declared base
-digests. The caller promises that nothing writes the buffers between ``start`` and the apply of each chunk (a
-reader's own buffers during its update; the holder contract forbids anyone else), which is what makes a digest
-taken ahead the digest of the bytes the payload is applied to.
+A chunk's digest is used only if the worker finished it before the applier claimed the chunk. The digests are
+plain digests of the bytes the buffers held when digested; the applier compares them with the delta's declared
+base digests. The caller promises that nothing writes the buffers between ``start`` and the apply of each chunk
+(a reader's own buffers during its update; the holder contract forbids anyone else), which is what makes a
+digest taken ahead the digest of the bytes the payload is applied to.
 """
 
 from __future__ import annotations
@@ -63,19 +63,24 @@ def disjoint(flats: Sequence[torch.Tensor]) -> bool:
 
 class BaseDigests:
     """The digests of chunks ``chunks`` (indices of ``manifest``'s chunk map) of the buffers ``tensors``
-    (manifest order), made once each: by a worker thread in chunk order from ``start`` on, or by ``take`` when
-    the worker has not reached the chunk. Without ``start`` every digest is made by ``take``."""
+    (manifest order), made by a worker thread from ``start`` on, each chunk at most once, for the applier to
+    ``claim``. The worker goes in chunk order, ahead of the delta's payloads as they land; once the applier
+    claims a chunk the worker is digesting (the payloads have caught up with it), the worker leaves that chunk
+    to the applier and goes on from the last chunk backwards, so that the two meet once instead of contending for
+    every chunk after. Without ``start`` the applier claims every chunk undigested."""
 
     def __init__(self, manifest: Manifest, tensors: Sequence[torch.Tensor], chunks: range, timeout_s: float):
         self._flats = [flat_bytes(t) for t in tensors]
         self._rows = [lindigest.row_bytes(tuple(s.shape), s.nbytes) for s in manifest.tensors]
         self._chunks = manifest.chunks()
-        self._order = chunks
         self._timeout_s = timeout_s
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._done: dict[int, object] = {}
-        """chunk -> its digest (hex), ``_CLAIMED`` while the worker digests it, ``_TAKEN`` once the applier took it
-        first, or the exception that failed the worker's digest."""
+        """chunk -> its digest (hex), ``_CLAIMED`` while the worker digests it, or ``_TAKEN`` once the applier
+        claimed it without the worker's digest."""
+        self._front, self._back = chunks.start, chunks.stop - 1
+        """The worker's cursors: every chunk before ``_front`` and after ``_back`` is claimed."""
+        self._backwards = False
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.ahead = 0
@@ -91,50 +96,54 @@ class BaseDigests:
         return self
 
     def claim(self, index: int) -> str | None:
-        """Chunk ``index``'s base digest if the worker made it (waited for while the worker digests it), else
-        None. Either way the worker never reads the chunk afterwards, so the caller may write it; with None the
-        caller checks the chunk in full after writing."""
-        with self._cond:
+        """Chunk ``index``'s base digest if the worker has made it, else None (the worker had not reached it, is
+        digesting it now, or failed to). Either way the worker's digest of the chunk is never used afterwards,
+        so the caller may write it; with None the caller checks the chunk in full after writing."""
+        with self._lock:
             got = self._done.get(index)
-            if got is None or got is _TAKEN:
-                self._done[index] = _TAKEN
-                return None
-            if not self._cond.wait_for(lambda: self._done[index] is not _CLAIMED, self._timeout_s):
-                raise errors.TransferFailed(f"digesting base chunk {index} did not end within "
-                                            f"{self._timeout_s:.0f} s")
-            got = self._done[index]
-        if isinstance(got, BaseException):
-            raise got
-        return got
+            if isinstance(got, str):
+                return got
+            if got is _CLAIMED:  # caught up with the worker: it leaves this chunk and turns round
+                self._backwards = True
+            self._done[index] = _TAKEN
+            return None
 
     def stop(self) -> None:
         """Stops the worker after the chunk it digests (joins it, within the timeout)."""
-        with self._cond:
+        with self._lock:
             self._stopped = True
         if self._thread is not None:
             self._thread.join(self._timeout_s)
             if self._thread.is_alive():
                 raise errors.TransferFailed(f"the base digest worker did not stop within {self._timeout_s:.0f} s")
 
+    def _next(self) -> int | None:
+        """The next chunk for the worker (claimed for it), or None when none is left or it was stopped."""
+        with self._lock:
+            if self._stopped:
+                return None
+            while self._front <= self._back and self._front in self._done:
+                self._front += 1
+            while self._back >= self._front and self._back in self._done:
+                self._back -= 1
+            if self._front > self._back:
+                return None
+            index = self._back if self._backwards else self._front
+            self._done[index] = _CLAIMED
+            return index
+
     def _work(self) -> None:
         self.worker_niceness = _lower_priority(WORKER_NICENESS)
-        for index in self._order:
-            with self._cond:
-                if self._stopped:
-                    return
-                if index in self._done:
-                    continue
-                self._done[index] = _CLAIMED
+        while (index := self._next()) is not None:
             try:
-                got: object = chunk_digest(self._flats, self._rows, self._chunks[index])
-            except BaseException as e:  # handed to the applier, which then reads the version in full
-                logger.warning("digesting base chunk %d failed: %s", index, e)
-                got = e
-            with self._cond:
-                self._done[index] = got
-                if not isinstance(got, BaseException):
+                digest = chunk_digest(self._flats, self._rows, self._chunks[index])
+            except Exception as e:  # the applier then digests this chunk in full after writing it
+                logger.warning("digesting base chunk %d ahead failed: %s", index, e)
+                continue
+            with self._lock:
+                if self._done.get(index) is _CLAIMED:  # not taken by the applier meanwhile
+                    self._done[index] = digest
                     self.ahead += 1
-                self._cond.notify_all()
 
 
 def _lower_priority(by: int) -> int | None:
