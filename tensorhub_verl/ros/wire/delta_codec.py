@@ -394,10 +394,9 @@ def encode_chunk(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype
     takes each candidate's ``_bf16`` form (``BF16``), and a dense one ``dense_bf16`` where every word does: they
     carry the same words in half the bytes."""
     d = _diff(base, target, dtype)
-    sparse_half = bf16_halves and _bf16_changes(d)
-    dense = DENSE_BF16 if bf16_halves and _bf16_chunk(d) else DENSE
     if _changed(d) > dense_fraction * d.elements:
-        return _encode(d, dense)
+        return _encode(d, _dense(d, bf16_halves))
+    sparse_half = bf16_halves and _bf16_changes(d)
     w = 2 if sparse_half else d.w
     best = None
     for encoding in candidates:
@@ -410,10 +409,18 @@ def encode_chunk(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype
         e = _encode(d, BF16[encoding] if sparse_half else encoding)
         if best is None or e.nbytes < best.nbytes:
             best = e
-    dense_bytes = d.elements * 2 + len(d.tail) if dense == DENSE_BF16 else base.numel()
-    if best is None or best.nbytes >= dense_bytes:
+    half_dense = d.elements * 2 + len(d.tail)
+    if best is not None and best.nbytes < min(half_dense, base.numel()):
+        return best  # smaller than either dense form: no pass over the chunk to tell which applies
+    dense = _dense(d, bf16_halves)
+    if best is None or best.nbytes >= (half_dense if dense == DENSE_BF16 else base.numel()):
         return _encode(d, dense)
     return best
+
+
+def _dense(d: _Diff, bf16_halves: bool) -> str:
+    """``dense_bf16`` where it applies and is allowed, else ``dense`` (a pass over the whole chunk)."""
+    return DENSE_BF16 if bf16_halves and _bf16_chunk(d) else DENSE
 
 
 def _step_bytes(payload: bytes, w: int) -> int:
