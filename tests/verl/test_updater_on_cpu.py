@@ -218,6 +218,7 @@ def test_after_the_first_version_every_replica_applies_the_delta_the_trainer_pub
         assert 0 < m["tensorhub/publish_delta_bytes"] < nbytes / 10
         # Every rank of both replicas read only the delta, applied it and matched the trainer's digests.
         assert m["tensorhub/delta_replicas"] == 2 and m["tensorhub/delta_fallbacks"] == 0
+        assert m["tensorhub/delta_full_bytes"] == 0  # nothing read in full beside the deltas
         assert m["tensorhub/bytes"] == m["tensorhub/delta_bytes"] == 3 * m["tensorhub/publish_delta_bytes"]
         assert 0 < m["tensorhub/changed_fraction"] < 0.05
         assert m["tensorhub/digests_checked"] == 3 and m["tensorhub/digest_mismatches"] == 0
