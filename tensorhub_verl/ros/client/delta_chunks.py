@@ -210,7 +210,8 @@ class ChunkApply:
         self._flats = [_flat(t) for t in tensors]
         self._base = base if base is not None else BaseDigests(
             target, tensors, range(self._first, self._first + len(self.chunks)), 60.0)
-        """The base chunks' digests (a worker's, made while the delta was on the wire, or made on landing)."""
+        """The base chunks' digests made ahead (by a worker started as the delta's read began; without one, none:
+        every chunk is checked in full after its write)."""
         self._incremental = disjoint(self._flats)
         """Whether a written chunk whose base was digested ahead is checked from its base digest and changed
         words (else digested in full)."""
