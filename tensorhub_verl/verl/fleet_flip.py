@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -33,11 +33,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tensorhub_verl.verl.fleet_flip")
 
 
-def stage_target(served: int | None, committed: int | None, newest: int) -> int:
-    """The version a replica stages: the fleet's commit while it serves an older one (or none), else the newest."""
-    if committed is not None and committed < newest and (served is None or served < committed):
-        return committed
-    return newest
+def stage_target(served: int | None, committed: int | None, newest: int, *,
+                 fetchable: Collection[int] | None = None, others: Iterable[int | None] = (),
+                 failed: Collection[int] = ()) -> int:
+    """The version a replica stages: the fleet's commit while it serves an older one (or none), else the newest.
+
+    A commit that no holder has any more (``fetchable``: the versions some holder has now; None: every version)
+    cannot be pulled: a replica behind it then stages the newest version the other replicas serve (``others``) that
+    is newer than its own (its peers hold it, and moving to it adds no version to what the fleet serves), else the
+    newest. Never a version in ``failed`` (its check failed on some replica). Pure: no I/O."""
+    behind = committed is not None and committed < newest and (served is None or served < committed)
+    if not behind or fetchable is None or (committed in fetchable and committed not in failed):
+        return committed if behind else newest
+    ahead = [v for v in others if v is not None and v in fetchable and v not in failed
+             and (served is None or v > served)]
+    return max(ahead, default=newest)
 
 
 def _report_fields(staged: Staged | None, served: int | None, error: BaseException | None) -> dict:
@@ -58,10 +68,15 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
 
     config = updater.config
     timeout = config.apply_timeout_s
-    committed = updater.flip_committed
+    view = await _fleet_view(updater, replicas, version)
+    committed = view["committed"] if view is not None else updater.flip_committed
+    fetchable = view.get("fetchable") if view is not None else None
+    failed = set(view["failed"]) if view is not None else set()
 
     async def stage(replica):
-        target = stage_target(updater.served.get(replica.replica_rank), committed, version)
+        rank = replica.replica_rank
+        target = stage_target(updater.served.get(rank), committed, version, fetchable=fetchable, failed=failed,
+                              others=[v for r, v in updater.served.items() if r != rank])
         try:
             return await updater._stage(replica, target), None
         except Exception as e:  # this replica cannot pull now; it reports nothing staged
@@ -132,6 +147,27 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
     if decided is not None and decided["committed"] is not None:
         metrics["tensorhub/flip_committed"] = float(decided["committed"])
     return outcomes, metrics
+
+
+async def _fleet_view(updater: TensorHubUpdater, replicas: Sequence[Any], version: int) -> dict | None:
+    """The hub's current answer (commit, failed versions, the versions some holder has now), asked only when a
+    replica is behind the last commit known: the trainer may have just dropped it (``keep_versions``). One replica
+    that is set up reports what it serves, nothing staged (what it reported after the last flip); None: no replica
+    answered, or none is behind."""
+    committed = updater.flip_committed
+    if committed is None or not any(stage_target(updater.served.get(r.replica_rank), committed, version) == committed
+                                    for r in replicas):
+        return None
+    for replica in replicas:
+        if updater._set_up.get(replica.replica_rank) is None:
+            continue
+        try:
+            return await updater._engines(replica).flip_report(
+                serving=updater.served.get(replica.replica_rank), staged=None, failed=None,
+                min_replica_fraction=updater.config.min_replica_fraction, timeout=updater.config.apply_timeout_s)
+        except Exception as e:  # another replica may answer; without an answer the last commit known is used
+            logger.warning("replica %d did not answer the fleet flip's query: %s", replica.replica_rank, e)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

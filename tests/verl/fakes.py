@@ -217,3 +217,46 @@ class StubActorGroup:
 
     def update_weights(self, global_steps=None, mode="auto"):
         return [t.update_weights.remote(global_steps=global_steps, mode=mode) for t in self.trainers]
+
+
+@ray.remote(num_cpus=0)
+class GateServer:
+    """One rollout server as verl's load balancer and client reach it: verl's real submission gate (a
+    ``vLLMHttpServer`` built without an engine, patched: ``th_hold_admission``) in front of a ``generate`` that
+    answers after a short while. Each request that reaches it is recorded, whether or not its gate admits it."""
+
+    def __init__(self, replica_rank: int, job_config):
+        import asyncio
+
+        import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the patches
+        from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+        server = object.__new__(vLLMHttpServer)  # the gate's state, as vLLMHttpServer.__init__ sets it
+        server.config, server.replica_rank = job_config.actor_rollout_ref.rollout, replica_rank
+        server._submission_paused, server._admitting, server._rejecting = False, 0, False
+        server._resume_event = asyncio.Event()
+        server._resume_event.set()
+        self.server = server
+        self.arrived: list[str] = []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        import asyncio
+
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.arrived.append(request_id)
+        rejected = await self.server._park_until_admitted(request_id)
+        if rejected is not None:
+            return rejected
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            self.server._admitting -= 1
+        return TokenOutput(token_ids=[1, 2, 3], log_probs=None, stop_reason="completed",
+                           extra_fields={"global_steps": 1})
+
+    async def th_hold_admission(self, hold: bool) -> dict:
+        return await self.server.th_hold_admission(hold)
+
+    def requests(self) -> int:
+        return len(self.arrived)

@@ -13,6 +13,12 @@ one before it (``previous``), and a replica flips only to one of those two. A ne
 - the fleet serves at most ``MAX_SERVED`` versions at every instant: the versions served once the replicas that
   hold ``committed`` staged have caught up to it, plus the new one, are at most two.
 
+- a commit stays reachable: once no replica serves it or holds it staged and no holder has it any more (the trainer
+  dropped it, ``keep_versions``), it is withdrawn and the commit falls back to ``previous`` when that is reachable,
+  else to the newest version a replica serves: a replica behind then catches up to what its peers serve (they
+  hold it) instead of pulling a version nobody can serve. ``fetchable`` is the hub's list of versions with a
+  holder; without it every commit counts as reachable.
+
 Flips happen in two waves: first every replica that catches up to ``previous`` (the commit before), then the
 flips to ``committed``. A replica behind stages the fleet's commit, not the newest version, so one straggler
 costs one more pull, never a third version served.
@@ -86,16 +92,28 @@ def _flip_target(report: ReplicaReport, allowed: set[int], failed: frozenset[int
     return s
 
 
-def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction: float) -> FlipDecision:
-    """The new commits and each replica's flip, given every live replica's latest report."""
+def _reachable(version: int, reports: Mapping[str, ReplicaReport], fetchable: frozenset[int] | None) -> bool:
+    """Whether a replica can still get ``version``: one serves it or holds it staged, or some holder has it."""
+    return fetchable is None or version in fetchable or any(version in (r.serving, r.staged)
+                                                             for r in reports.values())
+
+
+def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction: float,
+           fetchable: frozenset[int] | None = None) -> FlipDecision:
+    """The new commits and each replica's flip, given every live replica's latest report and the versions some
+    holder has now (``fetchable``; None: all of them)."""
     failed = state.failed | {r.failed for r in reports.values() if r.failed is not None}
     committed, previous = state.committed, state.previous
     # A commit whose check failed on a replica after the quorum formed is withdrawn: replicas flip only on the
     # decision made once every replica reported, so no replica has flipped to it through this rule.
-    if previous in failed:
+    if previous in failed or (previous is not None and not _reachable(previous, reports, fetchable)):
         previous = None
     if committed in failed:
         committed, previous = previous, None
+    if committed is not None and not _reachable(committed, reports, fetchable):
+        # Nobody serves it, stages it or can serve it: replicas fall back to what the fleet serves.
+        served = [r.serving for r in reports.values() if r.serving is not None and r.serving not in failed]
+        committed, previous = previous if previous is not None else max(served, default=None), None
     # What the fleet serves once every replica that holds ``committed`` staged has flipped to it.
     after_catch_up = set()
     for report in reports.values():

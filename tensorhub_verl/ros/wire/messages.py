@@ -387,6 +387,8 @@ class FlipReply(Reply):
     blocked: str = ""
     """Why a newer staged version is not committed yet."""
     failed: list[int] = []
+    fetchable: list[int] | None = None
+    """The model's versions that some holder has now (None: a hub that does not say)."""
 
 
 class ReplicaFlipStatus(Reply):

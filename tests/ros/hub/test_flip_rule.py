@@ -118,3 +118,28 @@ def test_a_restarted_hub_knows_no_commit_and_still_lets_the_straggler_catch_up_f
     reports["c"] = R(serving=2, staged=3)
     d = decide(reports, d.state, min_fraction=0.5)
     assert d.state.committed == 3 and d.flips == {"a": 3, "b": 3, "c": 3}
+
+
+def test_a_commit_nobody_can_serve_any_more_falls_back_to_what_the_fleet_serves():
+    # v3 was committed but its flips were held back; nobody serves or stages it and the trainer dropped it
+    # (keep_versions): only v2 (a and b serve it), v1 (c) and the newest v4 have a holder.
+    state = FlipState(committed=3, previous=2)
+    reports = {"a": R(serving=2, staged=4), "b": R(serving=2, staged=4), "c": R(serving=1, staged=2)}
+    d = decide(reports, state, 0.5, fetchable=frozenset({1, 2, 4}))
+    # c catches up to what its peers serve (wave 1), then a and b flip to v4: never three versions served.
+    assert (d.state.committed, d.state.previous) == (4, 2), d
+    assert d.flips == {"a": 4, "b": 4, "c": 2} and d.wave("c") == 1 and d.wave("a") == 2
+    # While the hub still sees a holder of v3 it stays committed and the straggler's v2 is a catch-up to it.
+    d = decide(reports, state, 0.5, fetchable=frozenset({1, 2, 3, 4}))
+    assert d.state.committed == 3 and d.flips == {"c": 2} and "more than 2 versions" in d.blocked
+    # No previous left either: the commit falls back to the newest version a replica serves.
+    d = decide({"a": R(serving=2), "b": R(serving=1)}, FlipState(committed=3, previous=0), 0.5,
+               fetchable=frozenset({1, 2}))
+    assert (d.state.committed, d.state.previous) == (2, None) and d.flips == {}
+
+
+def test_a_commit_someone_still_stages_or_serves_stays():
+    state = FlipState(committed=3, previous=2)
+    reports = {"a": R(serving=2, staged=3), "b": R(serving=3)}
+    assert decide(reports, state, 0.5, fetchable=frozenset()).state.committed == 3
+    assert decide(reports, state, 0.5, fetchable=frozenset()).flips == {"a": 3}
