@@ -3,7 +3,9 @@ staged and checked, and flip to it together once the hub's rule (``ros/hub/flip_
 
 ```
  updater                     replica r (engine ranks)                 hub
-   stage ──────────────────> pull v (or the fleet's commit, if behind) ── chunks verified as they land
+   query (if one is behind) > th_flip_report (one replica, nothing staged) ─> answers: commit, versions held now
+   stage ──────────────────> pull v (or the fleet's commit, if behind; if no holder has the commit any more, what
+                             the other replicas serve, else v) ── chunks verified as they land
    report (all replicas) ──> th_flip_report(serving, staged, failed) ──> books it, decides
    report again (all) ─────> th_flip_report ──────────────────────────> answers: flip_to, wave
    wave 1: catch-ups to the previous commit, pause-apply-resume each
