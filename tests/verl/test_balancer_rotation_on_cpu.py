@@ -59,7 +59,8 @@ def test_a_held_replica_gets_no_new_request_and_the_others_serve_them_all(ray_lo
 
     config = _job_config()
     replicas = [_Replica(r, GateServer.remote(r, config)) for r in (0, 1)]
-    updater = TensorHubUpdater(config=TensorHubVerlConfig.from_mapping({"max_version_lag": 1, "apply_timeout_s": 30}),
+    ray.get([r.servers[0].requests.remote() for r in replicas], timeout=120)  # started (each imports verl)
+    updater = TensorHubUpdater(config=TensorHubVerlConfig.from_mapping({"max_version_lag": 1, "apply_timeout_s": 60}),
                                actor_wg=None, replicas=lambda: replicas)
 
     async def burst(client, tag: str, n: int = 8):
