@@ -25,9 +25,17 @@ def test_bench_delta_runs_real_steps_and_prints_exact_figures_and_json_last(caps
         assert s["cpu"]["all_exact"], lr
         assert 0 < s["changed_fraction"] < 1
         assert s["chosen_bytes_per_changed"] <= min(s["bytes_per_changed"].values()) + 1e-9
+        # the float32 version of the same bf16 values: its delta on the bf16 halves is the bf16 delta's size
+        # (chunks of half as many words: a few more frames), smaller than the one of whole float32 words
+        f = s["float32"]
+        assert f["cpu"]["all_exact"], lr
+        assert f["over_bf16"] < 1.1 and f["over_bf16"] < f["plain_over_bf16"], f
     # a larger learning rate changes more of the bf16 words
     assert result["summary"]["1e-05"]["changed_fraction"] > result["summary"]["1e-06"]["changed_fraction"]
     assert any(line.startswith("lr 1e-06 step 1: changed") for line in lines)
+    assert any(line.startswith("  float32 version (bf16 values): chosen") for line in lines)
+    for step in result["steps"]["1e-06"]:
+        assert set(step["float32"]["mix"]) <= set(dc.BF16_ENCODINGS), step["float32"]["mix"]
     profiles = json.loads(out.read_text())
     p = DeltaProfile.from_dict(profiles["1e-06"])
     assert p.block_fractions and abs(sum(prob for _, prob in p.steps) - 1) < 0.5

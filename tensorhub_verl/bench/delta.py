@@ -11,7 +11,10 @@ version (the product's chunking, ``--chunk-mib``):
 - encode (the chooser, as a publisher runs it), apply (decode + write into a copy of N-1) and verify (N's chunk
   digests from N-1's and the changed words, ``ros.wire.delta_digest``) throughput, in GB/s of version bytes, on the
   CPU (``--threads``) and, when a GPU is present, on it;
-- against the time the version takes in full, and the delta, on links of ``--link-gbit`` (default 25 and 1).
+- against the time the version takes in full, and the delta, on links of ``--link-gbit`` (default 25 and 1);
+- the same version published in float32 for float32 rollouts (each word a bf16 value up-cast): bytes per changed
+  element of the chooser with the codec's ``_bf16`` encodings (the words' high halves) and without them (whole
+  float32 words), each against the bf16 delta, and encode / apply / verify throughput of the float32 version.
 
 Every applied version is checked byte for byte and by digest. ``--profile-out FILE`` writes the measured
 ``DeltaProfile`` per learning rate (``bench.delta_profile``: what the lab and the simulator draw deltas from).
@@ -35,7 +38,7 @@ from tensorhub_verl.bench.delta_profile import BLOCK_BYTES, DeltaProfile
 from tensorhub_verl.ros.wire import delta_codec as dc
 from tensorhub_verl.ros.wire.delta_digest import chunk_grid, target_digest_from_base
 from tensorhub_verl.ros.wire.integrity import chunk_digests
-from tensorhub_verl.ros.wire.manifest import TensorSpec, split_into_chunks
+from tensorhub_verl.ros.wire.manifest import TensorSpec, dtype_from_name, split_into_chunks
 
 VOCAB = 8192
 GOAL_BYTES_PER_CHANGED = 2.0
@@ -95,6 +98,12 @@ def _version(model) -> tuple[list[TensorSpec], torch.Tensor]:
     return specs, torch.cat([t.reshape(-1).view(torch.uint8) for _, t in tensors])
 
 
+def _as_float32(specs, flat: torch.Tensor) -> tuple[list[TensorSpec], torch.Tensor]:
+    """A bf16 version published in float32 (the rollouts' dtype): specs and flat bytes of the exact up-casts."""
+    return ([TensorSpec(s.name, s.shape, "float32", s.nbytes * 2) for s in specs],
+            flat.view(torch.bfloat16).float().view(torch.uint8))
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -118,7 +127,7 @@ def _tensors_of(flat: torch.Tensor, specs) -> list[torch.Tensor]:
 
 def _rows(flat: torch.Tensor, specs) -> list[torch.Tensor]:
     """Per tensor, its bytes shaped as the tensor's grid sees them (``chunk_digests`` takes tensors)."""
-    return [t.view(torch.bfloat16).view(s.shape) for t, s in zip(_tensors_of(flat, specs), specs)]
+    return [t.view(dtype_from_name(s.dtype)).view(s.shape) for t, s in zip(_tensors_of(flat, specs), specs)]
 
 
 def _timed(fn, device: str):
@@ -132,20 +141,20 @@ def _timed(fn, device: str):
 
 
 def _timed_pass(base: torch.Tensor, target: torch.Tensor, chunks, specs, slices, base_dig, target_dig,
-                device: str) -> dict:
+                device: str, dtype: torch.dtype) -> dict:
     """Encode (the chooser), apply (decode + write) and verify (target digests from the changes) every chunk of
     one delta on ``device``, and the full digest of the result for comparison; returns wall and CPU seconds of
     each, the chosen encodings and whether the result is exact."""
     base, target = base.to(device), target.to(device)
     grids = [chunk_grid(c, specs) for c in chunks]
-    encoded, *encode = _timed(lambda: [dc.encode_chunk(base[a:b], target[a:b], dtype=torch.bfloat16)
+    encoded, *encode = _timed(lambda: [dc.encode_chunk(base[a:b], target[a:b], dtype=dtype)
                                        for a, b in slices], device)
     into = base.clone()
 
     def apply():
         out = []
         for (a, b), e in zip(slices, encoded):
-            ch = dc.decode_chunk(e.encoding, e.payload, into[a:b], dtype=torch.bfloat16)
+            ch = dc.decode_chunk(e.encoding, e.payload, into[a:b], dtype=dtype)
             dc.write_changes(ch, into[a:b])
             out.append(ch)
         return out
@@ -174,44 +183,71 @@ def _stats(base: torch.Tensor, target: torch.Tensor) -> tuple[list[float], np.nd
     return fractions, kt - kb
 
 
-def measure(base: torch.Tensor, target: torch.Tensor, specs, chunk_bytes: int, links: tuple[float, ...],
-            devices: list[str]) -> tuple[dict, list[float], np.ndarray]:
+def _form(base: torch.Tensor, target: torch.Tensor, specs, chunk_bytes: int, devices: list[str],
+          dtype: torch.dtype) -> dict:
+    """The chooser's delta of one form of the version (its dtype, chunked alike), timed on each device: its
+    bytes, its mix of encodings, and per device throughput in GB/s of this form's bytes and exactness."""
     chunks = split_into_chunks(tuple(specs), chunk_bytes)
     slices = _chunk_slices(chunks)
     base_dig = chunk_digests(chunks, _rows(base, specs))
     target_dig = chunk_digests(chunks, _rows(target, specs))
-    nbytes = base.numel()
-    elements = nbytes // 2
-    per_encoding = {e: 0 for e in (dc.OVERWRITE, dc.XOR, dc.ULP)}
-    changed = 0
-    for a, b in slices:
-        each = dc.encode_each(base[a:b], target[a:b], dtype=torch.bfloat16, encodings=tuple(per_encoding))
-        for e, enc in each.items():
-            per_encoding[e] += enc.nbytes
-        changed += next(iter(each.values())).changed
-    rec = {"changed_fraction": changed / elements, "changed": changed,
-           "bytes_per_changed": {e: v / max(changed, 1) for e, v in per_encoding.items()}}
+    gb = base.numel() / 1e9
+    rec: dict = {"slices": slices}
     for device in devices:
-        timed = _timed_pass(base, target, chunks, specs, slices, base_dig, target_dig, device)
+        timed = _timed_pass(base, target, chunks, specs, slices, base_dig, target_dig, device, dtype)
         chosen = timed.pop("encoded")
-        delta_bytes = sum(e.nbytes for e in chosen)
         mix: dict[str, int] = {}
         for e in chosen:
             mix[e.encoding] = mix.get(e.encoding, 0) + 1
-        gb = nbytes / 1e9
         names = ("encode", "apply", "verify", "full_digest")
         rec[device] = {**{f"{n}_gbps": gb / timed[f"{n}_s"] for n in names},
                        **{f"{n}_cpu_gbps": gb / max(timed[f"{n}_cpu_s"], 1e-9) for n in names},
                        "exact": timed["exact"], "digests_match": timed["digests_match"],
                        **{k: v for k, v in timed.items() if k.endswith("_s")}}
-        rec.setdefault("delta_bytes", delta_bytes)
+        rec.setdefault("delta_bytes", sum(e.nbytes for e in chosen))
         rec.setdefault("mix", mix)
+    return rec
+
+
+def measure(base: torch.Tensor, target: torch.Tensor, specs, chunk_bytes: int, links: tuple[float, ...],
+            devices: list[str]) -> tuple[dict, list[float], np.ndarray]:
+    nbytes = base.numel()
+    elements = nbytes // 2
+    form = _form(base, target, specs, chunk_bytes, devices, torch.bfloat16)
+    per_encoding = {e: 0 for e in (dc.OVERWRITE, dc.XOR, dc.ULP)}
+    changed = 0
+    for a, b in form.pop("slices"):
+        each = dc.encode_each(base[a:b], target[a:b], dtype=torch.bfloat16, encodings=tuple(per_encoding))
+        for e, enc in each.items():
+            per_encoding[e] += enc.nbytes
+        changed += next(iter(each.values())).changed
+    rec = {"changed_fraction": changed / elements, "changed": changed,
+           "bytes_per_changed": {e: v / max(changed, 1) for e, v in per_encoding.items()}, **form}
     rec["chosen_bytes_per_changed"] = rec["delta_bytes"] / max(changed, 1)
     rec["delta_over_version"] = rec["delta_bytes"] / nbytes
     rec["links"] = {f"{g:g}": {"full_s": nbytes * 8 / (g * 1e9), "delta_s": rec["delta_bytes"] * 8 / (g * 1e9)}
                     for g in links}
+    rec["float32"] = _float32_form(base, target, specs, chunk_bytes, devices, rec["delta_bytes"], changed)
     fractions, steps = _stats(base, target)
     return rec, fractions, steps
+
+
+def _float32_form(base: torch.Tensor, target: torch.Tensor, specs, chunk_bytes: int, devices: list[str],
+                  bf16_delta_bytes: int, changed: int) -> dict:
+    """The version published in float32 for float32 rollouts: the chooser's delta (with the ``_bf16``
+    encodings) timed as the bf16 one, and its size without them (whole float32 words), each per changed element
+    and against the bf16 delta."""
+    specs32, base32 = _as_float32(specs, base)
+    _, target32 = _as_float32(specs, target)
+    rec = _form(base32, target32, specs32, chunk_bytes, devices, torch.float32)
+    plain = sum(dc.encode_chunk(base32[a:b], target32[a:b], dtype=torch.float32, bf16_halves=False).nbytes
+                for a, b in rec.pop("slices"))
+    rec["plain_delta_bytes"] = plain
+    rec["chosen_bytes_per_changed"] = rec["delta_bytes"] / max(changed, 1)
+    rec["plain_bytes_per_changed"] = plain / max(changed, 1)
+    rec["over_bf16"] = rec["delta_bytes"] / max(bf16_delta_bytes, 1)
+    rec["plain_over_bf16"] = plain / max(bf16_delta_bytes, 1)
+    return rec
 
 
 def _line(lr: float, step: int, rec: dict, links, devices) -> str:
@@ -229,6 +265,16 @@ def _line(lr: float, step: int, rec: dict, links, devices) -> str:
         link = rec["links"][f"{g:g}"]
         parts.append(f"  at {g:g} Gbit/s: version in full {1e3 * link['full_s']:.1f} ms, delta "
                      f"{1e3 * link['delta_s']:.2f} ms")
+    f = rec["float32"]
+    mix = ",".join(f"{e}x{n}" for e, n in sorted(f["mix"].items()))
+    parts.append(f"  float32 version (bf16 values): chosen {f['chosen_bytes_per_changed']:.2f} B/changed ({mix}) = "
+                 f"{f['over_bf16']:.2f}x the bf16 delta; whole float32 words {f['plain_bytes_per_changed']:.2f} = "
+                 f"{f['plain_over_bf16']:.2f}x")
+    for d in devices:
+        r = f[d]
+        parts.append(f"  float32 {d}: GB/s of float32 version bytes, wall (per CPU second): encode "
+                     f"{r['encode_gbps']:.2f} ({r['encode_cpu_gbps']:.2f})  apply {r['apply_gbps']:.2f} "
+                     f"({r['apply_cpu_gbps']:.2f})  exact {r['exact'] and r['digests_match']}")
     return "\n".join(parts)
 
 
@@ -239,8 +285,14 @@ def _summary(records: list[dict], links, devices, nbytes: int) -> dict:
            "bytes_per_changed": {e: med([r["bytes_per_changed"][e] for r in records])
                                  for e in records[0]["bytes_per_changed"]},
            "delta_over_version": med([r["delta_over_version"] for r in records])}
+    keys = [f"{n}{kind}_gbps" for n in ("encode", "apply", "verify", "full_digest") for kind in ("", "_cpu")]
+    f32 = [r["float32"] for r in records]
+    out["float32"] = {k: med([f[k] for f in f32]) for k in ("chosen_bytes_per_changed", "plain_bytes_per_changed",
+                                                             "over_bf16", "plain_over_bf16")}
     for d in devices:
-        keys = [f"{n}{kind}_gbps" for n in ("encode", "apply", "verify", "full_digest") for kind in ("", "_cpu")]
+        out["float32"][d] = {k: med([f[d][k] for f in f32]) for k in keys}
+        out["float32"][d]["all_exact"] = all(f[d]["exact"] and f[d]["digests_match"] for f in f32)
+    for d in devices:
         out[d] = {k: med([r[d][k] for r in records]) for k in keys}
         out[d]["all_exact"] = all(r[d]["exact"] and r[d]["digests_match"] for r in records)
         # wall and per CPU second, against the link moving the version in full
@@ -292,6 +344,13 @@ def run(params: int, steps: int, lrs: tuple[float, ...], links: tuple[float, ...
               + "  ".join(f"{d}: encode {s[d]['encode_gbps']:.2f} ({s[d]['encode_cpu_gbps']:.2f}) / apply "
                           f"{s[d]['apply_gbps']:.2f} ({s[d]['apply_cpu_gbps']:.2f}) / verify {s[d]['verify_gbps']:.2f} "
                           f"({s[d]['verify_cpu_gbps']:.2f}) GB/s wall (per CPU second)" for d in devices))
+        f = s["float32"]
+        print(f"lr {lr:g} median, float32 version of bf16 values: chosen {f['chosen_bytes_per_changed']:.2f} "
+              f"B/changed = {f['over_bf16']:.2f}x the bf16 delta (whole float32 words: "
+              f"{f['plain_bytes_per_changed']:.2f} = {f['plain_over_bf16']:.2f}x)  "
+              + "  ".join(f"{d}: encode {f[d]['encode_gbps']:.2f} ({f[d]['encode_cpu_gbps']:.2f}) / apply "
+                          f"{f[d]['apply_gbps']:.2f} ({f[d]['apply_cpu_gbps']:.2f}) GB/s of float32 bytes"
+                          for d in devices))
     profiles = {lr: DeltaProfile.measure(lr, fractions[lr], np.concatenate(steps_seen[lr]),
                                          bytes_per_changed=summary[f"{lr:g}"]["chosen_bytes_per_changed"],
                                          changed_fraction=statistics.mean(r["changed_fraction"]

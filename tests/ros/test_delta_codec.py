@@ -192,22 +192,25 @@ def _malformed(payload: bytes) -> list[tuple[str, bytes]]:
     ]
 
 
-@pytest.mark.parametrize("encoding", SPARSE)
+@pytest.mark.parametrize("encoding", SPARSE + [dc.BF16[e] for e in SPARSE])
 def test_a_malformed_payload_is_refused_before_a_byte_is_written(encoding):
-    base = _u8(torch.randn(4096, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16))
-    target = _u8(_step(base.view(torch.bfloat16), 0.05, 1e-2, seed=15))
-    payload = dc.encode_each(base, target, dtype=torch.bfloat16, encodings=[encoding])[encoding].payload
+    """Of every sparse encoding: the ``_bf16`` ones on a float32 chunk of bf16 values (their 2-byte values in a
+    frame of 4-byte words)."""
+    dtype = torch.float32 if encoding in dc.BF16_ENCODINGS else torch.bfloat16
+    bf16 = torch.randn(4096, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+    base, target = _u8(bf16.to(dtype)), _u8(_step(bf16, 0.05, 1e-2, seed=15).to(dtype))
+    payload = dc.encode_each(base, target, dtype=dtype, encodings=[encoding])[encoding].payload
     for what, bad in _malformed(payload):
         into = base.clone()
         with pytest.raises(DeltaCorrupt) as info:
-            dc.apply_chunk(encoding, bad, into, dtype=torch.bfloat16)
+            dc.apply_chunk(encoding, bad, into, dtype=dtype)
         assert torch.equal(into, base), f"{what}: bytes were written before the payload was refused"
         assert info.value.encoding == encoding and "in full" in str(info.value), what
     # a payload of another encoding, and garbage inside a compressed stream
     other = dc.XOR if encoding != dc.XOR else dc.ULP
     into = base.clone()
     with pytest.raises(DeltaCorrupt):
-        dc.apply_chunk(other, payload, into, dtype=torch.bfloat16)
+        dc.apply_chunk(other, payload, into, dtype=dtype)
     assert torch.equal(into, base)
     assert isinstance(DeltaCorrupt("x"), TensorHubError)
 
@@ -294,16 +297,18 @@ def test_the_target_digest_follows_from_the_base_digest_and_the_changed_words(ch
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("encoding", dc.ENCODINGS)
+@pytest.mark.parametrize("encoding", dc.KNOWN)
 def test_on_a_cuda_device_the_diff_and_the_apply_stay_there(encoding):
+    """The ``_bf16`` encodings on a float32 chunk of bf16 values."""
+    dtype = torch.float32 if encoding in dc.BF16_ENCODINGS else torch.bfloat16
     base = torch.randn(1 << 16, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16)
     target = _step(base, 0.03, 1e-3, seed=22)
-    b, t = _u8(base).cuda(), _u8(target).cuda()
-    e = dc.encode_each(b, t, dtype=torch.bfloat16, encodings=[encoding])[encoding]
-    host = dc.encode_each(b.cpu(), t.cpu(), dtype=torch.bfloat16, encodings=[encoding])[encoding]
+    b, t = _u8(base.to(dtype)).cuda(), _u8(target.to(dtype)).cuda()
+    e = dc.encode_each(b, t, dtype=dtype, encodings=[encoding])[encoding]
+    host = dc.encode_each(b.cpu(), t.cpu(), dtype=dtype, encodings=[encoding])[encoding]
     assert e.payload == host.payload
     into = b.clone()
-    dc.apply_chunk(encoding, e.payload, into, dtype=torch.bfloat16)
+    dc.apply_chunk(encoding, e.payload, into, dtype=dtype)
     assert torch.equal(into.cpu(), t.cpu())
 
 

@@ -7,6 +7,7 @@ import torch
 
 from tensorhub_verl.ros.client.delta_chunks import encode_delta
 from tensorhub_verl.ros.client.delta_slice_apply import apply_delta_slices
+from tensorhub_verl.ros.wire import delta_codec as dc
 from tensorhub_verl.ros.wire import lindigest
 from tensorhub_verl.ros.wire.block_edges import widen
 from tensorhub_verl.ros.wire.integrity import ChunkChecker, block_digests, chunk_digests
@@ -19,8 +20,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
     not torch.cuda.is_available(), reason="needs a CUDA GPU: the apply runs where the slices are")])]
 
 
-def _versions() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Two versions: bf16 matrices over many chunks, tiny tensors of other dtypes sharing one; a few rows move."""
+def _versions(matrices: torch.dtype = torch.bfloat16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Two versions: bf16 matrices over many chunks (held as ``matrices``: float32 for the bf16 values a bf16
+    trainer publishes to float32 rollouts), tiny tensors of other dtypes sharing one; a few rows move."""
     g = torch.Generator().manual_seed(0)
     v1 = {"embed.weight": torch.randn(512, 1024, generator=g).to(torch.bfloat16),
           "layers.0.mlp.weight": torch.randn(1024, 1024, generator=g).to(torch.bfloat16),
@@ -29,6 +31,10 @@ def _versions() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     v2["layers.0.mlp.weight"][500:530] += 0.01 * torch.randn(30, 1024, generator=g).to(torch.bfloat16)
     v2["layers.0.norm.weight"][:4] += 1.0
     v2["step"] += 1
+    v2["embed.weight"][:, 600:610] += 1.0  # in the rank's columns (SLICES)
+    for v in (v1, v2):
+        for n in ("embed.weight", "layers.0.mlp.weight"):
+            v[n] = v[n].to(matrices)
     return v1, v2
 
 
@@ -50,12 +56,14 @@ def _rank(weights, m, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_rank_applies_its_part_and_a_rotted_slice_is_restored_and_reported(device):
-    v1, v2 = _versions()
-    v2["embed.weight"][:, 600:610] += 1.0  # in the rank's columns
+@pytest.mark.parametrize("matrices", [torch.bfloat16, torch.float32])
+def test_the_rank_applies_its_part_and_a_rotted_slice_is_restored_and_reported(device, matrices):
+    v1, v2 = _versions(matrices)
     m1, m2 = _manifest(1, v1), _manifest(2, v2)
     order = [s.name for s in m2.tensors]
-    header, blob, _ = encode_delta(m1, [v1[n] for n in order], m2, [v2[n] for n in order])
+    header, blob, stats = encode_delta(m1, [v1[n] for n in order], m2, [v2[n] for n in order])
+    if matrices == torch.float32:  # bf16 values in float32 words: their chunks' deltas carry the bf16 halves
+        assert stats.encodings.get(dc.ULP_BF16, 0) >= 2, stats.encodings
     bufs, plan, by_index = _rank(v1, m1, device)
     want, _, _ = _rank(v2, m2, device)
     checker, base_checker = ChunkChecker(m2, plan, by_index), ChunkChecker(m1, plan, by_index)

@@ -16,6 +16,14 @@ Encodings, picked per chunk by the measured change (``encode_chunk``: the smalle
   (sign-magnitude mapped to a monotone integer, so that a small update moves a bf16 word by +-1 or +-2),
   zigzag-coded. Not idempotent. For dtypes that are not floating point the words' own integer values step.
 
+A float32 chunk whose changed words hold bf16 values in base and target alike (a bf16 trainer publishing for
+float32 rollouts: each word is a bf16 value up-cast, its low 16 bits zero) is encoded on the words' high 16-bit
+halves, the bf16 values themselves: ``overwrite_bf16``, ``xor_bf16`` and ``ulp_bf16`` are the encodings above
+applied to those halves, and ``dense_bf16`` (a chunk whose every word is such a value) the halves themselves. So
+the delta of a float32 version of bf16 values costs what the bf16 version's delta costs. The decoder rebuilds each
+float32 word from its high half with a zero low half; the chunk's digests, of the float32 bytes, check the
+result as for every encoding. ``encode_chunk`` picks them by itself wherever they apply (``bf16_halves``).
+
 Positions travel as gaps (``pos[i] - pos[i-1] - 1``, the first as itself) in four little-endian byte planes, and
 every value stream in byte planes of the word size: each plane is zstd level 1 compressed apart (its own entropy
 table: the low plane of a gap or step stream carries nearly all the information, the high planes are nearly all
@@ -25,12 +33,18 @@ Non-idempotent encodings are safe because the protocol checks the base chunk's d
 target's after (``delta_digest``); a payload that does not parse is refused (``DeltaCorrupt``) before a byte of
 ``into`` is written.
 
-Payload (every encoding but ``dense``, whose payload is the raw chunk)::
+Payload (every encoding but ``dense``, whose payload is the raw chunk, and ``dense_bf16``, whose payload is the
+words' high halves, 2 little-endian bytes each, then the chunk's tail bytes)::
 
-    header   "<4sBBBBBQQ"  magic b"THDC", format 1, encoding id, word size, tail length, streams, words, changed
+    header   "<4sBBBBBQQ"  magic b"THDC", format 1, encoding id, value size, tail length, streams, words, changed
     streams  "<BQQ" each   kind (0 raw, 1 zstd, 2 all zeros), raw length, stored length
     tail     tail length bytes of the target (the partial word at the chunk's end)
     data     the streams' stored bytes, in order
+
+Encoding ids: 1 ``overwrite``, 2 ``xor``, 3 ``ulp`` (values of the chunk's word size), 4 ``overwrite_bf16``, 5
+``xor_bf16``, 6 ``ulp_bf16`` (values of 2 bytes, the high halves of a float32 chunk's 4-byte words; the words and
+tail length still count the chunk's 4-byte words). A decoder refuses an id, a value size or a chunk that does
+not match the encoding it was told, before a byte is written.
 
 The payload is ``bytes`` (what the wire and the hub's holders keep); ``apply_chunk`` also takes any object with
 the buffer protocol (a memoryview, a numpy array, a CPU uint8 tensor's numpy view).
@@ -54,7 +68,18 @@ OVERWRITE = "overwrite"
 XOR = "xor"
 ULP = "ulp"
 ENCODINGS = (DENSE, OVERWRITE, XOR, ULP)
+"""The encodings of whole words, for chunks of any dtype."""
+DENSE_BF16 = "dense_bf16"
+OVERWRITE_BF16 = "overwrite_bf16"
+XOR_BF16 = "xor_bf16"
+ULP_BF16 = "ulp_bf16"
+BF16 = {DENSE: DENSE_BF16, OVERWRITE: OVERWRITE_BF16, XOR: XOR_BF16, ULP: ULP_BF16}
+"""Each encoding's form on the high halves of a float32 chunk's words (the module docstring)."""
+BF16_ENCODINGS = tuple(BF16.values())
+"""The encodings of float32 chunks whose changed words hold bf16 values (``dense_bf16``: whose every word does)."""
+KNOWN = ENCODINGS + BF16_ENCODINGS
 """Every encoding ``apply_chunk`` understands."""
+_WHOLE = {half: whole for whole, half in BF16.items()}
 DEFAULT_CANDIDATES = (ULP, OVERWRITE)
 """What ``encode_chunk`` tries, besides ``dense``, when it is not told otherwise. ``xor`` only when asked: it
 compresses every word of the chunk (a zstd pass over all of it, not only over the changed words' streams), and
@@ -72,7 +97,9 @@ _FORMAT = 1
 _HEADER = struct.Struct("<4sBBBBBQQ")
 _STREAM = struct.Struct("<BQQ")
 _RAW, _ZSTD, _ZEROS = 0, 1, 2
-_ID = {OVERWRITE: 1, XOR: 2, ULP: 3}
+_ID = {OVERWRITE: 1, XOR: 2, ULP: 3, OVERWRITE_BF16: 4, XOR_BF16: 5, ULP_BF16: 6}
+_HALF_BITS = 16
+_LOW = (1 << _HALF_BITS) - 1
 _GAP_BYTES = 4
 _MAX_WORDS = (1 << 31) - 1
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -219,6 +246,25 @@ def _gaps(positions):
     return (positions - prev - 1).to(torch.int32)
 
 
+def _hi(words):
+    """The high 16-bit halves of 4-byte words, as 2-byte words (for a float32 word: its bf16 truncation)."""
+    if isinstance(words, np.ndarray):
+        return (words >> _HALF_BITS).astype(np.int16)
+    return (words >> _HALF_BITS).to(torch.int16)
+
+
+def _up(halves):
+    """4-byte words whose high halves are ``halves`` and whose low halves are zero (a bf16 value's float32)."""
+    if isinstance(halves, np.ndarray):
+        return halves.astype(np.int32) << _HALF_BITS
+    return halves.to(torch.int32) << _HALF_BITS
+
+
+def _low_zero(words) -> bool:
+    """Whether every one of the 4-byte ``words`` has a zero low half."""
+    return not bool((words & _LOW).any())
+
+
 def _tensor(x, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.to(device)
 
@@ -295,57 +341,99 @@ def _changed(d: _Diff) -> int:
     return int(d.positions.size if isinstance(d.positions, np.ndarray) else d.positions.numel())
 
 
+def _bf16_changes(d: _Diff) -> bool:
+    """Whether the sparse bf16 encodings apply: a float32 chunk whose changed words hold bf16 values (zero low
+    halves) in base and target. The unchanged words do not matter: the sparse encodings never write them."""
+    if not (d.floating and d.w == 4):
+        return False
+    return _low_zero(d.base_words[d.positions] | d.target_words[d.positions])
+
+
+def _bf16_chunk(d: _Diff) -> bool:
+    """Whether ``dense_bf16`` applies: a float32 chunk whose every target word holds a bf16 value."""
+    return d.floating and d.w == 4 and _low_zero(d.target_words)
+
+
 def _encode(d: _Diff, encoding: str) -> EncodedChunk:
     changed = _changed(d)
+    whole = _WHOLE.get(encoding, encoding)
+    if whole not in ENCODINGS:
+        raise ValueError(f"unknown delta encoding {encoding!r}: one of {KNOWN}")
+    half = encoding != whole
+    if half and not (_bf16_chunk(d) if whole == DENSE else _bf16_changes(d)):
+        raise ValueError(f"{encoding} encodes float32 chunks whose {'words' if whole == DENSE else 'changed words'} "
+                         f"hold bf16 values (zero low halves); this chunk's do not: use {whole}")
     if encoding == DENSE:
         return EncodedChunk(DENSE, d.target.cpu().numpy().tobytes(), changed, d.elements)
-    if encoding == XOR:
-        planes = _planes(d.base_words ^ d.target_words, d.w)
-    elif encoding == OVERWRITE:
-        planes = _planes(_gaps(d.positions), _GAP_BYTES) + _planes(d.target_words[d.positions], d.w)
-    elif encoding == ULP:
-        kb = _keys(d.base_words[d.positions], d.floating)
-        kt = _keys(d.target_words[d.positions], d.floating)
-        planes = _planes(_gaps(d.positions), _GAP_BYTES) + _planes(_zigzag(kt - kb), d.w)
+    if encoding == DENSE_BF16:
+        halves = _hi(d.target_words)
+        halves = halves if isinstance(halves, np.ndarray) else halves.cpu().numpy()
+        return EncodedChunk(DENSE_BF16, halves.astype("<i2").tobytes() + d.tail, changed, d.elements)
+    # the values' words: the chunk's own, or the high halves of its 4-byte words
+    w, value = (2, _hi) if half else (d.w, lambda x: x)
+    if whole == XOR:
+        planes = _planes(value(d.base_words ^ d.target_words), w)
+    elif whole == OVERWRITE:
+        planes = _planes(_gaps(d.positions), _GAP_BYTES) + _planes(value(d.target_words[d.positions]), w)
     else:
-        raise ValueError(f"unknown delta encoding {encoding!r}: one of {ENCODINGS}")
-    return EncodedChunk(encoding, _frame(encoding, d.w, d.elements, changed, d.tail, planes), changed, d.elements)
+        kb = _keys(value(d.base_words[d.positions]), d.floating)
+        kt = _keys(value(d.target_words[d.positions]), d.floating)
+        planes = _planes(_gaps(d.positions), _GAP_BYTES) + _planes(_zigzag(kt - kb), w)
+    return EncodedChunk(encoding, _frame(encoding, w, d.elements, changed, d.tail, planes), changed, d.elements)
 
 
 def encode_chunk(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype,
                  candidates: Sequence[str] = DEFAULT_CANDIDATES,
-                 dense_fraction: float = DENSE_FRACTION) -> EncodedChunk:
+                 dense_fraction: float = DENSE_FRACTION, bf16_halves: bool = True) -> EncodedChunk:
     """The smallest encoding of ``target`` against ``base`` (1-D uint8 tensors of one chunk's bytes, same length,
     same device) among ``candidates`` and ``dense``; ``dense`` outright when more than ``dense_fraction`` of the
     words changed. ``dtype``: the chunk's element dtype, whose element size sets the words (a chunk that mixes
-    dtypes is still exact, only less compact; an element size without an integer type is read as bytes)."""
+    dtypes is still exact, only less compact; an element size without an integer type is read as bytes).
+
+    With ``bf16_halves`` (the default), a float32 chunk whose changed words hold bf16 values in base and target
+    takes each candidate's ``_bf16`` form (``BF16``), and a dense one ``dense_bf16`` where every word does: they
+    carry the same words in half the bytes."""
     d = _diff(base, target, dtype)
     if _changed(d) > dense_fraction * d.elements:
-        return _encode(d, DENSE)
+        return _encode(d, _dense(d, bf16_halves))
+    sparse_half = bf16_halves and _bf16_changes(d)
+    w = 2 if sparse_half else d.w
     best = None
     for encoding in candidates:
+        encoding = _WHOLE.get(encoding, encoding)
         if encoding == DENSE:
             continue
-        if encoding == OVERWRITE and best is not None and best.encoding == ULP \
-                and _step_bytes(best.payload, d.w) <= STEP_BYTES_FOR_OVERWRITE * d.w * best.changed:
+        if encoding == OVERWRITE and best is not None and _WHOLE.get(best.encoding, best.encoding) == ULP \
+                and _step_bytes(best.payload, w) <= STEP_BYTES_FOR_OVERWRITE * w * best.changed:
             continue
-        e = _encode(d, encoding)
+        e = _encode(d, BF16[encoding] if sparse_half else encoding)
         if best is None or e.nbytes < best.nbytes:
             best = e
-    if best is None or best.nbytes >= base.numel():
-        return _encode(d, DENSE)
+    half_dense = d.elements * 2 + len(d.tail)
+    if best is not None and best.nbytes < min(half_dense, base.numel()):
+        return best  # smaller than either dense form: no pass over the chunk to tell which applies
+    dense = _dense(d, bf16_halves)
+    if best is None or best.nbytes >= (half_dense if dense == DENSE_BF16 else base.numel()):
+        return _encode(d, dense)
     return best
 
 
+def _dense(d: _Diff, bf16_halves: bool) -> str:
+    """``dense_bf16`` where it applies and is allowed, else ``dense`` (a pass over the whole chunk)."""
+    return DENSE_BF16 if bf16_halves and _bf16_chunk(d) else DENSE
+
+
 def _step_bytes(payload: bytes, w: int) -> int:
-    """Stored bytes of a ``ulp`` frame's step streams (the ones after its position streams)."""
+    """Stored bytes of a ``ulp`` frame's step streams (the ones after its position streams), of ``w``-byte
+    values."""
     first = _HEADER.size + _GAP_BYTES * _STREAM.size
     return sum(_STREAM.unpack_from(payload, first + i * _STREAM.size)[2] for i in range(w))
 
 
 def encode_each(base: torch.Tensor, target: torch.Tensor, *, dtype: torch.dtype,
                 encodings: Sequence[str] = ENCODINGS) -> dict[str, EncodedChunk]:
-    """Every encoding in ``encodings`` of one chunk (for benchmarks and tests: ``encode_chunk`` picks one)."""
+    """Every encoding in ``encodings`` of one chunk (for benchmarks and tests: ``encode_chunk`` picks one). A
+    ``_bf16`` encoding of a chunk it does not apply to raises ``ValueError``."""
     d = _diff(base, target, dtype)
     return {e: _encode(d, e) for e in encodings}
 
@@ -358,9 +446,9 @@ def _corrupt(encoding: str, reason: str) -> DeltaCorrupt:
                         f"target version in full instead", encoding=encoding, reason=reason)
 
 
-def _parse(encoding: str, payload, n: int, w: int) -> tuple[bytes, list[np.ndarray]]:
-    """Checks a framed payload against the chunk of ``n`` bytes it is applied to and decompresses its streams:
-    (tail, planes)."""
+def _parse(encoding: str, payload, n: int, w: int, vw: int) -> tuple[bytes, list[np.ndarray]]:
+    """Checks a framed payload against the chunk of ``n`` bytes (``w``-byte words) it is applied to, its values
+    being ``vw``-byte words, and decompresses its streams: (tail, planes)."""
     try:
         buf = memoryview(payload).cast("B")
     except TypeError:
@@ -372,14 +460,14 @@ def _parse(encoding: str, payload, n: int, w: int) -> tuple[bytes, list[np.ndarr
         raise _corrupt(encoding, f"not a delta payload of format {_FORMAT} (magic {bytes(magic)!r}, format {fmt})")
     if ident != _ID[encoding]:
         raise _corrupt(encoding, f"the payload is of another encoding (id {ident})")
-    if ww != w:
-        raise _corrupt(encoding, f"encoded with {ww}-byte words, applied with {w}-byte words")
+    if ww != vw:
+        raise _corrupt(encoding, f"encoded with {ww}-byte values, applied with {vw}-byte values")
     if elements != n // w or tail_len != n % w:
         raise _corrupt(encoding, f"encoded for a chunk of {elements} words + {tail_len} bytes, applied to one of "
                                  f"{n} bytes")
     if changed > elements:
         raise _corrupt(encoding, f"{changed} changed words in a chunk of {elements}")
-    per = [elements] * w if encoding == XOR else [changed] * (_GAP_BYTES + w)
+    per = [elements] * vw if _WHOLE.get(encoding, encoding) == XOR else [changed] * (_GAP_BYTES + vw)
     if count != len(per):
         raise _corrupt(encoding, f"{count} streams, expected {len(per)}")
     pos = _HEADER.size + count * _STREAM.size
@@ -424,45 +512,55 @@ def _positions(planes: Sequence[np.ndarray], elements: int, encoding: str) -> np
 
 def decode_chunk(encoding: str, payload, base: torch.Tensor, *, dtype: torch.dtype) -> ChunkChanges:
     """What ``payload`` changes in ``base`` (1-D uint8, the base chunk's bytes, any device), without writing:
-    raises ``DeltaCorrupt`` on a malformed payload. ``apply_chunk`` writes what this returns."""
+    raises ``DeltaCorrupt`` on a malformed payload, or a ``_bf16`` one for a chunk that is not float32.
+    ``apply_chunk`` writes what this returns."""
     _check_chunk(base, "into")
-    if encoding not in ENCODINGS:
-        raise _corrupt(str(encoding), f"unknown encoding, not one of {ENCODINGS}")
+    if encoding not in KNOWN:
+        raise _corrupt(str(encoding), f"unknown encoding, not one of {KNOWN}")
     w = _word_bytes(dtype)
+    whole = _WHOLE.get(encoding, encoding)
+    half = whole != encoding
+    if half and not (dtype.is_floating_point and dtype.itemsize == w == 4):
+        raise _corrupt(encoding, f"a {encoding} payload rebuilds float32 words, applied to a chunk of {dtype}")
     n = base.numel()
     elements = n // w
     body = elements * w
     dev = base.device
     bw = _words(base[:body], w)
     old_tail = base[body:].cpu().numpy().tobytes()
-    if encoding == DENSE:
+    if whole == DENSE:
         try:
             target = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
         except TypeError:
             raise _corrupt(encoding, f"a payload of type {type(payload).__name__} has no bytes") from None
-        if target.size != n:
-            raise _corrupt(encoding, f"{target.size} bytes for a chunk of {n}")
-        tw = target[:body].view(_NP_INT[w])
+        size = elements * 2 + n - body if half else n
+        if target.size != size:
+            raise _corrupt(encoding, f"{target.size} bytes for a chunk of {n} (expected {size})")
+        cut = elements * 2 if half else body
+        tw = _up(target[:cut].view("<i2").astype(np.int16)) if half else target[:cut].view(_NP_INT[w])
         if not isinstance(bw, np.ndarray):
             tw = torch.from_numpy(tw.copy()).to(dev)
         positions = _nonzero(bw != tw)
-        new_tail = target[body:].tobytes()
+        new_tail = target[cut:].tobytes()
         return _changes(positions, bw[positions], tw[positions], body, old_tail, new_tail, w, dev)
-    tail, planes = _parse(encoding, payload, n, w)
-    if encoding == XOR:
-        x = _from_planes(planes, w, bw)
+    vw = 2 if half else w
+    tail, planes = _parse(encoding, payload, n, w, vw)
+    # values as decoded (``vw``-byte words) -> the chunk's words: the identity, or bf16 halves to float32 words
+    value, word = (_hi, _up) if half else ((lambda x: x), (lambda x: x))
+    if whole == XOR:
+        x = _from_planes(planes, vw, bw)
         positions = _nonzero(x)
         old = bw[positions]
-        return _changes(positions, old, old ^ x[positions], body, old_tail, tail, w, dev)
+        return _changes(positions, old, word(value(old) ^ x[positions]), body, old_tail, tail, w, dev)
     positions = _positions(planes[:_GAP_BYTES], elements, encoding)
     if not isinstance(bw, np.ndarray):
         positions = torch.from_numpy(positions).to(dev)
-    values = _from_planes(planes[_GAP_BYTES:], w, bw)
+    values = _from_planes(planes[_GAP_BYTES:], vw, bw)
     old = bw[positions]
-    if encoding == OVERWRITE:
-        return _changes(positions, old, values, body, old_tail, tail, w, dev)
+    if whole == OVERWRITE:
+        return _changes(positions, old, word(values), body, old_tail, tail, w, dev)
     floating = dtype.is_floating_point and dtype.itemsize == w
-    new = _keys(_keys(old, floating) + _unzigzag(values), floating)
+    new = word(_keys(_keys(value(old), floating) + _unzigzag(values), floating))
     return _changes(positions, old, new, body, old_tail, tail, w, dev)
 
 
