@@ -75,12 +75,12 @@ class ReplicaEngines:
                         "delta": "off" if config.uses_regions() else config.delta}), config.apply_timeout_s)
         return results
 
-    async def flip_report(self, serving: int | None, staged: int | None, failed: int | None,
+    async def flip_report(self, serving: int | None, pull: int | None, outcome: str | None,
                           min_replica_fraction: float, timeout: float) -> dict:
         """Reports the replica for the fleet flip from its first node (the replica's name at the hub is that node's
         worker id); its engine rank 0 sends it (``th_flip_report``) and its answer is returned."""
         answers = await asyncio.wait_for(self.servers[0].collective_rpc.remote(
-            "th_flip_report", timeout=timeout, kwargs={"serving": serving, "staged": staged, "failed": failed,
+            "th_flip_report", timeout=timeout, kwargs={"serving": serving, "pull": pull, "outcome": outcome,
                                                        "min_replica_fraction": min_replica_fraction}), timeout)
         answer = next((a for a in answers if a), None)
         if answer is None:

@@ -2,7 +2,7 @@
 ``CheckpointEngineManager``: three replicas whose engine ranks are our real extension and holder (stub servers,
 ``fakes.py``), pulling real bytes into real staging through a real hub. What is checked, from the applies the
 engines recorded: the fleet never serves three versions at once, a version whose check failed on one replica is
-served by none, a replica that missed a version catches up to the fleet's before the fleet moves on, and the hub's
+served by none, a version one replica could not read is still committed by the others, a replica that missed a version catches up to the fleet's before the fleet moves on, and the hub's
 status shows each replica's serving version."""
 
 from __future__ import annotations
@@ -62,6 +62,51 @@ def test_the_fleet_flips_together_never_serving_three_versions_nor_a_failed_one(
         for r in (0, 1):
             assert ray.get(servers[r][0].served_digest.remote()) == digest(weights_for(44).items())
         assert ray.get(servers[2][0].served_digest.remote()) == digest(weights_for(43).items())
+    finally:
+        ray.get(trainer.close.remote())
+        hub.stop()
+
+
+def test_a_pull_that_found_no_holder_blocks_nothing_and_a_digest_mismatch_blocks_everywhere(ray_local):
+    """Replica 2's first pull of v42 finds no holder: it keeps v41 and reports v42 unavailable, which says nothing
+    about v42, so the quorum commits it; replica 2 catches up to it on the next step. Replica 0's pull of v44
+    reads bytes that fail their digests: v44 is blocked everywhere, though replica 1 alone is a quorum (0.3)."""
+    import tensorhub_verl as th
+
+    hub = th.start_hub(host="127.0.0.1", port=0)
+    recorder = Recorder.remote()
+    th_cfg = {"hub_address": hub.url, "keep_versions": 2, "staging": "cpu", "rollout_staging": "cpu",
+              "chunk_mb": 1, "fetch_timeout_s": 180.0, "unpublish_timeout_s": 60.0, "apply_timeout_s": 180.0,
+              "verify_digests": True, "min_replica_fraction": 0.3, "flip_together": True, "delta": "off"}
+    trainer = TrainerStub.remote(th_cfg, job="unavailable")
+    servers = {0: [StubServer.remote(0, recorder, corrupt=44)], 1: [StubServer.remote(1, recorder)],
+               2: [StubServer.remote(2, recorder, unavailable_once=42)]}
+    replicas = [FakeReplica(r, servers[r], recorder) for r in (0, 1, 2)]
+    try:
+        manager = _manager(th_cfg, StubActorGroup([trainer]), replicas)
+        manager.update_weights(global_steps=41)
+        m42 = manager.update_weights(global_steps=42)
+        assert m42["tensorhub/flip_committed"] == 42.0 and m42["tensorhub/versions_served"] == 2.0, m42
+        with th.connect(hub.url, "observer") as observer:
+            status = observer.status()["flips"]["policy"]
+        assert status["failed"] == [] and sorted(
+            (r["serving"], r["pull"], r["outcome"]) for r in status["replicas"].values()) == [
+            (41, 42, "unavailable"), (42, None, None), (42, None, None)], status
+        m43 = manager.update_weights(global_steps=43)  # replica 2 catches up to v42, then the others flip to v43
+        assert m43["tensorhub/flip_committed"] == 43.0 and m43["tensorhub/versions_served"] == 2.0, m43
+        m44 = manager.update_weights(global_steps=44)
+        assert m44["tensorhub/flip_committed"] == 43.0 and m44["tensorhub/flip_blocked"] == 1.0, m44
+        assert m44["tensorhub/digest_mismatches"] == 1.0, m44
+        served = _served_sets(ray.get(recorder.get.remote()), {0, 1, 2})
+        assert all(len(s) <= 2 for _, s in served), served
+        assert sorted(v for v, _ in served) == [41, 41, 41, 42, 42, 42, 43, 43, 43], served
+        with th.connect(hub.url, "observer") as observer:
+            status = observer.status()["flips"]["policy"]
+        assert status["failed"] == [44] and sorted(r["serving"] for r in status["replicas"].values()) == [43] * 3
+        assert sorted((r["pull"], r["outcome"]) for r in status["replicas"].values()
+                      if r["outcome"] is not None) == [(44, "check_failed")], status
+        for r in (0, 1, 2):
+            assert ray.get(servers[r][0].served_digest.remote()) == digest(weights_for(43).items())
     finally:
         ray.get(trainer.close.remote())
         hub.stop()

@@ -26,7 +26,7 @@ class FlipBook:
         """Books ``req`` as its worker's latest report, decides again, and answers that worker. ``fetchable``:
         the model's versions that some holder has now."""
         model = self._models.setdefault(req.model, _ModelFlip())
-        model.reports[req.worker] = ReplicaReport(serving=req.serving, staged=req.staged, failed=req.failed)
+        model.reports[req.worker] = ReplicaReport(serving=req.serving, pull=req.pull, outcome=req.outcome)
         decision = decide(model.reports, model.state, req.min_replica_fraction, fetchable)
         model.state, model.blocked = decision.state, decision.blocked
         return _reply(decision, req.worker, fetchable)
@@ -39,7 +39,7 @@ class FlipBook:
     def status(self) -> dict[str, msg.FlipStatus]:
         return {name: msg.FlipStatus(
             committed=m.state.committed, previous=m.state.previous, failed=sorted(m.state.failed), blocked=m.blocked,
-            replicas={w: msg.ReplicaFlipStatus(serving=r.serving, staged=r.staged, failed=r.failed)
+            replicas={w: msg.ReplicaFlipStatus(serving=r.serving, pull=r.pull, outcome=r.outcome)
                       for w, r in sorted(m.reports.items())}) for name, m in sorted(self._models.items())}
 
 
