@@ -13,10 +13,11 @@ N_GPUS_TRAINING=${N_GPUS_TRAINING:-$((NGPUS_PER_NODE - N_GPUS_ROLLOUT))}
 TRAINER_NNODES=${TRAINER_NNODES:-1}
 ROLLOUT_NNODES=${ROLLOUT_NNODES:-1}
 
-# TensorHub on: the package's Hydra configs (tensorhub_verl/conf/; the repo's conf/ links there) on Hydra's search path, plus ONE group override. With the
-# hydra_plugins search-path shim installed, TENSORHUB_SEARCHPATH can be left empty.
+# TensorHub on: the package's Hydra configs (tensorhub_verl/conf/; the repo's conf/ links there) on Hydra's search path, plus ONE group override;
+# the CPU recipes' presets (+tensorhub_cpu=...) come from the CPU harness of the developer tools (dev/tensorhub_dev/verl_cpu/conf/).
+# With the hydra_plugins search-path shims installed (the package's, and dev/'s), TENSORHUB_SEARCHPATH can be left empty.
 TENSORHUB_PROFILE=${TENSORHUB_PROFILE:-standalone}               # standalone | elastic | cross_dc
-TENSORHUB_SEARCHPATH=${TENSORHUB_SEARCHPATH-"hydra.searchpath=[pkg://verl.trainer.config,file://${REPO_ROOT}/tensorhub_verl/conf]"}
+TENSORHUB_SEARCHPATH=${TENSORHUB_SEARCHPATH-"hydra.searchpath=[pkg://verl.trainer.config,file://${REPO_ROOT}/tensorhub_verl/conf,file://${REPO_ROOT}/dev/tensorhub_dev/verl_cpu/conf]"}
 TENSORHUB_ARGS=(${TENSORHUB_SEARCHPATH} "+tensorhub=${TENSORHUB_PROFILE}")
 
 # Fail before Ray starts if the installed verl does not take our patches (prints one line per patch).

@@ -194,9 +194,9 @@ def format_status(status: dict) -> str:
                       f"failed checks: {failed}" + (f"; waiting: {flip['blocked']}" if flip["blocked"] else ""),
                   f"{'replica':<24} {'serving':>8} {'staged':>8}"]
         for worker, r in flip["replicas"].items():
-            staged = "-" if r["staged"] is None else f"v{r['staged']}"
-            if r.get("failed") is not None:
-                staged += f" (v{r['failed']} failed)"
+            staged = "-" if r["pull"] is None else f"v{r['pull']}"
+            if r["outcome"] not in (None, "staged"):  # its check failed, or it could not be read
+                staged = f"- (v{r['pull']} {r['outcome'].replace('_', ' ')})"
             serving = "-" if r["serving"] is None else f"v{r['serving']}"
             lines.append(f"{worker:<24} {serving:>8} {staged:>8}")
     return "\n".join(lines)

@@ -81,6 +81,13 @@ class TransferFailed(TensorHubError):
     """No holder could serve a chunk (all sources failed, or the fetch timed out)."""
 
 
+class DigestMismatch(TransferFailed):
+    """Bytes of a version were read and do not match its publisher's digests: every holder that could serve a chunk
+    served bytes that fail the chunk's digest, or the weights an engine serves differ from the published version
+    (``verify_digests``). The version's check failed (a corrupt or wrong version), unlike its parent
+    ``TransferFailed``'s other cases (no holder, a dead holder, a timeout), where the bytes were never read."""
+
+
 class HubUnavailable(TensorHubError):
     """The hub did not answer within the client's retry budget."""
 
@@ -167,6 +174,7 @@ __all__ = [
     "JobKeyRequired",
     "UnverifiedVersion",
     "TransferFailed",
+    "DigestMismatch",
     "HubUnavailable",
     "HubNotProven",
     "PlainHttpToTls",

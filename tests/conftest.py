@@ -27,7 +27,8 @@ from tensorhub_dev.testing.leftovers import Leftover, with_marker  # noqa: E402
 SESSION_ENV = "TENSORHUB_TEST_SESSION"
 GRACE_ENV = "TENSORHUB_TEST_GRACE_S"
 """Seconds the processes of the run get to end after its last test (default 30)."""
-# Python's own helpers that live as long as the pytest process and end with it.
+# Python's own helpers that live as long as the pytest process and end with it: exempt when the pytest process
+# started them itself. A process forked by the fork server shows the server's command line, and is checked.
 _EXEMPT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
@@ -36,7 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _started_by_this_run(marker: str) -> list[Leftover]:
-    return [p for p in with_marker(marker, name=SESSION_ENV) if not any(e in p.cmdline for e in _EXEMPT)]
+    return [p for p in with_marker(marker, name=SESSION_ENV)
+            if not (p.ppid == os.getpid() and any(e in p.cmdline for e in _EXEMPT))]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -27,10 +27,23 @@ LEAVES = """
 """
 
 
-def _run_inner(tmp_path: Path, reap: bool) -> tuple[subprocess.CompletedProcess, int]:
+# A role (tensorhub_verl.bench.procs): forked by multiprocessing's fork server, it shows the server's command line.
+LEAVES_A_ROLE = """
+    import time
+    from tensorhub_verl.bench.procs import Role
+    def _idle(results, control):
+        import os
+        results.put(("ok", os.getpid()))
+        time.sleep(600)
+    def test_starts_a_role():
+        open({pid_file!r}, "w").write(str(Role(_idle).result(120)))
+"""
+
+
+def _run_inner(tmp_path: Path, reap: bool, body: str = LEAVES) -> tuple[subprocess.CompletedProcess, int]:
     (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
     pid_file = str(tmp_path / "pid")
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent(LEAVES.format(pid_file=pid_file, reap=reap)))
+    (tmp_path / "test_inner.py").write_text(textwrap.dedent(body.format(pid_file=pid_file, reap=reap)))
     env = {k: v for k, v in os.environ.items() if k != SESSION_ENV}  # the inner run marks its own processes
     env.update({GRACE_ENV: "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "dev")])})
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
@@ -55,3 +68,13 @@ def test_a_run_that_ends_its_processes_passes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "outlived" not in proc.stdout and alive([pid]) == []
 
+
+
+def test_a_role_left_by_a_test_fails_the_run_though_its_fork_server_is_exempt(tmp_path):
+    proc, pid = _run_inner(tmp_path, reap=False, body=LEAVES_A_ROLE)
+    try:
+        assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout + proc.stderr
+        assert "1 process(es)" in proc.stdout and f"pid {pid} " in proc.stdout, proc.stdout
+    finally:
+        if alive([pid]):
+            os.kill(pid, 9)

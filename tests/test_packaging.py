@@ -22,10 +22,9 @@ from tests.requires import require
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ["tensorhub_verl/conf/tensorhub/cross_dc.yaml", "tensorhub_verl/conf/tensorhub/elastic.yaml",
-           "tensorhub_verl/conf/tensorhub/standalone.yaml",
-           "tensorhub_verl/conf/tensorhub_cpu/tiny_grpo.yaml",
-           "tensorhub_verl/conf/tensorhub_cpu/tiny_grpo_fully_async.yaml",
-           "tensorhub_verl/conf/tensorhub_cpu/tiny_ppo.yaml"]
+           "tensorhub_verl/conf/tensorhub/standalone.yaml"]
+CPU_PRESETS = ["tiny_grpo", "tiny_grpo_fully_async", "tiny_ppo"]
+"""The CPU harness's Hydra presets (``+tensorhub_cpu=<name>``): developer tools, in dev/ and not in the wheel."""
 
 LOOKUP = textwrap.dedent("""
     import json
@@ -64,6 +63,7 @@ def test_wheel_ships_the_hydra_configs_and_the_plugin_finds_them(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"tensorhub_verl", "hydra_plugins"}, sorted(tops)
     assert not [n for n in names if n.split("/")[1:2] in (["netlab"], ["sim"], ["demo"], ["testing"])]
+    assert not [n for n in names if "tensorhub_cpu" in n], "the CPU presets belong to dev/, not the wheel"
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", LOOKUP], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -90,3 +90,35 @@ def test_the_checkout_finds_the_configs_too():
     assert conf_dir() == REPO / "tensorhub_verl" / "conf"
     assert all((REPO / name).is_file() for name in CONFIGS)
     assert (REPO / "conf" / "tensorhub" / "standalone.yaml").is_file()  # the old path still works (a link)
+
+
+CPU_LOOKUP = textwrap.dedent("""
+    import json
+    from hydra import compose, initialize
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+    names = sorted(f"{p.__module__}.{p.__name__}" for p in Plugins.instance().discover(SearchPathPlugin))
+    with initialize(config_path=None, version_base=None):  # no primary config: the plugins' search path only
+        cfg = compose(overrides=["+tensorhub_cpu=tiny_grpo"])
+    print(json.dumps({"plugins": names, "device": cfg.trainer.device, "dtype": cfg.actor_rollout_ref.rollout.dtype}))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_cpu_presets_live_in_dev_and_its_plugin_finds_them():
+    """The CPU presets are dev/'s (the CPU harness), not the product's; with dev/ importable (installed, or on the
+    path as the tests have it), its Hydra plugin puts them on Hydra's search path: ``+tensorhub_cpu=tiny_grpo``
+    composes with no hydra.searchpath override. (The demo job's full composition with verl's config:
+    tests/verl/test_cpu_platform_on_cpu.py::test_the_demo_job_composes_into_a_config_the_checks_accept.)"""
+    require("hydra")
+    from tensorhub_dev.verl_cpu.hydra_searchpath import PRESET_GROUP, conf_dir
+
+    assert conf_dir() == REPO / "dev" / "tensorhub_dev" / "verl_cpu" / "conf"
+    assert sorted(p.stem for p in (conf_dir() / PRESET_GROUP).glob("*.yaml")) == CPU_PRESETS
+    assert not (REPO / "tensorhub_verl" / "conf" / PRESET_GROUP).exists()
+    # A fresh interpreter: Hydra discovers plugins once per process.
+    out = subprocess.run([sys.executable, "-c", CPU_LOOKUP], cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert any(name.endswith(".CpuPresetsSearchPathPlugin") for name in found["plugins"]), found["plugins"]
+    assert (found["device"], found["dtype"]) == ("cpu", "float32"), found

@@ -31,6 +31,7 @@ class ReplicaEngines:
         self.servers = list(replica.servers)
         if not self.servers:
             raise TransferFailed(f"replica {self.replica_rank} has no running servers yet")
+        self._replica = replica
 
     @property
     def key(self) -> tuple:
@@ -74,12 +75,12 @@ class ReplicaEngines:
                         "delta": "off" if config.uses_regions() else config.delta}), config.apply_timeout_s)
         return results
 
-    async def flip_report(self, serving: int | None, staged: int | None, failed: int | None,
+    async def flip_report(self, serving: int | None, pull: int | None, outcome: str | None,
                           min_replica_fraction: float, timeout: float) -> dict:
         """Reports the replica for the fleet flip from its first node (the replica's name at the hub is that node's
         worker id); its engine rank 0 sends it (``th_flip_report``) and its answer is returned."""
         answers = await asyncio.wait_for(self.servers[0].collective_rpc.remote(
-            "th_flip_report", timeout=timeout, kwargs={"serving": serving, "staged": staged, "failed": failed,
+            "th_flip_report", timeout=timeout, kwargs={"serving": serving, "pull": pull, "outcome": outcome,
                                                        "min_replica_fraction": min_replica_fraction}), timeout)
         answer = next((a for a in answers if a), None)
         if answer is None:
@@ -87,11 +88,30 @@ class ReplicaEngines:
         return answer
 
     async def hold_admission(self, hold: bool, timeout: float) -> int:
-        """Holds (or releases) new requests at every server's gate (``th_hold_admission``); requests in flight
-        go on. Returns the requests that met a held gate since the previous call."""
+        """Holds (or releases) new requests: a held replica leaves verl's load balancer, so that no new request is
+        routed to it, and its servers' gates close (``th_hold_admission``) for any request already on its way;
+        requests in flight go on. A release opens the gates, then puts the replica back into rotation. Returns the
+        requests that met a held gate since the previous call."""
+        if hold:
+            await self._rotation(False, timeout)
         answers = await asyncio.wait_for(asyncio.gather(
             *(s.th_hold_admission.remote(hold) for s in self.servers)), timeout)
+        if not hold:
+            await self._rotation(True, timeout)
         return sum(int(a.get("held_back", 0)) for a in answers)
+
+    async def _rotation(self, serving: bool, timeout: float) -> None:
+        """Adds the replica to (or removes it from) the load balancer that routes verl's requests to it, through
+        the balancer's own ``add_servers`` / ``remove_servers`` (``patches/verl_0_9_1_balancer_rotation``)."""
+        from tensorhub_verl.verl.patches.verl_0_9_1_balancer_rotation import balancer_of
+
+        balancer = balancer_of(self._replica)
+        if balancer is None:
+            return
+        address = self._replica._server_address
+        call = balancer.add_servers.remote({address: self._replica._server_handle}) if serving \
+            else balancer.remove_servers.remote([address])
+        await asyncio.wait_for(call, timeout)
 
     async def after_apply(self, version: int, timeout: float) -> None:
         """What verl's server adapter does after a weight update: drop KV computed with the old weights and

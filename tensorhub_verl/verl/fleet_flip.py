@@ -3,8 +3,10 @@ staged and checked, and flip to it together once the hub's rule (``ros/hub/flip_
 
 ```
  updater                     replica r (engine ranks)                 hub
-   stage ──────────────────> pull v (or the fleet's commit, if behind) ── chunks verified as they land
-   report (all replicas) ──> th_flip_report(serving, staged, failed) ──> books it, decides
+   query (if one is behind) > th_flip_report (one replica, nothing staged) ─> answers: commit, versions held now
+   stage ──────────────────> pull v (or the fleet's commit, if behind; if no holder has the commit any more, what
+                             the other replicas serve, else v) ── chunks verified as they land
+   report (all replicas) ──> th_flip_report(serving, pull, outcome) ──> books it, decides
    report again (all) ─────> th_flip_report ──────────────────────────> answers: flip_to, wave
    wave 1: catch-ups to the previous commit, pause-apply-resume each
    wave 2: flips to the commit, pause-apply-resume each (flip_batches: oldest first, one by one where flipping
@@ -14,16 +16,19 @@ staged and checked, and flip to it together once the hub's rule (``ros/hub/flip_
 ```
 
 The decision the updater acts on is the one given once every replica has reported, so a replica whose check fails
-withdraws a version before anyone flips to it. A replica whose pull fails reports that version as failed: no replica
-flips to it, ever (the hub keeps the list). A pull that failed is the version's check failing: every chunk carries
-its publisher's digest and the holder refuses bytes that differ.
+withdraws a version before anyone flips to it. Each replica reports how its pull ended (``pull_outcome``):
+``check_failed`` when bytes were read and did not match the version's digests (``errors.DigestMismatch``: every
+chunk carries its publisher's digest), and then no replica flips to that version, ever (the hub keeps the list);
+``unavailable`` when the bytes were never read (no holder, a dead holder, a timeout: the other ``TransferFailed``
+cases, ``VersionNotFound``, a rank with no pull), which says nothing about the version: that replica just does not
+hold it, and the others may still commit it by quorum.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -33,22 +38,44 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tensorhub_verl.verl.fleet_flip")
 
 
-def stage_target(served: int | None, committed: int | None, newest: int) -> int:
-    """The version a replica stages: the fleet's commit while it serves an older one (or none), else the newest."""
-    if committed is not None and committed < newest and (served is None or served < committed):
-        return committed
-    return newest
+def stage_target(served: int | None, committed: int | None, newest: int, *,
+                 fetchable: Collection[int] | None = None, others: Iterable[int | None] = (),
+                 failed: Collection[int] = ()) -> int:
+    """The version a replica stages: the fleet's commit while it serves an older one (or none), else the newest.
+
+    A commit that no holder has any more (``fetchable``: the versions some holder has now; None: every version)
+    cannot be pulled: a replica behind it then stages the newest version the other replicas serve (``others``) that
+    is newer than its own (its peers hold it, and moving to it adds no version to what the fleet serves), else the
+    newest. Never a version in ``failed`` (its check failed on some replica). Pure: no I/O."""
+    behind = committed is not None and committed < newest and (served is None or served < committed)
+    if not behind or fetchable is None or (committed in fetchable and committed not in failed):
+        return committed if behind else newest
+    ahead = [v for v in others if v is not None and v in fetchable and v not in failed
+             and (served is None or v > served)]
+    return max(ahead, default=newest)
 
 
-def _report_fields(staged: Staged | None, served: int | None, error: BaseException | None) -> dict:
-    """What a replica reports: what it serves, the version all its ranks hold staged, a version a rank failed."""
-    if staged is None or staged.statuses is None:
-        return {"serving": staged.version if staged is not None else served, "staged": None, "failed": None}
+def pull_outcome(check_failed: bool) -> str:
+    """A failed pull's outcome for the hub (``messages.PullOutcome``): ``check_failed`` only when its bytes failed
+    the version's digests."""
+    return "check_failed" if check_failed else "unavailable"
+
+
+def _report_fields(staged: Staged | None, served: int | None, target: int, error: BaseException | None) -> dict:
+    """What a replica reports: what it serves, and the version it tried to stage with how that pull ended (every
+    rank holds it staged and checked; a rank's bytes failed its digests; else it could not be read)."""
+    from tensorhub_verl.errors import DigestMismatch
+
+    if staged is None:  # the stage itself failed (set-up, a pull that did not finish in time)
+        return {"serving": served, "pull": target, "outcome": pull_outcome(isinstance(error, DigestMismatch))}
+    if staged.statuses is None:
+        return {"serving": staged.version, "pull": None, "outcome": None}
     pulls = [s.pull for s in staged.statuses]
-    failed = any(p is None or p.state == "failed" for p in pulls)
+    failed = [p for p in pulls if p is None or p.state == "failed"]
     ready = not failed and all(p.state == "ready" and p.version == staged.version for p in pulls)
-    return {"serving": served, "staged": staged.version if ready else None,
-            "failed": staged.version if failed else None}
+    outcome = (pull_outcome(any(p is not None and p.check_failed for p in failed)) if failed
+               else "staged" if ready else "unavailable")
+    return {"serving": served, "pull": staged.version, "outcome": outcome}
 
 
 async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version: int,
@@ -58,20 +85,27 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
 
     config = updater.config
     timeout = config.apply_timeout_s
-    committed = updater.flip_committed
+    view = await _fleet_view(updater, replicas, version)
+    committed = view["committed"] if view is not None else updater.flip_committed
+    fetchable = view.get("fetchable") if view is not None else None
+    failed = set(view["failed"]) if view is not None else set()
 
-    async def stage(replica):
-        target = stage_target(updater.served.get(replica.replica_rank), committed, version)
+    targets = [stage_target(updater.served.get(r.replica_rank), committed, version, fetchable=fetchable,
+                            failed=failed, others=[v for k, v in updater.served.items() if k != r.replica_rank])
+               for r in replicas]
+
+    async def stage(replica, target):
         try:
             return await updater._stage(replica, target), None
-        except Exception as e:  # this replica cannot pull now; it reports nothing staged
+        except Exception as e:  # this replica cannot pull now; it reports that it does not hold the target
             return None, e
 
-    staged = await asyncio.gather(*(stage(r) for r in replicas))
+    staged = await asyncio.gather(*(stage(r, t) for r, t in zip(replicas, targets)))
     outcomes = [ReplicaOutcome(replica=r.replica_rank, error=e,
                                version=s.version if s is not None and s.statuses is None else None)
                 for r, (s, e) in zip(replicas, staged)]
-    fields = [_report_fields(s, updater.served.get(r.replica_rank), e) for r, (s, e) in zip(replicas, staged)]
+    fields = [_report_fields(s, updater.served.get(r.replica_rank), t, e)
+              for r, t, (s, e) in zip(replicas, targets, staged)]
 
     async def report(i: int):
         try:
@@ -89,7 +123,7 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
         s, o = staged[i][0], outcomes[i]
         try:
             await updater._apply_staged(replicas[i], s, o, published_digests if s.version == version else None)
-            fields[i] = {"serving": s.version, "staged": None, "failed": None}
+            fields[i] = {"serving": s.version, "pull": None, "outcome": None}
         except Exception as e:
             o.error = e
 
@@ -115,9 +149,10 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
                 await asyncio.to_thread(s.updater.call, "th_abort")
             except Exception as e:
                 outcomes[i].error = outcomes[i].error or e
-            if outcomes[i].error is None and fields[i]["failed"] is not None:
-                outcomes[i].error = _check_failed(replicas[i].replica_rank, s)
-            fields[i]["staged"] = None
+            if outcomes[i].error is None and fields[i]["outcome"] != "staged":
+                outcomes[i].error = _pull_failed(replicas[i].replica_rank, s, fields[i]["outcome"])
+            if fields[i]["outcome"] == "staged":  # dropped: it no longer holds it staged
+                fields[i].update(pull=None, outcome=None)
     final = await asyncio.gather(*(report(i) for i in range(len(replicas))))
     decided = next((a for a in reversed(final) if a is not None), None) or next(
         (a for a in answers if a is not None), None)
@@ -132,6 +167,27 @@ async def flip_fleet(updater: TensorHubUpdater, replicas: Sequence[Any], version
     if decided is not None and decided["committed"] is not None:
         metrics["tensorhub/flip_committed"] = float(decided["committed"])
     return outcomes, metrics
+
+
+async def _fleet_view(updater: TensorHubUpdater, replicas: Sequence[Any], version: int) -> dict | None:
+    """The hub's current answer (commit, failed versions, the versions some holder has now), asked only when a
+    replica is behind the last commit known: the trainer may have just dropped it (``keep_versions``). One replica
+    that is set up reports what it serves, nothing staged (what it reported after the last flip); None: no replica
+    answered, or none is behind."""
+    committed = updater.flip_committed
+    if committed is None or not any(stage_target(updater.served.get(r.replica_rank), committed, version) == committed
+                                    for r in replicas):
+        return None
+    for replica in replicas:
+        if updater._set_up.get(replica.replica_rank) is None:
+            continue
+        try:
+            return await updater._engines(replica).flip_report(
+                serving=updater.served.get(replica.replica_rank), pull=None, outcome=None,
+                min_replica_fraction=updater.config.min_replica_fraction, timeout=updater.config.apply_timeout_s)
+        except Exception as e:  # another replica may answer; without an answer the last commit known is used
+            logger.warning("replica %d did not answer the fleet flip's query: %s", replica.replica_rank, e)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +228,15 @@ def flip_batches(flips: Sequence[tuple[int, int, int]], serving: list[int | None
             yield FlipBatch((i,), old, target, len(others | {target}) <= MAX_SERVED)
 
 
-def _check_failed(replica: int, staged: Staged) -> BaseException:
-    from tensorhub_verl.errors import TransferFailed
+def _pull_failed(replica: int, staged: Staged, outcome: str) -> BaseException:
+    from tensorhub_verl.errors import DigestMismatch, TransferFailed
 
     errors = [s.pull.error for s in staged.statuses if s.pull is not None and s.pull.error]
-    return TransferFailed(f"replica {replica}: v{staged.version} failed its check ({errors[:1]}); no replica flips "
-                          f"to it and this one keeps serving its version")
+    if outcome == "check_failed":
+        return DigestMismatch(f"replica {replica}: v{staged.version} failed its check ({errors[:1]}); no replica "
+                              f"flips to it and this one keeps serving its version")
+    return TransferFailed(f"replica {replica}: v{staged.version} could not be read ({errors[:1]}); this replica "
+                          f"keeps serving its version, the others may still flip to it")
 
 
-__all__ = ["FlipBatch", "flip_batches", "flip_fleet", "stage_target"]
+__all__ = ["FlipBatch", "flip_batches", "flip_fleet", "pull_outcome", "stage_target"]

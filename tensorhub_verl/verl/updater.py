@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from tensorhub_verl.errors import ConfigError, TransferFailed
+from tensorhub_verl.errors import ConfigError, DigestMismatch, TransferFailed
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.digest import DIGEST_KEY, differing
@@ -45,10 +45,6 @@ from tensorhub_verl.verl.metrics import stale_replicas, update_metrics
 from tensorhub_verl.vllm.results import UpdateResult
 
 logger = logging.getLogger("tensorhub_verl.verl.updater")
-
-
-class DigestMismatch(TransferFailed):
-    """A rollout's pulled bytes differ from the trainer's published version (``verify_digests``)."""
 
 
 @dataclass(slots=True)

@@ -166,16 +166,16 @@ class TensorHubWorkerExtension:
     def th_abort(self) -> None:
         self._th().abort()
 
-    def th_flip_report(self, serving: int | None, staged: int | None, failed: int | None,
+    def th_flip_report(self, serving: int | None, pull: int | None, outcome: str | None,
                        min_replica_fraction: float = 1.0) -> dict:
         """Reports the replica this rank belongs to for the fleet flip through this rank's client (the driver
-        gathers every rank's status into these three versions); returns the hub's ``FlipReply`` as a dict. At TP>1
+        gathers every rank's status into what it serves and how its pull ended); returns the hub's ``FlipReply`` as a dict. At TP>1
         only rank 0 reports (the replica counts once toward the quorum); the other ranks answer an empty dict."""
         h = self._th()
         group = h.config.shard_group
         if group is not None and h.worker != rank_worker_id(group, 0, h.config.shard_count):
             return {}
-        return h.client.flip_report(h.config.model, serving=serving, staged=staged, failed=failed,
+        return h.client.flip_report(h.config.model, serving=serving, pull=pull, outcome=outcome,
                                     min_replica_fraction=min_replica_fraction).model_dump()
 
     def th_hf_digests(self) -> dict:

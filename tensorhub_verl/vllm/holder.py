@@ -111,7 +111,8 @@ class EngineHolder:
             p = self._pull
             pull = None if p is None else PullStatus(version=p.version, state=p.state.value,
                                                      source_layout=p.source_layout,
-                                                     error=None if p.error is None else repr(p.error))
+                                                     error=None if p.error is None else repr(p.error),
+                                                     check_failed=isinstance(p.error, errors.DigestMismatch))
             return HolderStatus(worker=self.worker, layout=self.config.layout, served=self.served,
                                 broken=self.broken, staging=self.config.staging, extra_bytes=self.extra_bytes,
                                 pinned_staging=self.pinned_staging, publishing=self._registration.publishing,

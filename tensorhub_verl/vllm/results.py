@@ -207,6 +207,10 @@ class PullStatus(_Wire):
     source_layout: str
     error: str | None = None
     """``repr`` of why it failed."""
+    check_failed: bool = False
+    """A failed pull read bytes that do not match the version's digests (``errors.DigestMismatch``): the
+    version's check failed. False on a failed pull: the version could not be read (no holder, a dead holder, a
+    timeout)."""
 
 
 @dataclass(slots=True, kw_only=True)

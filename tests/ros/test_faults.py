@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import tensorhub_verl as th
 from tensorhub_verl.bench.hub_proc import HubProcess
 from tensorhub_verl.errors import TransferFailed
 from tensorhub_verl.ros.client.client import Client
@@ -15,6 +16,16 @@ from tensorhub_verl.ros.client.config import ClientConfig
 from tests.ros.roles import GatedPlane, digest, holder, make_weights, stalling_reader, wait_until
 
 CHUNK = 256 << 10
+
+
+@pytest.fixture
+def quick_hub():
+    """The suite's loopback hub (``hub``), but one that drops a silent worker after 4 s (8 heartbeats) instead of
+    10: the tests that wait for a dead worker to be dropped wait that long."""
+    server = th.start_hub(config=th.HubConfig(worker_timeout_s=4.0, heartbeat_s=0.5, lease_ttl_s=30.0,
+                                              suspect_s=2.0))
+    yield server
+    server.stop()
 
 
 def test_a_holder_killed_mid_read_costs_only_a_re_plan(hub, roles):
@@ -36,7 +47,8 @@ def test_a_holder_killed_mid_read_costs_only_a_re_plan(hub, roles):
     client.close()
 
 
-def test_a_fetch_fails_cleanly_when_its_only_holder_dies(hub, roles):
+def test_a_fetch_fails_cleanly_when_its_only_holder_dies(quick_hub, roles):
+    hub = quick_hub
     only = roles(holder, hub.url, "h1", 4, 4.0, CHUNK).result(120)
     transport = GatedPlane("reader-agent",
                                on_read=lambda n: n == 2 and os.kill(only["pid"], signal.SIGKILL))
@@ -80,7 +92,8 @@ def _holdings(client: Client, worker: str) -> list[dict]:
     return [h for v in client.status()["models"].get("policy", []) for h in v["holders"] if h["worker"] == worker]
 
 
-def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(hub, roles):
+def test_a_reader_killed_mid_fetch_never_serves_its_partial_chunks(quick_hub, roles):
+    hub = quick_hub
     published = roles(holder, hub.url, "trainer", 8, 4.0, CHUNK).result(120)
     victim = roles(stalling_reader, hub.url, "victim", 3).result(120)
     observer = Client(hub.url, "observer")
@@ -121,7 +134,7 @@ def test_a_hub_frozen_past_the_worker_timeout_drops_nobody(roles, tmp_path):
         reader = Client(hub_process.url, "reader")
         stats = reader.fetch("policy", 1)
         hub_process.signal(signal.SIGSTOP)
-        time.sleep(8)  # the freeze itself: longer than the worker timeout (3 s)
+        time.sleep(5)  # the freeze itself: longer than the worker timeout (3 s) by two heartbeat intervals
         hub_process.signal(signal.SIGCONT)
         thawed = reader.status()["sweeps"]
         # Sweeps after the thaw, each of which would drop a worker it took for silent; and a heartbeat's round.

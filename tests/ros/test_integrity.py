@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tensorhub_verl as th
-from tensorhub_verl.errors import ManifestMismatch, UnverifiedVersion
+from tensorhub_verl.errors import DigestMismatch, ManifestMismatch, TransferFailed, UnverifiedVersion
 from tensorhub_verl.ros.client.client import Client
 from tensorhub_verl.ros.client.config import ClientConfig
 from tensorhub_verl.ros.wire.integrity import chunk_digests
@@ -63,6 +63,16 @@ def test_a_changed_copy_is_caught_read_around_and_quarantined_on_its_own_jobs_re
         assert again.corrupt_reads == 0 and set(again.sources) == {"good"}
         other = second.fetch("policy", 1, hold=False)  # nobody is planned on a quarantined copy
         assert digest(other.buffers) == good["digest"] and other.corrupt_reads == 0
+
+
+def test_a_fetch_whose_only_source_serves_bytes_that_fail_their_digests_raises_digest_mismatch(hub, roles):
+    """The version's check failed (bytes were read and differ), which a caller tells apart from a version nobody
+    could serve: ``DigestMismatch`` is the ``TransferFailed`` that says so."""
+    roles(tampering_holder, hub.url, "tamperer", 9, 1.0, CHUNK, 1).result(120)
+    with Client(hub.url, "reader", config=ClientConfig.from_fields(window=8)) as reader:
+        with pytest.raises(DigestMismatch, match="fail the chunk digests") as caught:
+            reader.fetch("policy", 1, hold=False, timeout=60)
+    assert isinstance(caught.value, TransferFailed)
 
 
 def _quarantined(client) -> dict[str, bool]:

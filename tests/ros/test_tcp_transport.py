@@ -304,7 +304,8 @@ def test_a_silent_holder_times_out(roles):
     listener = socket.create_server(("127.0.0.1", 0))
     accepted = []
     threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
-    reader = TcpPlane("timeout-reader", "127.0.0.1", io_timeout_s=0.5)
+    # The holder never says hello: the reader gives up at its connect timeout (short here, as the I/O timeout).
+    reader = TcpPlane("timeout-reader", "127.0.0.1", io_timeout_s=0.5, connect_timeout_s=0.5)
     try:
         from tensorhub_verl.ros.planes import tcp_wire
 

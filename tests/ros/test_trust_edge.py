@@ -206,7 +206,8 @@ def test_an_impostor_on_a_dead_hubs_port_gets_no_secret_and_the_workers_wait_for
         assert credential
         hub.kill()
         with _Listener("127.0.0.1", port) as impostor:
-            time.sleep(8)  # heartbeats every second, each a new connection to whatever holds the port
+            # Heartbeats every second, each a new connection to whatever holds the port: several of them.
+            _wait_until(lambda: impostor.connections >= 3, 30, "the workers tried the impostor")
             # The real hub cannot listen while the impostor holds its port: it says so and how to fix it.
             blocked = subprocess.run([sys.executable, "-m", "tensorhub_verl.cli", "hub", "--port", str(port)],
                                      env={**os.environ, "TENSORHUB_TOKEN": TOKEN}, capture_output=True,

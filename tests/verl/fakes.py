@@ -77,10 +77,13 @@ class StubEngineRank:
     """One engine rank: our real ``TensorHubWorkerExtension`` and ``EngineHolder`` over plain HF-named tensors
     (what vLLM's worker would hold), so the updater drives the real holder through real ROS transfers."""
 
-    def __init__(self, replica_rank: int, recorder):
+    def __init__(self, replica_rank: int, recorder, refuse: dict | None = None):
         self.replica_rank = replica_rank
         self._recorder = recorder
         self.params = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in MODEL_SHAPES.items()}
+        self.refuse = dict(refuse or {})
+        """version -> (the typed error its staged reads raise, as the data plane would; whether every pull of it
+        does, else only the next one)."""
 
     def extension(self):
         from tensorhub_verl.vllm.extension import TensorHubWorkerExtension
@@ -101,9 +104,21 @@ class StubEngineRank:
                     for name, t in weights:
                         params[name].copy_(t)
 
-                return EngineHolder(client, HolderConfig(model=model, layout="stub/tp1/rank0", staging=staging,
-                                                         fetch_timeout_s=fetch_timeout_s, delta=delta), params, load_hf,
-                                    hf_views=HFViews(dict(params), (), ()))
+                holder = EngineHolder(client, HolderConfig(model=model, layout="stub/tp1/rank0", staging=staging,
+                                                           fetch_timeout_s=fetch_timeout_s, delta=delta), params,
+                                      load_hf, hf_views=HFViews(dict(params), (), ()))
+                stage = holder._landing.stage
+
+                def refusing_stage(version, layout):
+                    if version in rank.refuse:
+                        error, always = rank.refuse[version]
+                        if not always and layout == "hf":  # the pull's last layout: the next pull reads
+                            del rank.refuse[version]
+                        raise error
+                    return stage(version, layout)
+
+                holder._landing.stage = refusing_stage
+                return holder
 
             def th_apply(self, timeout: float = 300.0):
                 rank._recorder.record.remote(rank.replica_rank, "apply_begin")
@@ -120,20 +135,35 @@ class StubServer:
     """Stands in for one node of a verl vLLM replica (``vLLMHttpServer``): ``collective_rpc`` runs a ``th_*``
     method on the node's engine rank and returns the results, as the patched server does."""
 
-    def __init__(self, replica_rank: int, recorder, fail_check_of: int | None = None):
-        self.rank = StubEngineRank(replica_rank, recorder)
+    def __init__(self, replica_rank: int, recorder, fail_check_of: int | None = None,
+                 unavailable_once: int | None = None, corrupt: int | None = None):
+        """``fail_check_of``: a version whose staged pull this rank reports as failed its digest check.
+        ``corrupt``: a version whose staged reads on this rank raise ``DigestMismatch``, and ``unavailable_once``
+        one whose first staged pull here finds no holder (``TransferFailed``), as the fetcher raises them; both go
+        through the real holder, which tells the two apart (the pull must stage: ``delta=off``). The data plane's
+        check fails only on bytes that differ from the publisher's, which no real source here serves to one
+        reader alone."""
+        from tensorhub_verl.errors import DigestMismatch, TransferFailed
+
+        refuse = {}
+        if corrupt is not None:
+            refuse[corrupt] = (DigestMismatch(f"no holder can serve chunk(s) [0] of policy v{corrupt}: 1 read(s) "
+                                              f"landed bytes that fail the chunk digests"), True)
+        if unavailable_once is not None:
+            refuse[unavailable_once] = (TransferFailed(f"no holder can serve chunk(s) [0] of policy "
+                                                       f"v{unavailable_once}; every source failed or left"), False)
+        self.rank = StubEngineRank(replica_rank, recorder, refuse)
         self.engine = self.rank.extension()
         self.steps: list[int] = []
         self.holds: list[bool] = []
         self.fail_check_of = fail_check_of
-        """A version whose staged pull this rank reports as failed its digest check: the data plane's check fails
-        only on bytes that differ from the publisher's, which no real source here serves to one reader alone."""
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         answer = getattr(self.engine, method)(*args, **(kwargs or {}))
         pull = getattr(answer, "pull", None) if method == "th_status" else None
         if pull is not None and pull.version == self.fail_check_of and pull.state == "ready":
-            pull.state, pull.error = "failed", f"IntegrityError('v{pull.version}: a chunk digest differs')"
+            pull.state, pull.error = "failed", f"DigestMismatch('v{pull.version}: a chunk digest differs')"
+            pull.check_failed = True
         return [answer]
 
     def get_server_address(self):
@@ -217,3 +247,46 @@ class StubActorGroup:
 
     def update_weights(self, global_steps=None, mode="auto"):
         return [t.update_weights.remote(global_steps=global_steps, mode=mode) for t in self.trainers]
+
+
+@ray.remote(num_cpus=0)
+class GateServer:
+    """One rollout server as verl's load balancer and client reach it: verl's real submission gate (a
+    ``vLLMHttpServer`` built without an engine, patched: ``th_hold_admission``) in front of a ``generate`` that
+    answers after a short while. Each request that reaches it is recorded, whether or not its gate admits it."""
+
+    def __init__(self, replica_rank: int, job_config):
+        import asyncio
+
+        import tensorhub_verl.verl.checkpoint_engine  # noqa: F401  registers the patches
+        from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+        server = object.__new__(vLLMHttpServer)  # the gate's state, as vLLMHttpServer.__init__ sets it
+        server.config, server.replica_rank = job_config.actor_rollout_ref.rollout, replica_rank
+        server._submission_paused, server._admitting, server._rejecting = False, 0, False
+        server._resume_event = asyncio.Event()
+        server._resume_event.set()
+        self.server = server
+        self.arrived: list[str] = []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        import asyncio
+
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.arrived.append(request_id)
+        rejected = await self.server._park_until_admitted(request_id)
+        if rejected is not None:
+            return rejected
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            self.server._admitting -= 1
+        return TokenOutput(token_ids=[1, 2, 3], log_probs=None, stop_reason="completed",
+                           extra_fields={"global_steps": 1})
+
+    async def th_hold_admission(self, hold: bool) -> dict:
+        return await self.server.th_hold_admission(hold)
+
+    def requests(self) -> int:
+        return len(self.arrived)

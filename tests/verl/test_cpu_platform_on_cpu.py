@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tensorhub_dev.verl_cpu import EXTERNAL_MODULES_ENV, PLUGIN_MODULE, with_plugin
+from tensorhub_dev.verl_cpu.hydra_searchpath import conf_dir as cpu_conf_dir
 from tensorhub_verl.errors import ConfigError
 from tensorhub_verl.verl.patches.on_import import when_imported
 from tensorhub_verl.verl.trainer_modes import check_trainer_mode
@@ -163,8 +164,7 @@ def test_a_cpu_job_missing_settings_is_refused_with_every_fix_named():
     for fix in ("rollout.dtype=float32", "enable_sleep_mode=False", "free_cache_engine=False",
                 "use_remove_padding=False", "use_torch_compile=False", "attn_implementation=eager", "tiny_grpo"):
         assert fix in str(info.value)
-    preset = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "tensorhub_verl", "conf",
-                                         "tensorhub_cpu", "tiny_grpo.yaml"))
+    preset = OmegaConf.load(cpu_conf_dir() / "tensorhub_cpu" / "tiny_grpo.yaml")
     check_cpu_job(preset)  # the preset passes its own check
 
 
@@ -198,8 +198,7 @@ def test_the_demo_job_composes_into_a_config_the_checks_accept(checks, algorithm
 def test_a_ppo_job_on_cpu_needs_the_critic_settings_too():
     from tensorhub_dev.verl_cpu.job_check import check_cpu_job
 
-    grpo_ok = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "tensorhub_verl", "conf",
-                                          "tensorhub_cpu", "tiny_grpo.yaml"))
+    grpo_ok = OmegaConf.load(cpu_conf_dir() / "tensorhub_cpu" / "tiny_grpo.yaml")
     ppo = OmegaConf.merge(grpo_ok, {"algorithm": {"adv_estimator": "gae"},
                                     "critic": {"model": {"use_remove_padding": True}}})
     with pytest.raises(ConfigError) as info:

@@ -265,17 +265,18 @@ def _serving_over_time(directory) -> list[set[int]]:
     return seen
 
 
-def _fully_async_with_a_replica_delayed(task, out, hook: str, replicas: int, *overrides: str) -> dict:
-    """One fully_async run in which a replica is delayed on purpose (``tests/verl/lag_injection.py``: Ray's worker
-    set-up hook changes only the updater in verl's trainer actor; the engines, transfers and hub are real)."""
+def _fully_async_with_a_replica_delayed(task, out, hook: str, replicas: int, *overrides: str,
+                                        trainer_mode: str = "fully_async") -> dict:
+    """One run (fully_async unless told) in which a replica is delayed on purpose (``tests/verl/lag_injection.py``:
+    Ray's worker set-up hook changes only the updater in verl's trainer; the engines, transfers and hub are
+    real)."""
     from tests.verl.lag_injection import hook as hook_path
 
     audit = out / "audit"
-    result, _ = _run(task, out, steps=5, replicas=replicas, trainer_mode="fully_async", dtype_overrides=(
-        f"tensorhub.version_audit_dir={audit}", "tensorhub.min_replica_fraction=0.5",
-        # requests that verl's load balancer sends to a held replica wait at its gate until the next update
-        # releases it: the trainer fills its batches from the others meanwhile
-        "async_training.partial_rollout=true", "async_training.staleness_threshold=2",
+    mode = ("async_training.partial_rollout=true", "async_training.staleness_threshold=2") \
+        if trainer_mode == "fully_async" else ()
+    result, _ = _run(task, out, steps=5, replicas=replicas, trainer_mode=trainer_mode, dtype_overrides=(
+        f"tensorhub.version_audit_dir={audit}", "tensorhub.min_replica_fraction=0.5", *mode,
         f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={hook_path(hook)}", *overrides))
     assert result["demo"] == "ok"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -287,7 +288,7 @@ def _fully_async_with_a_replica_delayed(task, out, hook: str, replicas: int, *ov
 @pytest.mark.slow  # ~5 min
 def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(task, tmp_path):
     """``max_version_lag=1``; replica 1 applies nothing while versions 2 and 3 roll out: two behind at 3, it is
-    held (new requests wait at its gate, those in flight finish), released by the first version it applies (4),
+    held (it leaves verl's load balancer, those in flight finish), released by the first version it applies (4),
     and serves the newest from then on. The default suite's versions: tests/verl/test_updater_on_cpu.py (the
     updater's hold and release, stub servers over real holders) and tests/verl/test_version_labels_on_cpu.py
     (verl's real gate, patched)."""
@@ -308,8 +309,7 @@ def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(task,
     # released by the first version it applies
     assert by_version[4][lag] == 0 and by_version[4]["tensorhub/replicas_held"] == 0, trace
     # Held back: from its gate's hold to its release no request entered it, while the other replica kept
-    # admitting (requests already inside finished; verl's load balancer prefers the replica with fewer in flight,
-    # so new requests may or may not meet the held gate: tensorhub/requests_held_back counts those that did).
+    # admitting (requests already inside finished).
     gate = sorted(_audit(run["audit"], f"hold-replica{LAGGING}"), key=lambda r: r["time"])
     assert [g["held"] for g in gate] == [True, False], gate
     held_at, released_at = gate[0]["time"], gate[1]["time"]
@@ -322,6 +322,30 @@ def test_a_lagging_replica_is_held_back_by_max_version_lag_then_catches_up(task,
     served = [rec["version"] for rec in sorted(_audit(run["audit"], f"serving-replica{LAGGING}"),
                                                key=lambda r: r["time"])]
     assert served[-2:] == [4, 5] and 2 not in served and 3 not in served, served
+
+
+@pytest.mark.slow  # ~5 min
+def test_separate_async_keeps_making_progress_while_a_replica_is_held(task, tmp_path):
+    """separate_async, ``max_version_lag=1``; replica 1 applies nothing while versions 2 and 3 roll out. Held at 3,
+    it leaves verl's load balancer: no new request is routed to it (none meets its held gate) and the other
+    replica serves the whole batch of step 4, whose update releases it. A held replica left in rotation got part
+    of that batch parked at its gate, and the batch, the update and the job waited for it. The default suite's
+    version: tests/verl/test_balancer_rotation_on_cpu.py (verl's real balancer and client)."""
+    from tests.verl.lag_injection import LAGGING
+
+    run = _fully_async_with_a_replica_delayed(
+        task, tmp_path, "replica_1_misses_2_and_3", 2, "tensorhub.max_version_lag=1",
+        "data.max_response_length=64", "actor_rollout_ref.rollout.ignore_eos=true",
+        "actor_rollout_ref.rollout.max_num_seqs=2", trainer_mode="separate_async")
+    by_version = {int(m["tensorhub/version"]): m for m in run["synced"]}
+    assert sorted(by_version) == [1, 2, 3, 4, 5], sorted(by_version)  # every step, none stalled
+    assert by_version[3]["tensorhub/replicas_held"] == 1 and by_version[4]["tensorhub/replicas_held"] == 0
+    assert all(m["tensorhub/requests_held_back"] == 0 for m in by_version.values()), by_version
+    gate = sorted(_audit(run["audit"], f"hold-replica{LAGGING}"), key=lambda r: r["time"])
+    assert [g["held"] for g in gate] == [True, False], gate
+    admitted = {r: [rec["admitted"] for rec in _audit(run["audit"], f"server-replica{r}")] for r in (0, 1)}
+    assert not [t for t in admitted[LAGGING] if gate[0]["time"] <= t < gate[1]["time"]], gate
+    assert [t for t in admitted[1 - LAGGING] if gate[0]["time"] <= t < gate[1]["time"]], gate
 
 
 @pytest.mark.slow  # ~5 min

@@ -3,8 +3,9 @@ weight transfer.
 
 One home for what the demo, its tests and ``recipes/*_tiny_cpu*.sh`` run: verl's own trainer
 (``python -m verl.trainer.main_ppo``, v1 ``separate_async``; or verl's fully async policy),
-``+tensorhub=<mode>``, and a Hydra preset in ``tensorhub_verl/conf/tensorhub_cpu/`` (``tiny_grpo``,
-``tiny_ppo``, ``tiny_grpo_fully_async``) for everything that makes it fit a 2-core machine with no GPU.
+``+tensorhub=<mode>``, and a Hydra preset of the CPU harness in ``dev/tensorhub_dev/verl_cpu/conf/tensorhub_cpu/``
+(``tiny_grpo``, ``tiny_ppo``, ``tiny_grpo_fully_async``) for everything that makes it fit a 2-core machine with no
+GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from tensorhub_verl.errors import ConfigError
 from tensorhub_dev.demo.task import TaskFiles
 from tensorhub_dev.verl_cpu import with_plugin
+from tensorhub_dev.verl_cpu.hydra_searchpath import conf_dir as cpu_conf_dir
 from tensorhub_verl.verl.hydra_searchpath import conf_dir
 from tensorhub_verl.settings import PLATFORM_ENV, PLATFORM_NAME
 
@@ -28,7 +30,8 @@ PROMPTS_PER_STEP = 8
 
 PRESETS = {("grpo", "separate_async"): "tiny_grpo", ("grpo", "fully_async"): "tiny_grpo_fully_async",
            ("ppo", "separate_async"): "tiny_ppo"}
-"""The Hydra preset (``tensorhub_verl/conf/tensorhub_cpu/<name>.yaml``) of each (algorithm, trainer mode)."""
+"""The Hydra preset (``dev/tensorhub_dev/verl_cpu/conf/tensorhub_cpu/<name>.yaml``) of each (algorithm, trainer
+mode)."""
 ALGORITHMS = ("grpo", "ppo")
 
 
@@ -82,8 +85,9 @@ class TinyJob:
     def overrides(self) -> list[str]:
         slots = self.trainer_ranks + self.replicas + 1
         return [
-            # verl's configs first (fully_async's own config finds ppo_trainer there), then ours.
-            f"hydra.searchpath=[pkg://verl.trainer.config,file://{conf_dir()}]",
+            # verl's configs first (fully_async's own config finds ppo_trainer there), then the product's modes,
+            # then the CPU harness's presets: named here, the job needs neither Hydra plugin installed.
+            f"hydra.searchpath=[pkg://verl.trainer.config,file://{conf_dir()},file://{cpu_conf_dir()}]",
             f"+tensorhub={self.mode}",
             f"+tensorhub_cpu={self.preset}",
             f"actor_rollout_ref.model.path={self.task.model_dir}",

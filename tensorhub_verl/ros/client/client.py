@@ -552,13 +552,14 @@ class Client:
             if version is not None:
                 return version
 
-    def flip_report(self, model: str, *, serving: int | None, staged: int | None, failed: int | None = None,
+    def flip_report(self, model: str, *, serving: int | None, pull: int | None = None, outcome: str | None = None,
                     min_replica_fraction: float = 1.0) -> msg.FlipReply:
-        """Reports this worker, a rollout replica, for the fleet flip: what it serves, what it holds staged and
-        checked, a version whose check failed. The reply says whether it flips now, and to which version."""
+        """Reports this worker, a rollout replica, for the fleet flip: what it serves, and the version of its last
+        staged pull with how it ended (``messages.PullOutcome``: staged, check_failed, unavailable). The reply
+        says whether it flips now, and to which version."""
         self._check_open()
         return self._hub.post(msg.FLIP_REPORT_PATH, msg.FlipReport(
-            worker=self.worker, model=model, serving=serving, staged=staged, failed=failed,
+            worker=self.worker, model=model, serving=serving, pull=pull, outcome=outcome,
             min_replica_fraction=min_replica_fraction), msg.FlipReply)
 
     def status(self) -> dict:

@@ -58,7 +58,7 @@ from typing import Callable
 
 import torch
 
-from tensorhub_verl.errors import TransferFailed
+from tensorhub_verl.errors import DigestMismatch, TransferFailed
 from tensorhub_verl.ros.planes import grants
 from tensorhub_verl.ros.wire import messages as msg
 from tensorhub_verl.ros.wire.integrity import ChunkChecker, local_views
@@ -290,9 +290,13 @@ class ChunkFetcher:
                     return
                 if (reply.unservable and not reply.assignments and not self._inflight and not self._wan_queue
                         and not done):
-                    raise TransferFailed(f"no holder can serve chunk(s) {reply.unservable[:8]} of "
-                                         f"{self.stats.model} v{self.stats.version} ({self.stats.layout}); "
-                                         f"every source failed or left")
+                    where = (f"chunk(s) {reply.unservable[:8]} of {self.stats.model} v{self.stats.version} "
+                             f"({self.stats.layout})")
+                    if self.stats.corrupt_reads:  # bytes were read and failed their digests: the check failed
+                        raise DigestMismatch(f"no holder can serve {where}: {self.stats.corrupt_reads} read(s) "
+                                             f"landed bytes that fail the chunk digests and every other source "
+                                             f"failed or left")
+                    raise TransferFailed(f"no holder can serve {where}; every source failed or left")
                 for info in reply.sources:
                     self._load(info)
                 for a in reply.assignments:

@@ -359,7 +359,7 @@ def create_app(state: HubState, token: str | None = None, max_body_bytes: int = 
                 if newest is not None and newest > newer_than:
                     return msg.WaitReply(version=newest)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or state.changes.closed:  # timed out, or the hub is stopping
                 return msg.WaitReply(version=None)
             await state.changes.wait_async(seen, remaining, model)
 

@@ -58,6 +58,8 @@ class Changes:
         """key -> holder -> its park, in the order they parked (the oldest is woken first)."""
         self.woken = 0
         """Parked readers woken so far (every cause): ``status`` and the benchmarks count wakes."""
+        self.closed = False
+        """The hub is stopping: parked coroutines are woken and park no more (``close``)."""
 
     def notify(self, *models: str) -> None:
         """The state changed (for ``models``; none named: for all): wakes every waiter of them. The caller holds
@@ -71,6 +73,16 @@ class Changes:
         for _model, loop, future in woken:
             loop.call_soon_threadsafe(_wake, future, None)
         self._resolve(parks, None)
+
+    def close(self) -> None:
+        """The hub is stopping: wakes every parked coroutine (a long-poll then answers at once instead of holding
+        the stop until its own timeout), and none parks again."""
+        with self._guard:
+            self.closed = True
+            woken = list(self._parked.values())
+            self._parked.clear()
+        for _model, loop, future in woken:
+            loop.call_soon_threadsafe(_wake, future, None)
 
     def notify_threads(self) -> None:
         """A change only threads wait for (a registration: it adds no holding, so no parked coroutine's answer
@@ -128,7 +140,7 @@ class Changes:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._guard:
-            if self.seq != seen:
+            if self.seq != seen or self.closed:
                 return
             self._parked[id(future)] = (model, loop, future)
         try:

@@ -1,17 +1,26 @@
 """The fleet flip's rule: which staged version the rollout replicas of a model flip to, and when. Pure: no I/O,
 no clock, no lock; ``flips.py`` keeps its state in the hub.
 
-Each replica reports what it serves, the version it holds staged and checked (every chunk's digest verified as it
-landed), and a version whose check failed. The rule keeps two committed versions per model, ``committed`` and the
+Each replica reports what it serves and how its last staged pull ended: ``staged`` (it holds that version staged
+and checked, every chunk's digest verified as it landed), ``check_failed`` (bytes were read and did not match the
+version's digests: a corrupt or wrong version) or ``unavailable`` (the bytes were never read: no holder, a dead
+holder, a timeout). Only a failed check says anything about the version; an unavailable pull only means that this
+replica does not hold it staged. The rule keeps two committed versions per model, ``committed`` and the
 one before it (``previous``), and a replica flips only to one of those two. A newer version is committed when
 
-- no replica reported a failed check of it (a failure anywhere blocks the version everywhere, for good; a commit
+- no replica reported a failed check of it (an unavailable pull does not count; a failed check anywhere blocks the version everywhere, for good; a commit
   that a later report finds failed is withdrawn, so a driver flips its replicas only on the answers it gets once
   every replica has reported);
 - a quorum holds it: at least ``min_fraction`` of the reporting replicas (elastic: whoever reports now) hold it
   staged or serve it;
 - the fleet serves at most ``MAX_SERVED`` versions at every instant: the versions served once the replicas that
   hold ``committed`` staged have caught up to it, plus the new one, are at most two.
+
+- a commit stays reachable: once no replica serves it or holds it staged and no holder has it any more (the trainer
+  dropped it, ``keep_versions``), it is withdrawn and the commit falls back to ``previous`` when that is reachable,
+  else to the newest version a replica serves: a replica behind then catches up to what its peers serve (they
+  hold it) instead of pulling a version nobody can serve. ``fetchable`` is the hub's list of versions with a
+  holder; without it every commit counts as reachable.
 
 Flips happen in two waves: first every replica that catches up to ``previous`` (the commit before), then the
 flips to ``committed``. A replica behind stages the fleet's commit, not the newest version, so one straggler
@@ -37,14 +46,35 @@ MAX_SERVED = 2
 """Most versions of one model the fleet serves at any instant."""
 
 
+STAGED, CHECK_FAILED, UNAVAILABLE = "staged", "check_failed", "unavailable"
+"""How a replica's pull ended (``messages.PullOutcome``)."""
+OUTCOMES = (STAGED, CHECK_FAILED, UNAVAILABLE)
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaReport:
-    """What one replica told the hub: the version it serves (None: none yet), the version it holds staged and
-    checked (None: none), and a version whose check failed on it (None: none)."""
+    """What one replica told the hub: the version it serves (None: none yet), and the version of its last staged
+    pull (None: none) with how it ended (``outcome``)."""
 
     serving: int | None = None
-    staged: int | None = None
-    failed: int | None = None
+    pull: int | None = None
+    outcome: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.pull is None) != (self.outcome is None) or (self.outcome is not None
+                                                             and self.outcome not in OUTCOMES):
+            raise ValueError(f"a pull and its outcome (one of {OUTCOMES}) go together, got pull={self.pull}, "
+                             f"outcome={self.outcome!r}")
+
+    @property
+    def staged(self) -> int | None:
+        """The version it holds staged and checked."""
+        return self.pull if self.outcome == STAGED else None
+
+    @property
+    def check_failed(self) -> int | None:
+        """The version whose check failed on it."""
+        return self.pull if self.outcome == CHECK_FAILED else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,16 +116,28 @@ def _flip_target(report: ReplicaReport, allowed: set[int], failed: frozenset[int
     return s
 
 
-def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction: float) -> FlipDecision:
-    """The new commits and each replica's flip, given every live replica's latest report."""
-    failed = state.failed | {r.failed for r in reports.values() if r.failed is not None}
+def _reachable(version: int, reports: Mapping[str, ReplicaReport], fetchable: frozenset[int] | None) -> bool:
+    """Whether a replica can still get ``version``: one serves it or holds it staged, or some holder has it."""
+    return fetchable is None or version in fetchable or any(version in (r.serving, r.staged)
+                                                             for r in reports.values())
+
+
+def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction: float,
+           fetchable: frozenset[int] | None = None) -> FlipDecision:
+    """The new commits and each replica's flip, given every live replica's latest report and the versions some
+    holder has now (``fetchable``; None: all of them)."""
+    failed = state.failed | {r.check_failed for r in reports.values() if r.check_failed is not None}
     committed, previous = state.committed, state.previous
     # A commit whose check failed on a replica after the quorum formed is withdrawn: replicas flip only on the
     # decision made once every replica reported, so no replica has flipped to it through this rule.
-    if previous in failed:
+    if previous in failed or (previous is not None and not _reachable(previous, reports, fetchable)):
         previous = None
     if committed in failed:
         committed, previous = previous, None
+    if committed is not None and not _reachable(committed, reports, fetchable):
+        # Nobody serves it, stages it or can serve it: replicas fall back to what the fleet serves.
+        served = [r.serving for r in reports.values() if r.serving is not None and r.serving not in failed]
+        committed, previous = previous if previous is not None else max(served, default=None), None
     # What the fleet serves once every replica that holds ``committed`` staged has flipped to it.
     after_catch_up = set()
     for report in reports.values():
@@ -130,4 +172,5 @@ def decide(reports: Mapping[str, ReplicaReport], state: FlipState, min_fraction:
     return FlipDecision(state=new, flips=flips, blocked=blocked)
 
 
-__all__ = ["MAX_SERVED", "FlipDecision", "FlipState", "ReplicaReport", "decide", "quorum"]
+__all__ = ["CHECK_FAILED", "MAX_SERVED", "OUTCOMES", "STAGED", "UNAVAILABLE", "FlipDecision", "FlipState",
+           "ReplicaReport", "decide", "quorum"]

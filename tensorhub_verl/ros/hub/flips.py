@@ -22,13 +22,14 @@ class FlipBook:
     def __init__(self) -> None:
         self._models: dict[str, _ModelFlip] = {}
 
-    def report(self, req: msg.FlipReport) -> msg.FlipReply:
-        """Books ``req`` as its worker's latest report, decides again, and answers that worker."""
+    def report(self, req: msg.FlipReport, fetchable: frozenset[int]) -> msg.FlipReply:
+        """Books ``req`` as its worker's latest report, decides again, and answers that worker. ``fetchable``:
+        the model's versions that some holder has now."""
         model = self._models.setdefault(req.model, _ModelFlip())
-        model.reports[req.worker] = ReplicaReport(serving=req.serving, staged=req.staged, failed=req.failed)
-        decision = decide(model.reports, model.state, req.min_replica_fraction)
+        model.reports[req.worker] = ReplicaReport(serving=req.serving, pull=req.pull, outcome=req.outcome)
+        decision = decide(model.reports, model.state, req.min_replica_fraction, fetchable)
         model.state, model.blocked = decision.state, decision.blocked
-        return _reply(decision, req.worker)
+        return _reply(decision, req.worker, fetchable)
 
     def forget(self, worker: str) -> None:
         """A worker that left or went silent no longer counts toward any quorum."""
@@ -38,14 +39,14 @@ class FlipBook:
     def status(self) -> dict[str, msg.FlipStatus]:
         return {name: msg.FlipStatus(
             committed=m.state.committed, previous=m.state.previous, failed=sorted(m.state.failed), blocked=m.blocked,
-            replicas={w: msg.ReplicaFlipStatus(serving=r.serving, staged=r.staged, failed=r.failed)
+            replicas={w: msg.ReplicaFlipStatus(serving=r.serving, pull=r.pull, outcome=r.outcome)
                       for w, r in sorted(m.reports.items())}) for name, m in sorted(self._models.items())}
 
 
-def _reply(decision: FlipDecision, worker: str) -> msg.FlipReply:
+def _reply(decision: FlipDecision, worker: str, fetchable: frozenset[int]) -> msg.FlipReply:
     return msg.FlipReply(committed=decision.state.committed, previous=decision.state.previous,
                          flip_to=decision.flips.get(worker), wave=decision.wave(worker), blocked=decision.blocked,
-                         failed=sorted(decision.state.failed))
+                         failed=sorted(decision.state.failed), fetchable=sorted(fetchable))
 
 
 __all__ = ["FlipBook"]

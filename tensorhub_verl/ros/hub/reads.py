@@ -85,8 +85,10 @@ class ReadDesk:
                 h = record.holdings.get(name)
                 worker = self.registry.get(h.worker) if h is not None else None
                 views[name] = None
+                # Never another holding of the reader's own worker (its CPU archive, ``~cpu``): a read goes through
+                # the data plane to a peer, and NIXL refuses an agent's own metadata.
                 if worker is not None and h.state not in ("draining", "pending", "held") \
-                        and self.may_get_metadata(reader_job, worker) \
+                        and h.worker != holding.worker and self.may_get_metadata(reader_job, worker) \
                         and not self.quarantine.excluded(key, name, holding.worker, reader_job, now):
                     # A ranged reader's partly read chunks are never served (the index leaves them out too).
                     chunks = h.chunks - h.unserved if h.chunks is not None and h.unserved else h.chunks

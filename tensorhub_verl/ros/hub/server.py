@@ -125,6 +125,7 @@ class HubServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        self.state.changes.close()  # parked long-polls answer now: uvicorn's shutdown waits for every request
         self._server.should_exit = True
         for t in self._threads:
             t.join(timeout)

@@ -542,7 +542,7 @@ class HubState:
         """Books a rollout replica's report for the fleet flip and answers whether it flips (``flips.py``)."""
         with self._lock:
             self.registry.require(req.worker)
-            return self.flips.report(req)
+            return self.flips.report(req, frozenset(self.versions(req.model)))
 
     # ------------------------------------------------------------------------------------ queries
     def manifest(self, model: str, version: int | str, layout: str) -> Manifest:

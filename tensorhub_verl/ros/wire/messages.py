@@ -11,7 +11,7 @@ import base64
 import binascii
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@~+=-]+$")]
 Version = Annotated[int, Field(ge=0, le=2**62)]
@@ -363,17 +363,53 @@ class DeltaReportAck(Reply):
 FLIP_REPORT_PATH = "/v1/flip/report"
 
 
+PullOutcome = Literal["staged", "check_failed", "unavailable"]
+"""How a replica's pull of a version for the fleet flip ended: ``staged`` (every chunk landed and matched its
+digest), ``check_failed`` (bytes were read and did not match the version's digests: a corrupt or wrong version,
+blocked everywhere) or ``unavailable`` (the bytes were never read: no holder, a dead holder, a timeout; the
+replica just does not hold it)."""
+
+
 class FlipReport(Strict):
-    """A rollout replica's report for the fleet flip (``hub/flip_rule.py``): the version it serves, the version it
-    holds staged and checked (every chunk's digest verified), a version whose check failed on it. The reply says
-    whether it flips now, and to which version."""
+    """A rollout replica's report for the fleet flip (``hub/flip_rule.py``): the version it serves, and the version
+    of its last staged pull with how that pull ended. The reply says whether it flips now, and to which version.
+
+    A report of an older client (``staged``, ``failed``) is read where it is unambiguous: ``staged: N`` is
+    ``pull: N, outcome: staged``. Its ``failed`` cannot tell a failed check from a version nobody could serve, so
+    it is refused: update tensorhub_verl on that replica."""
 
     worker: WorkerId
     model: Name
     serving: Version | None = None
-    staged: Version | None = None
-    failed: Version | None = None
+    pull: Version | None = None
+    """The version of the replica's last staged pull (None: nothing to report)."""
+    outcome: PullOutcome | None = None
+    """How that pull ended; given exactly when ``pull`` is."""
     min_replica_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_client(cls, data):
+        if not isinstance(data, dict) or not ({"staged", "failed"} & data.keys()):
+            return data
+        if data.get("failed") is not None:
+            raise ValueError("'failed' does not say whether the version failed its check or could not be read; "
+                             "report 'pull' with 'outcome' (check_failed or unavailable): update tensorhub_verl "
+                             "on this replica")
+        staged = data.get("staged")
+        data = {k: v for k, v in data.items() if k not in ("staged", "failed")}
+        if staged is not None:
+            if data.get("pull") is not None:
+                raise ValueError("give 'pull' and 'outcome', not 'staged' too")
+            data.update(pull=staged, outcome="staged")
+        return data
+
+    @model_validator(mode="after")
+    def _outcome_with_pull(self):
+        if (self.pull is None) != (self.outcome is None):
+            raise ValueError("'pull' and 'outcome' go together: the version of the last staged pull and how it "
+                             "ended (staged, check_failed or unavailable)")
+        return self
 
 
 class FlipReply(Reply):
@@ -387,12 +423,16 @@ class FlipReply(Reply):
     blocked: str = ""
     """Why a newer staged version is not committed yet."""
     failed: list[int] = []
+    """Versions whose check failed on some replica (``check_failed``): no replica flips to them."""
+    fetchable: list[int] | None = None
+    """The model's versions that some holder has now (None: a hub that does not say)."""
 
 
 class ReplicaFlipStatus(Reply):
     serving: int | None
-    staged: int | None
-    failed: int | None = None
+    pull: int | None = None
+    """The version of the replica's last staged pull; ``outcome`` how it ended (``PullOutcome``)."""
+    outcome: PullOutcome | None = None
 
 
 class FlipStatus(Reply):

@@ -35,6 +35,7 @@ PATCH_MODULES = tuple(_PREFIX + name for name in (
     "verl_0_9_1_manager_update_weights",
     "verl_0_9_1_engine_holders",
     "verl_0_9_1_version_labels",
+    "verl_0_9_1_balancer_rotation",
     "verl_0_9_1_trainer_shards",
     "verl_0_9_1_logger_flush",
     "verl_0_9_1_refuse_naive_modes",

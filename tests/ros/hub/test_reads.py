@@ -73,3 +73,15 @@ def test_a_plan_considers_the_places_first_holders_in_the_readers_order_only():
     assert min(considered) != min(names), "the test needs a ranking that leaves the first name out"
     assignments, _, _ = desk.plan(KEY, record, reader, registry.get("r").location, 1, 4, now=0.0)
     assert [a.source for a in assignments] == [min(considered)]
+
+
+def test_a_reader_is_never_planned_on_another_holding_of_its_own_worker():
+    # r's CPU archive of the version (``r~cpu``, kept when it unpublished the last reliable copy) is no source for
+    # r's own fetch: NIXL refuses to load an agent's own metadata, so every such read would fail and re-plan.
+    desk, record, reader = _desk()
+    record.put(holding("r~cpu", worker="r"), Location())
+    for _ in range(4):
+        assignments, _, _ = desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)
+        assert assignments and {a.source for a in assignments} == {"s"}, assignments
+    del record.holdings["s"]
+    assert desk.plan(KEY, record, reader, Location(), 4, 1, now=0.0)[0] == []
