@@ -241,7 +241,7 @@ def install(wheels: Path, site: Path, python: str) -> dict:
 
 
 GPU_CASES_IN = ("tests/ros/test_lindigest_device.py", "tests/ros/test_block_digests.py", "tests/ros/test_delta_codec.py",
-                "tests/ros/test_delta_slice_apply.py")
+                "tests/ros/test_delta_form.py", "tests/ros/test_delta_slice_apply.py")
 """Core test files with ``gpu``-marked cases; the check runs only those cases of them on a GPU."""
 
 

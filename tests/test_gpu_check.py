@@ -109,6 +109,13 @@ def test_the_plan_fits_the_files_that_come_back_and_the_budget_holds_every_step(
         gpu_check.run_all(too_many, Path("/nonexistent"), 10, {}, {})
 
 
+def test_the_tests_step_runs_every_core_file_with_gpu_cases():
+    # A core test file that gains a `gpu`-marked case is run on the GPU host only if the check lists it.
+    with_gpu_cases = {str(p.relative_to(REPO)) for p in (REPO / "tests" / "ros").rglob("test_*.py")
+                      if "mark.gpu" in p.read_text()}
+    assert with_gpu_cases <= set(gpu_check.GPU_CASES_IN), sorted(with_gpu_cases - set(gpu_check.GPU_CASES_IN))
+
+
 def test_ucx_protocol_tables_name_the_transports_chosen():
     log = ("[1.2] [vm:1:0] | 0..inf | zero-copy | cma/memory |\n[1.3] [vm:1:0] |   1..16515 | zero-copy  | tcp/lo  |\n"
            "| 0..inf | rendezvous cuda_ipc | cuda_ipc/cuda |\n")
