@@ -33,7 +33,11 @@ _EXEMPT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
+    # Every run marks its own processes, a pytest run inside a test too: taking the outer run's marker, it would
+    # count the outer run's processes (its fork server) as its own leftovers and kill them. xdist workers share
+    # their controller's marker, which checks for them.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[SESSION_ENV] = uuid.uuid4().hex
 
 
 def _started_by_this_run(marker: str) -> list[Leftover]:
