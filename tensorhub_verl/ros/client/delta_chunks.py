@@ -36,9 +36,6 @@ from tensorhub_verl.ros.wire.manifest import Chunk, Manifest, dtype_from_name
 logger = logging.getLogger("tensorhub_verl.ros.delta")
 
 
-_flat = flat_bytes
-
-
 def chunk_dtype(manifest: Manifest, chunk: Chunk) -> torch.dtype:
     """The element type the codec diffs a chunk in: its tensors' dtype when they share one and every segment
     holds whole elements; bytes otherwise."""
@@ -92,7 +89,7 @@ def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: M
     registered), and what it took."""
     started = time.monotonic()
     stats = EncodeStats()
-    flats_b, flats_t = [_flat(t) for t in base_tensors], [_flat(t) for t in target_tensors]
+    flats_b, flats_t = [flat_bytes(t) for t in base_tensors], [flat_bytes(t) for t in target_tensors]
     columns: dict[str, list] = {k: [] for k in ("encodings", "offsets", "lengths", "changed", "elements")}
     payloads: list[torch.Tensor] = []
     end = 0
@@ -132,7 +129,7 @@ def encode_delta(base: Manifest, base_tensors: Sequence[torch.Tensor], target: M
 def _as_u8(payload, device: torch.device) -> torch.Tensor:
     """A codec payload (a tensor or bytes) as a flat uint8 tensor on ``device``."""
     if isinstance(payload, torch.Tensor):
-        return _flat(payload.contiguous()).to(device)
+        return flat_bytes(payload.contiguous()).to(device)
     data = bytes(payload)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else \
         torch.empty(0, dtype=torch.uint8, device=device)
@@ -164,7 +161,7 @@ def chunk_digests_of(manifest: Manifest, tensors: Sequence[torch.Tensor], which:
     for the others."""
     if not which:
         return ("",) * len(manifest.chunks())
-    return shard_chunk_digests(manifest.chunks(), manifest.tensors, [_flat(t) for t in tensors],
+    return shard_chunk_digests(manifest.chunks(), manifest.tensors, [flat_bytes(t) for t in tensors],
                                [0] * len(manifest.tensors), which)
 
 
@@ -207,7 +204,7 @@ class ChunkApply:
         self._first = header.first_chunk
         self.chunks = target.chunks()[self._first:self._first + len(header.encodings)]
         """The header's chunks of the version's chunk map."""
-        self._flats = [_flat(t) for t in tensors]
+        self._flats = [flat_bytes(t) for t in tensors]
         self._base = base if base is not None else BaseDigests(
             target, tensors, range(self._first, self._first + len(self.chunks)), 60.0)
         """The base chunks' digests made ahead (by a worker started as the delta's read began; without one, none:
@@ -237,13 +234,7 @@ class ChunkApply:
         self._written.clear()
 
     def finish(self) -> ApplyResult:
-        result = self.result
-        for part in (result.applied, result.bad_base, result.bad_target):
-            part.sort()
-        if result.bad_base:
-            result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version "
-                                  f"{self._header.base_version} (first: chunk {result.bad_base[0]})")
-        return result
+        return _sorted_and_said(self.result, self._header)
 
     def _one(self, blob: torch.Tensor, chunk: Chunk) -> None:
         header, result = self._header, self.result
@@ -257,13 +248,8 @@ class ChunkApply:
             result.bad_base.append(i)  # nothing written
             return
         data, is_view = _chunk_view(self._flats, chunk)
-        part = blob[header.offsets[k]:header.offsets[k] + header.lengths[k]]
-        payload = part.numpy() if blob.device.type == "cpu" else part.cpu().numpy()
-        try:
-            changes = decode_chunk(header.encodings[k], payload, data, dtype=chunk_dtype(self._target, chunk))
-        except (DeltaCorrupt, ValueError) as e:
-            result.bad_target.append(i)
-            result.reasons.append(f"chunk {i}: its {header.encodings[k]} payload is refused: {str(e)[:200]}")
+        changes = decode_payload(self._target, header, chunk, blob, data, result)
+        if changes is None:
             return
         write_changes(changes, data)
         if not is_view:
@@ -337,13 +323,17 @@ def reverted(changes: ChunkChanges) -> ChunkChanges:
 
 def finish(result: ApplyResult, header: DeltaHeader, started: float) -> ApplyResult:
     """Sorts ``result``'s chunks, says why the bad bases failed, and times it."""
+    result.seconds = time.monotonic() - started
+    return _sorted_and_said(result, header)
+
+
+def _sorted_and_said(result: ApplyResult, header: DeltaHeader) -> ApplyResult:
+    """Sorts ``result``'s chunks and says why the bad bases failed."""
+    for part in (result.applied, result.bad_base, result.bad_target):
+        part.sort()
     if result.bad_base:
-        result.bad_base.sort()
         result.reasons.append(f"{len(result.bad_base)} chunk(s) did not hold base version {header.base_version} "
                               f"(first: chunk {result.bad_base[0]})")
-    result.applied.sort()
-    result.bad_target.sort()
-    result.seconds = time.monotonic() - started
     return result
 
 
