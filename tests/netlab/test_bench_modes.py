@@ -29,6 +29,27 @@ def test_bench_and_simulator_share_one_lab():
     assert xdc.wan_mbit == 50 and lab_cluster(p, "cross_dc")[0].nodes["c1"].dc == "dc1"
 
 
+def test_receivers_buffers_are_resident_before_the_clock_starts():
+    """A receiver's timed fetch writes into pages already faulted in, as a rollout's weights are: without
+    ``_resident`` every 4 KiB page of a fresh buffer faults during the receive."""
+    import resource
+
+    import torch
+
+    from tensorhub_dev.bench.modes_roles import _resident
+
+    def faults_writing(t: torch.Tensor) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t.fill_(1)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    pages = (64 << 20) // 4096
+    assert faults_writing(torch.empty(64 << 20, dtype=torch.uint8)) > pages // 2  # fresh: faulted while written
+    buffers = {"a": torch.empty(32 << 20, dtype=torch.uint8), "b": torch.empty(32 << 20, dtype=torch.uint8)}
+    _resident(buffers.values())
+    assert sum(faults_writing(t) for t in buffers.values()) < pages // 8
+
+
 def test_summary_adds_sources():
     fetched = [{"seconds": 1.0, "sources": {"trainer": 3, "p": 1}, "partial_source_bytes": 1},
                {"seconds": 3.0, "sources": {"trainer": 4}, "partial_source_bytes": 0}]
