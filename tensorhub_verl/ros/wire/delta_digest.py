@@ -150,9 +150,11 @@ def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarr
                      new: np.ndarray) -> list[int]:
     """``_word_lanes`` in numpy on this thread: int16 ``old`` / ``new`` at the chunk's 16-bit words ``words``
     (int64 indices, increasing; chunk byte ``2 * words``). Per piece, per weight group: the sum of
-    (new - old) * B over the group's changed words (int64, exact: each term below 2**37, at most ``GROUP`` of
-    them), reduced mod P, times the group's A, mod P, summed. The groups come from the words' own order (a
-    word's group never decreases along the chunk), so only the groups that hold a changed word are touched."""
+    (new - old) * B over the group's changed words, reduced mod P, times the group's A, mod P, summed. Both lanes
+    at once, as the real and imaginary parts of complex128 (B's pairs, ``lindigest._Tables.host_pairs``), each
+    exact in float64: a term is below 2**37 (|new - old| < 2**16, |B| < 2**21) and a group sums at most
+    ``GROUP`` of them. The groups come from the words' own order (a word's group never decreases along the
+    chunk), so only the groups that hold a changed word are touched."""
     total = [0] * lindigest.LANES
     n = words.size
     if not n:
@@ -160,7 +162,7 @@ def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarr
     end = grid[-1].start + grid[-1].length
     if int(words[-1]) * 2 + 1 >= end or int(words[0]) < 0:
         raise ValueError(f"a changed byte lies outside the chunk's {end} bytes")
-    delta = np.subtract(new, old, dtype=np.int64)
+    delta = np.subtract(new, old, dtype=np.float64)
     if len(grid) == 1:
         cuts = (0, n)
     else:
@@ -170,7 +172,8 @@ def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarr
         lo, hi = cuts[k], cuts[k + 1]
         if lo == hi:
             continue
-        word = words[lo:hi] + (piece.offset - piece.start) // 2  # the tensor's word (both offsets even)
+        shift = (piece.offset - piece.start) // 2  # chunk word -> the tensor's word (both offsets even)
+        word = words[lo:hi] + shift if shift else words[lo:hi]
         rb = piece.row_bytes
         if rb % (2 * lindigest.GROUP) == 0 or piece.offset + piece.length <= rb:
             # rows of whole groups (or all in row 0): a word's group is its tensor word over a group's words
@@ -184,16 +187,15 @@ def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarr
         firsts += 1
         firsts = np.concatenate(([0], firsts))  # each group's first changed word
         ids = g[firsts]
-        a, b = lindigest._TABLES.host_columns(int(ids[-1]) + 1)
-        d = delta[lo:hi]
-        for lane in range(lindigest.LANES):
-            sums = np.take(b[lane], at)
-            sums *= d
-            sums = np.add.reduceat(sums, firsts)
-            sums %= lindigest.P
-            sums *= np.take(a[lane], ids)  # each below 2**62
-            sums %= lindigest.P
-            total[lane] = (total[lane] + int(sums.sum())) % lindigest.P  # below 2**31 per group
+        a, b = lindigest._TABLES.host_pairs(int(ids[-1]) + 1)
+        weighted = np.take(b, at)
+        weighted *= delta[lo:hi]
+        sums = np.add.reduceat(weighted, firsts).view(np.float64).reshape(-1, lindigest.LANES).astype(np.int64)
+        sums %= lindigest.P
+        sums *= np.take(a, ids, axis=0)  # each below 2**62
+        sums %= lindigest.P
+        for lane in range(lindigest.LANES):  # a column at a time: numpy sums a 1-D run faster than axis 0
+            total[lane] = (total[lane] + int(sums[:, lane].sum())) % lindigest.P  # below 2**31 per group
     return total
 
 

@@ -94,7 +94,7 @@ class _Tables:
         self._b_int = self._b.astype(np.int64)
         self._a = _group_weights(1 << 16)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._columns: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | None = None
+        self._b_pair: np.ndarray | None = None
         self.exact_matmul: dict[torch.device, bool] = {}
         """Per device: whether its float64 matmul passed the self-check (``_check_matmul``)."""
 
@@ -120,21 +120,19 @@ class _Tables:
             self._grow(groups)
             return self._a, self._b_int
 
-    def host_columns(self, groups: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        """A and B (int64) as one contiguous column per lane: a lane's weights of scattered words are then one
-        1-D gather each."""
+    def host_pairs(self, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """A (int64, lanes as columns) and B as complex128, lane 0 real and lane 1 imaginary (exact: every B is
+        an integer below 2**21): both lanes' weights of scattered words in one gather."""
         with self._lock:
             self._grow(groups)
-            if self._columns is None:
-                self._columns = tuple(tuple(np.ascontiguousarray(t[:, lane]) for lane in range(LANES))
-                                      for t in (self._a, self._b_int))
-            return self._columns
+            if self._b_pair is None:
+                self._b_pair = self._b[:, 0] + 1j * self._b[:, 1]
+            return self._a, self._b_pair
 
     def _grow(self, groups: int) -> None:
         if groups > len(self._a):
             self._a = _group_weights(1 << max(groups - 1, 1).bit_length())
             self._on.clear()
-            self._columns = None
 
 
 _TABLES = _Tables()
