@@ -522,8 +522,9 @@ def _positions(planes: Sequence[np.ndarray | None], n: int, elements: int, encod
     """The ``n`` changed words' positions (int64, strictly increasing) from their gaps' byte planes."""
     positions = _host_from_planes(planes, n, np.int64)  # each gap below 2**32: n of them stay below 2**63
     positions += 1
+    if n:
+        positions[0] -= 1  # the first gap counts from -1
     np.cumsum(positions, out=positions)
-    positions -= 1
     if positions.size and positions[-1] >= elements:
         raise _corrupt(encoding, f"a position {int(positions[-1])} beyond the chunk's {elements} words")
     return positions
