@@ -295,6 +295,46 @@ def test_the_target_digest_follows_from_the_base_digest_and_the_changed_words(ch
                                    ) != target_digests[0]
 
 
+
+@pytest.mark.parametrize("chunk_bytes", [3000, 4096, 6144])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_target_digest_of_word_aligned_chunks_follows_from_the_changed_words(chunk_bytes, dtype):
+    """Chunks whose words are whole words of their tensors' grids, summed word by word: a 1-D tensor of many
+    weight groups and rows of whole groups (a word's group is its tensor word over a group's words), rows of part
+    groups, and a tiny tensor that shares a chunk; chunks that start on a group edge and inside a group."""
+    g = torch.Generator().manual_seed(21)
+    base = {
+        "long": torch.randn(5 * lindigest.GROUP + 300, generator=g).to(dtype),
+        "rows": torch.randn(6, 2 * lindigest.GROUP, generator=g).to(dtype),
+        "part": torch.randn(7, 1500, generator=g).to(dtype),
+        "tiny": torch.randn(3, generator=g).to(dtype),
+    }
+    target = {k: _step(v.reshape(-1), 0.05, 1e-2, seed=22 + i).reshape(v.shape)
+              for i, (k, v) in enumerate(base.items())}
+    specs = tuple(TensorSpec.of(k, v) for k, v in base.items())
+    chunks = split_into_chunks(specs, chunk_bytes)
+    base_digests = chunk_digests(chunks, base.values())
+    target_digests = chunk_digests(chunks, target.values())
+    flat_base = torch.cat([v.reshape(-1).view(torch.uint8) for v in base.values()])
+    flat_target = torch.cat([v.reshape(-1).view(torch.uint8) for v in target.values()])
+    kinds = set()
+    start = 0
+    for chunk in chunks:
+        grid = chunk_grid(chunk, specs)
+        assert _word_aligned(grid)
+        for piece in grid:
+            rows_of_groups = piece.row_bytes % (2 * lindigest.GROUP) == 0
+            one_row = piece.offset + piece.length <= piece.row_bytes
+            kinds.add((rows_of_groups or one_row, (piece.offset - piece.start) // 2 % lindigest.GROUP == 0))
+        b, t = flat_base[start:start + chunk.nbytes], flat_target[start:start + chunk.nbytes]
+        start += chunk.nbytes
+        for encoding in (dc.DENSE, *SPARSE):
+            e = dc.encode_each(b, t, dtype=dtype, encodings=[encoding])[encoding]
+            changes = dc.decode_chunk(encoding, e.payload, b, dtype=dtype)
+            got = target_digest_from_base(base_digests[chunk.index], grid, changes)
+            assert got == target_digests[chunk.index], (chunk.index, encoding)
+    assert {(True, True), (True, False), (False, False)} <= kinds
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("encoding", dc.KNOWN)

@@ -173,20 +173,26 @@ def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarr
         if lo == hi:
             continue
         shift = (piece.offset - piece.start) // 2  # chunk word -> the tensor's word (both offsets even)
-        word = words[lo:hi] + shift if shift else words[lo:hi]
         rb = piece.row_bytes
+        skipped = 0
         if rb % (2 * lindigest.GROUP) == 0 or piece.offset + piece.length <= rb:
-            # rows of whole groups (or all in row 0): a word's group is its tensor word over a group's words
+            # rows of whole groups (or all in row 0): a word's group is its tensor word over a group's words; a
+            # piece that starts on a group edge counts its groups from there (no pass to shift its words)
+            if shift % lindigest.GROUP:
+                word = words[lo:hi] + shift
+            else:
+                word, skipped = words[lo:hi], shift >> group_shift
             g = word >> group_shift
             at = word & (lindigest.GROUP - 1)
         else:
-            row, col = np.divmod(word, rb // 2)
+            row, col = np.divmod(words[lo:hi] + shift, rb // 2)
             g = row * lindigest._groups(rb) + (col >> group_shift)
             at = col & (lindigest.GROUP - 1)
         firsts = np.flatnonzero(g[1:] != g[:-1])
         firsts += 1
         firsts = np.concatenate(([0], firsts))  # each group's first changed word
         ids = g[firsts]
+        ids += skipped
         a, b = lindigest._TABLES.host_pairs(int(ids[-1]) + 1)
         weighted = np.take(b, at)
         weighted *= delta[lo:hi]
