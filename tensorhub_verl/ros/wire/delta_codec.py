@@ -547,7 +547,7 @@ def decode_chunk(encoding: str, payload, base: torch.Tensor, *, dtype: torch.dty
     body = elements * w
     dev = base.device
     bw = _words(base[:body], w)
-    old_tail = base[body:].cpu().numpy().tobytes()
+    old_tail = base[body:].cpu().numpy().tobytes() if body < n else b""
     if whole == DENSE:
         try:
             target = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
@@ -580,13 +580,40 @@ def decode_chunk(encoding: str, payload, base: torch.Tensor, *, dtype: torch.dty
     if whole == OVERWRITE:
         return _changes(positions, old, word(values), body, old_tail, tail, w, dev)
     floating = dtype.is_floating_point and dtype.itemsize == w
-    new = word(_keys(_keys(value(old), floating) + _unzigzag(values), floating))
+    if isinstance(values, np.ndarray) and not half:  # host words: the same steps, in place
+        new = _host_ulp(old, values, floating)
+    else:
+        new = word(_keys(_keys(value(old), floating) + _unzigzag(values), floating))
     return _changes(positions, old, new, body, old_tail, tail, w, dev)
 
 
+def _host_ulp(old: np.ndarray, steps: np.ndarray, floating: bool) -> np.ndarray:
+    """``_keys(_keys(old) + _unzigzag(steps))`` on host words, in place in ``steps`` (the decoder's own array)
+    with one temporary: each op as in ``_keys`` and ``_unzigzag``, integer arithmetic wrapping alike."""
+    bits = old.itemsize * 8
+    low = (1 << (bits - 1)) - 1
+    sign = steps & 1  # unzigzag: (z >> 1 & low) ^ -(z & 1)
+    np.negative(sign, out=sign)
+    steps >>= 1
+    steps &= low
+    steps ^= sign
+    if not floating:
+        steps += old
+        return steps
+    np.right_shift(old, bits - 1, out=sign)  # keys: x ^ (x >> (bits - 1) & low)
+    sign &= low
+    sign ^= old
+    steps += sign
+    np.right_shift(steps, bits - 1, out=sign)
+    sign &= low
+    steps ^= sign
+    return steps
+
+
 def _changes(positions, old, new, body, old_tail, new_tail, w, dev) -> ChunkChanges:
-    return ChunkChanges(_tensor(positions, dev).to(torch.int64), _tensor(old, dev), _tensor(new, dev), body,
-                        old_tail, new_tail, w)
+    positions = _tensor(positions, dev)
+    return ChunkChanges(positions if positions.dtype == torch.int64 else positions.to(torch.int64),
+                        _tensor(old, dev), _tensor(new, dev), body, old_tail, new_tail, w)
 
 
 def write_changes(changes: ChunkChanges, into: torch.Tensor) -> None:

@@ -188,11 +188,13 @@ def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarr
             row, col = np.divmod(words[lo:hi] + shift, rb // 2)
             g = row * lindigest._groups(rb) + (col >> group_shift)
             at = col & (lindigest.GROUP - 1)
-        firsts = np.flatnonzero(g[1:] != g[:-1])
-        firsts += 1
-        firsts = np.concatenate(([0], firsts))  # each group's first changed word
+        starts = np.empty(g.size, dtype=bool)
+        starts[0] = True
+        np.not_equal(g[1:], g[:-1], out=starts[1:])
+        firsts = np.flatnonzero(starts)  # each group's first changed word
         ids = g[firsts]
-        ids += skipped
+        if skipped:
+            ids += skipped
         a, b = lindigest._TABLES.host_pairs(int(ids[-1]) + 1)
         weighted = np.take(b, at)
         weighted *= delta[lo:hi]
@@ -213,13 +215,14 @@ def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes
     if w % 2 == 0 and grid and _word_aligned(grid):
         per = w // 2
         dev = changes.positions.device
-        old = changes.old.reshape(-1).view(torch.int16)
-        new = changes.new.reshape(-1).view(torch.int16)
         if dev.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as lindigest does
             pos = changes.positions.numpy()
             words = pos if per == 1 else (pos[:, None] * per + np.arange(per)[None]).reshape(-1)
-            lanes = _host_word_lanes(grid, words, old.numpy(), new.numpy())
+            lanes = _host_word_lanes(grid, words, changes.old.numpy().reshape(-1).view(np.int16),
+                                     changes.new.numpy().reshape(-1).view(np.int16))
         else:
+            old = changes.old.reshape(-1).view(torch.int16)
+            new = changes.new.reshape(-1).view(torch.int16)
             offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
             lanes = _word_lanes(grid, offs, old, new)
         if changes.old_tail != changes.new_tail:
