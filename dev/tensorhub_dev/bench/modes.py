@@ -12,7 +12,8 @@ TCP), and each mode runs TensorHub and its baseline side by side in one lab:
 
 With ``--delta`` (standalone and cross_dc): an update from v1 to v2, the change drawn from the delta profile
 measured on real AdamW steps at ``--delta-lr`` (``bench.delta_profile``; bf16 versions of ``--size-mb``). Every
-reader starts holding v1 (fetched before the clock starts) and times its update to v2, four ways side by side:
+reader starts holding v1 (fetched before the clock starts; a delta reader digests it as its next base during a
+generation of ``--generation-s``) and times its update to v2, four ways side by side:
 ``tensorhub`` (TensorHub with deltas: nearest holder of the delta, one WAN copy per datacenter),
 ``pull_from_trainer`` (a: every rollout pulls v2 in full from the trainer), ``delta_from_trainer`` (b: every
 rollout pulls the delta from the trainer, the shape of verl's ``delta_sharded``) and ``tensorhub_full`` (c:
@@ -82,6 +83,9 @@ class LabBenchParams(LabWorkload):
     """Time an update v1 -> v2 with deltas against its baselines (standalone and cross_dc; module doc)."""
     delta_lr: float = 1e-6
     """With ``delta``: the learning rate whose measured delta profile draws v2 from v1 (1e-6 or 1e-5)."""
+    generation_s: float = 5.0
+    """With ``delta``: seconds between every reader holding v1 and the update, the rollouts' generation: each
+    reader digests the v1 it holds as the base of its next delta in that time (``base_digests_ahead``)."""
     timeout_s: float = 300.0
 
 
@@ -203,6 +207,7 @@ def _summary(fetched: list[dict]) -> dict:
                         "apply_s": [d["apply_s"] for d in deltas],
                         "apply_after_wire_s": [d["apply_after_wire_s"] for d in deltas],
                         "base_ahead": [d.get("base_ahead", 0) for d in deltas],
+                        "base_pass_ahead": [d.get("base_pass_ahead", False) for d in deltas],
                         "landed_digests": [d.get("landed_digests", 0) for d in deltas],
                         "transfer_total_s": sum(f["seconds"] - d["apply_after_wire_s"]
                                                 for f, d in zip(fetched, deltas)),
@@ -268,7 +273,10 @@ def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], 
 DELTA_VARIANTS = ("tensorhub", "tensorhub_full", "pull_from_trainer", "delta_from_trainer")
 """With ``--delta``: (model, base model, fetch's delta mode) of each variant's readers, ``{i}`` the reader."""
 _DELTA_READS = {"tensorhub": ("policy", "policy", "auto"), "tensorhub_full": ("policy", "policy", "off"),
-                "pull_from_trainer": ("pull-{i}", "policy", "off"), "delta_from_trainer": ("pull-{i}", "policy", "auto")}
+                "pull_from_trainer": ("pull-{i}", "policy", "off"),
+                "delta_from_trainer": ("pull-{i}", "pull-{i}", "auto")}
+"""A delta reader holds its own model's v1 (from the trainer, untimed), so that it digests its base during the
+generation as TensorHub's readers do; a full reader needs no base and takes v1's bytes from ``policy``."""
 
 
 def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
@@ -278,8 +286,10 @@ def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[
     for variant in DELTA_VARIANTS:
         model, base, delta = _DELTA_READS[variant]
         ph = Phase(lab, workdir, f"{mode}-{variant}", url, p)
-        gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base) for i, h in enumerate(hosts)]
+        gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base.format(i=i))
+               for i, h in enumerate(hosts)]
         ph.ready()
+        time.sleep(p.generation_s)
         wan0 = lab.wan_tx_bytes_by_dc()
         for go in gos:
             go.touch()
