@@ -179,9 +179,12 @@ def _delta_reader(a: argparse.Namespace) -> None:
         d = stats.delta
         timeline = [(round(posted - t0, 3), round(landed - t0, 3), chunk, source)
                     for posted, landed, chunk, source in stats.timeline]
+        exchanges = [(round(sent - t0, 3), round(answered - t0, 3), asked, got)
+                     for sent, answered, asked, got in stats.exchange_log]
         _say(event="fetched", worker=a.worker, model=a.model, started=started, seconds=stats.seconds,
              bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
-             cpu_s=_cpu_s() - cpu0, timeline=timeline, t0=t0, location=a.location, window=a.window,
+             cpu_s=_cpu_s() - cpu0, timeline=timeline, exchanges=exchanges, t0=t0, location=a.location,
+             window=a.window,
              delta={"used": d.used, "delta_bytes": d.delta_bytes, "changed_fraction": d.changed_fraction,
                     "fallback_chunks": d.fallback_chunks, "apply_s": round(d.apply_seconds, 3),
                     "apply_after_wire_s": round(d.apply_after_wire_seconds, 3),

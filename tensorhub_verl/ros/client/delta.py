@@ -437,6 +437,8 @@ def _add(stats: FetchStats, more: FetchStats) -> None:
     stats.failed_reads += more.failed_reads
     stats.corrupt_reads += more.corrupt_reads
     stats.exchanges += more.exchanges
+    stats.landings.extend(more.landings)
+    stats.exchange_log.extend(more.exchange_log)
 
 
 def _check_declared_base(client: "Client", model: str, have: int, layout: str,
