@@ -49,16 +49,18 @@ LANES = 2
 GROUP = 1 << 10
 _B_BOUND = (1 << 21) - 1
 _BATCH_WORDS = 1 << 17
-"""Host words converted to int64 at once (1 MiB of temporaries): stays in a core's caches, and stays below the
-sizes that a worker thread's malloc arena hands back to the kernel after each batch (a digest off the main
-thread, such as a delta reader's base pass, would otherwise take a page fault per 4 KiB of every batch)."""
+"""Host words converted to int64 at once where the host multiplies in int64 (the cells' pass, and the linear
+digest where the float64 matmul failed its self-check; 1 MiB of temporaries): stays in a core's caches, and stays
+below the sizes that a worker thread's malloc arena hands back to the kernel after each batch (a digest off the
+main thread, such as a delta reader's base pass, would otherwise take a page fault per 4 KiB of every batch)."""
 DEVICE_BATCH_WORDS = 1 << 25
 """Device words converted to float64 at once (256 MiB of temporaries, a quarter as many words for int64
 products): a GiB of bytes in a few dozen torch ops, so a digest is bound by the device's memory bandwidth rather
 than by launching ops, within a stated bound on what it borrows beside a training job."""
 HOST_MATMUL_WORDS = 1 << 16
 """Host words multiplied at once as a float64 matmul (512 KiB of temporaries, a [64, GROUP] @ [GROUP, LANES]
-product): below the size at which OpenBLAS splits a matmul over its threads, so it runs on the calling thread."""
+product): below the size at which OpenBLAS splits a matmul over its threads, so it runs on the calling thread,
+and, like ``_BATCH_WORDS``, within a core's caches and the malloc arena's kept sizes."""
 HOST_NUMPY = True
 """Host tensors through numpy (the default); False sends them down the torch path that device tensors take (tests
 and ``bench.digest --device-path`` run it on the CPU where there is no GPU)."""
