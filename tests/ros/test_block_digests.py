@@ -170,8 +170,9 @@ def test_a_reader_republishes_what_it_fetched_with_the_digests_it_checked(hub, m
 
 
 def test_host_memory_is_digested_in_numpy_with_the_lanes_of_the_device_path():
-    """The host path (numpy int64 on the calling thread) against the device path (torch float64 matmuls) run on the
-    same CPU words: odd column offsets and widths, grid rows past the first, and rows longer than a batch."""
+    """The host path (numpy float64 matmuls on the calling thread) against the device path (torch float64
+    matmuls) run on the same CPU words: odd column offsets and widths, grid rows past the first, and rows longer
+    than a batch."""
     rng = torch.Generator().manual_seed(7)
     cases = [((1, 3 * lindigest._BATCH_WORDS + 517), 0, 0, 1600), ((1, 70_000), 5, 1000, 90),
              ((37, 2100), 3, 1000, 4), ((513, 64), 0, 5, 1), ((4, 1024), 1, 0, 2), ((1, 1), 9, 1023, 2)]
@@ -182,6 +183,25 @@ def test_host_memory_is_digested_in_numpy_with_the_lanes_of_the_device_path():
         assert host.tolist() == lindigest._device_words(words, row0, col0, groups).remainder(lindigest.P).tolist()
         strided = words.t().contiguous().t()  # a column-major view: numpy reads it through its strides
         assert lindigest._words(strided, row0, col0, groups).tolist() == host.tolist()
+
+
+def test_host_digest_without_an_exact_float64_matmul_uses_int64_products(monkeypatch, caplog):
+    """The host path's int64 products give the float64 matmul's lanes, and a host whose self-check fails takes
+    them, with a warning; numpy here passes the self-check."""
+    assert lindigest._check_host_matmul()
+    rng = torch.Generator().manual_seed(12)
+    cases = [((1, 3 * lindigest.HOST_MATMUL_WORDS + 517), 0, 0, 1600), ((37, 2100), 3, 1000, 4),
+             ((5, 7), 2, 1023, 1)]
+    for shape, row0, col0, groups in cases:
+        words = torch.randint(-(1 << 15), 1 << 15, shape, generator=rng, dtype=torch.int32).to(torch.int16).numpy()
+        assert (lindigest._host_words(words, row0, col0, groups, exact_matmul=False)
+                == lindigest._host_words(words, row0, col0, groups, exact_matmul=True)).all()
+    monkeypatch.setattr(lindigest, "_check_host_matmul", lambda: False)
+    monkeypatch.setattr(lindigest._TABLES, "host_exact_matmul", None)
+    words = torch.randint(-(1 << 15), 1 << 15, (3, 3000), generator=rng, dtype=torch.int32).to(torch.int16)
+    with caplog.at_level("WARNING", logger="tensorhub_verl.ros.wire.lindigest"):
+        assert lindigest._words(words, 1, 0, 3).tolist() == lindigest._device_words(words, 1, 0, 3).tolist()
+    assert lindigest._TABLES.host_exact_matmul is False and "not exact" in caplog.text
 
 
 def test_device_digest_without_an_exact_float64_matmul_uses_int64_products(monkeypatch, caplog):

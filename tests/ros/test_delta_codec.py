@@ -268,32 +268,69 @@ def test_the_target_digest_follows_from_the_base_digest_and_the_changed_words(ch
     target["f"][2, 3] = -0.0
     target["f"][5] += 1.0
     target["h"] = _step(base["h"], 0.3, 1e-2, seed=20)
-    specs = tuple(TensorSpec.of(k, v) for k, v in base.items())
-    chunks = split_into_chunks(specs, chunk_bytes)
-    base_digests = chunk_digests(chunks, base.values())
-    target_digests = chunk_digests(chunks, target.values())
-    flat_base = torch.cat([v.reshape(-1).view(torch.uint8) for v in base.values()])
-    flat_target = torch.cat([v.reshape(-1).view(torch.uint8) for v in target.values()])
-    start = 0
     changed_chunks = aligned = 0
-    for chunk in chunks:
-        aligned += _word_aligned(chunk_grid(chunk, specs))
-        b, t = flat_base[start:start + chunk.nbytes], flat_target[start:start + chunk.nbytes]
-        start += chunk.nbytes
-        changed_chunks += base_digests[chunk.index] != target_digests[chunk.index]
-        for encoding in dc.ENCODINGS:
-            e = dc.encode_each(b, t, dtype=dtype, encodings=[encoding])[encoding]
-            changes = dc.decode_chunk(encoding, e.payload, b, dtype=dtype)
-            got = target_digest_from_base(base_digests[chunk.index], chunk_grid(chunk, specs), changes)
-            assert got == target_digests[chunk.index], (chunk.index, encoding)
+    first = None
+    for grid, b, t, base_digest, target_digest in _chunk_pairs(base, target, chunk_bytes):
+        first = first or (grid, b, t, target_digest)
+        aligned += _word_aligned(grid)
+        changed_chunks += base_digest != target_digest
+        _check_target_digests(grid, b, t, base_digest, target_digest, dtype, dc.ENCODINGS)
     assert changed_chunks > 5
     assert (aligned >= 3) == (chunk_bytes == 1024)  # both ways of summing the change ran
     # and a wrong base digest gives a wrong target digest: the check catches a base that was not N-1
-    assert target_digest_from_base(lindigest.to_hex([1, 2]), chunk_grid(chunks[0], specs),
-                                   dc.decode_chunk(dc.DENSE, flat_target[:chunks[0].nbytes].numpy().tobytes(),
-                                                   flat_base[:chunks[0].nbytes], dtype=torch.bfloat16)
-                                   ) != target_digests[0]
+    grid, b, t, target_digest = first
+    assert target_digest_from_base(lindigest.to_hex([1, 2]), grid,
+                                   dc.decode_chunk(dc.DENSE, t.numpy().tobytes(), b, dtype=torch.bfloat16)
+                                   ) != target_digest
 
+
+def _chunk_pairs(base: dict, target: dict, chunk_bytes: int):
+    """Per chunk of the two versions' chunk map: its grid, base bytes, target bytes, base and target digests."""
+    specs = tuple(TensorSpec.of(k, v) for k, v in base.items())
+    chunks = split_into_chunks(specs, chunk_bytes)
+    digests = zip(chunk_digests(chunks, base.values()), chunk_digests(chunks, target.values()))
+    flat_base = torch.cat([v.reshape(-1).view(torch.uint8) for v in base.values()])
+    flat_target = torch.cat([v.reshape(-1).view(torch.uint8) for v in target.values()])
+    start = 0
+    for chunk, (base_digest, target_digest) in zip(chunks, digests):
+        end = start + chunk.nbytes
+        yield chunk_grid(chunk, specs), flat_base[start:end], flat_target[start:end], base_digest, target_digest
+        start = end
+
+
+def _check_target_digests(grid, b, t, base_digest: str, target_digest: str, dtype, encodings) -> None:
+    """Each encoding's decoded changes give the target digest from the base digest."""
+    for encoding in encodings:
+        e = dc.encode_each(b, t, dtype=dtype, encodings=[encoding])[encoding]
+        changes = dc.decode_chunk(encoding, e.payload, b, dtype=dtype)
+        assert target_digest_from_base(base_digest, grid, changes) == target_digest, encoding
+
+
+
+@pytest.mark.parametrize("chunk_bytes", [3000, 4096, 6144])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_target_digest_of_word_aligned_chunks_follows_from_the_changed_words(chunk_bytes, dtype):
+    """Chunks whose words are whole words of their tensors' grids, summed word by word: a 1-D tensor of many
+    weight groups and rows of whole groups (a word's group is its tensor word over a group's words), rows of part
+    groups, and a tiny tensor that shares a chunk; chunks that start on a group edge and inside a group."""
+    g = torch.Generator().manual_seed(21)
+    base = {
+        "long": torch.randn(5 * lindigest.GROUP + 300, generator=g).to(dtype),
+        "rows": torch.randn(6, 2 * lindigest.GROUP, generator=g).to(dtype),
+        "part": torch.randn(7, 1500, generator=g).to(dtype),
+        "tiny": torch.randn(3, generator=g).to(dtype),
+    }
+    target = {k: _step(v.reshape(-1), 0.05, 1e-2, seed=22 + i).reshape(v.shape)
+              for i, (k, v) in enumerate(base.items())}
+    kinds = set()
+    for grid, b, t, base_digest, target_digest in _chunk_pairs(base, target, chunk_bytes):
+        assert _word_aligned(grid)
+        for piece in grid:
+            rows_of_groups = piece.row_bytes % (2 * lindigest.GROUP) == 0
+            one_row = piece.offset + piece.length <= piece.row_bytes
+            kinds.add((rows_of_groups or one_row, (piece.offset - piece.start) // 2 % lindigest.GROUP == 0))
+        _check_target_digests(grid, b, t, base_digest, target_digest, dtype, (dc.DENSE, *SPARSE))
+    assert {(True, True), (True, False), (False, False)} <= kinds
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -91,9 +91,11 @@ def test_cells_equal_the_reference_cell_by_cell(path, rb, offset, length, cuts, 
 
 def test_every_batch_and_column_split_gives_the_same_lanes(monkeypatch):
     """Batches of a few hundred words: rows split into many batches, long rows into runs of columns (each ending
-    on a group edge), on the linear device path, the cells' host and device paths, and int64 products."""
+    on a group edge), on the linear host and device paths (float64 matmuls and int64 products each), and the
+    cells' host and device paths."""
     monkeypatch.setattr(lindigest, "DEVICE_BATCH_WORDS", 1500)
     monkeypatch.setattr(lindigest, "_BATCH_WORDS", 1300)
+    monkeypatch.setattr(lindigest, "HOST_MATMUL_WORDS", 1100)
     rng = random.Random(2)
     cpu = torch.device("cpu")
     for _ in range(12):
@@ -104,6 +106,10 @@ def test_every_batch_and_column_split_gives_the_same_lanes(monkeypatch):
         data = torch.randint(0, 256, (length,), dtype=torch.uint8, generator=torch.Generator().manual_seed(length))
         want = lindigest.reference(bytes(data.tolist()), offset, rb)
         seen = []
+        with monkeypatch.context() as m:  # int64 products on the host path
+            m.setattr(lindigest, "HOST_NUMPY", True)
+            m.setattr(lindigest._TABLES, "host_exact_matmul", False)
+            assert lindigest.to_hex(lindigest.span(data, offset, rb)) == want
         for host in (True, False):
             monkeypatch.setattr(lindigest, "HOST_NUMPY", host)
             assert lindigest.to_hex(lindigest.span(data, offset, rb)) == want

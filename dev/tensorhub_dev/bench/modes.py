@@ -12,7 +12,8 @@ TCP), and each mode runs TensorHub and its baseline side by side in one lab:
 
 With ``--delta`` (standalone and cross_dc): an update from v1 to v2, the change drawn from the delta profile
 measured on real AdamW steps at ``--delta-lr`` (``bench.delta_profile``; bf16 versions of ``--size-mb``). Every
-reader starts holding v1 (fetched before the clock starts) and times its update to v2, four ways side by side:
+reader starts holding v1 (fetched before the clock starts; a delta reader digests it as its next base during a
+generation of ``--generation-s``) and times its update to v2, four ways side by side:
 ``tensorhub`` (TensorHub with deltas: nearest holder of the delta, one WAN copy per datacenter),
 ``pull_from_trainer`` (a: every rollout pulls v2 in full from the trainer), ``delta_from_trainer`` (b: every
 rollout pulls the delta from the trainer, the shape of verl's ``delta_sharded``) and ``tensorhub_full`` (c:
@@ -82,6 +83,12 @@ class LabBenchParams(LabWorkload):
     """Time an update v1 -> v2 with deltas against its baselines (standalone and cross_dc; module doc)."""
     delta_lr: float = 1e-6
     """With ``delta``: the learning rate whose measured delta profile draws v2 from v1 (1e-6 or 1e-5)."""
+    delta_variants: str = ",".join(("tensorhub", "tensorhub_full", "pull_from_trainer", "delta_from_trainer"))
+    """With ``delta``: the variants to run (comma-separated; ``tensorhub`` always runs): fewer for a quicker look,
+    with the goals of the baselines left out unreported."""
+    generation_s: float = 5.0
+    """With ``delta``: seconds between every reader holding v1 and the update, the rollouts' generation: each
+    reader digests the v1 it holds as the base of its next delta in that time (``base_digests_ahead``)."""
     timeout_s: float = 300.0
 
 
@@ -203,6 +210,7 @@ def _summary(fetched: list[dict]) -> dict:
                         "apply_s": [d["apply_s"] for d in deltas],
                         "apply_after_wire_s": [d["apply_after_wire_s"] for d in deltas],
                         "base_ahead": [d.get("base_ahead", 0) for d in deltas],
+                        "base_pass_ahead": [d.get("base_pass_ahead", False) for d in deltas],
                         "landed_digests": [d.get("landed_digests", 0) for d in deltas],
                         "transfer_total_s": sum(f["seconds"] - d["apply_after_wire_s"]
                                                 for f, d in zip(fetched, deltas)),
@@ -268,18 +276,27 @@ def _ab(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], 
 DELTA_VARIANTS = ("tensorhub", "tensorhub_full", "pull_from_trainer", "delta_from_trainer")
 """With ``--delta``: (model, base model, fetch's delta mode) of each variant's readers, ``{i}`` the reader."""
 _DELTA_READS = {"tensorhub": ("policy", "policy", "auto"), "tensorhub_full": ("policy", "policy", "off"),
-                "pull_from_trainer": ("pull-{i}", "policy", "off"), "delta_from_trainer": ("pull-{i}", "policy", "auto")}
+                "pull_from_trainer": ("pull-{i}", "policy", "off"),
+                "delta_from_trainer": ("pull-{i}", "pull-{i}", "auto")}
+"""A delta reader holds its own model's v1 (from the trainer, untimed), so that it digests its base during the
+generation as TensorHub's readers do; a full reader needs no base and takes v1's bytes from ``policy``."""
 
 
 def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
     """Every variant of ``DELTA_VARIANTS`` in turn, R readers holding v1 starting together; WAN bytes of each
     update (into each datacenter) while it ran."""
     out = {}
-    for variant in DELTA_VARIANTS:
+    chosen = {"tensorhub", *p.delta_variants.split(",")}
+    unknown = chosen - set(DELTA_VARIANTS)
+    if unknown:
+        raise ConfigError(f"unknown --delta-variants {sorted(unknown)}; choose from {DELTA_VARIANTS}")
+    for variant in (v for v in DELTA_VARIANTS if v in chosen):
         model, base, delta = _DELTA_READS[variant]
         ph = Phase(lab, workdir, f"{mode}-{variant}", url, p)
-        gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base) for i, h in enumerate(hosts)]
+        gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base.format(i=i))
+               for i, h in enumerate(hosts)]
         ph.ready()
+        time.sleep(p.generation_s)
         wan0 = lab.wan_tx_bytes_by_dc()
         for go in gos:
             go.touch()
@@ -318,7 +335,7 @@ def _delta_extra(mode: str, runs: dict, trainer: dict, readers_dc: str | None) -
              "goals": {f"vs_{v}": {"goal": g, "ratio": round(runs[v]["total_s"] / th["total_s"], 2),
                                    "met": runs[v]["total_s"] / th["total_s"] >= g,
                                    "ratio_without_apply": round(_transfer(runs[v]) / _transfer(th), 2)}
-                       for v, g in DELTA_GOALS[mode].items()},
+                       for v, g in DELTA_GOALS[mode].items() if v in runs},
              "transfer_s": {v: round(_transfer(r), 3) for v, r in runs.items()}}
     if readers_dc is not None:
         into = {v: r["wan_bytes_into"].get(readers_dc, 0) for v, r in runs.items()}
@@ -454,10 +471,10 @@ def _result(mode: str, runs: dict, p: LabBenchParams, **extra) -> dict:
     return {"metric": "join seconds summed over joiners" if mode == "elastic" else "stall seconds summed over rollouts",
             "readers": len(th["seconds"]),
             "tensorhub_s": round(th["total_s"], 3), "baseline_s": {v: round(runs[v]["total_s"], 3) for v in bases},
-            "ratio": runs["pull_from_trainer"]["total_s"] / th["total_s"],
+            "ratio": runs["pull_from_trainer"]["total_s"] / th["total_s"] if "pull_from_trainer" in runs else None,
             "ratio_vs": {v: runs[v]["total_s"] / th["total_s"] for v in bases},
             "tensorhub_max_s": round(th["max_s"], 3), "baseline_max_s": {v: round(runs[v]["max_s"], 3) for v in bases},
-            "ratio_max": runs["pull_from_trainer"]["max_s"] / th["max_s"],
+            "ratio_max": runs["pull_from_trainer"]["max_s"] / th["max_s"] if "pull_from_trainer" in runs else None,
             "ideal_one_reader_s": round(ideal, 3), "paper_ratio": PAPER[mode], "runs": runs, **extra}
 
 
@@ -529,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, r in result["modes"].items():
             bases = "  ".join(f"{v} {t:7.2f}s ({r['ratio_vs'][v]:4.1f}x)" for v, t in r["baseline_s"].items())
             print(f"{mode:<11} total stall: tensorhub {r['tensorhub_s']:7.2f}s  {bases}  "
-                  f"(worst rollout {r['ratio_max']:4.1f}x; paper {r['paper_ratio']}x)")
+                  + (f"(worst rollout {r['ratio_max']:4.1f}x; paper {r['paper_ratio']}x)" if r["ratio_max"] else ""))
             if "goals" in r:
                 d = r["delta"]
                 print(f"{'':<11} delta {d['bytes'] / 1e6:.2f} MB of {d['version_bytes'] / 1e6:.1f} MB "

@@ -165,8 +165,10 @@ def _delta_reader(a: argparse.Namespace) -> None:
     """Holds v1 (fetched untimed), then times the update to ``--model`` v2 with ``have=1``."""
     import tensorhub_verl as th
 
+    # base_digests_ahead="all": the v1 it holds is digested from its fetch on, as a rollout that read v1 as a
+    # delta digests it (its first version came in full here).
     client = th.connect(a.hub, a.worker, a.location, window=a.window, preserve_on_unpublish=False,
-                        progress=a.progress)
+                        progress=a.progress, base_digests_ahead="all")
     try:
         base = a.base_model or a.model
         buffers = client.manifest(base, 1).allocate()
@@ -187,13 +189,17 @@ def _delta_reader(a: argparse.Namespace) -> None:
         d = stats.delta
         timeline = [(round(posted - t0, 3), round(landed - t0, 3), chunk, source)
                     for posted, landed, chunk, source in stats.timeline]
+        exchanges = [(round(sent - t0, 3), round(answered - t0, 3), asked, got)
+                     for sent, answered, asked, got in stats.exchange_log]
         _say(event="fetched", worker=a.worker, model=a.model, started=started, seconds=stats.seconds,
              bytes=stats.bytes, sources=stats.sources, partial_source_bytes=stats.partial_source_bytes,
-             cpu_s=_cpu_s() - cpu0, timeline=timeline, t0=t0, location=a.location, window=a.window,
+             cpu_s=_cpu_s() - cpu0, timeline=timeline, exchanges=exchanges, t0=t0, location=a.location,
+             window=a.window,
              delta={"used": d.used, "delta_bytes": d.delta_bytes, "changed_fraction": d.changed_fraction,
                     "fallback_chunks": d.fallback_chunks, "apply_s": round(d.apply_seconds, 3),
                     "apply_after_wire_s": round(d.apply_after_wire_seconds, 3),
-                    "base_ahead": d.base_digests_ahead, "landed_digests": d.landed_digests,
+                    "base_ahead": d.base_digests_ahead, "base_pass_ahead": d.base_pass_ahead,
+                    "landed_digests": d.landed_digests,
                     "reasons": d.reasons[:3]})
         if a.hold:
             wait_file(a.stop, a.timeout)

@@ -34,6 +34,7 @@ from tensorhub_verl.ros.wire.manifest import (
 )
 from tensorhub_verl.ros.wire.block_edges import widen
 from tensorhub_verl.ros.client.config import ClientConfig
+from tensorhub_verl.ros.client.delta_base import BaseDigests, BasePasses
 from tensorhub_verl.ros.wire.ranges import ReadPlan, Runs, TensorSlice, plan_reads
 from tensorhub_verl.ros.client.retry import Backoff
 from tensorhub_verl.ros.wire.topology import Location
@@ -96,6 +97,8 @@ class Client:
         self.config = config or ClientConfig()
         self._lock = threading.RLock()
         self._held: dict[tuple[str, str, int, str], _Publication] = {}
+        self._base_passes = BasePasses(self.config.timeouts.fetch_timeout_s)
+        """Holdings digested ahead as the base of the next delta read (``delta_base.BasePasses``), by their keys."""
         self.preserved_bytes = 0
         """Bytes this client copied to CPU memory because it held a retained version's last reliable copy
         (``preserve_on_unpublish``), over its life: callers report the difference across an operation."""
@@ -300,6 +303,7 @@ class Client:
                                             f"reads in flight; the bytes must stay unchanged until it returns")
         with self._lock:
             self._held.pop((held.holder, m.model, m.version, m.layout), None)
+        self._base_passes.drop((held.holder, m.model, m.version, m.layout))
         still_served = set().union(*(client._served_storages() for client in (self, *self._siblings)))
         # No read of these bytes is in flight now: stop serving them, so that no grant the hub signed before
         # the unpublish reads them later (their storage may be reused or hold the next version's bytes).
@@ -449,7 +453,26 @@ class Client:
         if hold:
             with self._lock:
                 self._held[(self.worker, *key)] = _Publication(self.worker, manifest, tensors)
+            if plan is None and self.config.fetch.base_digests_ahead == "all":
+                self._digest_held_ahead(model, manifest.version, layout)
         return stats
+
+    def _digest_held_ahead(self, model: str, version: int, layout: str) -> None:
+        """Starts digesting this worker's holding of ``model`` v``version`` (``layout``) in a low-priority thread,
+        as the base of its next ``fetch(have=version)`` (``delta_base.BasePasses``): a holding of whole buffers in
+        CPU memory with chunk digests; anything else is left to that read."""
+        key = (self.worker, model, version, layout)
+        with self._lock:
+            held = self._held.get(key)
+        if held is not None and held.shard_rank is None and held.manifest.chunk_digests:
+            self._base_passes.start(key, held.manifest, [held.tensors[s.name] for s in held.manifest.tensors])
+
+    def _take_base_digests(self, held: "_Publication", manifest: Manifest,
+                          tensors: Sequence[torch.Tensor]) -> BaseDigests | None:
+        """The digests made ahead of this worker's holding ``held``, for a delta read of ``manifest`` into
+        ``tensors`` (its buffers, manifest order), taken before that read unpublishes ``held`` to write them."""
+        m = held.manifest
+        return self._base_passes.take((held.holder, m.model, m.version, m.layout), manifest, tensors)
 
     # ----------------------------------------------- seams for the forms built over several clients
     # ShardedClient and RegionalClient hold one Client per hub process over one data plane; they use these, never
@@ -678,6 +701,7 @@ class Client:
             except errors.TensorHubError as e:
                 logger.warning("%s could not unpublish %s v%d on close: %s", self.worker, h.manifest.model,
                                h.manifest.version, e)
+        self._base_passes.close()
         try:
             self._hub.post("/v1/workers/leave", params={"worker": self.worker}, reply=msg.OkReply)
         except errors.TensorHubError as e:  # the hub forgets us at our heartbeat timeout anyway

@@ -51,6 +51,9 @@ class PublishConfig:
             raise errors.ConfigError(f"fingerprint must be 'sample', 'full' or 'none', got {self.fingerprint!r}")
 
 
+BASE_DIGESTS_AHEAD = ("delta", "all", "off")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FetchConfig:
     """How one fetch reads."""
@@ -81,6 +84,13 @@ class FetchConfig:
     require_digests: bool = True
     """Refuse to fetch a version whose manifest lacks a digest of some chunk (``UnverifiedVersion``): its
     bytes could not be checked. Off only for trusted tests."""
+    base_digests_ahead: str = "delta"
+    """When a reader digests the bytes it holds as the base of its next delta read (``delta_base.py``):
+    ``delta``: from the moment a ``fetch(have=...)`` leaves it holding the version (while the engine generates),
+    so that the next delta's apply has no base pass on the pause; ``all``: after every ``fetch(hold=True)`` into
+    whole buffers too (a reader whose first version came in full); ``off``: at the start of the next delta's read,
+    while the delta is on the wire. Only buffers in CPU memory are digested ahead: on a GPU the pass takes
+    milliseconds at the read's start."""
     relay_fanout: int = 0
     """A hub of regions (``regions.py``): the regions of a datacenter, in the order listed, form a tree with this
     many children per region; a region's first copy comes from a reader of its parent region that completed it
@@ -104,6 +114,9 @@ class FetchConfig:
         if self.relay_fanout < 0 or self.relay_wait_s < 0:
             raise errors.ConfigError(f"relay_fanout and relay_wait_s must be >= 0 (0: off), got "
                                      f"{self.relay_fanout} and {self.relay_wait_s}")
+        if self.base_digests_ahead not in BASE_DIGESTS_AHEAD:
+            raise errors.ConfigError(f"base_digests_ahead must be one of {BASE_DIGESTS_AHEAD}, got "
+                                     f"{self.base_digests_ahead!r}")
         if self.straggler_factor < 0:
             raise errors.ConfigError(f"straggler_factor must be >= 0 (0: off), got {self.straggler_factor}")
 

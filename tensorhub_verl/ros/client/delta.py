@@ -115,9 +115,12 @@ class DeltaStats:
     """Time spent applying (decode, write, digest), most of it while later chunks of the delta were on the wire."""
     apply_after_wire_seconds: float = 0.0
     """How long applying went on after the delta's last byte landed: what the apply added to the stall."""
+    base_pass_ahead: bool = False
+    """The base's digests were made from the moment this reader came to hold it, before this read began
+    (``ClientConfig.fetch.base_digests_ahead``); else from the start of this read."""
     base_digests_ahead: int = 0
-    """Chunks of ``into`` digested (checked as the base) while the delta was on the wire, before their payload
-    was applied."""
+    """Chunks of ``into`` digested (checked as the base) before their payload was applied: ahead of this read,
+    or while the delta was on the wire."""
     landed_digests: int = 0
     """Chunks digested in full after their payload landed: the digest passes on the apply's critical path."""
 
@@ -211,17 +214,24 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
         raise errors.InvalidRequest(f"into holds v{have} of {model!r}; v{manifest.version} is not newer: nothing "
                                     f"to fetch")
     own = _check_declared_base(client, model, have, layout, tensors)
-    if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
-        client._drain(own, timeout)
-    delta = DeltaStats(have)
+    # The base's digests made since this reader came to hold it (taken before the unpublish drops them).
+    ahead = None if own is None else client._take_base_digests(own, manifest, list(tensors.values()))
+    delta = DeltaStats(have, base_pass_ahead=ahead is not None)
     applied: dict[int, ApplyResult] = {}
-    read = None if mode == "off" else _read_delta(client, manifest, have, tensors, hold, started, timeout, delta,
-                                                  None if own is None else own.manifest, applied)
+    try:
+        if own is not None:  # nobody reads these bytes as v{have} from here on: they are about to change
+            client._drain(own, timeout)
+        read = None if mode == "off" else _read_delta(client, manifest, have, tensors, hold, started, timeout,
+                                                      delta, None if own is None else own.manifest, applied, ahead)
+    finally:
+        if ahead is not None:
+            ahead.stop()
     if read is None:  # no usable delta (nothing of it written): N in full, as a reader without N-1 reads it
         stats = client._run_fetch(manifest, tensors, None, hold, started, timeout)
         stats.buffers, stats.manifest = dict(into), manifest
         delta.fallback_chunks, delta.fallback_bytes = len(manifest.chunks()), stats.bytes
         stats.delta = delta
+        _digest_ahead(client, manifest, hold, mode)
         return stats
     # Each part was applied as it landed: apply_and_reread takes its result and re-reads what failed.
     stats = apply_and_reread(client, manifest, have, read, lambda header, blob: applied[id(header)],
@@ -231,9 +241,16 @@ def fetch_with_delta(client: "Client", model: str, version: int | str, into: Map
     stats.chunks = len(manifest.chunks())
     if hold:  # every chunk now matches v{N}'s digests: serve it as a holder of N
         client._hold(manifest, tensors)
+        _digest_ahead(client, manifest, hold, mode)
     stats.seconds = time.monotonic() - started
     stats.buffers, stats.manifest, stats.delta = dict(into), manifest, delta
     return stats
+
+
+def _digest_ahead(client: "Client", manifest: Manifest, hold: bool, mode: str) -> None:
+    """A delta reader that now holds N digests it from here on, as the base of its next delta read."""
+    if hold and mode != "off" and client.config.fetch.base_digests_ahead != "off":
+        client._digest_held_ahead(manifest.model, manifest.version, manifest.layout)
 
 
 def apply_and_reread(client: "Client", manifest: Manifest, have: int,
@@ -288,14 +305,16 @@ def apply_and_reread(client: "Client", manifest: Manifest, have: int,
 
 def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[str, torch.Tensor], hold: bool,
                 started: float, timeout: float | None, delta: DeltaStats, base: Manifest | None = None,
-                applied: dict[int, ApplyResult] | None = None
+                applied: dict[int, ApplyResult] | None = None, ahead: BaseDigests | None = None
                 ) -> list[tuple[DeltaHeader, torch.Tensor, FetchStats]] | None:
     """Reads and checks the delta form from ``have`` to ``manifest``'s version (a version in row shards: every
     rank's part); None (with the reason in ``delta``) when there is none or it cannot be used, ``tensors`` then
     holding ``have`` as before. ``base``: the manifest this client held ``have`` under, if it did (else the hub's
     is asked for). Without ``applied`` nothing is written into ``tensors``; with it (whole buffers), each part is
     applied into ``tensors`` as it lands (``DeltaStream``) and its ``ApplyResult`` stored under ``id(header)``;
-    a delta given up part way then gets every chunk applied so far put back to ``have``."""
+    a delta given up part way then gets every chunk applied so far put back to ``have``. ``ahead``: the base's
+    digests made since this reader came to hold it (``delta_base.BasePasses``), used in place of a pass started
+    now."""
     model, version, layout = manifest.model, manifest.version, manifest.layout
     ranks = manifest.row_shards
     parts = [(delta_layout(layout, have), range(len(manifest.chunks())))] if ranks == 1 else \
@@ -311,7 +330,7 @@ def _read_delta(client: "Client", manifest: Manifest, have: int, tensors: dict[s
         return None
     # Whole buffers applied as they land: their base chunks are digested from now on, while the delta is on the
     # wire, so that a chunk's payload is applied on landing without a full pass (``ChunkApply``).
-    base_digests = None if applied is None else BaseDigests(
+    base_digests = None if applied is None else ahead or BaseDigests(
         manifest, list(tensors.values()), range(len(manifest.chunks())),
         client.config.timeouts.fetch_timeout_s).start()
     try:
@@ -418,6 +437,8 @@ def _add(stats: FetchStats, more: FetchStats) -> None:
     stats.failed_reads += more.failed_reads
     stats.corrupt_reads += more.corrupt_reads
     stats.exchanges += more.exchanges
+    stats.landings.extend(more.landings)
+    stats.exchange_log.extend(more.exchange_log)
 
 
 def _check_declared_base(client: "Client", model: str, have: int, layout: str,

@@ -1,5 +1,7 @@
-"""A reader's base chunks digested while the delta is on the wire, so that a chunk's payload is applied on
-landing without a full pass over the chunk's bytes.
+"""A reader's base chunks digested off the apply's critical path, so that a chunk's payload is applied on
+landing without a full pass over the chunk's bytes: from the moment the reader comes to hold the base version in
+CPU memory (``BasePasses``: while its engine generates, before the next delta is even published), else from the
+start of the delta's read (while the delta is on the wire).
 
     read of the delta starts                          payload of chunk k landed (apply thread)
       worker thread: digest base chunk 0, 1, 2, ...     k digested by the worker: decode, write, check the
@@ -11,7 +13,9 @@ A chunk's digest is used only if the worker finished it before the applier claim
 plain digests of the bytes the buffers held when digested; the applier compares them with the delta's declared
 base digests. The caller promises that nothing writes the buffers between ``start`` and the apply of each chunk
 (a reader's own buffers during its update; the holder contract forbids anyone else), which is what makes a
-digest taken ahead the digest of the bytes the payload is applied to.
+digest taken ahead the digest of the bytes the payload is applied to. A pass started at the hold relies on the
+same promise for longer: the holder contract forbids writing held buffers until ``unpublish`` returns, and a
+reader's next delta read takes the pass (``BasePasses.take``) before it unpublishes the base to write it.
 """
 
 from __future__ import annotations
@@ -69,7 +73,13 @@ class BaseDigests:
     to the applier and goes on from the last chunk backwards, so that the two meet once instead of contending for
     every chunk after. Without ``start`` the applier claims every chunk undigested."""
 
-    def __init__(self, manifest: Manifest, tensors: Sequence[torch.Tensor], chunks: range, timeout_s: float):
+    def __init__(self, manifest: Manifest, tensors: Sequence[torch.Tensor], chunks: range, timeout_s: float,
+                 expected: Sequence[str] = ()):
+        self._expected = tuple(expected)
+        """The digests the buffers should have (a holding's: its manifest's chunk digests), or none."""
+        self.mismatched: list[int] = []
+        """Chunks whose digest was not the expected one: written while held (the next delta read refuses their
+        base and re-reads them in full)."""
         self._flats = [flat_bytes(t) for t in tensors]
         self._rows = [lindigest.row_bytes(tuple(s.shape), s.nbytes) for s in manifest.tensors]
         self._chunks = manifest.chunks()
@@ -87,6 +97,16 @@ class BaseDigests:
         """Chunks the worker digested (before their payload was applied)."""
         self.worker_niceness: int | None = None
         """The worker thread's niceness (None before it runs, or where threads have none)."""
+
+    def matches(self, manifest: Manifest, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether these digests are of ``manifest``'s chunk map over the very buffers ``tensors`` (manifest order):
+        what a delta read into ``tensors`` needs to use them."""
+        flats = [flat_bytes(t) for t in tensors]
+        same_buffers = len(flats) == len(self._flats) and all(
+            (a.device, a.data_ptr(), a.numel()) == (b.device, b.data_ptr(), b.numel())
+            for a, b in zip(flats, self._flats))
+        return same_buffers and manifest.chunks() == self._chunks and \
+            [lindigest.row_bytes(tuple(s.shape), s.nbytes) for s in manifest.tensors] == self._rows
 
     def start(self) -> "BaseDigests":
         """Starts digesting in a worker thread (returns self)."""
@@ -107,6 +127,13 @@ class BaseDigests:
                 self._backwards = True
             self._done[index] = _TAKEN
             return None
+
+    def finished(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for the worker to be done with every chunk; whether it is."""
+        if self._thread is None:
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         """Stops the worker after the chunk it digests (joins it, within the timeout)."""
@@ -144,6 +171,73 @@ class BaseDigests:
                 if self._done.get(index) is _CLAIMED:  # not taken by the applier meanwhile
                     self._done[index] = digest
                     self.ahead += 1
+            if self._expected and digest != self._expected[index]:
+                self.mismatched.append(index)
+                logger.error("chunk %d of a held version no longer has its digest: its buffers were written while "
+                             "held; the next delta read refuses it as a base and re-reads it in full", index)
+
+
+class BasePasses:
+    """A client's base passes started at the hold: for each version it holds in whole buffers in CPU memory
+    (``key``: its holding), a ``BaseDigests`` of every chunk started when it came to hold it, so that the next
+    ``fetch(have=...)`` into those buffers finds its base digested and the pause has no base pass on it.
+
+    Buffers on a GPU are left to the read (their pass takes milliseconds there, and no digest kernels run beside
+    the engine's while it generates). ``take`` hands a pass to the read that writes the buffers; ``drop`` stops
+    the pass of a holding that is unpublished (its bytes may change after)."""
+
+    def __init__(self, timeout_s: float):
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._passes: dict[tuple, BaseDigests] = {}
+
+    def start(self, key: tuple, manifest: Manifest, tensors: Sequence[torch.Tensor]) -> bool:
+        """Starts the pass of the holding ``key`` (``tensors``: its buffers in manifest order) unless it has one
+        or its buffers are not all in CPU memory; whether one runs now."""
+        if not tensors or any(t.device.type != "cpu" for t in tensors):
+            return False
+        with self._lock:
+            if key not in self._passes:
+                self._passes[key] = BaseDigests(manifest, tensors, range(len(manifest.chunks())),
+                                                self._timeout_s, expected=manifest.chunk_digests).start()
+            return True
+
+    def take(self, key: tuple, manifest: Manifest, tensors: Sequence[torch.Tensor]) -> BaseDigests | None:
+        """The pass of the holding ``key``, removed from here, when it covers ``manifest``'s chunk map over
+        ``tensors`` (a delta read's target and buffers); else None (a pass that does not is stopped)."""
+        with self._lock:
+            found = self._passes.pop(key, None)
+        if found is None or found.matches(manifest, tensors):
+            return found
+        _stop_quietly(found)
+        return None
+
+    def wait(self, key: tuple, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for the pass of the holding ``key`` to finish; whether it has (False
+        when there is none)."""
+        with self._lock:
+            found = self._passes.get(key)
+        return found is not None and found.finished(timeout)
+
+    def drop(self, key: tuple) -> None:
+        """Stops and forgets the pass of the holding ``key``, if any."""
+        with self._lock:
+            found = self._passes.pop(key, None)
+        if found is not None:
+            _stop_quietly(found)
+
+    def close(self) -> None:
+        with self._lock:
+            passes, self._passes = list(self._passes.values()), {}
+        for found in passes:
+            _stop_quietly(found)
+
+
+def _stop_quietly(digests: BaseDigests) -> None:
+    try:
+        digests.stop()
+    except errors.TransferFailed as e:  # a daemon thread that reads held memory only; it ends with the process
+        logger.warning("%s", e)
 
 
 def _lower_priority(by: int) -> int | None:
@@ -157,4 +251,4 @@ def _lower_priority(by: int) -> int | None:
         return None
 
 
-__all__ = ["BaseDigests", "chunk_digest", "disjoint", "flat_bytes"]
+__all__ = ["BaseDigests", "BasePasses", "chunk_digest", "disjoint", "flat_bytes"]

@@ -165,6 +165,7 @@ class ChunkChanges:
 # mean the same on numpy arrays and torch tensors, and integer arithmetic wraps in both.
 
 _NP_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+_NP_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 HOST_NUMPY = True
 """Host chunks through numpy (the default); False sends them down the torch path that device chunks take (the
 tests run it on the CPU where there is no GPU)."""
@@ -224,18 +225,32 @@ def _planes(x, w: int) -> list[np.ndarray]:
     return [((x >> (8 * i)) if i else x).to(torch.uint8).cpu().numpy() for i in range(w)]
 
 
-def _from_planes(planes: Sequence[np.ndarray], w: int, like):
-    """Words of ``w`` bytes from their byte planes, where ``like`` lives (numpy, or torch on its device)."""
+def _from_planes(planes: Sequence[np.ndarray | None], w: int, n: int, like):
+    """``n`` words of ``w`` bytes from their byte planes (None: a plane of zeros), where ``like`` lives (numpy,
+    or torch on its device)."""
     if isinstance(like, np.ndarray):
-        out = np.empty((planes[0].size, w), dtype=np.uint8)
-        for i in range(w):
-            out[:, i] = planes[i]
-        return out.reshape(-1).view(_NP_INT[w])
+        return _host_from_planes(planes, n, _NP_UINT[w]).view(_NP_INT[w])
     # planes decoded from a payload are read-only views of it: copied before torch takes them
-    acc = torch.from_numpy(planes[0].copy()).to(like.device).to(torch.int64)
-    for i in range(1, w):
-        acc |= torch.from_numpy(planes[i].copy()).to(like.device).to(torch.int64) << (8 * i)
+    acc = torch.zeros(n, dtype=torch.int64, device=like.device)
+    for i, plane in enumerate(planes):
+        if plane is not None:
+            acc |= torch.from_numpy(plane.copy()).to(like.device).to(torch.int64) << (8 * i)
     return acc.to(_INT[w])
+
+
+def _host_from_planes(planes: Sequence[np.ndarray | None], n: int, dtype) -> np.ndarray:
+    """The ``n`` unsigned words whose little-endian byte planes are ``planes`` (None: a plane of zeros), as
+    ``dtype`` (an unsigned integer of the words' size, or a wider integer): from the highest plane that is not
+    zeros down, shifted and or-ed in place, so that a plane of zeros above it costs nothing."""
+    top = max((i for i, p in enumerate(planes) if p is not None), default=None)
+    if top is None:
+        return np.zeros(n, dtype=dtype)
+    acc = planes[top].astype(dtype)
+    for plane in planes[top - 1::-1] if top else ():
+        acc <<= 8
+        if plane is not None:
+            acc |= plane
+    return acc
 
 
 def _gaps(positions):
@@ -446,9 +461,10 @@ def _corrupt(encoding: str, reason: str) -> DeltaCorrupt:
                         f"target version in full instead", encoding=encoding, reason=reason)
 
 
-def _parse(encoding: str, payload, n: int, w: int, vw: int) -> tuple[bytes, list[np.ndarray]]:
+def _parse(encoding: str, payload, n: int, w: int, vw: int) -> tuple[bytes, list[np.ndarray | None], int]:
     """Checks a framed payload against the chunk of ``n`` bytes (``w``-byte words) it is applied to, its values
-    being ``vw``-byte words, and decompresses its streams: (tail, planes)."""
+    being ``vw``-byte words, and decompresses its streams: (tail, planes, bytes per plane), a plane of zeros as
+    None."""
     try:
         buf = memoryview(payload).cast("B")
     except TypeError:
@@ -486,7 +502,7 @@ def _parse(encoding: str, payload, n: int, w: int, vw: int) -> tuple[bytes, list
         data = buf[pos:pos + stored]
         pos += stored
         if kind == _ZEROS and stored == 0:
-            planes.append(np.zeros(raw, dtype=np.uint8))
+            planes.append(None)
         elif kind == _RAW and stored == raw:
             planes.append(np.frombuffer(data, dtype=np.uint8))
         elif kind == _ZSTD:
@@ -499,12 +515,16 @@ def _parse(encoding: str, payload, n: int, w: int, vw: int) -> tuple[bytes, list
             planes.append(np.frombuffer(out, dtype=np.uint8))
         else:
             raise _corrupt(encoding, f"stream {i}: kind {kind} with {stored} stored bytes for {raw}")
-    return tail, planes
+    return tail, planes, per[0]
 
 
-def _positions(planes: Sequence[np.ndarray], elements: int, encoding: str) -> np.ndarray:
-    gaps = _from_planes(planes, _GAP_BYTES, planes[0]).view(np.uint32).astype(np.int64)
-    positions = np.cumsum(gaps + 1) - 1
+def _positions(planes: Sequence[np.ndarray | None], n: int, elements: int, encoding: str) -> np.ndarray:
+    """The ``n`` changed words' positions (int64, strictly increasing) from their gaps' byte planes."""
+    positions = _host_from_planes(planes, n, np.int64)  # each gap below 2**32: n of them stay below 2**63
+    positions += 1
+    if n:
+        positions[0] -= 1  # the first gap counts from -1
+    np.cumsum(positions, out=positions)
     if positions.size and positions[-1] >= elements:
         raise _corrupt(encoding, f"a position {int(positions[-1])} beyond the chunk's {elements} words")
     return positions
@@ -527,7 +547,7 @@ def decode_chunk(encoding: str, payload, base: torch.Tensor, *, dtype: torch.dty
     body = elements * w
     dev = base.device
     bw = _words(base[:body], w)
-    old_tail = base[body:].cpu().numpy().tobytes()
+    old_tail = base[body:].cpu().numpy().tobytes() if body < n else b""
     if whole == DENSE:
         try:
             target = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
@@ -544,29 +564,56 @@ def decode_chunk(encoding: str, payload, base: torch.Tensor, *, dtype: torch.dty
         new_tail = target[cut:].tobytes()
         return _changes(positions, bw[positions], tw[positions], body, old_tail, new_tail, w, dev)
     vw = 2 if half else w
-    tail, planes = _parse(encoding, payload, n, w, vw)
+    tail, planes, size = _parse(encoding, payload, n, w, vw)
     # values as decoded (``vw``-byte words) -> the chunk's words: the identity, or bf16 halves to float32 words
     value, word = (_hi, _up) if half else ((lambda x: x), (lambda x: x))
     if whole == XOR:
-        x = _from_planes(planes, vw, bw)
+        x = _from_planes(planes, vw, size, bw)
         positions = _nonzero(x)
         old = bw[positions]
         return _changes(positions, old, word(value(old) ^ x[positions]), body, old_tail, tail, w, dev)
-    positions = _positions(planes[:_GAP_BYTES], elements, encoding)
+    positions = _positions(planes[:_GAP_BYTES], size, elements, encoding)
     if not isinstance(bw, np.ndarray):
         positions = torch.from_numpy(positions).to(dev)
-    values = _from_planes(planes[_GAP_BYTES:], vw, bw)
+    values = _from_planes(planes[_GAP_BYTES:], vw, size, bw)
     old = bw[positions]
     if whole == OVERWRITE:
         return _changes(positions, old, word(values), body, old_tail, tail, w, dev)
     floating = dtype.is_floating_point and dtype.itemsize == w
-    new = word(_keys(_keys(value(old), floating) + _unzigzag(values), floating))
+    if isinstance(values, np.ndarray) and not half:  # host words: the same steps, in place
+        new = _host_ulp(old, values, floating)
+    else:
+        new = word(_keys(_keys(value(old), floating) + _unzigzag(values), floating))
     return _changes(positions, old, new, body, old_tail, tail, w, dev)
 
 
+def _host_ulp(old: np.ndarray, steps: np.ndarray, floating: bool) -> np.ndarray:
+    """``_keys(_keys(old) + _unzigzag(steps))`` on host words, in place in ``steps`` (the decoder's own array)
+    with one temporary: each op as in ``_keys`` and ``_unzigzag``, integer arithmetic wrapping alike."""
+    bits = old.itemsize * 8
+    low = (1 << (bits - 1)) - 1
+    sign = steps & 1  # unzigzag: (z >> 1 & low) ^ -(z & 1)
+    np.negative(sign, out=sign)
+    steps >>= 1
+    steps &= low
+    steps ^= sign
+    if not floating:
+        steps += old
+        return steps
+    np.right_shift(old, bits - 1, out=sign)  # keys: x ^ (x >> (bits - 1) & low)
+    sign &= low
+    sign ^= old
+    steps += sign
+    np.right_shift(steps, bits - 1, out=sign)
+    sign &= low
+    steps ^= sign
+    return steps
+
+
 def _changes(positions, old, new, body, old_tail, new_tail, w, dev) -> ChunkChanges:
-    return ChunkChanges(_tensor(positions, dev).to(torch.int64), _tensor(old, dev), _tensor(new, dev), body,
-                        old_tail, new_tail, w)
+    positions = _tensor(positions, dev)
+    return ChunkChanges(positions if positions.dtype == torch.int64 else positions.to(torch.int64),
+                        _tensor(old, dev), _tensor(new, dev), body, old_tail, new_tail, w)
 
 
 def write_changes(changes: ChunkChanges, into: torch.Tensor) -> None:

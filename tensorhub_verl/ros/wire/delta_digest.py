@@ -106,19 +106,17 @@ def _word_aligned(grid: Sequence[GridPiece]) -> bool:
                for p in grid)
 
 
-def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
-    """``digest_change`` for whole words (int16 ``old`` / ``new`` at even chunk byte ``offsets``, increasing):
-    a word counts as its signed value. Piece by piece, so each piece's grid is a few scalars. A word whose value
-    did not change adds nothing (its difference is 0): no word is filtered out."""
-    host = xp is np
+def _word_lanes(grid: Sequence[GridPiece], offsets: torch.Tensor, old: torch.Tensor,
+                new: torch.Tensor) -> list[int]:
+    """``digest_change`` for whole words (int16 ``old`` / ``new`` at even chunk byte ``offsets``, increasing),
+    with torch ops on the words' device: a word counts as its signed value. Piece by piece, so each piece's grid
+    is a few scalars. A word whose value did not change adds nothing (its difference is 0): no word is filtered
+    out. Host words take ``_host_word_lanes``."""
     total = [0] * lindigest.LANES
     starts = [p.start for p in grid]
-    if host:
-        cuts = np.searchsorted(offsets, np.array(starts + [grid[-1].start + grid[-1].length]), side="left")
-    else:
-        bounds = torch.tensor(starts + [grid[-1].start + grid[-1].length], device=offsets.device)
-        cuts = torch.searchsorted(offsets, bounds).tolist()
-    n = offsets.size if host else offsets.numel()
+    bounds = torch.tensor(starts + [grid[-1].start + grid[-1].length], device=offsets.device)
+    cuts = torch.searchsorted(offsets, bounds).tolist()
+    n = offsets.numel()
     if n and int(cuts[-1]) != n:
         raise ValueError(f"a changed byte lies outside the chunk's {grid[-1].start + grid[-1].length} bytes")
     group_shift = lindigest.GROUP.bit_length() - 1
@@ -134,32 +132,78 @@ def _word_lanes(grid: Sequence[GridPiece], offsets, old, new, xp) -> list[int]:
             g = off >> (group_shift + 1)
             at = (off >> 1) & (lindigest.GROUP - 1)
         else:
-            row, col = (np.divmod(off, rb) if host else (off // rb, off % rb))
+            row, col = off // rb, off % rb
             word = col >> 1
             g = row * groups + (word >> group_shift)
             at = word & (lindigest.GROUP - 1)
         top = int(g[-1]) + 1  # offsets increase, so groups do
-        if host:
-            # per weight group first, counting groups from the piece's first (a chunk deep in a large tensor
-            # spans few of its groups): |sum of a group's delta * B| < 2**47, exact in float64's bincount
-            a, b = lindigest._TABLES.host(top)
-            g0 = int(g[0])
-            g = g - g0
-            delta = new[lo:hi].astype(np.float64)
-            delta -= old[lo:hi]  # |delta * B| < 2**37: exact in float64
-            lanes = []
-            for lane in range(lindigest.LANES):  # a lane's B as one contiguous column: a cheap 1-D gather
-                bw = np.take(np.ascontiguousarray(b[:, lane]), at).astype(np.float64)
-                bw *= delta
-                sums = np.bincount(g, weights=bw, minlength=top - g0).astype(np.int64)
-                lanes.append(int((((sums % lindigest.P) * a[g0:top, lane]) % lindigest.P).sum() % lindigest.P))
-        else:
-            a, b = lindigest._TABLES.get(offsets.device, top)
-            b = b.to(torch.int64)
-            delta = new[lo:hi].to(torch.int64) - old[lo:hi].to(torch.int64)
-            weighted = (delta[:, None] * b[at]) % lindigest.P
-            lanes = (((weighted * a[g]) % lindigest.P).sum(0) % lindigest.P).tolist()
+        a, b = lindigest._TABLES.get(offsets.device, top)
+        b = b.to(torch.int64)
+        delta = new[lo:hi].to(torch.int64) - old[lo:hi].to(torch.int64)
+        weighted = (delta[:, None] * b[at]) % lindigest.P
+        lanes = (((weighted * a[g]) % lindigest.P).sum(0) % lindigest.P).tolist()
         total = [(t + int(v)) % lindigest.P for t, v in zip(total, lanes)]
+    return total
+
+
+def _host_word_lanes(grid: Sequence[GridPiece], words: np.ndarray, old: np.ndarray,
+                     new: np.ndarray) -> list[int]:
+    """``_word_lanes`` in numpy on this thread: int16 ``old`` / ``new`` at the chunk's 16-bit words ``words``
+    (int64 indices, increasing; chunk byte ``2 * words``). Per piece, per weight group: the sum of
+    (new - old) * B over the group's changed words, reduced mod P, times the group's A, mod P, summed. Both lanes
+    at once, as the real and imaginary parts of complex128 (B's pairs, ``lindigest._Tables.host_pairs``), each
+    exact in float64: a term is below 2**37 (|new - old| < 2**16, |B| < 2**21) and a group sums at most
+    ``GROUP`` of them. The groups come from the words' own order (a word's group never decreases along the
+    chunk), so only the groups that hold a changed word are touched."""
+    total = [0] * lindigest.LANES
+    n = words.size
+    if not n:
+        return total
+    end = grid[-1].start + grid[-1].length
+    if int(words[-1]) * 2 + 1 >= end or int(words[0]) < 0:
+        raise ValueError(f"a changed byte lies outside the chunk's {end} bytes")
+    delta = np.subtract(new, old, dtype=np.float64)
+    if len(grid) == 1:
+        cuts = (0, n)
+    else:
+        cuts = np.searchsorted(words, [p.start // 2 for p in grid] + [end // 2]).tolist()
+    group_shift = lindigest.GROUP.bit_length() - 1
+    for k, piece in enumerate(grid):
+        lo, hi = cuts[k], cuts[k + 1]
+        if lo == hi:
+            continue
+        shift = (piece.offset - piece.start) // 2  # chunk word -> the tensor's word (both offsets even)
+        rb = piece.row_bytes
+        skipped = 0
+        if rb % (2 * lindigest.GROUP) == 0 or piece.offset + piece.length <= rb:
+            # rows of whole groups (or all in row 0): a word's group is its tensor word over a group's words; a
+            # piece that starts on a group edge counts its groups from there (no pass to shift its words)
+            if shift % lindigest.GROUP:
+                word = words[lo:hi] + shift
+            else:
+                word, skipped = words[lo:hi], shift >> group_shift
+            g = word >> group_shift
+            at = word & (lindigest.GROUP - 1)
+        else:
+            row, col = np.divmod(words[lo:hi] + shift, rb // 2)
+            g = row * lindigest._groups(rb) + (col >> group_shift)
+            at = col & (lindigest.GROUP - 1)
+        starts = np.empty(g.size, dtype=bool)
+        starts[0] = True
+        np.not_equal(g[1:], g[:-1], out=starts[1:])
+        firsts = np.flatnonzero(starts)  # each group's first changed word
+        ids = g[firsts]
+        if skipped:
+            ids += skipped
+        a, b = lindigest._TABLES.host_pairs(int(ids[-1]) + 1)
+        weighted = np.take(b, at)
+        weighted *= delta[lo:hi]
+        sums = np.add.reduceat(weighted, firsts).view(np.float64).reshape(-1, lindigest.LANES).astype(np.int64)
+        sums %= lindigest.P
+        sums *= np.take(a, ids, axis=0)  # each below 2**62
+        sums %= lindigest.P
+        for lane in range(lindigest.LANES):  # a column at a time: numpy sums a 1-D run faster than axis 0
+            total[lane] = (total[lane] + int(sums[:, lane].sum())) % lindigest.P  # below 2**31 per group
     return total
 
 
@@ -171,15 +215,16 @@ def target_digest_from_base(base_digest: str, grid: Sequence[GridPiece], changes
     if w % 2 == 0 and grid and _word_aligned(grid):
         per = w // 2
         dev = changes.positions.device
-        old = changes.old.reshape(-1).view(torch.int16)
-        new = changes.new.reshape(-1).view(torch.int16)
         if dev.type == "cpu" and delta_codec.HOST_NUMPY:  # numpy on this thread, as lindigest does
             pos = changes.positions.numpy()
-            offs = pos * 2 if per == 1 else ((pos[:, None] * per + np.arange(per)[None]) * 2).reshape(-1)
-            lanes = _word_lanes(grid, offs, old.numpy(), new.numpy(), np)
+            words = pos if per == 1 else (pos[:, None] * per + np.arange(per)[None]).reshape(-1)
+            lanes = _host_word_lanes(grid, words, changes.old.numpy().reshape(-1).view(np.int16),
+                                     changes.new.numpy().reshape(-1).view(np.int16))
         else:
+            old = changes.old.reshape(-1).view(torch.int16)
+            new = changes.new.reshape(-1).view(torch.int16)
             offs = ((changes.positions[:, None] * per + torch.arange(per, device=dev)[None]) * 2).reshape(-1)
-            lanes = _word_lanes(grid, offs, old, new, torch)
+            lanes = _word_lanes(grid, offs, old, new)
         if changes.old_tail != changes.new_tail:
             k = len(changes.new_tail)
             tail = digest_change(grid, torch.arange(changes.tail_offset, changes.tail_offset + k),

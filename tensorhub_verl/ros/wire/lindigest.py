@@ -25,11 +25,13 @@ the host's integer result on a fixed block of extreme and random words; on a mis
 multiply-and-sum instead (exact, slower), and a warning says so. A device digest takes up to
 ``DEVICE_BATCH_WORDS`` words per batch, so a GiB costs a few dozen torch ops, not one launch per MiB.
 
-Host memory is digested with numpy in int64 (partial sums below 2**46), on the calling thread only: torch's CPU
-ops split each large op over its OpenMP threads, which then spin-wait for the next op, so on a host whose cores
-are busy (a rollout beside its peers) one chunk's digest cost several times the CPU of one thread doing it
-(``docs/control-plane.md``, "A reader's own cost"). Both ways give the same digest; tests pin each to
-``reference``.
+Host memory is digested with numpy on the calling thread only: torch's CPU ops split each large op over its
+OpenMP threads, which then spin-wait for the next op, so on a host whose cores are busy (a rollout beside its
+peers) one chunk's digest cost several times the CPU of one thread doing it (``docs/control-plane.md``, "A
+reader's own cost"). Its inner products run as a float64 matmul too (exact for the same reason), in batches of
+``HOST_MATMUL_WORDS`` words, small enough that the BLAS runs each on the calling thread; the first host digest
+checks that path against int64 products on the fixed block, and on a mismatch the host uses int64 products
+(exact, slower), with a warning. Both ways give the same digest; tests pin each to ``reference``.
 """
 
 from __future__ import annotations
@@ -47,13 +49,18 @@ LANES = 2
 GROUP = 1 << 10
 _B_BOUND = (1 << 21) - 1
 _BATCH_WORDS = 1 << 17
-"""Host words converted to int64 at once (1 MiB of temporaries): stays in a core's caches, and stays below the
-sizes that a worker thread's malloc arena hands back to the kernel after each batch (a digest off the main
-thread, such as a delta reader's base pass, would otherwise take a page fault per 4 KiB of every batch)."""
+"""Host words converted to int64 at once where the host multiplies in int64 (the cells' pass, and the linear
+digest where the float64 matmul failed its self-check; 1 MiB of temporaries): stays in a core's caches, and stays
+below the sizes that a worker thread's malloc arena hands back to the kernel after each batch (a digest off the
+main thread, such as a delta reader's base pass, would otherwise take a page fault per 4 KiB of every batch)."""
 DEVICE_BATCH_WORDS = 1 << 25
 """Device words converted to float64 at once (256 MiB of temporaries, a quarter as many words for int64
 products): a GiB of bytes in a few dozen torch ops, so a digest is bound by the device's memory bandwidth rather
 than by launching ops, within a stated bound on what it borrows beside a training job."""
+HOST_MATMUL_WORDS = 1 << 16
+"""Host words multiplied at once as a float64 matmul (512 KiB of temporaries, a [64, GROUP] @ [GROUP, LANES]
+product): below the size at which OpenBLAS splits a matmul over its threads, so it runs on the calling thread,
+and, like ``_BATCH_WORDS``, within a core's caches and the malloc arena's kept sizes."""
 HOST_NUMPY = True
 """Host tensors through numpy (the default); False sends them down the torch path that device tensors take (tests
 and ``bench.digest --device-path`` run it on the CPU where there is no GPU)."""
@@ -94,8 +101,12 @@ class _Tables:
         self._b_int = self._b.astype(np.int64)
         self._a = _group_weights(1 << 16)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._b_pair: np.ndarray | None = None
         self.exact_matmul: dict[torch.device, bool] = {}
         """Per device: whether its float64 matmul passed the self-check (``_check_matmul``)."""
+        self.host_exact_matmul: bool | None = None
+        """Whether numpy's float64 matmul passed the self-check (``_check_host_matmul``); None before the first
+        host digest."""
 
     def get(self, device: torch.device, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A (int64) and B (float64) on ``device``."""
@@ -118,6 +129,21 @@ class _Tables:
         with self._lock:
             self._grow(groups)
             return self._a, self._b_int
+
+    def host_float(self, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """A (int64, lanes as columns) and B (float64) for ``_host_words``' matmul."""
+        with self._lock:
+            self._grow(groups)
+            return self._a, self._b
+
+    def host_pairs(self, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """A (int64, lanes as columns) and B as complex128, lane 0 real and lane 1 imaginary (exact: every B is
+        an integer below 2**21): both lanes' weights of scattered words in one gather."""
+        with self._lock:
+            self._grow(groups)
+            if self._b_pair is None:
+                self._b_pair = self._b[:, 0] + 1j * self._b[:, 1]
+            return self._a, self._b_pair
 
     def _grow(self, groups: int) -> None:
         if groups > len(self._a):
@@ -152,14 +178,24 @@ def _words(words: torch.Tensor, row0: int, col0: int, groups: int) -> torch.Tens
     return _device_words(words, row0, col0, groups)
 
 
-def _host_words(x: np.ndarray, row0: int, col0: int, groups: int) -> np.ndarray:
-    """``_device_words`` in numpy int64: the same column ranges, each word times its B exactly (no float)."""
+def _host_words(x: np.ndarray, row0: int, col0: int, groups: int,
+                exact_matmul: bool | None = None) -> np.ndarray:
+    """``_device_words`` in numpy: the same column ranges, each group's inner products with B as a float64
+    matmul (every partial sum an integer below 2**53) or, with ``exact_matmul`` False, in int64; None: the host's
+    self-check decides (``_host_matmul_is_exact``)."""
     rows, n = x.shape
     acc = np.zeros(LANES, dtype=np.int64)
     if not rows or not n:
         return acc
-    a, b = _TABLES.host((row0 + rows) * groups)
-    step = max(1, _BATCH_WORDS // n)
+    if exact_matmul is None:
+        exact_matmul = _host_matmul_is_exact()
+    if exact_matmul:
+        a, b = _TABLES.host_float((row0 + rows) * groups)
+        dtype, batch = np.float64, HOST_MATMUL_WORDS
+    else:
+        a, b = _TABLES.host((row0 + rows) * groups)
+        dtype, batch = np.int64, _BATCH_WORDS
+    step = max(1, batch // n)
     for r in range(0, rows, step):
         block = x[r:r + step]
         m = block.shape[0]
@@ -168,26 +204,46 @@ def _host_words(x: np.ndarray, row0: int, col0: int, groups: int) -> np.ndarray:
         while c < n:
             q, off = divmod(col0 + c, GROUP)
             if off == 0 and n - c >= GROUP:  # whole groups, at most a batch of words at a time
-                k = min((n - c) // GROUP, max(1, _BATCH_WORDS // (GROUP * m)))
-                y = block[:, c:c + k * GROUP].astype(np.int64).reshape(m * k, GROUP) @ b
+                k = min((n - c) // GROUP, max(1, batch // (GROUP * m)))
+                y = block[:, c:c + k * GROUP].astype(dtype).reshape(m * k, GROUP) @ b
                 g = (first[:, None] + (q + np.arange(k, dtype=np.int64))[None]).reshape(-1)
                 width = k * GROUP
             else:
                 width = min(GROUP - off, n - c)
-                y = block[:, c:c + width].astype(np.int64) @ b[off:off + width]
+                y = block[:, c:c + width].astype(dtype) @ b[off:off + width]
                 g = first + q
+            if exact_matmul:
+                y = y.astype(np.int64)
             y %= P
             y *= a[g]
             y %= P
-            acc = (acc + y.sum(0)) % P
+            for lane in range(LANES):  # a column at a time: numpy sums a 1-D run faster than axis 0
+                acc[lane] = (acc[lane] + y[:, lane].sum()) % P
             c += width
     return acc
+
+
+def _check_host_matmul() -> bool:
+    """Whether numpy's float64 matmul gives the exact digest: the self-check's block against int64 products."""
+    want = _host_words(_CHECK_WORDS, 5, 7, 4, exact_matmul=False)
+    return bool((_host_words(_CHECK_WORDS, 5, 7, 4, exact_matmul=True) == want).all())
+
+
+def _host_matmul_is_exact() -> bool:
+    known = _TABLES.host_exact_matmul
+    if known is None:
+        known = _check_host_matmul()
+        if not known:
+            logger.warning("numpy's float64 matmul is not exact (an emulated or reduced-precision double GEMM): "
+                           "host digests use int64 products instead (exact, slower)")
+        _TABLES.host_exact_matmul = known
+    return known
 
 
 def _check_matmul(device: torch.device) -> bool:
     """Whether ``device``'s float64 matmul gives the exact digest: a fixed block of words (the extremes of int16
     and random ones, whole groups and parts of groups, several rows) against ``_host_words``."""
-    want = _host_words(_CHECK_WORDS, 5, 7, 4)
+    want = _host_words(_CHECK_WORDS, 5, 7, 4, exact_matmul=False)
     got = _device_words(torch.from_numpy(_CHECK_WORDS).to(device), 5, 7, 4, exact_matmul=True).cpu().numpy()
     return bool((want == got).all())
 
