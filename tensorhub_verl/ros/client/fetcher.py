@@ -77,8 +77,18 @@ _MIN_SPAN_S = 0.002
 _IN_FLIGHT = object()
 """What ``_poll_run`` returns for a run whose read is still in flight."""
 _IDLE_WAIT_S = 0.05
+_POLL_BACKOFF = 8
+"""A fetch polling a transport that does not wake it (``poll_interval_s``) doubles its sleep after each poll that
+found nothing new, up to this many times ``poll_interval_s``, and goes back to it once a poll finds progress: a
+slow phase (chunks waited for from peers, a long WAN read) costs few polls, a fast one keeps its latency."""
 """Longest sleep of a fetch loop that is woken by its reads and exchanges (timeouts and stragglers are checked
 at least this often)."""
+
+
+def next_poll_s(current: float, base: float, progressed: bool) -> float:
+    """The next sleep of a fetch that polls its transport: ``base`` after a poll that found progress, else twice
+    ``current``, up to ``_POLL_BACKOFF`` times ``base``."""
+    return base if progressed else min(current * 2, base * _POLL_BACKOFF)
 
 
 @dataclass(slots=True)
@@ -244,6 +254,8 @@ class ChunkFetcher:
         """When this fetch's latest WAN read landed: WAN reads share one stream, so one posted ahead is timed from
         then (its own wire time), not from its post."""
         self._wake = threading.Event()
+        self._poll_s = settings.poll_interval_s
+        """The sleep between polls of a transport that does not wake this fetch (``_sleep``)."""
         """Set when a read finishes (transports that land reads on their own threads) or an exchange returns."""
 
     def run(self) -> None:
@@ -275,7 +287,9 @@ class ChunkFetcher:
             now = time.monotonic()
             if now > self._settings.deadline:
                 raise TransferFailed(f"fetch timed out with {len(self.landed)} of {total} chunks landed")
+            before = len(self.landed) + len(done) + len(failed)
             self._poll(now, done, failed, finished)
+            progressed = len(self.landed) + len(done) + len(failed) != before
             self._post_wan_ahead(now, failed)
             if done and not unreported_since:
                 unreported_since = now
@@ -330,16 +344,16 @@ class ChunkFetcher:
                     done, failed = [], []
                     unreported_since = 0.0
                     continue
-            self._sleep(now, unreported_since)
+            self._sleep(now, unreported_since, progressed)
 
-    def _sleep(self, now: float, unreported_since: float) -> None:
+    def _sleep(self, now: float, unreported_since: float, progressed: bool) -> None:
         """Until something may have changed: a read finished or an exchange returned (the transport and the
         exchange wake this loop), or a landed chunk's report is due. A transport that does not wake it is polled
-        every ``poll_interval_s`` (over TCP, 0.5 ms polls cost the reader about 0.03 CPU s/GB of its 0.3)."""
-        if not self._transport.lands_on_own_threads:
-            time.sleep(self._settings.poll_interval_s)
-            return
+        every ``poll_interval_s`` while polls find progress, less often while they do not (``_POLL_BACKOFF``);
+        an exchange's reply still wakes the loop at once."""
         timeout = _IDLE_WAIT_S
+        if not self._transport.lands_on_own_threads:
+            self._poll_s = timeout = next_poll_s(self._poll_s, self._settings.poll_interval_s, progressed)
         if (ahead := self._wan_ahead_at()) is not None:
             timeout = min(timeout, max(0.0, ahead - now))
         if unreported_since:
