@@ -198,7 +198,7 @@ def test_delta_roles_update_readers_from_v1_each_way_on_loopback(tmp_path):
             go = tmp_path / f"go-{variant}"
             reader = LabProcess.on_this_host(
                 [*_ROLES, "reader", "--hub", url, "--worker", variant, "--location", f"dc=dc0,rack=r1,node={variant}",
-                 "--model", model.format(i=1), "--base-model", base, "--delta", delta, "--go", str(go),
+                 "--model", model.format(i=1), "--base-model", base.format(i=1), "--delta", delta, "--go", str(go),
                  "--stop", str(stop), "--timeout", "120"], variant, env)
             procs.append(reader)
             reader.expect("ready", 120)
