@@ -344,11 +344,12 @@ class ChunkFetcher:
                     done, failed = [], []
                     unreported_since = 0.0
                     continue
-            self._sleep(now, unreported_since, progressed)
+            self._sleep(now, unreported_since, progressed, starved_until if pending is None else 0.0)
 
-    def _sleep(self, now: float, unreported_since: float, progressed: bool) -> None:
+    def _sleep(self, now: float, unreported_since: float, progressed: bool, ask_at: float) -> None:
         """Until something may have changed: a read finished or an exchange returned (the transport and the
-        exchange wake this loop), or a landed chunk's report is due. A transport that does not wake it is polled
+        exchange wake this loop), a landed chunk's report is due, or (``ask_at``, when no exchange is pending) the
+        hub may be asked again for the work its last reply lacked. A transport that does not wake it is polled
         every ``poll_interval_s`` while polls find progress, less often while they do not (``_POLL_BACKOFF``);
         an exchange's reply still wakes the loop at once."""
         timeout = _IDLE_WAIT_S
@@ -358,6 +359,8 @@ class ChunkFetcher:
             timeout = min(timeout, max(0.0, ahead - now))
         if unreported_since:
             timeout = min(timeout, max(0.0, unreported_since + self._settings.report_s - now))
+        if ask_at > now:
+            timeout = min(timeout, ask_at - now)
         self._wake.wait(timeout)
         self._wake.clear()  # a read that finishes after this is seen by the next poll, which follows at once
 
