@@ -77,12 +77,12 @@ _MIN_SPAN_S = 0.002
 _IN_FLIGHT = object()
 """What ``_poll_run`` returns for a run whose read is still in flight."""
 _IDLE_WAIT_S = 0.05
+"""Longest sleep of a fetch loop that is woken by its reads and exchanges (timeouts and stragglers are checked
+at least this often)."""
 _POLL_BACKOFF = 8
 """A fetch polling a transport that does not wake it (``poll_interval_s``) doubles its sleep after each poll that
 found nothing new, up to this many times ``poll_interval_s``, and goes back to it once a poll finds progress: a
 slow phase (chunks waited for from peers, a long WAN read) costs few polls, a fast one keeps its latency."""
-"""Longest sleep of a fetch loop that is woken by its reads and exchanges (timeouts and stragglers are checked
-at least this often)."""
 
 
 def next_poll_s(current: float, base: float, progressed: bool) -> float:
@@ -254,9 +254,9 @@ class ChunkFetcher:
         """When this fetch's latest WAN read landed: WAN reads share one stream, so one posted ahead is timed from
         then (its own wire time), not from its post."""
         self._wake = threading.Event()
+        """Set when a read finishes (transports that land reads on their own threads) or an exchange returns."""
         self._poll_s = settings.poll_interval_s
         """The sleep between polls of a transport that does not wake this fetch (``_sleep``)."""
-        """Set when a read finishes (transports that land reads on their own threads) or an exchange returns."""
 
     def run(self) -> None:
         """Reads until every chunk has landed. Hub exchanges run on a helper thread, one at a time,
