@@ -9,8 +9,10 @@ floating-point byte of the parameters was written by it (``verify.poison`` befor
 after), or, read as a delta from the version they hold, only if every chunk of them then has the version's
 digest (the core's ``fetch(have=...)`` checks base, decoded target and written bytes, and re-reads in full any
 chunk that fails; a TP rank's ``fetch_slices(have=...)`` checks its slices of each chunk against the version's
-block digests). Nothing here decides which version the parameters serve or registers them: ``EngineHolder``
-does.
+block digests). An 'hf' tensor the engine has no parameter for (a tied ``lm_head.weight``) lands in a scratch
+buffer, which only a whole 'hf' read writes; a delta's base is the whole 'hf' version, so before a delta from a
+version that landed otherwise (raw from a peer, staged) that scratch is filled from the tensor it repeats.
+Nothing here decides which version the parameters serve or registers them: ``EngineHolder`` does.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class Landing:
         self._views = hf_views
         self._skip_hf = skip_hf
         """HF names the engine has no parameter for and its loader skips (a tied head): never read."""
+        self._scratch_version: int | None = None
+        """The version whose unused HF tensors (a tied ``lm_head.weight``) the scratch buffers hold, None when
+        unknown: only a whole 'hf' read in place writes them; a raw, staged or bucketed landing leaves them as
+        they were."""
 
     # ------------------------------------------------------------------ which way a version lands
     @property
@@ -136,6 +142,7 @@ class Landing:
         if have is not None and self.applies_deltas:
             return self._delta_in_place(version, have, targets)
         poison(self._params)  # the views cover every byte: whatever the pull does not write stays NaN
+        self._scratch_version = None
         cfg = self._config
         if self._views.slices:
             # A TP rank reads only its slice of each HF tensor (rows, or a row-parallel weight's columns) and
@@ -156,6 +163,8 @@ class Landing:
             if not self._views.slices:  # the fetch held the parameters as 'hf': nobody may read them now
                 self._client.unpublish(cfg.model, version, layout=HF_LAYOUT, timeout=cfg.unpublish_timeout_s)
             raise
+        if not self._views.slices:
+            self._scratch_version = version
         return stats
 
     def _delta_in_place(self, version: int, have: int, targets: dict[str, torch.Tensor]):
@@ -175,8 +184,11 @@ class Landing:
             stats = self._client.fetch_slices(cfg.model, version, into=targets, slices=self._views.slices,
                                               layout=HF_LAYOUT, timeout=cfg.fetch_timeout_s, have=have, delta=mode)
         else:
+            self._scratch_holds(have, targets)
+            self._scratch_version = None  # written from here on; known again once every chunk checked out
             stats = self._client.fetch(cfg.model, version, into=targets, layout=HF_LAYOUT, hold=True,
                                        timeout=cfg.fetch_timeout_s, have=have, delta=mode)
+            self._scratch_version = version
         with torch.no_grad():
             for pad in self._views.padding:
                 pad.zero_()
@@ -187,6 +199,25 @@ class Landing:
                            version, have, "; ".join(d.reasons) or "delta not used", d.fallback_chunks,
                            d.fallback_bytes)
         return stats
+
+    def _scratch_holds(self, have: int, targets: Mapping[str, torch.Tensor]) -> None:
+        """Makes the scratch of each unused HF tensor hold ``have``'s bytes before the delta from ``have`` is
+        applied into ``targets``: the delta's base is the whole version, those tensors included. A version that
+        landed other than by a whole 'hf' read in place (raw from a peer, staged, in buckets) never wrote them, so
+        a tied tensor's scratch is filled from the view of the tensor it repeats (a tied ``lm_head.weight`` is the
+        embedding the engine serves). The delta's base check still decides, chunk by chunk: a publisher whose
+        tied tensor is not its tie's bytes gets those chunks re-read in full."""
+        if self._scratch_version == have or not self._views.unused:
+            return
+        filled = []
+        with torch.no_grad():
+            for name, source in self._views.tied.items():
+                scratch, view = targets.get(name), self._views.views.get(source)
+                if scratch is not None and view is not None and scratch.shape == view.shape:
+                    scratch.copy_(view)
+                    filled.append(name)
+        logger.debug("%s: the scratch of %s held v%s, not the base v%d; filled %s from the tensors they repeat",
+                     self._client.worker, list(self._views.unused), self._scratch_version, have, filled)
 
     def hf_in_buckets(self, version: int):
         """Loads ``version``'s HF tensors through the engine's loader, bucket by bucket, into the parameters."""

@@ -171,6 +171,9 @@ class HFViews:
     """HF name -> ``(dim, start, length)``: the rank reads ``full.narrow(dim, start, length)``; absent: whole."""
     full_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """HF name -> the whole HF tensor's shape."""
+    tied: dict[str, str] = field(default_factory=dict)
+    """Unused HF name -> the HF name whose bytes it repeats (a tied ``lm_head.weight``: the embedding, which the
+    engine serves in its place)."""
 
     def onto(self, params: Mapping[str, torch.Tensor], others: Mapping[str, torch.Tensor]) -> HFViews:
         """The same views over ``others``: tensors shaped and strided as ``params`` (a staging copy of them),
@@ -187,7 +190,8 @@ class HFViews:
             return other.as_strided(view.shape, view.stride(), offset)
 
         return HFViews({n: moved(v) for n, v in self.views.items()}, self.unused,
-                       tuple(moved(v) for v in self.padding), dict(self.slices), dict(self.full_shapes))
+                       tuple(moved(v) for v in self.padding), dict(self.slices), dict(self.full_shapes),
+                       dict(self.tied))
 
 
 def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: int = 1, rank: int = 0) -> HFViews:
@@ -242,7 +246,8 @@ def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: i
             views[name] = p
             full_shapes[name] = tuple(p.shape)
     unused = ("lm_head.weight",) if shape.tie_word_embeddings else ()
-    return HFViews(views, unused, tuple(padding), slices, full_shapes)
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if shape.tie_word_embeddings else {}
+    return HFViews(views, unused, tuple(padding), slices, full_shapes, tied)
 
 
 __all__ = [

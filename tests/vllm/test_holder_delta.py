@@ -117,6 +117,65 @@ def test_a_rotted_base_chunk_is_re_read_in_full_and_the_engine_serves_the_versio
     assert any("base" in r for r in result.delta.reasons), result.delta.reasons
 
 
+def tied(hf: dict[str, torch.Tensor], head: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """``hf`` with the ``lm_head.weight`` a tied model's state dict carries (verl exports it): the embedding's
+    bytes, or ``head``'s."""
+    return {**hf, "lm_head.weight": (hf["model.embed_tokens.weight"] if head is None else head).clone()}
+
+
+def serves(params, hf) -> bool:
+    """``params`` hold ``hf`` (its tied head is not a parameter: the engine serves the embedding in its place)."""
+    return same(params, {n: t for n, t in hf.items() if n != "lm_head.weight"})
+
+
+def _base_from_a_peer(rig, v1: dict[str, torch.Tensor], version: int):
+    """Engine A reads ``v1`` from the trainer ('hf'); engine B then reads it raw from A's parameters, which hold
+    no tied head: B's scratch for the head is never written by its landing."""
+    trainer, engine = rig
+    trainer.publish("dpolicy", version, v1)
+    a, _ = engine("eng-peer-a")
+    a.update(version)
+    assert a.wait_published(30)
+    b, params = engine("eng-peer-b")
+    first = b.update(version)
+    assert first.source_layout == LAYOUT and set(first.sources) == {"eng-peer-a"} and serves(params, v1)
+    return b, params
+
+
+def test_a_base_read_raw_from_a_peer_takes_the_delta_over_a_tied_head(rig):
+    """The delta's base is the whole 'hf' version, the tied head's chunks included: an engine whose base landed
+    raw from a peer (its engine's layout has no head) fills the head's scratch from the embedding before the
+    delta's base check, and applies every chunk; none is re-read in full."""
+    trainer, _ = rig
+    v1 = tied(hf_version(81))
+    v2 = tied(stepped(v1, 1))
+    b, params = _base_from_a_peer(rig, v1, 51)
+    trainer.publish("dpolicy", 52, v2)
+    published = trainer.publish_delta("dpolicy", 52, 51)
+    assert published.published
+
+    result = b.update(52)
+    assert result.delta.used and result.delta.fallback_chunks == 0, result.delta.reasons
+    assert result.bytes == published.bytes and serves(params, v2) and b.served == 52
+
+
+def test_a_tied_head_that_is_not_the_embedding_fails_the_base_check_and_is_re_read(rig):
+    """Fail closed: a publisher whose tied head's bytes are not its embedding's (so the scratch filled from the
+    embedding is not the base) gets the head's chunks refused as a base and re-read in full."""
+    trainer, _ = rig
+    v1 = hf_version(82)
+    v1 = tied(v1, head=v1["model.embed_tokens.weight"] + 1.0)
+    v2 = stepped(v1, 2)
+    b, params = _base_from_a_peer(rig, v1, 61)
+    trainer.publish("dpolicy", 62, v2)
+    assert trainer.publish_delta("dpolicy", 62, 61).published
+
+    result = b.update(62)
+    assert result.delta.used and result.delta.fallback_chunks >= 1, result.delta
+    assert any("did not hold base version 61" in r for r in result.delta.reasons), result.delta.reasons
+    assert serves(params, v2) and b.served == 62
+
+
 class _FailingDelta:
     """A real client whose read of a delta writes garbage over half the buffers, then fails: a fault after the
     first byte of the parameters changed (injected: a real fault there is a process dying mid-apply)."""
