@@ -103,6 +103,27 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
     assert len(samples) >= 3 * PROMPTS_PER_STEP * GROUP_SIZE, len(samples)
 
 
+@pytest.mark.slow  # ~3 min
+def test_a_replica_whose_first_version_came_raw_from_its_peer_applies_every_delta(task, tmp_path):
+    """Replica 1 starts its pull of version 0 only once replica 0 holds it in the engines' layout, so it reads it
+    raw from its peer (``tests/verl/lag_injection.py``; the order a slow replica start gives by chance). Its
+    engine's layout has no tied ``lm_head.weight``, which the trainer's 'hf' versions carry and every delta's base
+    digests cover: each step's delta still applies on both replicas, none of its chunks re-read in full. The
+    default suite's version: tests/vllm/test_holder_delta.py's tied-head tests (real hub and clients, plain
+    tensors as the engine's parameters)."""
+    from tests.verl.lag_injection import hook
+
+    _, metrics = _run(task, tmp_path, steps=2, trainer_ranks=2, dtype_overrides=(
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", "actor_rollout_ref.actor.optim.lr=1e-5",
+        "tensorhub.delta=auto",
+        f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={hook('replica_1_reads_v0_raw_from_replica_0')}"))
+    assert [step for step, _ in metrics] == [1, 2]
+    for _, m in metrics:
+        assert m["tensorhub/delta_replicas"] == 2 and m["tensorhub/delta_fallbacks"] == 0, m
+        assert m["tensorhub/bytes"] == m["tensorhub/delta_bytes"] == 2 * m["tensorhub/publish_delta_bytes"], m
+        assert m["tensorhub/digests_checked"] == 2 and m["tensorhub/digest_mismatches"] == 0, m
+
+
 @pytest.mark.slow  # ~4 min
 def test_ppo_with_a_critic_syncs_through_tensorhub(task, tmp_path):
     """PPO (GAE advantages, a value model trained beside the actor: +tensorhub_cpu=tiny_ppo). verl 0.9.1
