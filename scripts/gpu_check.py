@@ -17,11 +17,15 @@ tests               ``tests/gpu`` without the engine tests (vLLM, verl): ``-m "n
 digest              chunk and block digest throughput on the device (``tensorhub_verl.bench.digest``)
 transport_nixl      ``bench transport --device D --wire ucx``, 1 and 4 readers, beside torch's copy on the device
 transport_tcp       the same with ``--wire tcp`` (pinned bounce buffers on a GPU)
+lab                 (cuda only) the delta lab, ``bench modes --delta`` cross-dc then standalone, TensorHub against
+                    every rollout pulling the delta from the trainer, on a host with a core per emulated host
+                    (``gpu_lab.py``; needs root and iproute2, else it says why and passes)
 ==================  ===========================================================================================
 
 Written to ``--out`` (8 files at most): ``summary.json`` (rewritten after every step, so it is there whatever
 happens: each step's status, return code, seconds, limit and the JSON object its output ended with) and one
-``<step>.log`` per step (its output, cut to its first and last MiB past 4 MiB). ``--device cpu`` runs every step
+``<step>.log`` per step (its output, cut to its first and last MiB past 4 MiB), except the install step's, whose
+last lines go in the summary. ``--device cpu`` runs every step
 on the CPU, to check the check itself where there is no GPU (the GPU tests then skip; the CUDA guards' tests and
 the GPU tier's collection test run beside them).
 """
@@ -46,6 +50,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MAX_FILES = 8
 LOG_CAP = 4 << 20
+SUMMARY_TAIL = 4000
+"""Characters of a step's output kept in the summary when it writes no log file."""
+STEP_SECONDS_ENV = "GPU_CHECK_STEP_S"
+"""Set for every step: the seconds it is given (its limit, or less where the budget left is shorter)."""
 RESERVE_S = 8.0
 """Seconds kept back from the budget for killing a step and writing the summary."""
 WHEELHOUSE_MODULES = ("fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn", "httptools", "anyio",
@@ -71,6 +79,8 @@ class Step:
     given_s: float = 0.0
     result: object = None
     notes: dict = field(default_factory=dict)
+    log_file: bool = True
+    """Whether its output goes to ``<name>.log``; else its last ``SUMMARY_TAIL`` characters go in the summary."""
 
 
 def _last_json(text: str) -> object:
@@ -117,7 +127,9 @@ def run_step(step: Step, out: Path, deadline: float, base_env: dict[str, str]) -
         return
     step.given_s = round(min(step.limit_s, left), 1)
     start = time.monotonic()
-    proc = subprocess.Popen(step.argv, cwd=REPO, env={**base_env, **step.env}, stdout=subprocess.PIPE,
+    # STEP_SECONDS_ENV tells the step the seconds it has, so that one that cleans up after itself can stop in time
+    env = {**base_env, **step.env, STEP_SECONDS_ENV: str(step.given_s)}
+    proc = subprocess.Popen(step.argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=step.given_s)
@@ -138,6 +150,9 @@ def run_step(step: Step, out: Path, deadline: float, base_env: dict[str, str]) -
         step.result = {"partial": True, "rows": rows}
     if "UCX_PROTO_INFO" in step.env:
         step.notes["ucx_transports"] = ucx_transports(text)
+    if not step.log_file:
+        step.notes["output_tail"] = text[-SUMMARY_TAIL:]
+        return
     header = f"$ {' '.join(step.argv)}\n# status {step.status}, rc {step.rc}, {step.seconds} s of {step.given_s} s\n"
     (out / f"{step.name}.log").write_text(header + _capped(text))
 
@@ -147,7 +162,7 @@ def write_summary(out: Path, info: dict, steps: list[Step]) -> None:
     for s in steps:
         row = asdict(s)
         row.pop("env")
-        row["log"] = f"{s.name}.log" if s.status not in ("skipped", "not run") else None
+        row["log"] = f"{s.name}.log" if s.log_file and s.status not in ("skipped", "not run") else None
         rows.append(row)
     summary = {**info, "elapsed_s": round(time.monotonic() - info["_t0"], 1), "steps": rows,
                "ok": all(s.status == "ok" for s in steps)}
@@ -157,10 +172,15 @@ def write_summary(out: Path, info: dict, steps: list[Step]) -> None:
     tmp.replace(out / "summary.json")
 
 
+def files_written(steps: list[Step]) -> int:
+    """The files a run of ``steps`` leaves in ``--out``: a log per step that writes one, and the summary."""
+    return sum(s.log_file for s in steps) + 1
+
+
 def run_all(steps: list[Step], out: Path, budget_s: float, base_env: dict[str, str], info: dict) -> list[Step]:
     """Every step in order within ``budget_s``; the summary is rewritten after each one and at the end."""
-    if len(steps) + 1 > MAX_FILES:
-        raise ValueError(f"{len(steps)} steps write {len(steps) + 1} files; at most {MAX_FILES} come back")
+    if files_written(steps) > MAX_FILES:
+        raise ValueError(f"{len(steps)} steps write {files_written(steps)} files; at most {MAX_FILES} come back")
     out.mkdir(parents=True, exist_ok=True)
     info = {**info, "_t0": time.monotonic(), "budget_s": budget_s}
     deadline = time.monotonic() + budget_s
@@ -245,6 +265,10 @@ GPU_CASES_IN = ("tests/ros/test_lindigest_device.py", "tests/ros/test_block_dige
 """Core test files with ``gpu``-marked cases; the check runs only those cases of them on a GPU."""
 
 
+LAB_LIMIT_S = 180
+"""The lab step's limit: the last step, it takes what the budget has left up to this."""
+
+
 def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> list[Step]:
     """The steps for ``device`` (cuda: the GPU host; cpu: the same steps in host memory)."""
     me = [python, str(Path(__file__).resolve())]
@@ -254,8 +278,8 @@ def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> li
         tests, marks = ["tests/gpu", "tests/ros/test_ucx_cuda.py", "tests/test_gpu_tier_collects.py"], "not engine and not slow"
     bench = [python, "-m", "tensorhub_verl.cli", "bench", "transport", "--device", device, "--readers", "1,4",
              "--size-mb", str(size_mb), "--repeats", "3", "--first-mb", "0", "--chunk-mb", "8"]
-    return [
-        Step("install", [*me, "--install-only", "--wheels", str(wheels), "--site", str(site)], 90),
+    steps = [
+        Step("install", [*me, "--install-only", "--wheels", str(wheels), "--site", str(site)], 90, log_file=False),
         Step("env", [python, "scripts/gpu_env.py", "--device", device], 40),
         Step("probe", [python, "scripts/gpu_probe.py", "--device", device, "--size-mb", str(size_mb),
                        "--repeats", "3", "--timeout", "40"], 75, {"UCX_PROTO_INFO": "y"}),
@@ -266,6 +290,9 @@ def plan(device: str, size_mb: int, python: str, wheels: Path, site: Path) -> li
         Step("transport_nixl", [*bench, "--wire", "ucx"], 170),
         Step("transport_tcp", [*bench, "--wire", "tcp"], 170),
     ]
+    if device == "cuda":  # the lab does not touch the GPU: it wants the host's cores, which a CPU run here lacks
+        steps.append(Step("lab", [python, "scripts/gpu_lab.py"], LAB_LIMIT_S))
+    return steps
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,9 @@ def test_steps_run_under_their_limits_and_the_budget_and_the_summary_is_always_w
                                    "time.sleep(60)"), 2),
         gpu_check.Step("ok", py("import json; print('x'); print(json.dumps({'gbps': 1.5}))"), 20,
                        {"UCX_PROTO_INFO": "y"}),
+        # No log file: its output's tail goes in the summary; it is told the seconds it was given.
+        gpu_check.Step("quiet", py(f"import os; print('given', os.environ['{gpu_check.STEP_SECONDS_ENV}'])"), 20,
+                       log_file=False),
         gpu_check.Step("cut", py("import time; print('row: {\"readers\": 1}', flush=True); time.sleep(60)"), 60),
         gpu_check.Step("late", py("print('never')"), 20),
     ]
@@ -46,15 +49,18 @@ def test_steps_run_under_their_limits_and_the_budget_and_the_summary_is_always_w
     elapsed = time.monotonic() - start
     assert elapsed <= budget + 5
     status = {s.name: s.status for s in steps}
-    assert status == {"fails": "failed", "hangs": "timeout", "ok": "ok", "cut": "timeout", "late": "skipped"}
+    assert status == {"fails": "failed", "hangs": "timeout", "ok": "ok", "quiet": "ok", "cut": "timeout",
+                      "late": "skipped"}
     assert steps[0].rc == 3 and steps[2].result == {"gbps": 1.5} and steps[2].notes == {"ucx_transports": []}
-    assert steps[3].given_s < 60  # the budget left, not its own limit
-    assert steps[3].result == {"partial": True, "rows": [{"readers": 1}]}  # what it finished before the cut
+    assert steps[3].notes["output_tail"] == f"given {steps[3].given_s}\n" and not (out / "quiet.log").exists()
+    assert steps[4].given_s < 60  # the budget left, not its own limit
+    assert steps[4].result == {"partial": True, "rows": [{"readers": 1}]}  # what it finished before the cut
     child = int((out / "hangs.log").read_text().split("child ")[1].split()[0])
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     summary = json.loads((out / "summary.json").read_text())
     assert [s["status"] for s in summary["steps"]] == list(status.values()) and summary["ok"] is False
-    assert summary["steps"][4]["log"] is None and "partial" in (out / "fails.log").read_text()
+    assert summary["steps"][3]["log"] is None and summary["steps"][3]["notes"]["output_tail"].startswith("given")
+    assert summary["steps"][5]["log"] is None and "partial" in (out / "fails.log").read_text()
     assert len(list(out.iterdir())) <= gpu_check.MAX_FILES
 
 
@@ -97,9 +103,12 @@ def _step_pids(parent: int) -> list[int]:
 def test_the_plan_fits_the_files_that_come_back_and_the_budget_holds_every_step():
     for device in ("cuda", "cpu"):
         steps = gpu_check.plan(device, 1024, sys.executable, Path("/w"), Path("/s"))
-        assert len(steps) + 1 <= gpu_check.MAX_FILES  # a log each, and the summary
+        assert gpu_check.files_written(steps) <= gpu_check.MAX_FILES  # a log each but the install's, the summary
         assert [s.name for s in steps][:3] == ["install", "env", "probe"]
         assert all(s.limit_s <= 180 for s in steps)
+        # the delta lab wants the GPU host's 16 cores, not its GPU: it runs there, last, and not in a CPU run here
+        assert [s.name for s in steps if s.name == "lab"] == (["lab"] if device == "cuda" else [])
+        assert device == "cpu" or steps[-1].name == "lab"
         assert steps[2].env == {"UCX_PROTO_INFO": "y"}
         bench = [s for s in steps if s.name.startswith("transport")]
         assert all(["--device", device] == s.argv[s.argv.index("--device"):s.argv.index("--device") + 2]
@@ -163,3 +172,21 @@ def test_the_whole_check_runs_every_step_on_the_cpu(tmp_path):
         rows = (step["result"] or {}).get("rows", [])
         assert step["status"] == "timeout" or len(rows) == 2
         assert all(row["device_copy_gbps"] > 0 and row["tensorhub_gbps"] > 0 for row in rows)
+
+
+def test_the_lab_step_passes_saying_why_where_the_host_cannot_build_a_lab(monkeypatch, capsys):
+    lab_spec = importlib.util.spec_from_file_location("gpu_lab", REPO / "scripts" / "gpu_lab.py")
+    gpu_lab = importlib.util.module_from_spec(lab_spec)
+    lab_spec.loader.exec_module(gpu_lab)
+    from tensorhub_dev.netlab import iproute
+    from tensorhub_dev.netlab.errors import NetlabUnavailable
+
+    def unavailable():
+        raise NetlabUnavailable("building network namespaces needs root (euid 0)")
+
+    monkeypatch.setattr(iproute, "check_available", unavailable)
+    ran = []
+    monkeypatch.setattr(gpu_lab, "run_mode", lambda *a, **k: ran.append(a))
+    assert gpu_lab.main(["--limit-s", "100"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "needs root" in out["skipped"] and out["cpus"] == os.cpu_count() and ran == []

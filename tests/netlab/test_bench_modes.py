@@ -239,3 +239,7 @@ def test_cross_dc_tiny_delta_run(no_leftovers, capsys):
     assert runs["pull_from_trainer"]["bytes_from"] == {"trainer": 2 * xdc["delta"]["version_bytes"]}
     assert xdc["wan_bytes_into_readers_dc"]["tensorhub"] < xdc["wan_bytes_into_readers_dc"]["delta_from_trainer"]
     assert set(xdc["goals"]) == {"vs_pull_from_trainer", "vs_delta_from_trainer", "wan_over_delta"}
+    # What each update asked of the lab's cores beside the readers' own: the hub answered their exchanges
+    for run in runs.values():
+        assert set(run["control_cpu_s"]) == {"hub", "trainer"} and run["control_cpu_s"]["hub"] > 0, run
+        assert run["update_wall_s"] >= max(run["seconds"])

@@ -77,6 +77,21 @@ def test_cross_dc_bytes_are_counted_on_the_wan(no_leftovers):
         assert after["dc0"] - before["dc0"] < 2_000_000 // 10      # only acks came back
 
 
+def test_unshaped_lifts_every_tbf_and_puts_back_each_rate_even_after_an_error(no_leftovers):
+    with Lab(LabSpec.uniform(dcs=2, hosts_per_rack=1, nic_mbit=200, wan_mbit=100)) as lab:
+        lab.shape("d0r0h0", 50)  # a straggler's rate is put back as it was, not as planned
+        before = lab.shaped_rates()
+        nic = [r for (ns, ifname), r in before.items() if ns == lab.host("d0r0h0").netns]
+        assert nic == [50.0] and sorted(set(before.values())) == [50.0, 100.0, 200.0], before
+        with pytest.raises(RuntimeError):
+            with lab.unshaped():
+                assert lab.shaped_rates() == {}
+                [res] = measure_flows(lab, [("d0r0h0", "d1r0h0")], 1_000_000)  # traffic still flows
+                assert res["bytes"] == 1_000_000
+                raise RuntimeError("setup failed")
+        assert lab.shaped_rates() == before
+
+
 def test_unknown_host_is_a_typed_error(no_leftovers):
     with Lab(LabSpec.uniform(dcs=1, hosts_per_rack=1)) as lab:
         with pytest.raises(NetlabError, match="no host"):

@@ -12,8 +12,8 @@ TCP), and each mode runs TensorHub and its baseline side by side in one lab:
 
 With ``--delta`` (standalone and cross_dc): an update from v1 to v2, the change drawn from the delta profile
 measured on real AdamW steps at ``--delta-lr`` (``bench.delta_profile``; bf16 versions of ``--size-mb``). Every
-reader starts holding v1 (fetched before the clock starts; a delta reader digests it as its next base during a
-generation of ``--generation-s``) and times its update to v2, four ways side by side:
+reader starts holding v1 (fetched before the clock starts, with the lab's links unshaped; a delta reader digests
+it as its next base during a generation of ``--generation-s``, the links shaped again) and times its update to v2, four ways side by side:
 ``tensorhub`` (TensorHub with deltas: nearest holder of the delta, one WAN copy per datacenter),
 ``pull_from_trainer`` (a: every rollout pulls v2 in full from the trainer), ``delta_from_trainer`` (b: every
 rollout pulls the delta from the trainer, the shape of verl's ``delta_sharded``) and ``tensorhub_full`` (c:
@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import selectors
+import signal
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,14 @@ class LabProcess:
         role._watch(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **env}), name)
         return role
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, every thread) the role's process has used so far; 0.0 once it is gone."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
     def _watch(self, proc: subprocess.Popen, name: str) -> None:
         self.name, self.proc = name, proc
@@ -282,9 +291,12 @@ _DELTA_READS = {"tensorhub": ("policy", "policy", "auto"), "tensorhub_full": ("p
 generation as TensorHub's readers do; a full reader needs no base and takes v1's bytes from ``policy``."""
 
 
-def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str) -> dict:
+def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[str], mode: str,
+              control: list[tuple[LabProcess, Path]]) -> dict:
     """Every variant of ``DELTA_VARIANTS`` in turn, R readers holding v1 starting together; WAN bytes of each
-    update (into each datacenter) while it ran."""
+    update (into each datacenter) while it ran, and the CPU seconds the hub and the trainer spent on it (go ->
+    every reader's fetch returned): beside the readers' own (``cpu_s``), what the update asked of the lab's
+    cores."""
     out = {}
     chosen = {"tensorhub", *p.delta_variants.split(",")}
     unknown = chosen - set(DELTA_VARIANTS)
@@ -293,15 +305,23 @@ def _ab_delta(lab: Lab, workdir: Path, url: str, p: LabBenchParams, hosts: list[
     for variant in (v for v in DELTA_VARIANTS if v in chosen):
         model, base, delta = _DELTA_READS[variant]
         ph = Phase(lab, workdir, f"{mode}-{variant}", url, p)
-        gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base.format(i=i))
-               for i, h in enumerate(hosts)]
-        ph.ready()
+        with lab.unshaped():  # every reader's v1, untimed, at the hosts' own speed instead of the shaped links'
+            gos = [ph.add_reader(h, model.format(i=i), delta=delta, base_model=base.format(i=i))
+                   for i, h in enumerate(hosts)]
+            ph.ready()
         time.sleep(p.generation_s)
         wan0 = lab.wan_tx_bytes_by_dc()
+        cpu0 = {role.name: role.cpu_s() for role, _ in control}
+        t0 = time.monotonic()
         for go in gos:
             go.touch()
         try:
-            out[variant] = _summary(ph.collect())
+            fetched = ph.collect()
+            wall = time.monotonic() - t0
+            out[variant] = _summary(fetched)
+            out[variant]["control_cpu_s"] = {role.name: round(role.cpu_s() - cpu0[role.name], 3)
+                                             for role, _ in control}
+            out[variant]["update_wall_s"] = round(wall, 3)
         finally:
             ph.stop()
         wan1 = lab.wan_tx_bytes_by_dc()
@@ -379,7 +399,7 @@ def standalone_and_elastic(p: LabBenchParams, workdir: Path, modes: tuple[str, .
             if "standalone" in modes:
                 t0 = time.monotonic()
                 if p.delta:
-                    runs = _ab_delta(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone")
+                    runs = _ab_delta(lab, workdir, url, p, rollout_hosts[: p.rollouts], "standalone", control)
                     out["standalone"] = _result("standalone", runs, p,
                                                 **_delta_extra("standalone", runs, control[0][0].ready_event, None))
                 else:
@@ -451,7 +471,8 @@ def cross_dc(p: LabBenchParams, workdir: Path) -> dict:
     with Lab(spec) as lab:
         url, control = start_control(lab, workdir, p, copies=p.rollouts)
         try:
-            runs = (_ab_delta if p.delta else _ab)(lab, workdir, url, p, rollout_hosts, "cross_dc")
+            runs = _ab_delta(lab, workdir, url, p, rollout_hosts, "cross_dc", control) if p.delta else \
+                _ab(lab, workdir, url, p, rollout_hosts, "cross_dc")
         finally:
             stop_control(control)
     version = p.size_mb * (1 << 20)
@@ -526,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
                         **({"nargs": "?", "const": True} if isinstance(default, bool) else {}))
     a = ap.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, through `with Lab(...)`: a stopped run takes its namespaces and roles down.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     modes = tuple(m for m in (a.modes or ("standalone,cross_dc" if a.delta else "standalone,elastic,cross_dc"))

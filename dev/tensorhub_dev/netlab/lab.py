@@ -15,9 +15,11 @@ Invariants:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -119,6 +121,8 @@ class Lab:
         self._made: list[str] = []
         self._procs: list[subprocess.Popen] = []
         self._closed = False
+        self._rates: dict[tuple[str, str], float] = {}
+        """(namespace, interface) -> the Mbit/s its tbf shapes it to now."""
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> "Lab":
@@ -158,8 +162,7 @@ class Lab:
             iproute.ip("link", "add", v.a_if, "type", "veth", "peer", "name", v.b_if, "netns", v.b_ns, netns=v.a_ns)
             for ns, ifname, mbit in ((v.a_ns, v.a_if, v.a_mbit), (v.b_ns, v.b_if, v.b_mbit)):
                 if mbit is not None:
-                    iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit, self.spec.queue_ms),
-                               netns=ns)
+                    self._tbf(ns, ifname, mbit)
         for ns, ifname, br in p.ports:
             iproute.ip("link", "set", ifname, "master", br, netns=ns)
         for v in p.veths:
@@ -228,7 +231,38 @@ class Lab:
         """Re-shape a host's NIC, both directions (a straggler: a degraded or congested link)."""
         nic = self._nic(host)
         for ns, ifname in ((nic.a_ns, nic.a_if), (nic.b_ns, nic.b_if)):
-            iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit, self.spec.queue_ms), netns=ns)
+            self._tbf(ns, ifname, mbit)
+
+    @contextlib.contextmanager
+    def unshaped(self):
+        """Every shaped link of the lab runs at the host's own speed inside the block, then is shaped again to the
+        rate it had: for untimed setup (readers fetching the version they start from), which would otherwise take
+        the shaped links minutes. Nothing timed may run inside. TCP restarts a connection idle for a
+        retransmission timeout from its initial window (Linux's ``tcp_slow_start_after_idle``), so a connection
+        opened inside the block does not carry its unshaped window into a timed read that starts after an idle
+        gap."""
+        shaped = dict(self._rates)
+        for ns, ifname in shaped:
+            iproute.tc("qdisc", "del", "dev", ifname, "root", netns=ns)
+        try:
+            yield self
+        finally:
+            for (ns, ifname), mbit in shaped.items():
+                self._tbf(ns, ifname, mbit)
+
+    def shaped_rates(self) -> dict[tuple[str, str], float]:
+        """(namespace, interface) -> Mbit/s of every link a tbf shapes now, read back from the kernel."""
+        rates = {}
+        for ns, ifname in self._rates:
+            out = iproute.tc("qdisc", "show", "dev", ifname, "root", netns=ns)
+            m = re.search(r"\btbf\b.*?\brate (\d+(?:\.\d+)?)([KMG]?)bit", out)
+            if m:
+                rates[(ns, ifname)] = float(m.group(1)) * {"K": 1e-3, "M": 1.0, "G": 1e3, "": 1e-6}[m.group(2)]
+        return rates
+
+    def _tbf(self, ns: str, ifname: str, mbit: float) -> None:
+        iproute.tc("qdisc", "replace", "dev", ifname, "root", *tbf_args(mbit, self.spec.queue_ms), netns=ns)
+        self._rates[(ns, ifname)] = mbit
 
     def _nic(self, host: str) -> VethPlan:
         netns = self.host(host).netns
