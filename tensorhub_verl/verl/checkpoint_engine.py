@@ -15,6 +15,8 @@ Unlike verl's nccl/nixl engines there is no per-step group: ``prepare``/``init_p
   (``shards.py``, ``Client.publish_shard``): no gather, staging ~1/N of the model per rank, and readers read
   all ranks at once. Where shards do not apply, the master publishes verl's gathered tensors and every
   rank consumes the generator, because FSDP's full-tensor gathers are collectives.
+- A model with tied embeddings publishes its embedding once: the head (``lm_head.weight``, the same tensor) is
+  left out of each version (``Publisher``, ``hf_names.repeated_head``), as a checkpoint leaves it out.
 - Rollout side: nothing. The engines' own parameters are the holders (``vllm_worker``), driven by the
   updater through verl's vLLM servers, so verl's per-replica checkpoint-engine workers hold no copy and
   ``receive_weights`` is never called (it refuses, naming why).
@@ -32,6 +34,7 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from tensorhub_verl.errors import ConfigError, InvalidRequest
+from tensorhub_verl.hf_names import ties_word_embeddings
 from tensorhub_verl.verl import BACKEND_NAME
 from tensorhub_verl.verl.config import TensorHubVerlConfig
 from tensorhub_verl.verl.dtypes import published_dtype
@@ -110,18 +113,21 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         own FSDP2 shard, no gather. Or it is verl's per-tensor generator of gathered tensors (the fallback, see
         ``shards.local_shards``): the master rank publishes them."""
         version = self._version(global_steps)
+        tied = False
         if hasattr(weights, "get_per_tensor_param"):
+            tied = _ties_word_embeddings(weights)
             if lora_adapter_engine(weights):
-                return await self._send_lora(weights, version)
+                return await self._send_lora(weights, version, tied)
             # A hub of regions takes whole tensors (``RegionalClient.publish_shard``): gathered, from the master.
             shards = None if self.config.uses_regions() else local_shards(weights)
             if shards is not None:
-                return await self._send_shards(shards, version)
+                return await self._send_shards(shards, version, tied)
             weights, _ = weights.get_per_tensor_param()
-        return await self._send_gathered(weights, version)
+        return await self._send_gathered(weights, version, tied)
 
-    async def _send_gathered(self, weights, version: int) -> dict:
-        """verl's generator of gathered tensors: every rank drives it, the master publishes them."""
+    async def _send_gathered(self, weights, version: int, tied: bool = False) -> dict:
+        """verl's generator of gathered tensors: every rank drives it, the master publishes them. ``tied``: the
+        model's config ties its head to its embedding (a plain generator, with no engine: unknown, False)."""
         if not self.is_master:
             async for _ in ensure_async_iterator(weights):
                 pass  # FSDP's full_tensor() gathers are collectives: every rank must drive the generator
@@ -133,7 +139,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             async for _ in ensure_async_iterator(weights):
                 pass
             return {}
-        await asyncio.to_thread(publisher.begin, version)
+        await asyncio.to_thread(publisher.begin, version, tie_word_embeddings=tied)
         try:
             async for name, tensor in ensure_async_iterator(weights):
                 publisher.add(name, tensor)
@@ -143,12 +149,12 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         stats = await asyncio.to_thread(publisher.finish)
         return stats.as_metrics()
 
-    async def _send_lora(self, engine, version: int) -> dict:
+    async def _send_lora(self, engine, version: int, tied: bool) -> dict:
         """LoRA (``tensorhub_verl.verl.lora``): the base once, as the first version; then the adapter only."""
         metrics: dict = {}
         if self._lora_base_version is None:
             base, _ = engine.get_per_tensor_param(base_sync_done=False)
-            metrics = await self._send_gathered(checkpoint_names(base), version)
+            metrics = await self._send_gathered(checkpoint_names(base), version, tied)
             self._lora_base_version = version
         # Its gathers (full_tensor) are collectives: every rank asks, the master publishes.
         adapter, peft_config = engine.get_per_tensor_param(base_sync_done=True)
@@ -168,7 +174,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         metrics[LORA_KEY] = {"base_version": self._lora_base_version}
         return metrics
 
-    async def _send_shards(self, shards: LocalShards, version: int) -> dict:
+    async def _send_shards(self, shards: LocalShards, version: int, tied: bool) -> dict:
         """This rank's rows of every tensor, staged (the optimizer changes the live shard next step) and
         published as one of ``shards.ranks`` row shards of the version."""
         if self.config.staging == "none":
@@ -184,7 +190,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         # The version's tensors as published: the full shapes, in the rollout's dtype (each piece is cast too).
         specs = {name: (shape, published_dtype(dtype, publisher.dtype))
                  for name, (shape, dtype) in shards.specs.items()}
-        await asyncio.to_thread(publisher.begin, version)
+        await asyncio.to_thread(publisher.begin, version, tie_word_embeddings=tied)
         try:
             for name, piece in shards.pieces.items():
                 publisher.add(name, piece)
@@ -193,7 +199,9 @@ class TensorHubCheckpointEngine(CheckpointEngine):
             publisher.abort()
             raise
         if gather:
-            stats.digests = digests if shards.rank == 0 else None
+            # Rank 0's digests (None elsewhere), of what the version carries.
+            stats.digests = None if digests is None else \
+                {name: d for name, d in digests.items() if name not in stats.left_out}
         return stats.as_metrics()
 
     # -------------------------------------------------------------------------------- rollout side
@@ -261,6 +269,16 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                                         # A hub of regions serves no deltas (its readers read in full).
                                         delta="off" if self.config.uses_regions() else self.config.delta)
         return self._publisher
+
+
+def _ties_word_embeddings(engine: Any) -> bool:
+    """Whether verl's training ``engine``'s model config ties the head to the embedding (its ``model_config``'s
+    HF config, else its module's own config; False when it has neither)."""
+    config = getattr(getattr(engine, "model_config", None), "hf_config", None)
+    if config is None:
+        module = getattr(engine, "module", None)
+        config = getattr(getattr(module, "_fsdp_wrapped_module", module), "config", None)
+    return config is not None and ties_word_embeddings(config)
 
 
 def _full_tensor_digests(shards: LocalShards, dtype: torch.dtype | None) -> dict[str, str] | None:

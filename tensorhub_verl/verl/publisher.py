@@ -19,6 +19,12 @@ Deltas (``delta`` 'auto' or 'on', docs/deltas.md): when version N is published w
 (``keep`` >= 2), the publisher also publishes the delta N-1 -> N from the two slots, where their bytes live (a
 row-shard publisher diffs only its own rows: nothing is gathered). A refused delta (no base, no digests) only
 costs the readers a full read; it never fails the version.
+
+A model with tied embeddings (``begin(..., tie_word_embeddings=True)``) yields its embedding twice, as
+``model.embed_tokens.weight`` and as ``lm_head.weight``. The head is left out of the version, as a checkpoint leaves
+it out, when it is the embedding (``hf_names.repeated_head``): the same tensor, or, from one publisher of whole
+tensors, the same bytes once cast. It is then neither staged nor published, so neither full versions nor deltas
+carry those bytes twice; engines serve the embedding as the head. A head that differs is published as before.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl.errors import ConfigError, DeltaRefused, InvalidRequest
+from tensorhub_verl.hf_names import EMBEDDING, TIED_HEAD, memory_key, repeated_head
 from tensorhub_verl.ros.wire.integrity import tensor_digests
 from tensorhub_verl.ros.wire.manifest import HF_LAYOUT
 from tensorhub_verl.settings import STAGING_CHOICES
@@ -60,6 +67,8 @@ class PublishStats:
     """Time spent encoding and publishing that delta."""
     delta_reason: str = ""
     """Why no delta was published although the previous version was held (empty otherwise)."""
+    left_out: tuple[str, ...] = ()
+    """Tensors the version does not carry because they repeat another one (a tied ``lm_head.weight``)."""
 
     def as_metrics(self) -> dict[str, float | dict]:
         out: dict[str, float | dict] = {"tensorhub/publish_bytes": float(self.bytes),
@@ -77,6 +86,11 @@ class _Fill:
     version: int
     seen: dict[str, torch.Tensor] = field(default_factory=dict)
     started: float = 0.0
+    tie_word_embeddings: bool = False
+    embedding_key: tuple | None = None
+    """``hf_names.memory_key`` of the embedding as yielded (before staging copies or casts it)."""
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Name -> bytes of each yielded tensor the version does not carry."""
 
 
 class Publisher:
@@ -111,6 +125,7 @@ class Publisher:
         """The dtype floating-point tensors are published in (the rollout's); None: their own."""
         self.delta = delta
         """'auto' | 'on': publish the delta from the previous held version beside each version; 'off': never."""
+        self._told_left_out = False
 
     @property
     def held_versions(self) -> list[int]:
@@ -120,24 +135,32 @@ class Publisher:
         # Every layout of the version this rank holds: 'hf' and the delta form published beside it.
         self._client.unpublish(self._model, version, layout=None, timeout=self._unpublish_timeout_s)
 
-    def begin(self, version: int) -> None:
-        """Starts a version. May block while the oldest held version drains (bounded by unpublish_timeout_s)."""
+    def begin(self, version: int, *, tie_word_embeddings: bool = False) -> None:
+        """Starts a version. May block while the oldest held version drains (bounded by unpublish_timeout_s).
+        ``tie_word_embeddings``: the model's config ties its head to its embedding (the head may be left out)."""
         if self._fill is not None:
             raise InvalidRequest(f"version {self._fill.version} is still being published; finish or abort it first")
         if version in self._ring.held():
             raise InvalidRequest(f"version {version} of {self._model!r} is already published by this trainer")
         started = time.monotonic()
         slot = self._ring.acquire()
-        self._fill = _Fill(slot=slot, version=version, started=started)
+        self._fill = _Fill(slot=slot, version=version, started=started, tie_word_embeddings=tie_word_embeddings)
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         """Stages one tensor of the version being published."""
         fill = self._require_fill()
-        if name in fill.seen:
+        if name in fill.seen or name in fill.left_out:
             raise InvalidRequest(f"tensor {name!r} was yielded twice for version {fill.version}")
         if self._staging == "none" and isinstance(tensor, torch.nn.Parameter):
             raise ConfigError(f"tensorhub.staging='none' but {name!r} is a live nn.Parameter: the optimizer would "
                               f"change it under readers. Use tensorhub.staging=cpu or gpu.")
+        if name == EMBEDDING:
+            fill.embedding_key = memory_key(tensor)
+        elif name == TIED_HEAD and repeated_head(
+                tensor, fill.seen.get(EMBEDDING), ties=fill.tie_word_embeddings,
+                same_memory=memory_key(tensor) == fill.embedding_key, compare_bytes=self._shard is None):
+            fill.left_out[name] = tensor.numel() * published_dtype(tensor.dtype, self.dtype).itemsize
+            return
         tensor = tensor.detach()
         dtype = published_dtype(tensor.dtype, self.dtype)
         if self._staging == "none" and dtype == tensor.dtype:
@@ -172,6 +195,7 @@ class Publisher:
                 if specs is None:
                     raise InvalidRequest("a shard publisher needs the full tensors' specs to finish a version")
                 rank, ranks = self._shard
+                specs = {name: spec for name, spec in specs.items() if name not in fill.left_out}
                 self._client.publish_shard(self._model, fill.version, fill.slot.buffers, specs=specs, rank=rank,
                                            ranks=ranks, layout=HF_LAYOUT, group="trainer",
                                            chunk_bytes=self._chunk_bytes)
@@ -183,13 +207,23 @@ class Publisher:
         stats = PublishStats(version=fill.version, tensors=len(fill.seen),
                              bytes=sum(t.numel() * t.element_size() for t in fill.seen.values()),
                              stage_s=staged - fill.started, publish_s=time.monotonic() - staged,
-                             digests=tensor_digests(fill.seen) if self._verify_digests else None)
+                             digests=tensor_digests(fill.seen) if self._verify_digests else None,
+                             left_out=tuple(fill.left_out))
+        self._tell_left_out(fill)
         self._publish_delta(stats)
         logger.info("published %s v%d: %d tensors, %d bytes%s (staging=%s, stage %.3fs, publish %.3fs)",
                     self._model, stats.version, stats.tensors, stats.bytes,
                     "" if self._shard is None else f" (rank {self._shard[0]} of {self._shard[1]}'s rows)",
                     self._staging, stats.stage_s, stats.publish_s)
         return stats
+
+    def _tell_left_out(self, fill: _Fill) -> None:
+        if fill.left_out and not self._told_left_out:
+            self._told_left_out = True
+            logger.info("%s v%d: left out %s (%d bytes%s): the model ties it to %s, whose bytes it repeats; "
+                        "engines serve the embedding in its place (logged once)", self._model, fill.version,
+                        ", ".join(fill.left_out), sum(fill.left_out.values()),
+                        "" if self._shard is None else " of this rank's rows", EMBEDDING)
 
     def _publish_delta(self, stats: PublishStats) -> None:
         """The delta from the newest older version still held to ``stats.version`` (no chains: only from the

@@ -9,9 +9,11 @@ floating-point byte of the parameters was written by it (``verify.poison`` befor
 after), or, read as a delta from the version they hold, only if every chunk of them then has the version's
 digest (the core's ``fetch(have=...)`` checks base, decoded target and written bytes, and re-reads in full any
 chunk that fails; a TP rank's ``fetch_slices(have=...)`` checks its slices of each chunk against the version's
-block digests). An 'hf' tensor the engine has no parameter for (a tied ``lm_head.weight``) lands in a scratch
-buffer, which only a whole 'hf' read writes; a delta's base is the whole 'hf' version, so before a delta from a
-version that landed otherwise (raw from a peer, staged) that scratch is filled from the tensor it repeats.
+block digests). A trainer leaves a tied ``lm_head.weight`` out of its versions (``hf_names.repeated_head``): such a
+version maps onto the parameters alone. A version that does carry an 'hf' tensor the engine has no parameter for
+(a tied head, from a publisher that keeps it) lands it in a scratch buffer, which only a whole 'hf' read writes; a
+delta's base is the whole 'hf' version, so before a delta from a version that landed otherwise (raw from a peer,
+staged) that scratch is filled from the tensor it repeats.
 Nothing here decides which version the parameters serve or registers them: ``EngineHolder`` does.
 """
 

@@ -164,7 +164,8 @@ class HFViews:
     views: dict[str, torch.Tensor]
     """HF name -> a view of the live parameter its (sliced) bytes belong in."""
     unused: tuple[str, ...]
-    """HF names the rank has no parameter for (a tied ``lm_head.weight``): not needed at all."""
+    """HF names the rank has no parameter for (a tied ``lm_head.weight``): not needed at all. A trainer's version
+    leaves a tied head out; a version that carries it lands it in scratch (``landing.py``)."""
     padding: tuple[torch.Tensor, ...]
     """Views of the vocab padding rows, which vLLM's loader zeroes and an HF pull never writes."""
     slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tensorhub_verl import errors
+from tensorhub_verl.hf_names import TIED_HEAD, ties_word_embeddings
 from tensorhub_verl.vllm.layout import SUPPORTED_ARCHES, DecoderShape, HFViews, hf_views, layout_name, \
     vllm_param_shapes
 from tensorhub_verl.vllm.verify import check_views_against_loader
@@ -26,7 +27,6 @@ from tensorhub_verl.vllm.verify import check_views_against_loader
 logger = logging.getLogger("tensorhub_verl.vllm.mapping")
 
 LoadHF = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
-TIED_HEAD = "lm_head.weight"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +50,9 @@ def engine_arch(hf_cfg, quantization: str | None) -> str:
 
 def tied_heads(hf_cfg, params: Mapping[str, torch.Tensor]) -> tuple[str, ...]:
     """``("lm_head.weight",)`` when the model ties its head to the embedding and the engine has no head of its
-    own: vLLM's loaders skip that name (or, as Gemma2's, raise on it), so it is never handed to them."""
-    text = hf_cfg.get_text_config() if hasattr(hf_cfg, "get_text_config") else hf_cfg
-    tied = bool(getattr(text, "tie_word_embeddings", getattr(hf_cfg, "tie_word_embeddings", False)))
-    return (TIED_HEAD,) if tied and TIED_HEAD not in params else ()
+    own: vLLM's loaders skip that name (or, as Gemma2's, raise on it), so it is never handed to them. A version
+    from a trainer carries it only when the head is not the embedding's bytes (``hf_names.repeated_head``)."""
+    return (TIED_HEAD,) if ties_word_embeddings(hf_cfg) and TIED_HEAD not in params else ()
 
 
 def engine_mapping(hf_cfg, tp_size: int, rank: int, params: Mapping[str, torch.Tensor], *,

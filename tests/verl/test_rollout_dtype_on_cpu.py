@@ -129,16 +129,16 @@ class _Engine:
         raise AssertionError("shards expected")
 
 
-def _tiny_model(dtype):
+def _tiny_model(dtype, tied: bool = False):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
     return Qwen2ForCausalLM(cfg).to(dtype)
 
 
-def _rank_main(rank: int, world: int, port: int, hub_url: str, out: dict) -> None:
+def _rank_main(rank: int, world: int, port: int, hub_url: str, out: dict, tied: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -146,7 +146,7 @@ def _rank_main(rank: int, world: int, port: int, hub_url: str, out: dict) -> Non
 
         from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
 
-        model = _tiny_model(torch.bfloat16)
+        model = _tiny_model(torch.bfloat16, tied)
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
@@ -163,14 +163,18 @@ def _rank_main(rank: int, world: int, port: int, hub_url: str, out: dict) -> Non
         dist.destroy_process_group()
 
 
-def test_fsdp2_row_shards_are_published_in_the_rollout_dtype(hub):
-    """bf16 trainer, fp32 rollout (the direction vLLM's CPU build can serve): every rank casts its rows."""
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_fsdp2_row_shards_are_published_in_the_rollout_dtype(hub, tied):
+    """bf16 trainer, fp32 rollout (the direction vLLM's CPU build can serve): every rank casts its rows. With tied
+    embeddings FSDP2 keeps the head and the embedding one parameter, so every rank's head rows are its embedding
+    rows (the same memory): every rank leaves the head out and the version's row shards agree on it."""
     world = 2
-    full = {n: t.float() for n, t in _tiny_model(torch.bfloat16).state_dict().items()}
+    full = {n: t.float() for n, t in _tiny_model(torch.bfloat16, tied).state_dict().items()
+            if not (tied and n == "lm_head.weight")}
     with mp.Manager() as manager:
         out = manager.dict()
-        ctx = mp.start_processes(_rank_main, args=(world, free_port(), hub.url, out), nprocs=world, join=False,
-                                 start_method="spawn")
+        ctx = mp.start_processes(_rank_main, args=(world, free_port(), hub.url, out, tied), nprocs=world,
+                                 join=False, start_method="spawn")
         reader = th.connect(hub.url, worker="rollout-fsdp", location={"node": "n1"})
         try:
             deadline = time.monotonic() + 150
@@ -181,6 +185,7 @@ def test_fsdp2_row_shards_are_published_in_the_rollout_dtype(hub):
             manifest = reader.manifest("policy", 1)
             assert manifest.row_shards == world
             assert {t.dtype for t in manifest.tensors} == {"float32"}
+            assert [t.name for t in manifest.tensors] == list(full)
             into = manifest.allocate()
             stats = reader.fetch("policy", 1, into=into, hold=False)
             assert all(torch.equal(into[n], full[n]) for n in full)  # bf16 -> fp32 is exact
