@@ -15,7 +15,8 @@ DIGEST_KEY = "tensorhub/publish_digests"
 
 def differing(published: Mapping[str, str], served: Mapping[str, str], unused: Iterable[str] = ()) -> list[str]:
     """Tensor names whose served digest differs from the published one, or that only one side has (the
-    engine's ``unused`` tensors, e.g. a tied ``lm_head``, are not served and not compared)."""
+    engine's ``unused`` tensors, e.g. a tied ``lm_head`` that a version carries, are not served and not compared;
+    the trainer leaves a tied head out of its versions, so neither side has it)."""
     unused = set(unused)
     names = (set(published) | set(served)) - unused
     return sorted(n for n in names if published.get(n) != served.get(n))

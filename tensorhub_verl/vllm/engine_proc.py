@@ -192,6 +192,13 @@ def _child(conn, spec_dict: dict) -> None:
                            lora_request=request)
         return list(out[0].outputs[0].token_ids)
 
+    def prompt_logprobs(prompt_ids: list[int]) -> list[float]:
+        """The log-probability the engine gives each prompt token after the ones before it (the first has none):
+        the served logits, read through vLLM's own sampler."""
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
+        return [float(lp[token].logprob) for token, lp in zip(prompt_ids[1:], out[0].prompt_logprobs[1:])]
+
     def update_while_generating(version, prompt_ids, max_tokens, timeout=300.0) -> dict:
         """Starts the pull, keeps generating until every rank pulled, then applies (the only stall)."""
         t0 = time.monotonic()
@@ -218,6 +225,7 @@ def _child(conn, spec_dict: dict) -> None:
 
     handlers = {
         "generate": generate,
+        "prompt_logprobs": prompt_logprobs,
         "update": (wt_update if spec.api == "weight_transfer"
                    else lambda version="latest", timeout=300.0: updater.update(version, timeout).as_dict()),
         "begin": lambda version="latest": updater.begin(version),

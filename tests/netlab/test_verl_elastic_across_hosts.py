@@ -46,7 +46,7 @@ def test_an_elastic_node_joins_from_another_host_and_reads_from_its_peer(no_left
         node = run["elastic_node"]
         # It joined mid-run, once its engine was up: a version the job trained before its last step.
         assert node["host"] == "d0r1h1" and 1 <= node["first"]["version"] < STEPS
-        # A whole version: the trainer's 'hf' copy, or the engine's layout, which holds the tied embedding once.
+        # A whole version: the trainer's 'hf' copy or the engine's layout, each holding the tied embedding once.
         assert node["first"]["bytes"] >= copy * 0.8 and node["served"] >= node["first"]["version"]
         assert "vLLMHttpServer@d0r1h0" in run["actors"] and "WorkerDict@d0r0h0" in run["actors"]
         assert not any(a.endswith("@d0r1h1") for a in run["actors"]), run["actors"]  # the node is outside Ray

@@ -61,8 +61,10 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
     fp32_bytes = float32_bytes(task.model_dir)
     on_policy_steps = 0
     for step, m in metrics:
-        # Published in the rollouts' dtype: float32 bytes from bf16 parameters, read once by each replica.
-        assert m["tensorhub/publish_bytes"] >= fp32_bytes
+        # Published in the rollouts' dtype: float32 bytes from bf16 parameters, read once by each replica. Exactly
+        # the checkpoint's float32 bytes: the model ties its head to its embedding, and the version carries
+        # that tensor once, as the checkpoint does (not lm_head.weight beside it).
+        assert m["tensorhub/publish_bytes"] == fp32_bytes
         # verl syncs version 0 (the initial weights) before step 1, in full: every step's version is a delta,
         # every rank's part of it applied by both replicas, and nothing else moved.
         assert m["tensorhub/publish_delta_bytes"] > 0 and m["tensorhub/delta_replicas"] == 2, m
@@ -84,7 +86,7 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
         assert m["tensorhub/bytes"] > 0 and m["tensorhub/stall_s"] > 0
         # The second replica read from the first, not only from the trainer.
         assert m["tensorhub/bytes_from_peers"] > 0
-        # No gather: both trainer ranks published their rows and both served them. This model is one 0.76 MB
+        # No gather: both trainer ranks published their rows and both served them. This model is one 0.67 MB
         # chunk per rank, so of the 3 chunk reads that reach the trainer (the other goes to the peer replica)
         # one rank serves 2: measured 0.667; with many chunks per rank the share tends to 1/2.
         assert m["tensorhub/publish_ranks"] == 2 and m["tensorhub/trainer_sources"] == 2
@@ -106,11 +108,12 @@ def test_separate_async_steps_sync_every_replica_through_tensorhub(task, tmp_pat
 @pytest.mark.slow  # ~3 min
 def test_a_replica_whose_first_version_came_raw_from_its_peer_applies_every_delta(task, tmp_path):
     """Replica 1 starts its pull of version 0 only once replica 0 holds it in the engines' layout, so it reads it
-    raw from its peer (``tests/verl/lag_injection.py``; the order a slow replica start gives by chance). Its
-    engine's layout has no tied ``lm_head.weight``, which the trainer's 'hf' versions carry and every delta's base
-    digests cover: each step's delta still applies on both replicas, none of its chunks re-read in full. The
-    default suite's version: tests/vllm/test_holder_delta.py's tied-head tests (real hub and clients, plain
-    tensors as the engine's parameters)."""
+    raw from its peer (``tests/verl/lag_injection.py``; the order a slow replica start gives by chance). Neither
+    its engine's layout nor the trainer's 'hf' versions carry the tied ``lm_head.weight`` (the trainer leaves it
+    out): each step's delta applies on both replicas, none of its chunks re-read in full. The default suite's
+    versions: tests/vllm/test_engine_tied_head.py (real engines, head-less versions, a base read raw from a peer)
+    and tests/vllm/test_holder_delta.py's tied-head tests (a publisher that keeps the head: its scratch is
+    filled from the embedding)."""
     from tests.verl.lag_injection import hook
 
     _, metrics = _run(task, tmp_path, steps=2, trainer_ranks=2, dtype_overrides=(
