@@ -156,9 +156,7 @@ class Publisher:
                               f"change it under readers. Use tensorhub.staging=cpu or gpu.")
         if name == EMBEDDING:
             fill.embedding_key = memory_key(tensor)
-        elif name == TIED_HEAD and repeated_head(
-                tensor, fill.seen.get(EMBEDDING), ties=fill.tie_word_embeddings,
-                same_memory=memory_key(tensor) == fill.embedding_key, compare_bytes=self._shard is None):
+        elif name == TIED_HEAD and fill.tie_word_embeddings and self._repeats_embedding(fill, tensor):
             fill.left_out[name] = tensor.numel() * published_dtype(tensor.dtype, self.dtype).itemsize
             return
         tensor = tensor.detach()
@@ -174,6 +172,13 @@ class Publisher:
         # copy_ casts on the way (fp32 -> bf16 rounds to nearest even, as Tensor.to does).
         buf.copy_(tensor, non_blocking=tensor.is_cuda)
         fill.seen[name] = buf
+
+    def _repeats_embedding(self, fill: _Fill, head: torch.Tensor) -> bool:
+        same_memory = memory_key(head) == fill.embedding_key
+        if not same_memory and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the staged embedding's copy from the device has landed before it is compared
+        return repeated_head(head, fill.seen.get(EMBEDDING), ties=True, same_memory=same_memory,
+                             compare_bytes=self._shard is None)
 
     def finish(self, specs: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None) -> PublishStats:
         """Publishes the staged version and holds it. Returns what it cost. A shard publisher passes the full
