@@ -78,6 +78,15 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+@pytest.fixture
+def hub():
+    """A hub whose workers use the TCP plane: the test's reader is not in the trainer's job, and on NIXL the hub
+    hands a holder's metadata (a capability to its memory) only to workers of the holder's own job."""
+    server = th.start_hub(host="127.0.0.1", port=0, plane="tcp")
+    yield server
+    server.stop()
+
+
 def _master(hub_url: str, job: str, **extra):
     from tensorhub_verl.verl.checkpoint_engine import TensorHubCheckpointEngine
 
