@@ -18,30 +18,23 @@ import argparse
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "dev"))
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from gpu_check import STEP_SECONDS_ENV  # noqa: E402  (the seconds the GPU check gives this step)
 
 MODES = ("cross_dc", "standalone")
-STEP_SECONDS_ENV = "GPU_CHECK_STEP_S"
-"""The seconds the GPU check gives this step (``gpu_check.STEP_SECONDS_ENV``)."""
 STOP_GRACE_S = 20.0
 """Seconds a mode's bench gets, after SIGTERM, to take its lab down."""
-
-
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.splitlines()):
-        if line.startswith("{") and line.rstrip().endswith("}"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
 
 
 def _brief(mode: str, result: dict) -> dict:
@@ -58,22 +51,25 @@ def _brief(mode: str, result: dict) -> dict:
 
 
 def run_mode(mode: str, size_mb: int, seconds: float, env: dict[str, str]) -> dict:
+    out_file = Path(tempfile.mkdtemp(prefix="tensorhub-gpu-lab-")) / f"{mode}.json"
     argv = [sys.executable, "-m", "tensorhub_dev.bench.modes", "--delta", "--modes", mode, "--size-mb",
-            str(size_mb), "--delta-variants", "delta_from_trainer", "--broadcast", "false", "--json"]
+            str(size_mb), "--delta-variants", "delta_from_trainer", "--broadcast", "false", "--json",
+            "--out", str(out_file)]
     started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout=max(1.0, seconds - STOP_GRACE_S))
+        _, err = proc.communicate(timeout=max(1.0, seconds - STOP_GRACE_S))
         status = "ok" if proc.returncode == 0 else "failed"
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
         try:
-            out, err = proc.communicate(timeout=STOP_GRACE_S)
+            _, err = proc.communicate(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate(timeout=10)
+            _, err = proc.communicate(timeout=10)
         status = "timeout"
-    result = _last_json(out or "")
+    result = json.loads(out_file.read_text()) if out_file.exists() else None
+    shutil.rmtree(out_file.parent, ignore_errors=True)
     row = {"status": status, "rc": proc.returncode, "seconds": round(time.monotonic() - started, 1)}
     if result and mode in result.get("modes", {}):
         row.update(_brief(mode, result))

@@ -34,8 +34,7 @@ def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     seen: set[tuple] = set()
     for name in sorted(converted, key=lambda n: rank.get(n, len(rank))):
         t = converted[name]
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype) if t.numel() \
-            else (name,)
+        key = memory_key(t) if t.numel() else (name,)
         if key in seen:
             continue
         seen.add(key)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tensorhub_verl.errors import ConfigError
+from tensorhub_verl.hf_names import EMBEDDING, TIED_HEAD
 
 VOCAB_PADDING = 64
 """vLLM pads embedding/lm_head rows to a multiple of this (DEFAULT_VOCAB_PADDING_SIZE)."""
@@ -246,8 +247,8 @@ def hf_views(params: Mapping[str, torch.Tensor], shape: DecoderShape, tp_size: i
         else:
             views[name] = p
             full_shapes[name] = tuple(p.shape)
-    unused = ("lm_head.weight",) if shape.tie_word_embeddings else ()
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if shape.tie_word_embeddings else {}
+    unused = (TIED_HEAD,) if shape.tie_word_embeddings else ()
+    tied = {TIED_HEAD: EMBEDDING} if shape.tie_word_embeddings else {}
     return HFViews(views, unused, tuple(padding), slices, full_shapes, tied)
 
 

@@ -49,6 +49,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
+from tensorhub_verl.bench.control import cpu_seconds
 from tensorhub_verl.errors import ConfigError, TensorHubError
 from tensorhub_dev.netlab import Lab, NetlabError
 from tensorhub_dev.sim.calibrate import LabWorkload, lab_spec
@@ -110,10 +113,9 @@ class LabProcess:
     def cpu_s(self) -> float:
         """CPU seconds (user + system, every thread) the role's process has used so far; 0.0 once it is gone."""
         try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            return cpu_seconds(psutil.Process(self.proc.pid))
+        except psutil.NoSuchProcess:
             return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
     def _watch(self, proc: subprocess.Popen, name: str) -> None:
         self.name, self.proc = name, proc
